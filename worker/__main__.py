@@ -1,0 +1,87 @@
+"""``python -m worker TASK_DIR``: run one task until it ends, holds or is stopped.
+
+Exit codes are listed in docs/ARCHITECTURE.md (0 done, 3 failed, 4 held, 5 stopped,
+6 locked, 7 storage fault, 78 configuration error; anything else is a crash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from worker.config import load_config
+from worker.errors import AgentdError, ConfigError, InvalidIdError, LockBusyError
+from worker.heartbeat import Heartbeat
+from worker.lock import TaskLock
+from worker.loop import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, AgentLoop, Outcome, write_exit
+from worker.models.base import Model
+from worker.spool import TaskDir, TaskSpec
+from worker.tools.registry import ToolRegistry
+
+
+def make_model(task: TaskDir, spec: TaskSpec) -> Model:
+    if spec.scripted:
+        from worker.models.scripted import ScriptedModel  # noqa: PLC0415
+
+        return ScriptedModel.from_file(task.script)
+    from worker.models.messages_api import MessagesAPIModel  # noqa: PLC0415
+
+    return MessagesAPIModel()
+
+
+def run(task_path: Path, config_path: Path | None) -> int:
+    task = TaskDir(task_path.parent.parent, task_path.name)
+    try:
+        lock = TaskLock(task.lock).acquire(wait=1.0)
+    except LockBusyError as exc:
+        print(f"agentd worker: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    with lock:
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            write_exit(task, Outcome("failed", str(exc), EXIT_CONFIG))
+            print(f"agentd worker: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        try:
+            spec = task.load_spec()
+            tools = ToolRegistry.standard(config.tools.modules).narrowed(spec.tools)
+            workspace = task.workspace_for(spec)
+            workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+            model = make_model(task, spec)
+        except AgentdError as exc:
+            outcome = Outcome("failed", str(exc), EXIT_FAILED)
+            write_exit(task, outcome)
+            print(f"agentd worker: {exc}", file=sys.stderr)
+            return outcome.exit_code
+        heartbeat = Heartbeat(task.heartbeat, config.heartbeat.interval)
+        loop = AgentLoop(task, spec, config, model, tools, heartbeat)
+        loop.install_signal_handlers()
+        heartbeat.start()
+        try:
+            outcome = loop.run()
+        finally:
+            heartbeat.stop()
+            loop.close()
+        write_exit(task, outcome)
+        print(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}", file=sys.stderr)
+        return outcome.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
+    parser.add_argument("task_dir", type=Path, help="the task's folder: SPOOL/tasks/ID")
+    parser.add_argument("--config", type=Path, default=None)
+    args = parser.parse_args(argv)
+    os.umask(0o077)
+    try:
+        return run(args.task_dir.absolute(), args.config)
+    except InvalidIdError as exc:
+        print(f"agentd worker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

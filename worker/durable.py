@@ -1,0 +1,125 @@
+"""Every durable write in agentd goes through this module.
+
+* ``atomic_write`` replaces a file as a whole: a temp file in the same directory, write,
+  fsync, rename over the target, fsync the directory. A reader sees the old bytes or the
+  new ones, never a mix, whatever kills the process or the machine.
+* ``private_dir`` / ``open_private`` create folders 0700 and files 0600 whatever the umask.
+* ``write_exclusive`` creates a file only if it does not exist yet (link(2) of a fully
+  written temp file), so two writers racing for one name get exactly one winner.
+
+A failed fsync is never retried on the same data: the error is raised as
+``StorageError`` and the caller stops (the page cache may already have dropped the dirty
+pages, so a retry could report success for data that never reached the disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from worker.errors import StorageError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) as 0700 folders; tighten it if it exists."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != DIR_MODE:
+        path.chmod(DIR_MODE)
+    return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` with 0600 whatever the umask, never following a symlink at ``path``."""
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    return fd
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise storage_error("fsync of folder", path, exc) from exc
+    finally:
+        os.close(fd)
+
+
+def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
+    reason = errno.errorcode.get(exc.errno or 0, "error") if exc.errno else "error"
+    return StorageError(
+        f"{what} {path} failed ({reason}: {exc.strerror}); nothing recorded was changed. "
+        "Free space or fix the disk, then the task resumes from what is on disk."
+    )
+
+
+def _write_temp(path: Path, data: bytes, *, durable: bool) -> Path:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise storage_error("writing", path, exc) from exc
+    return tmp
+
+
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically; with ``durable`` it survives power loss."""
+    tmp = _write_temp(path, data, durable=durable)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise storage_error("renaming onto", path, exc) from exc
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_exclusive(path: Path, data: bytes) -> bool:
+    """Durably create ``path`` with ``data`` unless it exists; True if this call created it."""
+    tmp = _write_temp(path, data, durable=True)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise storage_error("creating", path, exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    fsync_dir(path.parent)
+    return True
+
+
+def dump_json(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
+    atomic_write(path, dump_json(obj), durable=durable)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by ``atomic_write_json``; errors are the caller's to name."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return json.loads(f.read())

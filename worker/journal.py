@@ -1,0 +1,203 @@
+"""The append-only journal: the durable source of truth of one task.
+
+Format (version ``JOURNAL_VERSION``)::
+
+    frame   = length:u32le  crc:u32le  payload[length]
+    crc     = crc32(length:u32le || payload)
+    payload = UTF-8 JSON object with a "k" (kind) field; the first is
+              {"k": "header", "v": JOURNAL_VERSION}
+
+Reading classifies the bytes after the last good frame. A frame that is short, has a
+zero or overlong length, fails its checksum or is not a JSON object is *damage*. When a
+well-formed frame can be found anywhere after the damage, the damage is in the middle
+of the journal: ``JournalCorruptError``, and nothing after it is ever skipped to. When
+none can, it is a torn tail (an append the machine did not finish) and ``Journal.open``
+cuts it before anything new is appended.
+
+Each ``append`` is one ``write`` of whole frames followed by ``fdatasync``. After a failed
+write or sync the journal refuses further appends (the sync is never retried on the same
+data); the worker stops and the next open reads what the disk really holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.durable import dump_json, fsync_dir, open_private, storage_error
+from worker.errors import JournalCorruptError, StorageError
+
+JOURNAL_VERSION = 1
+MAX_RECORD = 64 * 1024 * 1024
+_HEAD = struct.Struct("<II")
+
+Record = dict[str, Any]
+
+
+def encode(record: Record) -> bytes:
+    payload = dump_json(record)
+    length = len(payload)
+    if length > MAX_RECORD:
+        raise StorageError(
+            f"a journal record of {length} bytes is over the {MAX_RECORD}-byte limit; "
+            "shorten the tool result or message that produced it."
+        )
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<I", length)))
+    return _HEAD.pack(length, crc) + payload
+
+
+def _frame_at(data: bytes | memoryview, pos: int) -> tuple[Record, int] | None:
+    """The record starting at ``pos`` and the offset after it, or None if it is not valid."""
+    if pos + _HEAD.size > len(data):
+        return None
+    length, crc = _HEAD.unpack_from(data, pos)
+    end = pos + _HEAD.size + length
+    if length == 0 or length > MAX_RECORD or end > len(data):
+        return None
+    payload = bytes(data[pos + _HEAD.size : end])
+    if zlib.crc32(payload, zlib.crc32(struct.pack("<I", length))) != crc:
+        return None
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+        return None
+    return record, end
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a byte string holds: its good records (with their end offsets) and the rest."""
+
+    records: list[tuple[Record, int]]
+    good_end: int
+    size: int
+
+    @property
+    def torn(self) -> bool:
+        return self.good_end < self.size
+
+
+def scan(data: bytes | memoryview, start: int = 0, *, name: str = "journal") -> Scan:
+    """Parse frames from ``start``; raise ``JournalCorruptError`` on damage before the tail."""
+    records: list[tuple[Record, int]] = []
+    pos = start
+    while (found := _frame_at(data, pos)) is not None:
+        record, pos = found
+        records.append((record, pos))
+    if pos < len(data):
+        for probe in range(pos + 1, len(data) - _HEAD.size):
+            if _frame_at(data, probe) is not None:
+                raise JournalCorruptError(
+                    f"{name} is damaged at byte {pos} with intact records after it; "
+                    "agentd will not skip recorded work. Restore the task folder from a "
+                    "backup or fork the task from an earlier turn."
+                )
+    return Scan(records, pos, len(data))
+
+
+def read_file(path: Path, start: int = 0) -> Scan:
+    """Read-only scan of a journal file (for status and history); never modifies it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    result = scan(data, start, name=str(path))
+    _check_header(path, result, start)
+    return result
+
+
+def _check_header(path: Path, result: Scan, start: int) -> None:
+    if start != 0 or not result.records:
+        return
+    head = result.records[0][0]
+    if head.get("k") != "header":
+        raise JournalCorruptError(f"{path} does not start with a journal header; it is not ours.")
+    if head.get("v") != JOURNAL_VERSION:
+        raise JournalCorruptError(
+            f"{path} is journal format {head.get('v')!r}, this agentd reads format "
+            f"{JOURNAL_VERSION}; run the agentd version that wrote it."
+        )
+
+
+class Journal:
+    """An open journal, positioned at its end, ready to append."""
+
+    def __init__(self, path: Path, fd: int, size: int) -> None:
+        self.path = path
+        self._fd = fd
+        self.size = size
+        self._broken: StorageError | None = None
+
+    @classmethod
+    def open(cls, path: Path, start: int = 0, **header: Any) -> tuple[Journal, list[Record]]:
+        """Open (creating it with a header if absent), cut a torn tail, return the records
+        from ``start`` on. ``header`` fields are added to a new journal's header record."""
+        created = not path.exists()
+        try:
+            fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        except OSError as exc:
+            raise storage_error("opening", path, exc) from exc
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                f.seek(start)
+                data = f.read()
+            result = scan(data, 0, name=str(path))
+            _check_header(path, result, start)
+            journal = cls(path, fd, start + result.good_end)
+            if result.torn:
+                journal._cut(start + result.good_end)
+            if created or journal.size == 0:
+                if created:
+                    fsync_dir(path.parent)
+                journal.append([{"k": "header", "v": JOURNAL_VERSION, **header}])
+                return journal, []
+        except BaseException:
+            os.close(fd)
+            raise
+        return journal, [record for record, _ in result.records]
+
+    def _cut(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise storage_error("cutting the torn tail of", self.path, exc) from exc
+
+    def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
+        """Durably append ``records`` as one write; return the journal size after them."""
+        if self._broken is not None:
+            raise self._broken
+        data = b"".join(encode(r) for r in records)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if sync:
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            self._broken = storage_error("appending to", self.path, exc)
+            raise self._broken from exc
+        self.size += len(data)
+        return self.size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_records(path: Path) -> Iterator[Record]:
+    for record, _ in read_file(path).records:
+        yield record

@@ -1,0 +1,510 @@
+"""The agent loop: call the model, record the turn, run each tool call, record each
+result, send the results back, until the task ends.
+
+The loop never keeps state of its own: every step is chosen by ``_next_step`` from the
+folded ``TaskState``, so a fresh start and a resume after ``kill -9`` are the same code
+path. The only ordering rules that matter for safety are here:
+
+* a tool call's ``intent`` is durable (fdatasync) before the tool runs, its ``result``
+  after; a call with an intent and no result is *dangling* and goes through
+  ``worker.reconcile`` instead of being run again blindly;
+* a model reply is recorded as one ``turn`` record once it has fully arrived, so a
+  retried or interrupted call records nothing and counts no usage.
+
+Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
+recorded then); during a tool call it takes effect once the result is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from worker.config import Config
+from worker.durable import atomic_write_json, read_json
+from worker.errors import (
+    InvalidIdError,
+    JournalCorruptError,
+    ModelError,
+    StorageError,
+    TaskSpecError,
+)
+from worker.events import append_event, utc_now
+from worker.heartbeat import Heartbeat
+from worker.journal import Journal
+from worker.models.base import JSON, Model, ModelRequest
+from worker.models.retry import call_with_retries
+from worker.reconcile import Action, plan
+from worker.spool import TaskDir, TaskSpec, validate_call_id
+from worker.state import Call, TaskState
+from worker.tools.registry import ToolContext, ToolError, ToolRegistry
+
+EXIT_DONE = 0
+EXIT_FAILED = 3
+EXIT_HELD = 4
+EXIT_STOPPED = 5
+EXIT_LOCKED = 6
+EXIT_STORAGE = 7
+EXIT_CONFIG = 78
+
+SNAPSHOT_EVERY = 100  # turns between snapshots
+CONTINUE_PROMPT = "Your reply was cut off by the max_tokens limit. Please continue."
+_TOOL_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "TMPDIR",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # done, failed, held, stopped
+    reason: str
+    exit_code: int
+
+
+class StopRequested(BaseException):
+    """Raised out of a model call when SIGTERM asks the worker to stop."""
+
+
+def idempotency_key(task_id: str, epoch: int, call_id: str) -> str:
+    """Stable for every resume of a call; new for a new task (fork) or after a rewind."""
+    digest = hashlib.sha256(f"{task_id}\0{epoch}\0{call_id}".encode()).hexdigest()
+    return f"agentd-{digest[:32]}"
+
+
+def tool_environment(environ: Mapping[str, str], task: TaskDir, workspace: str) -> dict[str, str]:
+    """What a tool's process sees: a short allowlist, never the API key."""
+    env = {k: environ[k] for k in _TOOL_ENV if k in environ}
+    env.update(AGENTD_TASK=task.id, AGENTD_WORKSPACE=workspace)
+    return env
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        task: TaskDir,
+        spec: TaskSpec,
+        config: Config,
+        model: Model,
+        tools: ToolRegistry,
+        heartbeat: Heartbeat | None = None,
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.task = task
+        self.spec = spec
+        self.config = config
+        self.model = model
+        self.tools = tools
+        self.heartbeat = heartbeat
+        self.snapshot_every = snapshot_every
+        self.sleep = sleep
+        self.workspace = task.workspace_for(spec)
+        self.tool_env = tool_environment(os.environ, task, str(self.workspace))
+        self.stop_requested = False
+        self._interruptible = False
+        self.journal: Journal | None = None
+        self.state = TaskState(spec.prompt)
+        self._snapshot_turn = 0
+
+    # -- opening ----------------------------------------------------------------------
+
+    def open(self) -> TaskState:
+        """Load the snapshot (if usable) and replay the journal after it."""
+        state, offset = self._load_snapshot()
+        try:
+            journal, records = Journal.open(self.task.journal, offset, task=self.task.id)
+        except JournalCorruptError:
+            if offset == 0:
+                raise
+            state, offset = TaskState(self.spec.prompt), 0  # distrust the snapshot too
+            journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
+        for record in records:
+            state.apply(record)
+        self.journal, self.state = journal, state
+        self._snapshot_turn = state.turn
+        return state
+
+    def _load_snapshot(self) -> tuple[TaskState, int]:
+        try:
+            state, offset = TaskState.from_snapshot(read_json(self.task.snapshot))
+            if offset <= self.task.journal.stat().st_size:
+                return state, offset
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
+        return TaskState(self.spec.prompt), 0
+
+    # -- recording ----------------------------------------------------------------------
+
+    @property
+    def _journal(self) -> Journal:
+        if self.journal is None:
+            raise RuntimeError("AgentLoop.open() must be called before recording")
+        return self.journal
+
+    def _record(self, *records: JSON) -> None:
+        stamped = [{**r, "at": utc_now()} for r in records]
+        self._journal.append(stamped)
+        for record in stamped:
+            self.state.apply(record)
+        if self.heartbeat:
+            self.heartbeat.update(turn=self.state.turn, usage=self.state.usage_total.to_json())
+
+    def _maybe_snapshot(self) -> None:
+        if (
+            self.state.turn - self._snapshot_turn < self.snapshot_every
+            or self.state.pending_calls()
+        ):
+            return
+        atomic_write_json(self.task.snapshot, self.state.to_snapshot(self._journal.size))
+        self._snapshot_turn = self.state.turn
+
+    def _event(self, event: str, level: str = "info", **fields: Any) -> None:
+        append_event(
+            self.task.events,
+            event,
+            level,
+            task=self.task.id,
+            pid=os.getpid(),
+            turn=self.state.turn,
+            **fields,
+        )
+
+    def _phase(self, phase: str) -> None:
+        if self.heartbeat:
+            self.heartbeat.phase(phase)
+
+    # -- running ------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        try:
+            if self.journal is None:
+                self.open()
+            if self.state.records > 1:
+                self._event("task_resumed")
+            return self._loop()
+        except StopRequested:
+            return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+        except StorageError as exc:
+            return Outcome("stopped", str(exc), EXIT_STORAGE)
+        except JournalCorruptError as exc:
+            return Outcome("failed", str(exc), EXIT_FAILED)
+        except (ModelError, TaskSpecError) as exc:
+            return self._end("failed", str(exc))
+        finally:
+            self._phase("idle")
+
+    def _loop(self) -> Outcome:
+        while True:
+            if self.state.ended:
+                return self._outcome_of_end()
+            if self.stop_requested:
+                return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+            pending = self.state.pending_calls()
+            if pending:
+                call = pending[0]
+                if call.dangling:
+                    held = self._settle_dangling(call)
+                    if held is not None:
+                        return held
+                else:
+                    self._run_call(call, attempt=1)
+                continue
+            self._maybe_snapshot()
+            ending = self._ending()
+            if ending is not None:
+                return self._end(*ending)
+            if self.state.last_role == "assistant" and self.state.stop_reason == "max_tokens":
+                self._record({"k": "user", "content": [{"type": "text", "text": CONTINUE_PROMPT}]})
+                continue
+            self._call_model()
+
+    def _ending(self) -> tuple[str, str] | None:
+        """Why the task ends now, or None to call the model again."""
+        stop = self.state.stop_reason
+        if stop in ("end_turn", "stop_sequence"):
+            return "done", stop
+        if stop == "refusal":
+            return "failed", "refusal: the model declined to continue this task"
+        if stop == "model_context_window_exceeded":
+            return "failed", "model_context_window_exceeded: the transcript no longer fits"
+        if stop not in (None, "tool_use", "max_tokens", "pause_turn"):
+            return "failed", f"unknown stop_reason {stop!r} from the model"
+        if self.state.turn >= self.spec.max_turns:
+            return "done", "max_turns"
+        budget = self.spec.token_budget
+        used = self.state.usage_total.input_tokens + self.state.usage_total.output_tokens
+        if budget is not None and used >= budget:
+            return "done", "token_budget"
+        return None
+
+    def _end(self, state: str, reason: str) -> Outcome:
+        if self.journal is not None and not self.state.ended:
+            self._record({"k": "end", "state": state, "reason": reason})
+        self._event(f"task_{state}", level="info" if state == "done" else "error", reason=reason)
+        return self._outcome_of_end()
+
+    def _outcome_of_end(self) -> Outcome:
+        ended = self.state.ended or {}
+        state = str(ended.get("state"))
+        return Outcome(
+            state, str(ended.get("reason")), EXIT_DONE if state == "done" else EXIT_FAILED
+        )
+
+    # -- the model ----------------------------------------------------------------------
+
+    def _request(self) -> ModelRequest:
+        return ModelRequest(
+            model=self.spec.model or self.config.model.name,
+            max_tokens=self.spec.max_tokens or self.config.model.max_tokens,
+            messages=self.state.transcript(),
+            system=self.spec.system,
+            tools=[t.api_definition() for t in self.tools],
+        )
+
+    def _call_model(self) -> None:
+        self._phase("model")
+
+        def on_retry(exc: Exception, attempt: int, delay: float) -> None:
+            self._event(
+                "model_retry", level="warning", attempt=attempt, delay=delay, error=str(exc)
+            )
+            self._phase("model")  # a retry is progress: the deadline covers one attempt
+
+        self._interruptible = True
+        try:
+            if self.stop_requested:
+                raise StopRequested
+            reply = call_with_retries(
+                self.model,
+                self._request(),
+                turn_index=self.state.turn,
+                on_retry=on_retry,
+                sleep=self.sleep,
+            )
+        finally:
+            self._interruptible = False
+        self._phase("idle")
+        message = {"role": "assistant", "content": reply.content}
+        records: list[JSON] = [
+            {
+                "k": "turn",
+                "turn": self.state.turn + 1,
+                "message": message,
+                "stop_reason": reply.stop_reason,
+                "usage": reply.usage.to_json(),
+                "model": reply.model,
+            }
+        ]
+        if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
+            records += [
+                {
+                    "k": "result",
+                    "call_id": b["id"],
+                    "content": "not executed: the reply was cut off at max_tokens",
+                    "is_error": True,
+                    "outcome": "not_run",
+                }
+                for b in reply.content
+                if b.get("type") == "tool_use"
+            ]
+        self._record(*records)
+
+    # -- tools --------------------------------------------------------------------------
+
+    def _context(self, call: Call, key: str) -> ToolContext:
+        return ToolContext(
+            workspace=self.workspace,
+            task_id=self.task.id,
+            call_id=call.call_id,
+            idempotency_key=key,
+            timeout=self.config.deadlines.tool_call,
+            env=self.tool_env,
+        )
+
+    def _error_result(self, call: Call, message: str, outcome: str = "error") -> None:
+        self._record(
+            {
+                "k": "result",
+                "call_id": call.call_id,
+                "content": message,
+                "is_error": True,
+                "outcome": outcome,
+            }
+        )
+
+    def _run_call(self, call: Call, *, attempt: int, outcome: str = "ran") -> None:
+        tool = self.tools.get(call.tool)
+        if tool is None:
+            self._error_result(call, f"unknown tool {call.tool!r}; available: {self.tools.names()}")
+            return
+        try:
+            data = tool.check_input(call.input)
+        except ToolError as exc:
+            self._error_result(call, str(exc))
+            return
+        key = call.key or idempotency_key(self.task.id, self.state.epoch, call.call_id)
+        self._record(
+            {
+                "k": "intent",
+                "call_id": call.call_id,
+                "tool": tool.name,
+                "effect": tool.effect.value,
+                "key": key,
+                "attempt": attempt,
+            }
+        )
+        self._phase(f"tool:{tool.name}")
+        try:
+            content, is_error = tool.run(self._context(call, key), data), False
+        except ToolError as exc:
+            content, is_error = str(exc), True
+        except Exception as exc:
+            content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+        self._phase("idle")
+        self._record(
+            {
+                "k": "result",
+                "call_id": call.call_id,
+                "content": content,
+                "is_error": is_error,
+                "outcome": outcome,
+            }
+        )
+
+    def _settle_dangling(self, call: Call) -> Outcome | None:
+        """Reconcile a call that started and never finished; an Outcome if the task holds."""
+        tool = self.tools.get(call.tool)
+        if call.decision is None:
+            self._load_decision(call)
+        step = plan(call, tool, self.config.tools.policy)
+        fields: dict[str, Any] = {
+            "call_id": call.call_id,
+            "tool": call.tool,
+            "attempt": call.attempt,
+        }
+        if step.try_reconcile and tool is not None and tool.reconcile is not None:
+            key = call.key or idempotency_key(self.task.id, self.state.epoch, call.call_id)
+            try:
+                answer = tool.reconcile(self._context(call, key), dict(call.input or {}))
+            except Exception as exc:
+                answer = None
+                self._event("reconcile_failed", level="warning", error=str(exc), **fields)
+            if answer is not None:
+                self._record(
+                    {
+                        "k": "result",
+                        "call_id": call.call_id,
+                        "content": answer,
+                        "is_error": False,
+                        "outcome": "reconciled",
+                    }
+                )
+                self._event("dangling_reconciled", **fields)
+                return None
+        if step.action is Action.RERUN:
+            self._event("dangling_rerun", why=step.why, **fields)
+            self._run_call(call, attempt=call.attempt + 1, outcome="rerun")
+        elif step.action is Action.SKIP:
+            reason = (call.decision or {}).get("reason") or "no reason given"
+            self._error_result(
+                call,
+                f"not executed: an operator skipped this call after a crash ({reason}); "
+                "it may or may not have taken effect before the crash",
+                outcome="skipped",
+            )
+        elif step.action is Action.SUPPLIED:
+            self._record(
+                {
+                    "k": "result",
+                    "call_id": call.call_id,
+                    "content": str((call.decision or {}).get("result", "")),
+                    "is_error": False,
+                    "outcome": "operator",
+                }
+            )
+        else:
+            hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
+            self._record({"k": "hold", "calls": [{**hold, "why": step.why}]})
+            self._event("dangling_held", level="warning", why=step.why, **fields)
+            return Outcome(
+                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", EXIT_HELD
+            )
+        return None
+
+    def _load_decision(self, call: Call) -> None:
+        """Apply an operator's decision file for this attempt, if one was written."""
+        try:
+            path = self.task.decision_file(validate_call_id(call.call_id), call.attempt)
+        except InvalidIdError:
+            return  # no decision file can name this call: it stays held
+        try:
+            data = read_json(path)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            self._event("decision_invalid", level="error", path=str(path), error=str(exc))
+            return
+        action = data.get("action") if isinstance(data, dict) else None
+        if action not in ("rerun", "skip", "result"):
+            self._event("decision_invalid", level="error", path=str(path), error="bad action")
+            return
+        record: JSON = {
+            "k": "decision",
+            "call_id": call.call_id,
+            "attempt": call.attempt,
+            "action": action,
+        }
+        for field in ("reason", "result", "by"):
+            if isinstance(data.get(field), str):
+                record[field] = data[field]
+        self._record(record)
+        self._event("dangling_decided", call_id=call.call_id, action=action)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            self.stop_requested = True
+            if self._interruptible:
+                self._interruptible = False
+                raise StopRequested
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+        self.model.close()
+
+
+def write_exit(task: TaskDir, outcome: Outcome) -> None:
+    """The worker's last words for the supervisor (best effort: a crash writes none)."""
+    data = {
+        "code": outcome.exit_code,
+        "state": outcome.state,
+        "reason": outcome.reason,
+        "pid": os.getpid(),
+        "at": utc_now(),
+    }
+    with contextlib.suppress(StorageError):
+        atomic_write_json(task.exit, data)

@@ -1,0 +1,83 @@
+"""The seam between the agent loop and a model: the ``Model`` protocol and its data.
+
+A backend turns a transcript into one assistant reply. It raises
+``RetryableModelError`` for faults worth another attempt (the loop retries with capped
+backoff and records nothing until a whole reply arrived) and ``ModelError`` for faults
+that end the task. Replies are plain frozen data, ready to be journaled as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def to_json(self) -> JSON:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Usage:
+        return cls(
+            input_tokens=int(data.get("input_tokens") or 0),
+            output_tokens=int(data.get("output_tokens") or 0),
+            cache_creation_input_tokens=int(data.get("cache_creation_input_tokens") or 0),
+            cache_read_input_tokens=int(data.get("cache_read_input_tokens") or 0),
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_creation_input_tokens + other.cache_creation_input_tokens,
+            self.cache_read_input_tokens + other.cache_read_input_tokens,
+        )
+
+    @property
+    def context_tokens(self) -> int:
+        """The size of the context this call saw plus what it wrote: ``tokens_used``."""
+        return (
+            self.input_tokens
+            + self.cache_creation_input_tokens
+            + self.cache_read_input_tokens
+            + self.output_tokens
+        )
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    model: str
+    max_tokens: int
+    messages: Sequence[JSON]
+    system: str | None = None
+    tools: Sequence[JSON] = ()
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    content: list[JSON]
+    stop_reason: str
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+
+class Model(Protocol):
+    """A model backend. ``turn_index`` is the number of assistant turns already recorded."""
+
+    def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,104 @@
+"""The scripted model: an offline, deterministic backend (DESIGN.md section 4).
+
+Model call k of a task (k = assistant turns already in its transcript) returns
+``responses[k]`` of the script, so a resumed task continues where it left off. The script
+is validated when it is loaded, with one-line errors naming the response at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.errors import ModelError, TaskSpecError
+from worker.models.base import JSON, ModelReply, ModelRequest, Usage
+
+_BLOCK_TYPES = {"text", "tool_use", "thinking"}
+
+
+def _validate(data: Any, where: str) -> list[JSON]:
+    def bad(what: str) -> TaskSpecError:
+        return TaskSpecError(f"{where}: {what}; fix the script and submit the task again.")
+
+    if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
+        raise bad('the script must be a JSON object with a "responses" list')
+    responses: list[JSON] = data["responses"]
+    for i, response in enumerate(responses):
+        at = f"responses[{i}]"
+        if not isinstance(response, dict):
+            raise bad(f"{at} is not an object")
+        content = response.get("content")
+        if not isinstance(content, list) or not content:
+            raise bad(f"{at}.content must be a non-empty list of blocks")
+        for j, block in enumerate(content):
+            if not isinstance(block, dict) or block.get("type") not in _BLOCK_TYPES:
+                raise bad(f"{at}.content[{j}] must be a text, tool_use or thinking block")
+            if block["type"] == "text" and not isinstance(block.get("text"), str):
+                raise bad(f"{at}.content[{j}].text must be a string")
+            if block["type"] == "tool_use" and (
+                not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict)
+            ):
+                raise bad(f"{at}.content[{j}] needs a string name and an object input")
+        delay = response.get("delay", 0)
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise bad(f"{at}.delay must be a non-negative number of seconds")
+        if not isinstance(response.get("usage", {}), dict):
+            raise bad(f"{at}.usage must be an object")
+        stop = response.get("stop_reason")
+        if stop is not None and not isinstance(stop, str):
+            raise bad(f"{at}.stop_reason must be a string")
+    return responses
+
+
+def load_script(path: Path) -> list[JSON]:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise TaskSpecError(f"{path}: the task has no script; submit it with --script.") from None
+    except (OSError, ValueError) as exc:
+        raise TaskSpecError(f"{path}: not valid JSON ({exc}); fix the script.") from None
+    return _validate(data, str(path))
+
+
+def validate_script(data: Any, where: str) -> list[JSON]:
+    return _validate(data, where)
+
+
+class ScriptedModel:
+    def __init__(
+        self, responses: list[JSON], *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.responses = responses
+        self._sleep = sleep
+
+    @classmethod
+    def from_file(cls, path: Path) -> ScriptedModel:
+        return cls(load_script(path))
+
+    def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
+        if turn_index >= len(self.responses):
+            raise ModelError(
+                f"the script has {len(self.responses)} responses and model call "
+                f"{turn_index + 1} has none; extend the script or raise nothing past its end."
+            )
+        response = self.responses[turn_index]
+        if delay := response.get("delay"):
+            self._sleep(float(delay))
+        content: list[JSON] = []
+        for i, scripted in enumerate(response["content"]):
+            block = dict(scripted)
+            if block["type"] == "tool_use":
+                block.setdefault("id", f"toolu_s{turn_index:05d}_{i}")
+            content.append(block)
+        has_tool = any(b["type"] == "tool_use" for b in content)
+        stop = response.get("stop_reason") or ("tool_use" if has_tool else "end_turn")
+        usage = Usage.from_json(
+            response.get("usage") or {"input_tokens": 10 + 5 * turn_index, "output_tokens": 5}
+        )
+        return ModelReply(content, stop, usage, request.model)
+
+    def close(self) -> None:
+        pass

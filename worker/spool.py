@@ -1,0 +1,247 @@
+"""The spool: where tasks live on disk, and the task spec.
+
+``Spool`` is the root folder; ``TaskDir`` names every file of one task (the layout is
+documented in docs/ARCHITECTURE.md and the README). Ids are validated before they touch
+the filesystem, so no id can name a path outside ``SPOOL/tasks``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.durable import private_dir, read_json
+from worker.errors import InvalidIdError, NotFoundError, TaskSpecError
+
+SPEC_VERSION = 1
+TASK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def validate_task_id(task_id: str) -> str:
+    if not TASK_ID.fullmatch(task_id) or task_id in (".", ".."):
+        shown = task_id if len(task_id) <= 80 else task_id[:80] + "..."
+        raise InvalidIdError(
+            f"invalid task id {shown!r}: use 1 to 64 characters of a-z, 0-9, '.', '_' "
+            "and '-', starting with a letter or digit."
+        )
+    return task_id
+
+
+def validate_call_id(call_id: str) -> str:
+    if not CALL_ID.fullmatch(call_id):
+        raise InvalidIdError(
+            f"invalid call id {call_id[:80]!r}: call ids are 1 to 128 characters of "
+            "A-Z, a-z, 0-9, '_' and '-'; copy it from `agentd dangling`."
+        )
+    return call_id
+
+
+def new_task_id() -> str:
+    return f"t-{secrets.token_hex(4)}"
+
+
+def default_spool(environ: Mapping[str, str] = os.environ) -> Path:
+    if state := environ.get("STATE_DIRECTORY"):
+        return Path(state.split(":")[0])
+    xdg = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "agentd"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task is asked to do: written once by ``agentd submit``."""
+
+    id: str
+    prompt: str
+    model: str | None = None
+    system: str | None = None
+    tools: tuple[str, ...] | None = None
+    max_turns: int = 100
+    max_tokens: int | None = None
+    token_budget: int | None = None
+    workspace: str | None = None
+    scripted: bool = False
+    forked_from: Mapping[str, Any] | None = None
+    created_at: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["v"] = SPEC_VERSION
+        data["tools"] = list(self.tools) if self.tools is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str) -> TaskSpec:
+        def bad(what: str) -> TaskSpecError:
+            return TaskSpecError(f"{where}: {what}; resubmit the task with `agentd submit`.")
+
+        if not isinstance(data, dict):
+            raise bad("the spec is not a JSON object")
+        if data.get("v") != SPEC_VERSION:
+            raise bad(f"spec version {data.get('v')!r} is not {SPEC_VERSION}")
+        try:
+            validate_task_id(str(data.get("id")))
+        except InvalidIdError as exc:
+            raise bad(str(exc).rstrip(".")) from None
+        _expect(data, "prompt", str, bad)
+        for key in ("model", "system", "workspace"):
+            _expect(data, key, (str, type(None)), bad)
+        for key in ("max_tokens", "token_budget"):
+            _expect(data, key, (int, type(None)), bad)
+        _expect(data, "max_turns", int, bad)
+        if data["max_turns"] < 1:
+            raise bad("max_turns must be at least 1")
+        tools = data.get("tools")
+        if tools is not None and (
+            not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)
+        ):
+            raise bad("tools must be a list of tool names or null")
+        forked = data.get("forked_from")
+        if forked is not None and not isinstance(forked, dict):
+            raise bad("forked_from must be an object or null")
+        return cls(
+            id=data["id"],
+            prompt=data["prompt"],
+            model=data.get("model"),
+            system=data.get("system"),
+            tools=tuple(tools) if tools is not None else None,
+            max_turns=data["max_turns"],
+            max_tokens=data.get("max_tokens"),
+            token_budget=data.get("token_budget"),
+            workspace=data.get("workspace"),
+            scripted=bool(data.get("scripted", False)),
+            forked_from=forked,
+            created_at=str(data.get("created_at", "")),
+            extra=data.get("extra") or {},
+        )
+
+
+def _expect(data: Mapping[str, Any], key: str, kind: Any, bad: Any) -> None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise bad(f"field {key!r} has the wrong type ({type(value).__name__})")
+
+
+@dataclass(frozen=True)
+class TaskDir:
+    """The files of one task. Constructing one validates the id."""
+
+    root: Path
+    id: str
+
+    def __post_init__(self) -> None:
+        validate_task_id(self.id)
+
+    @property
+    def path(self) -> Path:
+        return self.root / "tasks" / self.id
+
+    @property
+    def spec(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
+    def script(self) -> Path:
+        return self.path / "script.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.path / "journal"
+
+    @property
+    def snapshot(self) -> Path:
+        return self.path / "snapshot.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / "lock"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.path / "heartbeat.json"
+
+    @property
+    def exit(self) -> Path:
+        return self.path / "exit.json"
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state.json"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def output(self) -> Path:
+        return self.path / "worker.log"
+
+    @property
+    def decisions(self) -> Path:
+        return self.path / "decisions"
+
+    def decision_file(self, call_id: str, attempt: int) -> Path:
+        return self.decisions / f"{validate_call_id(call_id)}.{attempt}.json"
+
+    def exists(self) -> bool:
+        return self.spec.is_file()
+
+    def load_spec(self) -> TaskSpec:
+        try:
+            data = read_json(self.spec)
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"no task {self.id!r} in {self.root}; `agentd status` lists the tasks."
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise TaskSpecError(
+                f"{self.spec}: cannot read the task spec ({exc}); resubmit the task."
+            ) from None
+        spec = TaskSpec.from_json(data, where=str(self.spec))
+        if spec.id != self.id:
+            raise TaskSpecError(f"{self.spec}: spec names task {spec.id!r}, not {self.id!r}.")
+        return spec
+
+    def workspace_for(self, spec: TaskSpec) -> Path:
+        return Path(spec.workspace) if spec.workspace else self.path / "workspace"
+
+
+@dataclass(frozen=True)
+class Spool:
+    root: Path
+
+    @property
+    def tasks_dir(self) -> Path:
+        return self.root / "tasks"
+
+    def ensure(self) -> Spool:
+        private_dir(self.root)
+        private_dir(self.tasks_dir)
+        return self
+
+    def task(self, task_id: str) -> TaskDir:
+        return TaskDir(self.root, task_id)
+
+    def task_ids(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.tasks_dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if TASK_ID.fullmatch(n) and n not in (".", "..")]
+
+    def tasks(self) -> Iterator[TaskDir]:
+        for task_id in self.task_ids():
+            yield self.task(task_id)
+
+
+def normalize_tools(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    if names is None:
+        return None
+    return tuple(dict.fromkeys(n.strip() for n in names if n.strip()))

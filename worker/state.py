@@ -1,0 +1,251 @@
+"""A task's execution state: the fold of its journal records.
+
+``TaskState.apply(record)`` is the only way state changes, both while the worker runs
+(each record is applied right after it is durable) and on resume (records are replayed
+from the last snapshot). The transcript is rebuilt by construction so that every
+assistant tool_use is answered by exactly one tool_result, in tool_use order, in the
+next user message (invariant 3): the tool_result message is only emitted once every call
+of the turn has a result, and a second result for a call is ignored.
+
+Records (see worker/journal.py for the frame format)::
+
+    turn      {"turn", "message", "stop_reason", "usage", "model", "at"}
+    intent    {"call_id", "tool", "input", "effect", "key", "attempt", "at"}
+    result    {"call_id", "content", "is_error", "outcome", "at"}
+    user      {"content": [blocks], "at"}                 an extra user message
+    hold      {"calls": [{"call_id", "attempt"}], "at"}   awaiting an operator
+    decision  {"call_id", "attempt", "action", "reason"?, "result"?, "at"}
+    end       {"state": "done" | "failed", "reason", "at"}
+    rewind    {"to": TURN, "at"}                          back to the scene after TURN
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.models.base import JSON, Usage
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class Call:
+    """One tool_use of the transcript and what became of it: a ledger entry."""
+
+    call_id: str
+    tool: str
+    input: Any
+    turn: int
+    effect: str | None = None
+    key: str | None = None
+    attempt: int = 0  # intents recorded so far; the current attempt's number
+    started_at: str | None = None
+    result: JSON | None = None  # the result record once there is one
+    decision: JSON | None = None  # the decision record for the current attempt
+
+    @property
+    def dangling(self) -> bool:
+        """Started (an intent is durable) but never recorded as finished."""
+        return self.attempt > 0 and self.result is None
+
+    @property
+    def outcome(self) -> str:
+        if self.result is not None:
+            return str(self.result.get("outcome", "ran"))
+        return "dangling" if self.attempt else "pending"
+
+
+@dataclass
+class TurnInfo:
+    turn: int
+    at: str
+    model: str
+    stop_reason: str
+    usage: Usage
+    offset: int  # index of the turn record in the record list
+
+
+@dataclass
+class TaskState:
+    prompt: str
+    messages: list[JSON] = field(default_factory=list)
+    turn: int = 0
+    usage: Usage = field(default_factory=Usage)  # the current branch
+    usage_total: Usage = field(default_factory=Usage)  # everything ever spent
+    tokens_used: int = 0
+    calls: dict[str, Call] = field(default_factory=dict)
+    turn_calls: list[str] = field(default_factory=list)  # call ids of the latest turn
+    stop_reason: str | None = None
+    held: list[JSON] = field(default_factory=list)
+    ended: JSON | None = None
+    epoch: int = 0  # rewinds so far: part of every new idempotency key
+    turns: list[TurnInfo] = field(default_factory=list)
+    records: int = 0  # records applied
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            self.messages = [{"role": "user", "content": [{"type": "text", "text": self.prompt}]}]
+
+    # -- the fold -----------------------------------------------------------------------
+
+    def apply(self, record: JSON) -> None:
+        kind = record.get("k")
+        handler = getattr(self, f"_apply_{kind}", None)
+        if handler is not None:
+            handler(record)
+        self.records += 1
+
+    def _apply_header(self, record: JSON) -> None:
+        pass
+
+    def _apply_turn(self, record: JSON) -> None:
+        message: JSON = record["message"]
+        usage = Usage.from_json(record.get("usage") or {})
+        self.turn = int(record["turn"])
+        self.usage = self.usage + usage
+        self.usage_total = self.usage_total + usage
+        self.tokens_used = usage.context_tokens
+        self.stop_reason = record.get("stop_reason")
+        self.messages.append({"role": "assistant", "content": message["content"]})
+        self.turn_calls = []
+        for block in message["content"]:
+            if block.get("type") == "tool_use":
+                call = Call(block["id"], block["name"], block.get("input"), self.turn)
+                self.calls[call.call_id] = call
+                self.turn_calls.append(call.call_id)
+        self.turns.append(
+            TurnInfo(
+                self.turn,
+                str(record.get("at", "")),
+                str(record.get("model", "")),
+                str(self.stop_reason),
+                usage,
+                self.records,
+            )
+        )
+
+    def _apply_intent(self, record: JSON) -> None:
+        call = self.calls.get(record["call_id"])
+        if call is None or call.result is not None:
+            return
+        call.attempt = int(record.get("attempt", call.attempt + 1))
+        call.effect = record.get("effect")
+        call.key = record.get("key")
+        call.started_at = record.get("at")
+        call.decision = None
+
+    def _apply_result(self, record: JSON) -> None:
+        call = self.calls.get(record["call_id"])
+        if call is None or call.result is not None:
+            return
+        call.result = record
+        self.held = [h for h in self.held if h["call_id"] != call.call_id]
+        if call.call_id in self.turn_calls and not self.pending_calls():
+            self._append_user(
+                [_tool_result_block(self.calls[cid].result or {}, cid) for cid in self.turn_calls]
+            )
+
+    def _apply_user(self, record: JSON) -> None:
+        self._append_user(list(record["content"]))
+
+    def _apply_hold(self, record: JSON) -> None:
+        self.held = list(record["calls"])
+
+    def _apply_decision(self, record: JSON) -> None:
+        call = self.calls.get(record["call_id"])
+        if call is not None and call.attempt == record.get("attempt"):
+            call.decision = record
+
+    def _apply_end(self, record: JSON) -> None:
+        self.ended = {"state": record["state"], "reason": record["reason"]}
+
+    def _append_user(self, blocks: list[JSON]) -> None:
+        last = self.messages[-1]
+        if last["role"] == "user":
+            last["content"] = [*last["content"], *blocks]
+        else:
+            self.messages.append({"role": "user", "content": blocks})
+
+    # -- questions the loop asks ----------------------------------------------------------
+
+    def pending_calls(self) -> list[Call]:
+        """Calls of the latest turn without a result, in tool_use order."""
+        return [self.calls[cid] for cid in self.turn_calls if self.calls[cid].result is None]
+
+    def dangling(self) -> list[Call]:
+        return [c for c in self.pending_calls() if c.dangling]
+
+    @property
+    def last_role(self) -> str:
+        return str(self.messages[-1]["role"])
+
+    def transcript(self) -> list[JSON]:
+        """The messages to send to the model (a copy the caller may not mutate back)."""
+        return self.messages
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def to_snapshot(self, offset: int) -> JSON:
+        return {
+            "v": SNAPSHOT_VERSION,
+            "offset": offset,
+            "records": self.records,
+            "prompt": self.prompt,
+            "messages": self.messages,
+            "turn": self.turn,
+            "usage": self.usage.to_json(),
+            "usage_total": self.usage_total.to_json(),
+            "tokens_used": self.tokens_used,
+            "calls": [vars(c) for c in self.calls.values()],
+            "turn_calls": self.turn_calls,
+            "stop_reason": self.stop_reason,
+            "held": self.held,
+            "ended": self.ended,
+            "epoch": self.epoch,
+            "turns": [
+                {**vars(t), "usage": t.usage.to_json()}  # TurnInfo with usage as JSON
+                for t in self.turns
+            ],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: JSON) -> tuple[TaskState, int]:
+        """The state and journal offset a snapshot holds; KeyError/TypeError if malformed."""
+        if data.get("v") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('v')!r}")
+        state = cls(
+            prompt=data["prompt"],
+            messages=data["messages"],
+            turn=data["turn"],
+            usage=Usage.from_json(data["usage"]),
+            usage_total=Usage.from_json(data["usage_total"]),
+            tokens_used=data["tokens_used"],
+            calls={c["call_id"]: Call(**c) for c in data["calls"]},
+            turn_calls=list(data["turn_calls"]),
+            stop_reason=data["stop_reason"],
+            held=list(data["held"]),
+            ended=data["ended"],
+            epoch=data["epoch"],
+            turns=[TurnInfo(**{**t, "usage": Usage.from_json(t["usage"])}) for t in data["turns"]],
+            records=data["records"],
+        )
+        return state, int(data["offset"])
+
+    def clone(self) -> TaskState:
+        return copy.deepcopy(self)
+
+
+def _tool_result_block(result: JSON, call_id: str) -> JSON:
+    block: JSON = {"type": "tool_result", "tool_use_id": call_id, "content": result["content"]}
+    if result.get("is_error"):
+        block["is_error"] = True
+    return block
+
+
+def fold(prompt: str, records: list[JSON], state: TaskState | None = None) -> TaskState:
+    state = state or TaskState(prompt)
+    for record in records:
+        state.apply(record)
+    return state

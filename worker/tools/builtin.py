@@ -1,0 +1,152 @@
+"""The built-in tools (DESIGN.md section 5), all confined to the task's workspace.
+
+``outbox_send`` is the ``keyed`` example: it stands for any service that deduplicates by
+idempotency key (a payment API, a message queue). Its "service" is the ``outbox/`` folder
+of the workspace, where each delivery is one file named by its key, so a second delivery
+with the same key is recognised and not repeated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from worker.durable import atomic_write, private_dir, write_exclusive
+from worker.tools.paths import confine
+from worker.tools.registry import Effect, Tool, ToolContext, ToolError, tool
+
+MAX_READ = 1024 * 1024
+MAX_OUTPUT = 64 * 1024
+
+
+@tool(effect=Effect.READ_ONLY)
+def read_file(ctx: ToolContext, path: str) -> str:
+    """Read a UTF-8 text file from the workspace."""
+    target = confine(ctx.workspace, path)
+    try:
+        with open(target, "rb") as f:
+            data = f.read(MAX_READ + 1)
+    except FileNotFoundError:
+        raise ToolError(f"no file {path!r} in the workspace") from None
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a folder; use list_dir") from None
+    if len(data) > MAX_READ:
+        raise ToolError(f"{path!r} is larger than {MAX_READ} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ToolError(f"{path!r} is not UTF-8 text") from None
+
+
+@tool(effect=Effect.READ_ONLY)
+def list_dir(ctx: ToolContext, path: str = ".") -> str:
+    """List a folder of the workspace; folders end with '/'."""
+    target = confine(ctx.workspace, path)
+    try:
+        entries = sorted(os.scandir(target), key=lambda e: e.name)
+    except FileNotFoundError:
+        raise ToolError(f"no folder {path!r} in the workspace") from None
+    except NotADirectoryError:
+        raise ToolError(f"{path!r} is a file; use read_file") from None
+    return "\n".join(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries)
+
+
+def _parent_ready(ctx: ToolContext, path: str) -> Path:
+    """The confined target of ``path`` with its parent folders created."""
+    confine(ctx.workspace, path).parent.mkdir(parents=True, exist_ok=True)
+    return confine(ctx.workspace, path)  # again: a folder created on the way is checked too
+
+
+@tool(effect=Effect.IDEMPOTENT)
+def write_file(ctx: ToolContext, path: str, content: str) -> str:
+    """Create or replace a text file in the workspace (parent folders are created)."""
+    atomic_write(_parent_ready(ctx, path), content.encode())
+    return f"wrote {len(content.encode())} bytes to {path}"
+
+
+@tool(effect=Effect.UNSAFE)
+def append_file(ctx: ToolContext, path: str, content: str) -> str:
+    """Append text to a file in the workspace (created if missing)."""
+    target = _parent_ready(ctx, path)
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, content.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return f"appended {len(content.encode())} bytes to {path}"
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil  # noqa: PLC0415  (only needed when a command overruns)
+
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        for child in [*proc.children(recursive=True), proc]:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def _clip(data: bytes) -> str:
+    text = data[:MAX_OUTPUT].decode(errors="replace")
+    return text + (f"\n[... {len(data) - MAX_OUTPUT} more bytes]" if len(data) > MAX_OUTPUT else "")
+
+
+@tool(effect=Effect.UNSAFE)
+def run_command(ctx: ToolContext, command: str, timeout: float = 60.0) -> str:
+    """Run a shell command in the workspace; returns its exit code and output."""
+    limit = max(0.1, min(float(timeout), ctx.timeout))
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        cwd=ctx.workspace,
+        env=dict(ctx.env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise ToolError(
+            f"command timed out after {limit:g} s and was killed\n--- stdout ---\n{_clip(out)}"
+            f"\n--- stderr ---\n{_clip(err)}"
+        ) from None
+    return (
+        f"exit code {proc.returncode}\n--- stdout ---\n{_clip(out)}\n--- stderr ---\n{_clip(err)}"
+    )
+
+
+def _outbox_entry(ctx: ToolContext) -> Path:
+    return private_dir(ctx.workspace / "outbox") / f"{ctx.idempotency_key}.json"
+
+
+def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:
+    entry = _outbox_entry(ctx)
+    if not os.path.exists(entry):
+        return None
+    return f"delivered to {data.get('to')} (key {ctx.idempotency_key}, already recorded)"
+
+
+@tool(effect=Effect.KEYED, reconcile=_outbox_reconcile)
+def outbox_send(ctx: ToolContext, to: str, body: str) -> str:
+    """Deliver a message to the outbox service, deduplicated by the call's idempotency key."""
+    record = json.dumps({"to": to, "body": body, "key": ctx.idempotency_key}).encode()
+    if write_exclusive(_outbox_entry(ctx), record):
+        return f"delivered to {to} (key {ctx.idempotency_key})"
+    return f"delivered to {to} (key {ctx.idempotency_key}, duplicate suppressed)"
+
+
+BUILTIN_TOOLS: tuple[Tool, ...] = (
+    read_file,
+    list_dir,
+    write_file,
+    append_file,
+    run_command,
+    outbox_send,
+)
