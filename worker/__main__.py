@@ -59,8 +59,10 @@ def run(task_path: Path, config_path: Path | None) -> int:
         heartbeat = Heartbeat(task.heartbeat, config.heartbeat.interval)
         loop = AgentLoop(task, spec, config, model, tools, heartbeat)
         loop.install_signal_handlers()
-        heartbeat.start()
         try:
+            state = loop.open()
+            heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
+            heartbeat.start()
             outcome = loop.run()
         finally:
             heartbeat.stop()

@@ -259,7 +259,6 @@ class AgentLoop:
     def _end(self, state: str, reason: str) -> Outcome:
         if self.journal is not None and not self.state.ended:
             self._record({"k": "end", "state": state, "reason": reason})
-        self._event(f"task_{state}", level="info" if state == "done" else "error", reason=reason)
         return self._outcome_of_end()
 
     def _outcome_of_end(self) -> Outcome:

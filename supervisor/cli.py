@@ -1,0 +1,462 @@
+"""The ``agentd`` command line (DESIGN.md section 2).
+
+This module is a leaf: it alone parses arguments and prints. Everything below it raises
+``worker.errors.AgentdError`` subclasses, which ``main`` turns into one line on stderr
+and the class's exit code (0 ok, 1 operational, 2 usage, 3 no such task or wrong state,
+78 configuration). Commands that change a task work with or without a running daemon:
+with one, they write the change durably and ring its inbox; without one, they take the
+supervisor lock and apply the change themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from supervisor import tasks
+from supervisor.daemon import Supervisor, SupervisorLock, ring, running_pid, supervisor_info
+from worker import __version__
+from worker.config import Config, load_config
+from worker.errors import AgentdError, LockBusyError, StateConflictError, UsageError
+from worker.events import read_events
+from worker.spool import Spool, TaskDir, default_spool, validate_call_id
+
+Handler = Callable[[argparse.Namespace, Config, Spool], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{message}; see `{self.prog} --help`.")
+
+
+# -- context ----------------------------------------------------------------------------
+
+
+def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
+    if args.spool:
+        return Spool(Path(args.spool).expanduser().absolute())
+    if env := os.environ.get("AGENTD_SPOOL"):
+        return Spool(Path(env).expanduser().absolute())
+    if os.environ.get("STATE_DIRECTORY"):
+        return Spool(default_spool())
+    if config.spool is not None:
+        return Spool(config.spool.expanduser().absolute())
+    return Spool(default_spool())
+
+
+@contextmanager
+def offline(spool: Spool) -> Iterator[bool]:
+    """Yield True while holding the supervisor lock (no daemon runs), else False."""
+    lock = SupervisorLock(spool)
+    try:
+        lock.acquire()
+    except LockBusyError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def out(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import logging as agentd_logging  # noqa: PLC0415
+
+    if args.detach:
+        return _detach(args, spool)
+    agentd_logging.configure(args.log_format)
+    supervisor = Supervisor(spool, config, Path(args.config) if args.config else None)
+    return asyncio.run(supervisor.run())
+
+
+def _detach(args: argparse.Namespace, spool: Spool) -> int:
+    pid = running_pid(spool)
+    if pid is not None:
+        raise LockBusyError(f"agentd is already running on {spool.root} (pid {pid}).", pid)
+    spool.ensure()
+    cmd = [sys.executable, "-m", "supervisor", "--spool", str(spool.root)]
+    if args.config:
+        cmd += ["--config", str(args.config)]
+    cmd += ["--log-format", args.log_format or "json", "start"]
+    log = os.open(spool.root / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+    )
+    os.close(log)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AgentdError(
+                f"agentd exited at start (code {proc.returncode}); see {spool.root}/supervisor.log."
+            )
+        info = supervisor_info(spool) or {}
+        if info.get("pid") == proc.pid and running_pid(spool) == proc.pid:
+            print(f"agentd started (pid {proc.pid}) on {spool.root}")
+            return 0
+        time.sleep(0.05)
+    raise AgentdError(f"agentd did not become ready in 15 s; see {spool.root}/supervisor.log.")
+
+
+def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    pid = running_pid(spool)
+    if pid is None:
+        print(f"agentd is not running on {spool.root}")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + config.restart.stop_grace + 10
+    while time.monotonic() < deadline:
+        if running_pid(spool) is None:
+            print(f"agentd stopped (pid {pid})")
+            return 0
+        time.sleep(0.05)
+    raise AgentdError(f"agentd (pid {pid}) did not stop in time; check `agentd status`.")
+
+
+def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UsageError("give exactly one of --prompt TEXT or --prompt-file FILE.")
+    prompt = args.prompt
+    if args.prompt_file is not None:
+        try:
+            prompt = Path(args.prompt_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from None
+    task = tasks.submit(
+        spool,
+        config,
+        prompt=prompt,
+        name=args.name,
+        model=args.model,
+        script=Path(args.script) if args.script else None,
+        tools=args.tools.split(",") if args.tools is not None else None,
+        system=args.system,
+        max_turns=args.max_turns,
+        workspace=Path(args.workspace) if args.workspace else None,
+    )
+    ring(spool, task.id)
+    print(task.id)
+    return 0
+
+
+def _supervisor_json(spool: Spool) -> dict[str, Any]:
+    pid = running_pid(spool)
+    info = supervisor_info(spool) or {}
+    return {
+        "running": pid is not None,
+        "pid": pid,
+        "started_at": info.get("started_at") if pid else None,
+        "version": __version__,
+        "spool": str(spool.root),
+    }
+
+
+def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
+    task_dirs = [tasks.existing_task(spool, task_id)] if task_id else list(spool.tasks())
+    return {
+        "supervisor": _supervisor_json(spool),
+        "tasks": [tasks.status_row(t) for t in task_dirs if t.exists()],
+    }
+
+
+def _age(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    sup = doc["supervisor"]
+    lines = [
+        f"agentd running (pid {sup['pid']}) on {sup['spool']}"
+        if sup["running"]
+        else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
+    ]
+    rows = [("TASK", "STATE", "TURN", "RESTARTS", "PID", "HEARTBEAT", "PHASE", "REASON")]
+    for t in doc["tasks"]:
+        reason = t["reason"] or ""
+        if t["dangling"]:
+            reason = f"{len(t['dangling'])} held call(s): agentd dangling {t['id']}"
+        rows.append(
+            (
+                t["id"],
+                t["state"],
+                str(t["turn"]),
+                str(t["restarts"]),
+                str(t["pid"] or "-"),
+                _age(t["heartbeat_age"]),
+                t["phase"] or "-",
+                reason[:80],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        )
+    if not doc["tasks"]:
+        lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    while True:
+        doc = status_document(spool, args.task)
+        if args.json:
+            out(doc)
+        else:
+            if args.watch:
+                print("\033[H\033[J", end="")
+            print(render_status(doc))
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(1.0)
+        except KeyboardInterrupt:
+            return 0
+
+
+def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    task_dirs = [tasks.existing_task(spool, args.task)] if args.task else list(spool.tasks())
+    rows = []
+    for task in task_dirs:
+        if tasks.TaskRecord.load(task).state == "held":
+            rows += tasks.held_calls(task)
+    if args.json:
+        out(rows)
+        return 0
+    if not rows:
+        print("no held calls")
+    for r in rows:
+        print(
+            f"{r['task']}  {r['call_id']}  {r['tool']} ({r['effect']})  started {r['started_at']}"
+            f"\n    input: {json.dumps(r['input'])[:300]}\n    key:   {r['idempotency_key']}"
+            f"\n    decide: agentd approve-dangling {r['task']} {r['call_id']} "
+            "[--skip --reason TEXT | --result TEXT]"
+        )
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    task = tasks.existing_task(spool, args.task)
+    if (args.call_id is None) == (not args.all):
+        raise UsageError("give either a CALL_ID or --all.")
+    if args.result is not None and args.result_file is not None:
+        raise UsageError("give --result or --result-file, not both.")
+    result = args.result
+    if args.result_file is not None:
+        try:
+            result = Path(args.result_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --result-file {args.result_file}: {exc}") from None
+    if args.skip and result is not None:
+        raise UsageError("--skip and --result are different decisions; give one.")
+    if args.reason is not None and not args.skip:
+        raise UsageError("--reason goes with --skip.")
+    action = "skip" if args.skip else "result" if result is not None else "rerun"
+    calls = (
+        [validate_call_id(args.call_id)]
+        if args.call_id
+        else [r["call_id"] for r in tasks.held_calls(task)]
+    )
+    if not calls:
+        raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
+    for call_id in calls:
+        tasks.decide(task, call_id, action=action, reason=args.reason, result=result)
+        print(f"{task.id} {call_id}: {action}")
+    with offline(spool) as alone:
+        if alone and tasks.pending_decisions(task):
+            record = tasks.TaskRecord.load(task)
+            record.state, record.reason = "queued", None
+            record.save(task)
+    ring(spool, task.id)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    task = tasks.existing_task(spool, args.task)
+    seen = 0
+    while True:
+        events = read_events(task.events)
+        for event in events[seen:]:
+            extra = {
+                k: v for k, v in event.items() if k not in ("event", "timestamp", "level", "task")
+            }
+            fields = " ".join(f"{k}={v}" for k, v in extra.items())
+            level = event.get("level", "info")
+            print(f"{event.get('timestamp')} {level:7} {event.get('event')} {fields}")
+        seen = len(events)
+        if not args.follow:
+            break
+        try:
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            return 0
+    state = tasks.load_state(task)
+    print(f"-- transcript: {state.turn} turns, {len(state.calls)} tool calls")
+    for message in state.messages[-4:]:
+        texts = [b.get("text", "") for b in message["content"] if b.get("type") == "text"]
+        tools = [b["name"] for b in message["content"] if b.get("type") == "tool_use"]
+        summary = " ".join(texts)[:200] + (f" [tools: {', '.join(tools)}]" if tools else "")
+        print(f"{message['role']:9} {summary}")
+    return 0
+
+
+def _change_offline_or_request(
+    spool: Spool, task: TaskDir, request: str, apply: Callable[[tasks.TaskRecord], None]
+) -> None:
+    with offline(spool) as alone:
+        if alone:
+            record = tasks.TaskRecord.load(task)
+            apply(record)
+            record.save(task)
+            return
+    tasks.request(task, request)
+    ring(spool, task.id)
+
+
+def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    task = tasks.existing_task(spool, args.task)
+    record = tasks.TaskRecord.load(task)
+    if record.state in tasks.FINAL_STATES:
+        raise StateConflictError(f"task {task.id} is already {record.state}; nothing to cancel.")
+
+    def apply(r: tasks.TaskRecord) -> None:
+        r.state, r.reason = "cancelled", "cancelled by operator"
+
+    _change_offline_or_request(spool, task, tasks.CANCEL_REQUEST, apply)
+    print(f"{task.id}: cancel requested" if running_pid(spool) else f"{task.id}: cancelled")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    task = tasks.existing_task(spool, args.task)
+    record = tasks.TaskRecord.load(task)
+    if record.state != "failed":
+        raise StateConflictError(
+            f"task {task.id} is {record.state}; only a failed task can be retried."
+        )
+
+    def apply(r: tasks.TaskRecord) -> None:
+        r.state, r.reason, r.crashes = "queued", None, []
+
+    _change_offline_or_request(spool, task, tasks.RETRY_REQUEST, apply)
+    print(f"{task.id}: queued for retry")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from worker.config import default_config_text  # noqa: PLC0415
+
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        raise StateConflictError(f"{path} exists; use --force to overwrite it.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(default_config_text())
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    source = config.source or "built-in defaults"
+    print(f"{source}: ok (spool {spool.root}, max_workers {config.max_workers})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(keep=args.keep)
+
+
+# -- parser -----------------------------------------------------------------------------
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="agentd", description="Keeps long-running LLM agent workers alive.")
+    parser.add_argument("--version", action="version", version=f"agentd {__version__}")
+    parser.add_argument("--spool", help="spool folder (env AGENTD_SPOOL)")
+    parser.add_argument("--config", help="config file (env AGENTD_CONFIG)")
+    parser.add_argument("--log-format", choices=("json", "console"), default=None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def command(name: str, handler: Handler, help_text: str) -> Parser:
+        p: Parser = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("start", cmd_start, "run the supervisor in the foreground")
+    p.add_argument("--detach", action="store_true", help="run in the background")
+    command("stop", cmd_stop, "stop the running supervisor gracefully")
+    p = command("submit", cmd_submit, "submit a task; prints its id")
+    p.add_argument("--prompt")
+    p.add_argument("--prompt-file")
+    p.add_argument("--name")
+    p.add_argument("--model")
+    p.add_argument("--script")
+    p.add_argument("--tools", help="comma-separated tool names (default: all)")
+    p.add_argument("--system")
+    p.add_argument("--max-turns", type=int, default=100)
+    p.add_argument("--workspace")
+    p = command("status", cmd_status, "show the supervisor and every task")
+    p.add_argument("task", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true")
+    p = command("dangling", cmd_dangling, "list held dangling calls")
+    p.add_argument("task", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p = command("approve-dangling", cmd_approve, "decide a held call (default: re-run it)")
+    p.add_argument("task")
+    p.add_argument("call_id", nargs="?")
+    p.add_argument("--all", action="store_true")
+    p.add_argument("--skip", action="store_true", help="do not run it; the model gets an error")
+    p.add_argument("--reason")
+    p.add_argument("--result", help="do not run it; record this verified outcome")
+    p.add_argument("--result-file")
+    p = command("logs", cmd_logs, "a task's lifecycle events and transcript summary")
+    p.add_argument("task")
+    p.add_argument("--follow", action="store_true")
+    p = command("cancel", cmd_cancel, "stop a task for good")
+    p.add_argument("task")
+    p = command("retry", cmd_retry, "give a failed task a fresh restart budget")
+    p.add_argument("task")
+    p = command("demo", cmd_demo, "self-contained demonstration on the scripted model")
+    p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
+    p = command("init", cmd_init, "write a commented default config")
+    p.add_argument("path", nargs="?", default="agentd.toml")
+    p.add_argument("--force", action="store_true")
+    p = command("config", cmd_config_check, "validate the configuration")
+    p.add_argument("action", choices=("check",))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        config = load_config(Path(args.config) if args.config else None)
+        spool = resolve_spool(args, config)
+        handler: Handler = args.handler
+        return handler(args, config, spool)
+    except AgentdError as exc:
+        print(f"agentd: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

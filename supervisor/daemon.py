@@ -1,0 +1,502 @@
+"""The supervisor daemon: one asyncio loop that keeps every task of a spool alive.
+
+What drives it:
+
+* a doorbell: CLI commands that change a task (submit, decide, cancel, retry) drop a file
+  in ``SPOOL/inbox``, which watchfiles reports at once; a rescan every
+  ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
+* worker exits, seen through each worker's pidfd the moment they happen;
+* a tick every ``min(heartbeat.interval, 0.5)`` seconds that checks liveness (heartbeat
+  age) and progress (phase age against its deadline), and feeds the systemd watchdog.
+
+Task records (``state.json``) are written only here while the daemon runs. The restart
+decision is ``supervisor.policy.decide``; this module only carries it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor import tasks
+from supervisor.notify import Notifier
+from supervisor.policy import Crash, GiveUp, decide
+from supervisor.workers import (
+    WorkerProcess,
+    adopt,
+    journal_grew,
+    process_started,
+    spawn,
+    trim_output,
+)
+from worker import __version__
+from worker.config import Config
+from worker.durable import atomic_write_json, open_private, private_dir, read_json
+from worker.errors import LockBusyError, SpoolError
+from worker.events import append_event, utc_now
+from worker.lock import is_locked
+from worker.loop import (
+    EXIT_CONFIG,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_HELD,
+    EXIT_LOCKED,
+    EXIT_STOPPED,
+    EXIT_STORAGE,
+)
+from worker.spool import Spool, TaskDir
+
+RESCAN_INTERVAL = 5.0
+OUTPUT_LIMIT = 1024 * 1024
+CRASH_MEMORY = 50
+
+
+@dataclass
+class TaskSlot:
+    """The daemon's view of one task between reads of its record."""
+
+    task: TaskDir
+    record: tasks.TaskRecord
+    worker: WorkerProcess | None = None
+    due: float = 0.0  # monotonic time a backoff ends
+    waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
+
+
+@dataclass
+class SupervisorLock:
+    """One supervisor per spool: an flock on ``SPOOL/supervisor.lock``."""
+
+    spool: Spool
+    fd: int = -1
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.spool.root / "supervisor.lock"
+
+    def acquire(self) -> None:
+        self.spool.ensure()
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = running_pid(self.spool)
+            raise LockBusyError(
+                f"agentd is already running on {self.spool.root} (pid {pid}); "
+                "use `agentd stop` first or pick another --spool.",
+                pid,
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> SupervisorLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def supervisor_info(spool: Spool) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = read_json(spool.root / "supervisor.json")
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def running_pid(spool: Spool) -> int | None:
+    """The pid of the supervisor running on ``spool``, or None."""
+    if not is_locked(spool.root / "supervisor.lock"):
+        return None
+    info = supervisor_info(spool) or {}
+    pid = info.get("pid")
+    return pid if isinstance(pid, int) else None
+
+
+def ring(spool: Spool, task_id: str) -> None:
+    """Tell a running daemon that ``task_id`` changed (a no-op when none runs)."""
+    inbox = private_dir(spool.root / "inbox")
+    with contextlib.suppress(OSError):
+        fd = open_private(inbox / f"{task_id}.{os.getpid()}.{time.monotonic_ns()}", os.O_CREAT)
+        os.close(fd)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spool: Spool,
+        config: Config,
+        config_path: Path | None = None,
+        *,
+        notifier: Notifier | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spool = spool
+        self.config = config
+        self.config_path = config_path
+        self.notifier = notifier or Notifier()
+        self.rng = rng or random.Random()  # noqa: S311  (restart jitter)
+        self.clock = clock
+        self.log = structlog.get_logger("agentd")
+        self.slots: dict[str, TaskSlot] = {}
+        self.stopping = False
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._lock = SupervisorLock(spool)
+        self._last_status = ""
+        self._worker_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    # -- events -------------------------------------------------------------------------
+
+    def emit(
+        self, event: str, slot: TaskSlot | None = None, level: str = "info", **kw: Any
+    ) -> None:
+        if slot is not None:
+            kw = {"task": slot.task.id, **kw}
+            append_event(slot.task.events, event, level, **kw)
+        getattr(self.log, level)(event, **kw)
+
+    def _save(self, slot: TaskSlot, state: str | None = None, **changes: Any) -> None:
+        if state is not None:
+            slot.record.state = state
+        for key, value in changes.items():
+            setattr(slot.record, key, value)
+        try:
+            slot.record.save(slot.task)
+        except SpoolError as exc:
+            self.emit("record_write_failed", slot, level="error", error=str(exc))
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until stopped; returns the process exit code."""
+        self._lock.acquire()
+        try:
+            return await self._serve()
+        finally:
+            self._lock.release()
+
+    async def _serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        started = utc_now()
+        private_dir(self.spool.root / "inbox")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        self.emit("supervisor_started", pid=os.getpid(), spool=str(self.spool.root))
+        self.rescan()
+        info = {
+            "pid": os.getpid(),
+            "started_at": started,
+            "version": __version__,
+            "spool": str(self.spool.root),
+            "ready": True,
+        }
+        atomic_write_json(self.spool.root / "supervisor.json", info)
+        self.notifier.ready()
+        self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
+        watcher = asyncio.create_task(self._watch_inbox())
+        ticker = asyncio.create_task(self._tick_forever())
+        try:
+            while not self.stopping:
+                self._schedule()
+                self._publish_status()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), RESCAN_INTERVAL)
+                if not self._wake.is_set():
+                    self.rescan()
+                self._wake.clear()
+            await self._shutdown()
+        finally:
+            watcher.cancel()
+            ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(watcher, ticker, return_exceptions=True)
+        self.emit("supervisor_stopped", pid=os.getpid())
+        return 0
+
+    def request_stop(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.notifier.stopping()
+            self.emit("supervisor_stopping", pid=os.getpid(), workers=self.running_count())
+        self._wake.set()
+
+    async def _shutdown(self) -> None:
+        grace = self.config.restart.stop_grace
+        for slot in self.slots.values():
+            if slot.worker is not None:
+                slot.worker.kill_reason = slot.worker.kill_reason or "stop"
+                slot.worker.signal_worker(signal.SIGTERM)
+        deadline = self.clock() + grace
+        while self.running_count() and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        for slot in self.slots.values():
+            if slot.worker is not None:
+                self.emit("worker_killed", slot, level="warning", pid=slot.worker.pid, why="stop")
+                slot.worker.signal_group(signal.SIGKILL)
+        deadline = self.clock() + 5.0
+        while self.running_count() and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+
+    def running_count(self) -> int:
+        return sum(1 for s in self.slots.values() if s.worker is not None)
+
+    # -- discovering tasks --------------------------------------------------------------
+
+    async def _watch_inbox(self) -> None:
+        from watchfiles import awatch  # noqa: PLC0415  (its import is only paid by the daemon)
+
+        inbox = self.spool.root / "inbox"
+        async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
+            self._drain_inbox(inbox)
+            self.rescan()
+            self._wake.set()
+
+    @staticmethod
+    def _drain_inbox(inbox: Path) -> None:
+        for entry in os.scandir(inbox):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+    def rescan(self) -> None:
+        """Bring every task folder into the daemon's view and apply pending requests."""
+        for task in self.spool.tasks():
+            if not task.exists():
+                continue
+            slot = self.slots.get(task.id)
+            if slot is None:
+                slot = self.slots[task.id] = TaskSlot(task, tasks.TaskRecord.load(task))
+                self._recover(slot)
+            self._apply_requests(slot)
+            if slot.record.state == "held" and tasks.pending_decisions(task):
+                self._save(slot, "queued", reason=None)
+
+    def _recover(self, slot: TaskSlot) -> None:
+        """A task seen for the first time by this daemon: adopt or resume its worker."""
+        if slot.record.state not in ("running", "backoff"):
+            return
+        worker = adopt(slot.task, slot.record.pid, slot.record.pid_started)
+        if worker is not None:
+            self._attach(slot, worker)
+            self.emit("worker_adopted", slot, pid=worker.pid)
+        elif is_locked(slot.task.lock):
+            slot.waiting_lock = True
+            self.emit("worker_lock_wait", slot, level="warning")
+        else:
+            self._save(slot, "queued")
+
+    def _apply_requests(self, slot: TaskSlot) -> None:
+        if tasks.take_request(slot.task, tasks.CANCEL_REQUEST):
+            if slot.worker is not None:
+                slot.worker.kill_reason = "cancel"
+                slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
+                slot.worker.signal_group(signal.SIGTERM)
+            elif slot.record.state not in tasks.FINAL_STATES:
+                self._save(slot, "cancelled", reason="cancelled by operator")
+                self.emit("task_cancelled", slot)
+        if tasks.take_request(slot.task, tasks.RETRY_REQUEST) and slot.record.state == "failed":
+            self._save(slot, "queued", reason=None, crashes=[])
+            self.emit("task_retried", slot)
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if self.stopping:
+            return
+        now = self.clock()
+        free = self.config.max_workers - self.running_count()
+        for slot in sorted(self.slots.values(), key=lambda s: s.record.updated_at):
+            if free <= 0:
+                break
+            if slot.worker is not None:
+                continue
+            state = slot.record.state
+            if slot.waiting_lock:
+                if is_locked(slot.task.lock):
+                    continue
+                slot.waiting_lock = False
+            elif state == "backoff":
+                if now < slot.due:
+                    continue
+            elif state != "queued":
+                continue
+            self._start(slot)
+            free -= 1
+
+    def _start(self, slot: TaskSlot) -> None:
+        try:
+            worker = spawn(slot.task, self.config_path, self._worker_env)
+        except OSError as exc:
+            self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
+            self.emit("task_failed", slot, level="error", reason=slot.record.reason)
+            return
+        self._attach(slot, worker)
+        self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
+        self.emit("worker_spawned", slot, pid=worker.pid)
+
+    def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
+        slot.worker = worker
+        asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, slot)
+
+    # -- exits --------------------------------------------------------------------------
+
+    def _on_exit(self, slot: TaskSlot) -> None:
+        worker = slot.worker
+        if worker is None:
+            return
+        asyncio.get_running_loop().remove_reader(worker.pidfd)
+        code, sig = worker.exit_status()
+        worker.close()
+        worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
+        slot.worker = None
+        beat = tasks.read_heartbeat(slot.task) or {}
+        turn = int(beat.get("turn", 0))
+        last_exit: dict[str, Any] = {"code": code, "signal": sig}
+        self.emit("worker_exited", slot, pid=worker.pid, turn=turn, code=code, signal=sig)
+        self._settle_exit(slot, worker, code, turn, last_exit)
+        self._wake.set()
+
+    def _exit_reason(self, slot: TaskSlot) -> str | None:
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(slot.task.exit)
+            if isinstance(data, dict):
+                return str(data.get("reason"))
+        return None
+
+    def _settle_exit(
+        self,
+        slot: TaskSlot,
+        worker: WorkerProcess,
+        code: int | None,
+        turn: int,
+        last_exit: dict[str, Any],
+    ) -> None:
+        slot.record.last_exit = last_exit
+        slot.record.pid = None
+        if worker.kill_reason == "cancel":
+            self._save(slot, "cancelled", reason="cancelled by operator")
+            self.emit("task_cancelled", slot)
+        elif code == EXIT_DONE:
+            self._save(slot, "done", reason=self._exit_reason(slot))
+            self.emit("task_done", slot, reason=slot.record.reason)
+        elif code in (EXIT_FAILED, EXIT_CONFIG):
+            self._save(slot, "failed", reason=self._exit_reason(slot))
+            self.emit("task_failed", slot, level="error", reason=slot.record.reason)
+        elif code == EXIT_HELD:
+            self._save(slot, "held", reason=self._exit_reason(slot))
+            if tasks.pending_decisions(slot.task):
+                self._save(slot, "queued", reason=None)
+        elif code == EXIT_STOPPED and worker.kill_reason == "stop":
+            self._save(slot, "queued", reason=None)
+        elif code == EXIT_LOCKED:
+            slot.waiting_lock = True
+            self._save(slot, "queued")
+        else:
+            self._crashed(slot, worker, code, turn)
+
+    def _crashed(self, slot: TaskSlot, worker: WorkerProcess, code: int | None, turn: int) -> None:
+        if self.stopping:
+            self._save(slot, "queued")
+            return
+        progressed = journal_grew(worker)
+        crashes = [*slot.record.crashes, {"turn": turn, "progressed": progressed}][-CRASH_MEMORY:]
+        history = [Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes]
+        move = decide(history, self.config.restart, self.rng)
+        slot.record.crashes = crashes
+        if isinstance(move, GiveUp):
+            self._save(slot, "failed", reason=move.reason)
+            self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
+            self.emit("task_failed", slot, level="error", reason=move.reason)
+            return
+        reason = "storage fault" if code == EXIT_STORAGE else None
+        slot.record.restarts += 1
+        slot.due = self.clock() + move.delay
+        self._save(slot, "backoff" if move.delay > 0 else "queued", reason=reason)
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), turn=turn)
+        if move.delay > 0:
+            asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+
+    # -- liveness -----------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        period = min(self.config.heartbeat.interval, 0.5)
+        watchdog = self.notifier.watchdog_interval()
+        next_dog = 0.0
+        next_trim = 0.0
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock()
+            self.check_liveness(time.time(), now)
+            if watchdog and now >= next_dog:
+                self.notifier.watchdog()
+                next_dog = now + watchdog
+            if now >= next_trim:
+                next_trim = now + 10.0
+                for slot in self.slots.values():
+                    if slot.worker is not None:
+                        trim_output(slot.task, OUTPUT_LIMIT)
+            if any(s.waiting_lock for s in self.slots.values()):
+                self._wake.set()
+
+    def check_liveness(self, wall: float, mono: float) -> None:
+        hb = self.config.heartbeat
+        deadlines = self.config.deadlines
+        for slot in self.slots.values():
+            worker = slot.worker
+            if worker is None:
+                continue
+            if worker.term_deadline is not None:
+                if mono >= worker.term_deadline:
+                    self.emit("worker_killed", slot, level="warning", pid=worker.pid)
+                    worker.signal_group(signal.SIGKILL)
+                    worker.term_deadline = None
+                continue
+            if worker.kill_reason is not None:
+                continue
+            beat = tasks.read_heartbeat(slot.task)
+            spawned_wall = wall - (mono - worker.started)
+            fresh = beat is not None and beat.get("pid") == worker.pid
+            last = float(beat["at"]) if fresh and beat else spawned_wall
+            if wall - last > hb.timeout:
+                worker.kill_reason = "hung"
+                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=wall - last)
+                worker.signal_group(signal.SIGKILL)
+                continue
+            if not fresh or beat is None:
+                continue
+            phase = str(beat.get("phase", "idle"))
+            limit = deadlines.model_call if phase == "model" else deadlines.tool_call
+            if phase != "idle" and wall - float(beat.get("phase_started", wall)) > limit:
+                worker.kill_reason = "stalled"
+                worker.term_deadline = mono + self.config.restart.stop_grace
+                self.emit("worker_stalled", slot, level="error", pid=worker.pid, phase=phase)
+                worker.signal_group(signal.SIGTERM)
+
+    # -- status -------------------------------------------------------------------------
+
+    def _publish_status(self) -> None:
+        counts: dict[str, int] = {}
+        for slot in self.slots.values():
+            counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
+        text = ", ".join(f"{counts[s]} {s}" for s in tasks.STATES if counts.get(s)) or "no tasks"
+        if text != self._last_status:
+            self._last_status = text
+            self.notifier.status(text)
