@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from supervisor import tasks
-from supervisor.notify import Notifier
+from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
     WorkerProcess,
@@ -162,7 +162,10 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._lock = SupervisorLock(spool)
         self._last_status = ""
-        self._worker_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._worker_env = {
+            **{k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT},
+            "PYTHONUNBUFFERED": "1",
+        }
 
     # -- events -------------------------------------------------------------------------
 

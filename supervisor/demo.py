@@ -135,9 +135,7 @@ class Demo:
             lambda: (r := self.status(task_id))["restarts"] >= 1 and r["state"] == "running",
         )
         row = self.status(task_id)
-        self.say(
-            f"   restarted as worker {row['pid']}: resumed from the journal, now at turn {row['turn']}"
-        )
+        self.say(f"   restarted as worker {row['pid']}: resumed, now at turn {row['turn']}")
 
         self.wait_for("the charge", lambda: ledger.exists() and ledger.read_text() != "")
         row = self.status(task_id)
@@ -184,11 +182,9 @@ class Demo:
             "task done": record.state == "done",
         }
         self.say("")
-        self.say(
-            f"summary: {len(turns)} turns, {record.restarts} restarts, "
-            f"{len(state.calls)} tool calls: "  # fmt: skip
-            + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
-        )
+        calls = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+        self.say(f"summary: {len(turns)} turns, {record.restarts} restarts, {len(state.calls)} "
+                 f"tool calls ({calls})")  # fmt: skip
         for what, ok in checks.items():
             self.say(f"  [{'ok' if ok else 'FAIL'}] {what}")
         return all(checks.values())

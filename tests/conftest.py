@@ -1,0 +1,17 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.logging import reset as reset_logging
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """Every test starts and ends with structlog's defaults (logging is global state)."""
+    reset_logging()
+    yield
+    reset_logging()

@@ -1,0 +1,301 @@
+"""structlog configuration, redaction and per-task event files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from supervisor.logging import (
+    REDACTED,
+    Redactor,
+    TaskEventLog,
+    configure,
+    get_logger,
+    read_events,
+    read_events_from,
+    reset,
+)
+
+# Canaries: if one of these shows up in any output, a secret leaked.
+ANTHROPIC_CANARY = "sk-ant-api03-CANARY0123456789abcdefghijklmnopqrstuvwxyz_-ABCDEFGH"
+ENV_CANARY = "plain-env-canary-4f9a2c71e8"
+BEARER_CANARY = "eyJhbGciOiJIUzI1NiJ9.bearer-canary"
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_carry_event_timestamp_and_level() -> None:
+    stream = io.StringIO()
+    configure("json", stream)
+
+    get_logger().info("worker_spawned", task="t1", pid=1240, turn=3)
+    get_logger().warning("worker_hung", task="t1")
+
+    first, second = _json_lines(stream)
+    assert first["event"] == "worker_spawned"
+    assert first["level"] == "info"
+    assert (first["task"], first["pid"], first["turn"]) == ("t1", 1240, 3)
+    assert second["level"] == "warning"
+    stamp = datetime.fromisoformat(first["timestamp"])
+    assert stamp.utcoffset() == UTC.utcoffset(None)
+    assert first["timestamp"].endswith("Z")
+    assert abs((datetime.now(UTC) - stamp).total_seconds()) < 60
+
+
+def test_level_filter_drops_debug_by_default() -> None:
+    stream = io.StringIO()
+    configure("json", stream)
+
+    get_logger().debug("noise")
+    get_logger().info("signal")
+
+    assert [e["event"] for e in _json_lines(stream)] == ["signal"]
+
+
+def test_bound_context_is_merged() -> None:
+    stream = io.StringIO()
+    configure("json", stream)
+
+    structlog.contextvars.bind_contextvars(task="t9")
+    get_logger(pid=7).info("task_resumed")
+
+    (event,) = _json_lines(stream)
+    assert (event["task"], event["pid"]) == ("t9", 7)
+
+
+def test_secrets_are_redacted_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ENV_CANARY)
+    stream = io.StringIO()
+    configure("json", stream)
+    request: dict[str, Any] = {
+        "headers": {"Authorization": f"Bearer {BEARER_CANARY}", "X-Api-Key": ENV_CANARY},
+        "attempts": [{"note": f"retrying with {ANTHROPIC_CANARY}"}],
+        "usage": {"input_tokens": 1200, "output_tokens": 310},
+    }
+
+    get_logger().error(
+        f"model call failed for key {ANTHROPIC_CANARY}",
+        request=request,
+        api_key=ANTHROPIC_CANARY,
+        detail=("env", ENV_CANARY),
+        error=RuntimeError(f"401 with header Authorization: Bearer {BEARER_CANARY}"),
+    )
+
+    output = stream.getvalue()
+    for canary in (ANTHROPIC_CANARY, ENV_CANARY, BEARER_CANARY):
+        assert canary not in output
+    (event,) = _json_lines(stream)
+    assert event["event"] == f"model call failed for key {REDACTED}"
+    assert event["api_key"] == REDACTED
+    assert event["request"]["headers"] == {"Authorization": REDACTED, "X-Api-Key": REDACTED}
+    assert event["request"]["attempts"] == [{"note": f"retrying with {REDACTED}"}]
+    assert event["request"]["usage"] == {"input_tokens": 1200, "output_tokens": 310}
+    assert event["detail"] == ["env", REDACTED]
+    assert f"Bearer {REDACTED}" in event["error"]
+    # The caller's objects are copied, not scrubbed in place.
+    assert request["headers"]["X-Api-Key"] == ENV_CANARY
+
+
+def test_secrets_in_tracebacks_are_redacted() -> None:
+    stream = io.StringIO()
+    configure("json", stream)
+
+    try:
+        raise ValueError(f"bad key {ANTHROPIC_CANARY}")
+    except ValueError:
+        get_logger().exception("worker_exited", task="t1")
+
+    (event,) = _json_lines(stream)
+    assert "ValueError: bad key [redacted]" in event["exception"]
+    assert ANTHROPIC_CANARY not in stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    "key", ["api_key", "apiKey", "x-api-key", "authorization", "token", "access_token", "password"]
+)
+def test_secret_named_keys_are_redacted(key: str) -> None:
+    assert Redactor({}).clean_mapping({key: "hunter2"}) == {key: REDACTED}
+
+
+@pytest.mark.parametrize(
+    "key", ["input_tokens", "max_tokens", "tokens", "turn", "keyed", "idempotency_key"]
+)
+def test_ordinary_keys_are_kept(key: str) -> None:
+    assert Redactor({}).clean_mapping({key: 5}) == {key: 5}
+
+
+def test_values_of_secret_named_env_vars_are_redacted() -> None:
+    redactor = Redactor({"GITHUB_TOKEN": "ghp_canary_0123456789", "HOME": "/home/operator"})
+
+    clean = redactor.clean_text("push with ghp_canary_0123456789 from /home/operator")
+
+    assert clean == f"push with {REDACTED} from /home/operator"
+
+
+def test_a_short_env_key_is_not_redacted_everywhere() -> None:
+    assert Redactor({"ANTHROPIC_API_KEY": "x"}).clean_text("x marks the spot") == "x marks the spot"
+
+
+def test_console_format_without_tty_has_no_colors() -> None:
+    stream = io.StringIO()
+    configure("console", stream)
+
+    get_logger().info("task_done", task="t1", reason="end_turn", api_key=ANTHROPIC_CANARY)
+
+    output = stream.getvalue()
+    assert "task_done" in output
+    assert "reason=end_turn" in output
+    assert "task=t1" in output
+    assert f"api_key={REDACTED}" in output
+    assert "\x1b[" not in output
+
+
+def test_default_format_is_json_off_a_tty_and_console_on_one() -> None:
+    pipe, tty = io.StringIO(), _Tty()
+
+    configure(None, pipe)
+    get_logger().info("supervisor_ready")
+    configure(None, tty)
+    get_logger().info("supervisor_ready")
+
+    assert json.loads(pipe.getvalue())["event"] == "supervisor_ready"
+    assert "supervisor_ready" in tty.getvalue()
+    assert "\x1b[" in tty.getvalue()  # colors on a terminal
+
+
+def test_reset_restores_structlog_defaults() -> None:
+    configure("json", io.StringIO())
+    assert structlog.is_configured()
+
+    reset()
+
+    assert not structlog.is_configured()
+
+
+# -- per-task event files --------------------------------------------------------------
+
+
+def test_events_naming_a_task_are_also_written_to_its_file(tmp_path: Path) -> None:
+    (tmp_path / "t1").mkdir()
+    stream = io.StringIO()
+    configure("json", stream, task_events=lambda task: tmp_path / task / "events.jsonl")
+
+    log = get_logger()
+    log.info("supervisor_started")  # no task: stream only
+    log.info("worker_spawned", task="t1", pid=1240, authorization=f"Bearer {BEARER_CANARY}")
+    log.info("task_done", task="t1", reason="end_turn")
+
+    path = tmp_path / "t1" / "events.jsonl"
+    events = read_events(path)
+    assert [e["event"] for e in events] == ["worker_spawned", "task_done"]
+    assert events == [e for e in _json_lines(stream) if "task" in e]
+    assert events[0]["authorization"] == REDACTED
+    assert BEARER_CANARY not in path.read_text()
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_a_task_without_a_folder_does_not_break_logging(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    configure("json", stream, task_events=lambda task: tmp_path / task / "events.jsonl")
+
+    get_logger().info("task_failed", task="gone")
+
+    (event,) = _json_lines(stream)
+    assert event["event"] == "task_failed"
+    assert "No such file or directory" in event["events_file_error"]
+
+
+def test_a_resolver_may_decline_a_task(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    configure("json", stream, task_events=lambda task: None)
+
+    get_logger().info("task_submitted", task="t1")
+
+    (event,) = _json_lines(stream)
+    assert "events_file_error" not in event
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_event_log_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    old = os.umask(0o000)
+    try:
+        TaskEventLog(path).append({"event": "task_submitted"})
+    finally:
+        os.umask(old)
+    path.chmod(0o644)  # someone loosened it: the next append tightens it again
+
+    TaskEventLog(path).append({"event": "worker_spawned"})
+
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [e["event"] for e in read_events(path)] == ["task_submitted", "worker_spawned"]
+
+
+def test_event_log_redacts_what_it_is_given(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+
+    TaskEventLog(path).append({"event": "x", "nested": [{"api_key": "k"}], "msg": ANTHROPIC_CANARY})
+
+    assert read_events(path) == [{"event": "x", "nested": [{"api_key": REDACTED}], "msg": REDACTED}]
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_append_starts_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = TaskEventLog(path)
+    log.append({"event": "worker_spawned"})
+    with path.open("ab") as f:
+        f.write(b'{"event": "worker_exi')  # the writer died mid-line
+
+    assert [e["event"] for e in read_events(path)] == ["worker_spawned"]
+
+    log.append({"event": "task_resumed"})
+
+    assert [e["event"] for e in read_events(path)] == ["worker_spawned", "task_resumed"]
+
+
+def test_read_events_of_a_missing_file_is_empty(tmp_path: Path) -> None:
+    assert read_events(tmp_path / "events.jsonl") == []
+
+
+def test_read_events_from_follows_a_growing_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = TaskEventLog(path)
+    log.append({"event": "a"})
+
+    events, offset = read_events_from(path, 0)
+    assert [e["event"] for e in events] == ["a"]
+
+    with path.open("ab") as f:
+        f.write(b'{"event": "b"}\n{"event": "c"')  # c is still being written
+    events, offset = read_events_from(path, offset)
+    assert [e["event"] for e in events] == ["b"]
+
+    with path.open("ab") as f:
+        f.write(b"}\n")
+    events, offset = read_events_from(path, offset)
+    assert [e["event"] for e in events] == ["c"]
+    assert offset == path.stat().st_size
+    assert read_events_from(path, offset) == ([], offset)
+
+
+def test_lines_are_compact_json(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+
+    TaskEventLog(path).append({"event": "x", "path": Path("a/b"), "n": 1})
+
+    assert re.fullmatch(r'\{"event":"x","path":"a/b","n":1\}\n', path.read_text())

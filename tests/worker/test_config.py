@@ -1,0 +1,409 @@
+"""load_config: resolution, validation with one-line errors, and the default document."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from worker.config import (
+    DEFAULT_CONFIG_TEXT,
+    Config,
+    DeadlineConfig,
+    HeartbeatConfig,
+    ModelConfig,
+    RestartConfig,
+    ToolsConfig,
+    config_document,
+    default_config_document,
+    default_config_text,
+    load_config,
+)
+from worker.errors import ConfigError
+
+SHIPPED = Path(__file__).resolve().parents[2] / "config" / "agentd.toml"
+
+
+def _write(tmp_path: Path, text: str, name: str = "agentd.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _error(path: Path) -> str:
+    """The message of the ConfigError that loading ``path`` raises, checked to be one line."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    assert message.endswith(".")
+    assert caught.value.exit_code == 78
+    return message
+
+
+def _without_source(config: Config) -> Config:
+    return dataclasses.replace(config, source=None)
+
+
+# -- resolution ------------------------------------------------------------------------
+
+
+def test_no_file_anywhere_means_defaults() -> None:
+    assert load_config(environ={}) == Config()
+
+
+def test_an_empty_env_var_means_no_file() -> None:
+    assert load_config(environ={"AGENTD_CONFIG": ""}) == Config()
+
+
+def test_env_var_names_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "max_workers = 3\n")
+
+    config = load_config(environ={"AGENTD_CONFIG": str(path)})
+
+    assert config.max_workers == 3
+    assert config.source == path
+
+
+def test_an_explicit_path_beats_the_env_var(tmp_path: Path) -> None:
+    explicit = _write(tmp_path, "max_workers = 2\n", "explicit.toml")
+    from_env = _write(tmp_path, "max_workers = 3\n", "env.toml")
+
+    config = load_config(explicit, environ={"AGENTD_CONFIG": str(from_env)})
+
+    assert (config.max_workers, config.source) == (2, explicit)
+
+
+def test_default_environ_is_the_process_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTD_CONFIG", str(_write(tmp_path, "max_workers = 4\n")))
+
+    assert load_config().max_workers == 4
+
+
+def test_a_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    message = _error(tmp_path / "nope.toml")
+
+    assert "not found" in message
+    assert "agentd init" in message
+
+
+def test_a_missing_file_named_by_the_env_var_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"\$AGENTD_CONFIG") as caught:
+        load_config(environ={"AGENTD_CONFIG": str(path)})
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_a_folder_is_not_a_config_file(tmp_path: Path) -> None:
+    assert "folder" in _error(tmp_path)
+
+
+# -- values ----------------------------------------------------------------------------
+
+
+def test_an_empty_file_is_all_defaults(tmp_path: Path) -> None:
+    path = _write(tmp_path, "")
+
+    config = load_config(path, environ={})
+
+    assert config == dataclasses.replace(Config(), source=path)
+
+
+def test_every_key_is_read(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+spool = "/srv/agentd"
+max_workers = 3
+[heartbeat]
+interval = 0.5
+timeout = 4
+[deadlines]
+model_call = 120
+tool_call = 30.5
+[restart]
+backoff_initial = 2
+backoff_max = 90
+crash_loop_limit = 7
+stop_grace = 5
+[model]
+name = "claude-opus-4-1"
+max_tokens = 8192
+[tools]
+modules = ["acme.tools", "acme_extra"]
+[tools.policy]
+run_command = "rerun"
+append-file = "hold"
+""",
+    )
+
+    config = load_config(path, environ={})
+
+    assert config == Config(
+        spool=Path("/srv/agentd"),
+        max_workers=3,
+        heartbeat=HeartbeatConfig(interval=0.5, timeout=4.0),
+        deadlines=DeadlineConfig(model_call=120.0, tool_call=30.5),
+        restart=RestartConfig(
+            backoff_initial=2.0, backoff_max=90.0, crash_loop_limit=7, stop_grace=5.0
+        ),
+        model=ModelConfig(name="claude-opus-4-1", max_tokens=8192),
+        tools=ToolsConfig(
+            modules=("acme.tools", "acme_extra"),
+            policy={"run_command": "rerun", "append-file": "hold"},
+        ),
+        source=path,
+    )
+
+
+def test_ints_become_floats_for_durations(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "[heartbeat]\ninterval = 2\ntimeout = 20\n"), environ={})
+
+    assert type(config.heartbeat.interval) is float
+    assert config.heartbeat == HeartbeatConfig(interval=2.0, timeout=20.0)
+
+
+def test_a_partial_table_keeps_the_other_defaults(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "[restart]\nstop_grace = 3\n"), environ={})
+
+    assert config.restart == dataclasses.replace(RestartConfig(), stop_grace=3.0)
+    assert config.heartbeat == HeartbeatConfig()
+
+
+def test_loaded_collections_are_immutable(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[tools]\nmodules = ["a"]\n[tools.policy]\nx = "hold"\n')
+
+    tools = load_config(path, environ={}).tools
+
+    assert isinstance(tools.modules, tuple)
+    with pytest.raises(TypeError):
+        tools.policy["x"] = "rerun"  # type: ignore[index]
+
+
+def test_spool_tilde_is_expanded_with_home(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'spool = "~/agentd-spool"\n')
+
+    config = load_config(path, environ={"HOME": "/home/operator"})
+
+    assert config.spool == Path("/home/operator/agentd-spool")
+
+
+def test_a_relative_spool_is_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "etc").mkdir()
+    _write(tmp_path / "etc", 'spool = "spool"\n')
+    monkeypatch.chdir(tmp_path)
+
+    config = load_config(Path("etc/agentd.toml"), environ={})
+
+    assert config.spool == tmp_path / "etc" / "spool"
+    assert config.spool.is_absolute()
+
+
+# -- bad input: one line naming the file, the key and what is allowed ------------------
+
+DURATIONS = [
+    ("heartbeat", "interval"),
+    ("heartbeat", "timeout"),
+    ("deadlines", "model_call"),
+    ("deadlines", "tool_call"),
+    ("restart", "backoff_initial"),
+    ("restart", "backoff_max"),
+    ("restart", "stop_grace"),
+]
+
+
+@pytest.mark.parametrize(("table", "key"), DURATIONS)
+@pytest.mark.parametrize("bad", ["0", "-1", "-0.5", "nan", "inf", '"5"', "true", "[1]"])
+def test_a_duration_must_be_a_positive_number(
+    tmp_path: Path, table: str, key: str, bad: str
+) -> None:
+    message = _error(_write(tmp_path, f"[{table}]\n{key} = {bad}\n"))
+
+    assert f"{table}.{key} must be a number of seconds greater than 0, got " in message
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("max_workers = 0", "max_workers"),
+        ("max_workers = -3", "max_workers"),
+        ("max_workers = 2.5", "max_workers"),
+        ('max_workers = "8"', "max_workers"),
+        ("max_workers = true", "max_workers"),
+        ("[restart]\ncrash_loop_limit = 0", "restart.crash_loop_limit"),
+        ("[restart]\ncrash_loop_limit = 1.0", "restart.crash_loop_limit"),
+        ("[model]\nmax_tokens = 0", "model.max_tokens"),
+    ],
+)
+def test_counts_must_be_whole_numbers_of_at_least_one(tmp_path: Path, text: str, key: str) -> None:
+    message = _error(_write(tmp_path, text + "\n"))
+
+    assert f"{key} must be a whole number of at least 1, got " in message
+
+
+def test_the_heartbeat_timeout_must_exceed_the_interval(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[heartbeat]\ntimeout = 0.5\n")
+
+    assert _error(path) == (
+        f"{path}: heartbeat.timeout must be a number of seconds greater than "
+        f"heartbeat.interval (1.0), got 0.5."
+    )
+
+
+def test_a_heartbeat_timeout_equal_to_the_interval_is_refused(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "[heartbeat]\ninterval = 5\ntimeout = 5\n"))
+
+    assert (
+        "heartbeat.timeout must be a number of seconds greater than heartbeat.interval" in message
+    )
+
+
+def test_the_backoff_cap_must_not_be_below_its_start(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "[restart]\nbackoff_initial = 30\nbackoff_max = 10\n"))
+
+    assert "restart.backoff_max must be a number of seconds of at least" in message
+    assert "restart.backoff_initial (30.0), got 10.0" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("colour = 1", "colour is not a known key; the top level takes spool, max_workers,"),
+        (
+            "[heartbeat]\nintervall = 1",
+            "heartbeat.intervall is not a known key; [heartbeat] takes interval, timeout "
+            "(did you mean interval?)",
+        ),
+        ("[deadline]\nmodel_call = 1", "deadline is not a known key; the top level takes"),
+        ("[tools]\npolicies = {}", "tools.policies is not a known key; [tools] takes modules,"),
+        ("[model]\nmodel = 'x'", "model.model is not a known key; [model] takes name, max_tokens"),
+        ("source = '/x'", "source is not a known key"),
+    ],
+)
+def test_unknown_keys_are_refused(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in _error(_write(tmp_path, text + "\n"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("heartbeat = 3", "heartbeat must be a table ([heartbeat]), got 3"),
+        ("[tools]\npolicy = 'hold'", 'tools.policy must be a table ([tools.policy]), got "hold"'),
+        ("[model]\nname = 5", "model.name must be a name such as"),
+        ("[model]\nname = ''", 'model.name must be a name such as "claude-sonnet-4-5", got ""'),
+        ("[model]\nname = ' x '", "model.name must be a name"),
+        ("spool = 5", "spool must be the path of a folder, got 5"),
+        ("spool = ''", 'spool must be the path of a folder, got ""'),
+        ("spool = 1979-05-27", "spool must be the path of a folder, got a date/time"),
+        ("[tools]\nmodules = 'acme.tools'", "tools.modules must be an array of module names"),
+    ],
+)
+def test_wrong_types_are_refused(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in _error(_write(tmp_path, text + "\n"))
+
+
+@pytest.mark.parametrize("bad", ["my-tools", "1tools", "acme..tools", "acme.class", "", "a b", "5"])
+def test_tool_modules_must_be_module_names(tmp_path: Path, bad: str) -> None:
+    value = bad if bad == "5" else f'"{bad}"'
+    message = _error(_write(tmp_path, f'[tools]\nmodules = ["ok.module", {value}]\n'))
+
+    assert 'tools.modules[1] must be a Python module name such as "mypackage.tools", got' in message
+
+
+@pytest.mark.parametrize("bad", ['"skip"', '"Rerun"', "true", "1"])
+def test_tool_policy_is_rerun_or_hold(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[tools.policy]\nrun_command = {bad}\n")
+
+    assert 'tools.policy.run_command must be "rerun" or "hold", got ' in _error(path)
+
+
+def test_a_tool_policy_names_a_possible_tool(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, '[tools.policy]\n"run command" = "hold"\n'))
+
+    assert 'tools.policy."run command" is not a tool name' in message
+
+
+def test_invalid_toml_gives_the_position(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "max_workers = 8\n[heartbeat\n"))
+
+    assert "is not valid TOML" in message
+    assert "line 2" in message
+
+
+def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agentd.toml"
+    path.write_bytes(b'[model]\nname = "caf\xe9"\n')
+
+    assert "UTF-8" in _error(path)
+
+
+def test_long_values_are_shortened_in_messages(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, f'[tools.policy]\nx = "{"y" * 500}"\n'))
+
+    assert len(message) < len(str(tmp_path)) + 150
+
+
+# -- the default document --------------------------------------------------------------
+
+
+def test_default_text_parses_to_the_default_document() -> None:
+    assert tomllib.loads(DEFAULT_CONFIG_TEXT) == default_config_document()
+
+
+def test_shipped_config_is_the_default_text() -> None:
+    """config/agentd.toml is what `agentd init` writes; regenerate it when defaults change."""
+    assert SHIPPED.read_text() == DEFAULT_CONFIG_TEXT
+
+
+def test_shipped_config_loads_to_the_defaults() -> None:
+    config = load_config(SHIPPED, environ={})
+
+    assert _without_source(config) == Config()
+    assert config.source == SHIPPED
+
+
+def test_init_document_round_trips(tmp_path: Path) -> None:
+    path = _write(tmp_path, default_config_text())
+
+    assert _without_source(load_config(path, environ={})) == Config()
+
+
+def test_every_key_of_the_default_text_is_documented() -> None:
+    lines = DEFAULT_CONFIG_TEXT.splitlines()
+    for i, line in enumerate(lines):
+        if line and not line.startswith("#"):
+            assert lines[i - 1].startswith("#"), f"no comment above {line!r}"
+
+
+def test_the_commented_examples_are_valid(tmp_path: Path) -> None:
+    text = DEFAULT_CONFIG_TEXT.replace('# spool = "', 'spool = "')
+    text = text.replace('# append_file = "rerun"', 'append_file = "rerun"')
+    text = text.replace('# run_command = "hold"', 'run_command = "hold"')
+
+    config = load_config(_write(tmp_path, text), environ={})
+
+    assert config.spool == Path("/var/lib/agentd")
+    assert dict(config.tools.policy) == {"append_file": "rerun", "run_command": "hold"}
+
+
+def test_a_non_default_config_round_trips_through_its_document(tmp_path: Path) -> None:
+    config = Config(
+        spool=Path("/srv/agentd"),
+        max_workers=2,
+        heartbeat=HeartbeatConfig(interval=0.25, timeout=3.0),
+        restart=dataclasses.replace(RestartConfig(), crash_loop_limit=2),
+        tools=ToolsConfig(modules=("acme.tools",), policy={"run_command": "rerun"}),
+    )
+    path = _write(tmp_path, tomli_w.dumps(config_document(config)))
+
+    loaded = load_config(path, environ={})
+
+    assert _without_source(loaded) == config

@@ -1,0 +1,415 @@
+"""Configuration: the typed shape of ``agentd.toml`` and its loader.
+
+Keys and defaults are documented in ``config/agentd.toml``; the names are part of the
+public contract (DESIGN.md section 2). Durations are seconds (floats).
+
+``load_config()`` finds the file (an explicit path, else ``$AGENTD_CONFIG``, else none:
+the defaults), parses it and validates every value. Anything wrong raises
+``ConfigError`` (exit 78) with one line that names the file, the key and what is
+allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file that ``agentd init``
+writes; ``config/agentd.toml`` is a copy of it (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import keyword
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import date, datetime, time
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import tomli_w
+
+from worker.errors import ConfigError
+
+#: The environment variable that names the config file when no path is given.
+CONFIG_ENV = "AGENTD_CONFIG"
+
+#: What ``[tools.policy]`` may say about a tool's dangling calls on resume.
+TOOL_POLICIES = ("rerun", "hold")
+
+# The Messages API accepts tool names of this shape; a policy for any other name could
+# never apply to a tool.
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    interval: float = 1.0
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class DeadlineConfig:
+    model_call: float = 600.0
+    tool_call: float = 900.0
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    crash_loop_limit: int = 5
+    stop_grace: float = 10.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "claude-sonnet-4-5"
+    max_tokens: int = 4096
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    modules: tuple[str, ...] = ()
+    policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Config:
+    spool: Path | None = None
+    max_workers: int = 8
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+    deadlines: DeadlineConfig = DeadlineConfig()
+    restart: RestartConfig = RestartConfig()
+    model: ModelConfig = ModelConfig()
+    tools: ToolsConfig = ToolsConfig()
+    source: Path | None = None  # the file this was read from, for error messages
+
+
+# -- loading ---------------------------------------------------------------------------
+
+
+def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> Config:
+    """Read and validate the config file; the defaults when there is none.
+
+    The file is ``path`` when given, else ``$AGENTD_CONFIG`` when set and non-empty,
+    else there is no file and ``Config()`` is returned. A file that was named but does
+    not exist is an error, not a silent fallback to the defaults.
+    """
+    if path is None:
+        named = environ.get(CONFIG_ENV, "")
+        if not named:
+            return Config()
+        path, how = Path(named), f" (named by ${CONFIG_ENV})"
+    else:
+        how = ""
+    try:
+        with path.open("rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: config file not found{how}; create it with `agentd init` "
+            f"or name an existing file."
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder{how}, not a config file.") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file{how}: {e.strerror or e}.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: is not UTF-8 text; save it as UTF-8.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: is not valid TOML: {e}.") from None
+    return _parse(document, path, environ)
+
+
+def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Config:
+    top = _Table(source, "", doc, Config())
+    top.check_keys()
+    spool = _spool(top, environ) if "spool" in doc else None
+    max_workers = top.count("max_workers")
+
+    t = top.table("heartbeat")
+    heartbeat = HeartbeatConfig(interval=t.duration("interval"), timeout=t.duration("timeout"))
+    if heartbeat.timeout <= heartbeat.interval:
+        t.fail(
+            "timeout",
+            f"must be a number of seconds greater than heartbeat.interval "
+            f"({heartbeat.interval}), got {_show(heartbeat.timeout)}",
+        )
+
+    t = top.table("deadlines")
+    deadlines = DeadlineConfig(
+        model_call=t.duration("model_call"), tool_call=t.duration("tool_call")
+    )
+
+    t = top.table("restart")
+    restart = RestartConfig(
+        backoff_initial=t.duration("backoff_initial"),
+        backoff_max=t.duration("backoff_max"),
+        crash_loop_limit=t.count("crash_loop_limit"),
+        stop_grace=t.duration("stop_grace"),
+    )
+    if restart.backoff_max < restart.backoff_initial:
+        t.fail(
+            "backoff_max",
+            f"must be a number of seconds of at least restart.backoff_initial "
+            f"({restart.backoff_initial}), got {_show(restart.backoff_max)}",
+        )
+
+    t = top.table("model")
+    model = ModelConfig(name=t.text("name"), max_tokens=t.count("max_tokens"))
+
+    t = top.table("tools")
+    tools = ToolsConfig(modules=_modules(t), policy=_policy(t.table("policy", known_keys=False)))
+
+    return Config(
+        spool=spool,
+        max_workers=max_workers,
+        heartbeat=heartbeat,
+        deadlines=deadlines,
+        restart=restart,
+        model=model,
+        tools=tools,
+        source=source,
+    )
+
+
+class _Table:
+    """One table of the document, next to the dataclass instance that holds its defaults.
+
+    Every accessor validates one key and fails with a message that names the file, the
+    dotted key and what is allowed.
+    """
+
+    def __init__(self, source: Path, name: str, data: Mapping[str, Any], defaults: Any) -> None:
+        self.source = source
+        self.name = name
+        self.data = data
+        self.defaults = defaults
+
+    def key(self, key: str) -> str:
+        return f"{self.name}.{key}" if self.name else key
+
+    def fail(self, key: str, message: str) -> NoReturn:
+        raise ConfigError(f"{self.source}: {self.key(key)} {message}.")
+
+    def value(self, key: str) -> object:
+        return self.data[key] if key in self.data else getattr(self.defaults, key, None)
+
+    def table(self, key: str, *, known_keys: bool = True) -> _Table:
+        """The sub-table ``key``; its keys must be fields of its dataclass if ``known_keys``."""
+        data = self.data.get(key, {})
+        if not isinstance(data, dict):
+            self.fail(key, f"must be a table ([{self.key(key)}]), got {_show(data)}")
+        defaults = getattr(self.defaults, key)
+        table = _Table(self.source, self.key(key), data, defaults)
+        if known_keys:
+            table.check_keys()
+        return table
+
+    def check_keys(self) -> None:
+        allowed = [f.name for f in fields(self.defaults) if f.name != "source"]
+        for key in self.data:
+            if key not in allowed:
+                where = f"[{self.name}]" if self.name else "the top level"
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                self.fail(key, f"is not a known key; {where} takes {', '.join(allowed)}{hint}")
+
+    def duration(self, key: str) -> float:
+        value = self.value(key)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            self.fail(key, f"must be a number of seconds greater than 0, got {_show(value)}")
+        return float(value)
+
+    def count(self, key: str) -> int:
+        value = self.value(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.fail(key, f"must be a whole number of at least 1, got {_show(value)}")
+        return value
+
+    def text(self, key: str) -> str:
+        value = self.value(key)
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            example = _show(getattr(self.defaults, key))
+            self.fail(key, f"must be a name such as {example}, got {_show(value)}")
+        return value
+
+
+def _spool(top: _Table, environ: Mapping[str, str]) -> Path:
+    value = top.value("spool")
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        top.fail("spool", f"must be the path of a folder, got {_show(value)}")
+    home = environ.get("HOME")
+    if (value == "~" or value.startswith("~/")) and home:
+        path = Path(home + value[1:])
+    else:
+        path = Path(os.path.expanduser(value))
+    if str(path).startswith("~"):
+        top.fail("spool", f"starts with a ~ that cannot be expanded, got {_show(value)}")
+    # A relative spool is relative to the config file, whatever the daemon's cwd is.
+    return path if path.is_absolute() else top.source.parent.absolute() / path
+
+
+def _modules(tools: _Table) -> tuple[str, ...]:
+    value = tools.value("modules")
+    if not isinstance(value, list | tuple):
+        tools.fail("modules", f"must be an array of module names, got {_show(value)}")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not _is_module_name(name):
+            tools.fail(
+                f"modules[{i}]",
+                f'must be a Python module name such as "mypackage.tools", got {_show(name)}',
+            )
+    return tuple(value)
+
+
+def _policy(policy: _Table) -> Mapping[str, str]:
+    for tool, decision in policy.data.items():
+        if not _TOOL_NAME.fullmatch(tool):
+            policy.fail(
+                _show(tool),
+                "is not a tool name; a tool name is 1 to 64 letters, digits, _ or -",
+            )
+        if decision not in TOOL_POLICIES:
+            policy.fail(tool, f'must be "rerun" or "hold", got {_show(decision)}')
+    return MappingProxyType(dict(policy.data))
+
+
+def _is_module_name(name: str) -> bool:
+    parts = name.split(".")
+    return all(part.isidentifier() and not keyword.iskeyword(part) for part in parts)
+
+
+def _show(value: object) -> str:
+    """A value as the user wrote it in TOML, short and on one line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 60 else text[:56] + '..."'
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime | date | time):
+        return "a date/time"
+    return type(value).__name__
+
+
+# -- the default document --------------------------------------------------------------
+
+
+def config_document(config: Config) -> dict[str, Any]:
+    """``config`` as a TOML document (a plain dict); ``spool`` only when it is set."""
+    doc: dict[str, Any] = {}
+    if config.spool is not None:
+        doc["spool"] = str(config.spool)
+    doc["max_workers"] = config.max_workers
+    for section in (config.heartbeat, config.deadlines, config.restart, config.model):
+        name = next(f.name for f in fields(Config) if getattr(config, f.name) is section)
+        doc[name] = {f.name: getattr(section, f.name) for f in fields(section)}
+    doc["tools"] = {"modules": list(config.tools.modules), "policy": dict(config.tools.policy)}
+    return doc
+
+
+def default_config_document() -> dict[str, Any]:
+    """The defaults as a TOML document: what ``DEFAULT_CONFIG_TEXT`` parses to."""
+    return config_document(Config())
+
+
+# One comment per table and per key, by dotted name, and commented-out examples. The
+# values come from the dataclasses above, so the default file cannot drift from the code.
+_COMMENTS: dict[str, str] = {
+    "": """\
+agentd configuration. Every key may be left out: it then takes the default shown here.
+Durations are seconds and may be fractional. Check a file with `agentd config check`.""",
+    "spool": """\
+Where tasks and their journals live. Default, in order: $STATE_DIRECTORY (which
+systemd sets from StateDirectory=), then this key, then $XDG_STATE_HOME/agentd
+(~/.local/state/agentd). --spool and $AGENTD_SPOOL override all of them.
+"~" is expanded; a relative path is relative to the folder of this file.""",
+    "max_workers": "At most this many workers run at once; other tasks wait as `queued`.",
+    "heartbeat": """\
+Liveness. Each worker publishes a heartbeat every `interval` seconds. A worker
+whose heartbeat is older than `timeout` seconds cannot checkpoint any more: its
+process group is killed at once and the task restarts with resume.""",
+    "heartbeat.interval": "Seconds between two heartbeats of a worker.",
+    "heartbeat.timeout": "Seconds without a heartbeat before a worker is hung; more than interval.",
+    "deadlines": """\
+Progress. A model call or tool call that runs past its deadline is stalled: the
+worker gets SIGTERM, then restart.stop_grace seconds, then SIGKILL, and the task
+restarts with resume.""",
+    "deadlines.model_call": "Seconds one model call may take.",
+    "deadlines.tool_call": "Seconds one tool call may take.",
+    "restart": "What happens after a worker dies or is killed.",
+    "restart.backoff_initial": """\
+A crash after progress restarts at once; repeated crashes wait an exponential
+backoff with jitter that starts at this many seconds...""",
+    "restart.backoff_max": "...and never exceeds this many seconds.",
+    "restart.crash_loop_limit": """\
+The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.""",
+    "restart.stop_grace": """\
+Seconds a worker gets between SIGTERM and SIGKILL (stall, cancel, `agentd stop`).
+Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
+    "model": "Model calls. `agentd submit --model` overrides the name for one task.",
+    "model.name": "The model name sent to the Messages API.",
+    "model.max_tokens": "The max_tokens of every model call.",
+    "tools": "Tools beyond the built-in ones.",
+    "tools.modules": """\
+Python modules that define extra tools, imported by every worker, for example
+["mycompany.agent_tools"]. They must be importable in agentd's environment.""",
+    "tools.policy": """\
+What a dangling call of a tool (started, never recorded as finished) gets on resume:
+"rerun" runs it again, "hold" waits for an operator (`agentd dangling`,
+`agentd approve-dangling`). A tool not listed follows its effect class: read_only,
+idempotent and keyed tools rerun, unsafe tools hold.""",
+}
+_EXAMPLES: dict[str, str] = {
+    "spool": 'spool = "/var/lib/agentd"',
+    "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
+}
+
+
+def _comment(key: str, table: Mapping[str, str] = _COMMENTS) -> str:
+    text = table.get(key)
+    return "".join(f"# {line}".rstrip() + "\n" for line in text.splitlines()) if text else ""
+
+
+def _render_table(name: str, table: Mapping[str, Any]) -> str:
+    head = f"{_comment(name)}[{name}]\n{_comment(name, _EXAMPLES)}"
+    keys: list[str] = []
+    subtables: list[str] = []
+    for key, value in table.items():
+        dotted = f"{name}.{key}"
+        if isinstance(value, dict):
+            subtables.append(_render_table(dotted, value))
+        else:
+            keys.append(_comment(dotted) + tomli_w.dumps({key: value}))
+    return "\n".join([head + "\n".join(keys), *subtables])
+
+
+def _render_default() -> str:
+    """The default document as TOML, every table and key under its comment."""
+    blocks = [_comment(""), _comment("spool") + _comment("spool", _EXAMPLES)]
+    for key, value in default_config_document().items():
+        if isinstance(value, dict):
+            blocks.append(_render_table(key, value))
+        else:
+            blocks.append(_comment(key) + tomli_w.dumps({key: value}))
+    return "\n".join(blocks)
+
+
+#: The commented default config that ``agentd init`` writes (``config/agentd.toml``).
+DEFAULT_CONFIG_TEXT: str = _render_default()
+
+
+def default_config_text() -> str:
+    """``DEFAULT_CONFIG_TEXT``: every key at its default, each under a comment."""
+    return DEFAULT_CONFIG_TEXT
