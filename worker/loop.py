@@ -43,7 +43,7 @@ from worker.models.base import JSON, Model, ModelRequest
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec, validate_call_id
-from worker.state import Call, TaskState
+from worker.state import Call, NeedsFullReplay, TaskState
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 
 EXIT_DONE = 0
@@ -135,8 +135,15 @@ class AgentLoop:
                 raise
             state, offset = TaskState(self.spec.prompt), 0  # distrust the snapshot too
             journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
-        for record in records:
-            state.apply(record)
+        try:
+            for record in records:
+                state.apply(record)
+        except NeedsFullReplay:
+            journal.close()
+            state, offset = TaskState(self.spec.prompt), 0
+            journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
+            for record in records:
+                state.apply(record)
         self.journal, self.state = journal, state
         self._snapshot_turn = state.turn
         return state

@@ -17,6 +17,14 @@ Records (see worker/journal.py for the frame format)::
     decision  {"call_id", "attempt", "action", "reason"?, "result"?, "at"}
     end       {"state": "done" | "failed", "reason", "at"}
     rewind    {"to": TURN, "at"}                          back to the scene after TURN
+    base      {"scene": snapshot of a scene, "from": {"task", "turn"}, "at"}  a fork's start
+    vcs       {"turn", "commit", "snapshot"}              workspace version-control state
+
+Rewind needs the scene after any earlier turn. ``TaskState`` keeps a small ``Boundary``
+per turn (how many messages and calls the scene had, the counters, and a copy of its
+last message, which a later user record may extend), so a rewind is a cut, not a
+replay. Boundaries are not part of snapshots: a rewind record met after a snapshot
+raises ``NeedsFullReplay`` and the reader folds the journal from the start.
 """
 
 from __future__ import annotations
@@ -28,6 +36,23 @@ from typing import Any
 from worker.models.base import JSON, Usage
 
 SNAPSHOT_VERSION = 1
+
+
+class NeedsFullReplay(Exception):
+    """A record needs history that a snapshot does not carry: fold from the start."""
+
+
+@dataclass
+class Boundary:
+    """The scene right after a turn: what a rewind to that turn keeps."""
+
+    messages: int
+    last_message: JSON
+    calls: int
+    turn_calls: list[str]
+    usage: Usage
+    tokens_used: int
+    stop_reason: str | None
 
 
 @dataclass
@@ -65,6 +90,8 @@ class TurnInfo:
     stop_reason: str
     usage: Usage
     offset: int  # index of the turn record in the record list
+    epoch: int = 0  # the branch (rewinds before it) this turn was recorded on
+    rewound: bool = False  # a later rewind cut this turn from the live branch
 
 
 @dataclass
@@ -83,6 +110,8 @@ class TaskState:
     epoch: int = 0  # rewinds so far: part of every new idempotency key
     turns: list[TurnInfo] = field(default_factory=list)
     records: int = 0  # records applied
+    boundaries: dict[int, Boundary] | None = field(default_factory=dict)  # None: unknown
+    vcs: dict[int, JSON] = field(default_factory=dict)  # turn -> workspace VCS state
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -100,7 +129,22 @@ class TaskState:
     def _apply_header(self, record: JSON) -> None:
         pass
 
+    def boundary(self) -> Boundary:
+        """The current scene as a Boundary (meaningful when no call is pending)."""
+        last = self.messages[-1]
+        return Boundary(
+            messages=len(self.messages),
+            last_message={"role": last["role"], "content": list(last["content"])},
+            calls=len(self.calls),
+            turn_calls=list(self.turn_calls),
+            usage=self.usage,
+            tokens_used=self.tokens_used,
+            stop_reason=self.stop_reason,
+        )
+
     def _apply_turn(self, record: JSON) -> None:
+        if self.boundaries is not None:
+            self.boundaries[self.turn] = self.boundary()
         message: JSON = record["message"]
         usage = Usage.from_json(record.get("usage") or {})
         self.turn = int(record["turn"])
@@ -123,6 +167,7 @@ class TaskState:
                 str(self.stop_reason),
                 usage,
                 self.records,
+                self.epoch,
             )
         )
 
@@ -149,6 +194,49 @@ class TaskState:
 
     def _apply_user(self, record: JSON) -> None:
         self._append_user(list(record["content"]))
+        self.stop_reason = None  # the user spoke last: the model answers next
+        self.ended = None
+
+    def _apply_vcs(self, record: JSON) -> None:
+        self.vcs[int(record["turn"])] = {
+            "commit": record.get("commit"),
+            "snapshot": record.get("snapshot"),
+        }
+
+    def _apply_rewind(self, record: JSON) -> None:
+        to = int(record["to"])
+        if self.boundaries is None:
+            raise NeedsFullReplay("a rewind after a snapshot")
+        if to > self.turn or (to == self.turn and self.pending_calls()):
+            return  # refused at write time; a hand-made record is ignored, never half-done
+        mark = self.boundaries.get(to) if to < self.turn else self.boundary()
+        if mark is None:
+            return
+        self.messages = self.messages[: mark.messages]
+        self.messages[-1] = {
+            "role": mark.last_message["role"],
+            "content": list(mark.last_message["content"]),
+        }
+        self.calls = dict(list(self.calls.items())[: mark.calls])
+        self.turn_calls = list(mark.turn_calls)
+        self.usage = mark.usage
+        self.tokens_used = mark.tokens_used
+        self.stop_reason = mark.stop_reason
+        self.turn = to
+        self.held = []
+        self.ended = None
+        for info in self.turns:
+            if info.turn > to and not info.rewound:
+                info.rewound = True
+        self.boundaries = {t: b for t, b in self.boundaries.items() if t < to}
+        self.vcs = {t: v for t, v in self.vcs.items() if t <= to}
+        self.epoch += 1
+
+    def _apply_base(self, record: JSON) -> None:
+        base, _ = TaskState.from_snapshot(record["scene"])
+        base.records = self.records
+        base.boundaries = {}  # the parent's turns stay with the parent: no rewind past here
+        self.__dict__.update(vars(base))
 
     def _apply_hold(self, record: JSON) -> None:
         self.held = list(record["calls"])
@@ -208,6 +296,7 @@ class TaskState:
                 {**vars(t), "usage": t.usage.to_json()}  # TurnInfo with usage as JSON
                 for t in self.turns
             ],
+            "vcs": {str(t): v for t, v in self.vcs.items()},
         }
 
     @classmethod
@@ -230,6 +319,8 @@ class TaskState:
             epoch=data["epoch"],
             turns=[TurnInfo(**{**t, "usage": Usage.from_json(t["usage"])}) for t in data["turns"]],
             records=data["records"],
+            boundaries=None,
+            vcs={int(t): v for t, v in data.get("vcs", {}).items()},
         )
         return state, int(data["offset"])
 
