@@ -18,18 +18,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from supervisor import tasks
-from supervisor.daemon import Supervisor, SupervisorLock, ring, running_pid, supervisor_info
+from supervisor.control import (
+    CANCEL_REQUEST,
+    RETRY_REQUEST,
+    change_record,
+    offline,
+    ring,
+    running_pid,
+    supervisor_info,
+)
+from supervisor.daemon import Supervisor
 from worker import __version__
 from worker.config import Config, load_config
 from worker.errors import AgentdError, LockBusyError, StateConflictError, UsageError
 from worker.events import read_events
-from worker.spool import Spool, TaskDir, default_spool, validate_call_id
+from worker.spool import Spool, default_spool, validate_call_id
 
 Handler = Callable[[argparse.Namespace, Config, Spool], int]
 
@@ -54,21 +62,6 @@ def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
     if config.spool is not None:
         return Spool(config.spool.expanduser().absolute())
     return Spool(default_spool())
-
-
-@contextmanager
-def offline(spool: Spool) -> Iterator[bool]:
-    """Yield True while holding the supervisor lock (no daemon runs), else False."""
-    lock = SupervisorLock(spool)
-    try:
-        lock.acquire()
-    except LockBusyError:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()
 
 
 def out(obj: Any) -> None:
@@ -318,19 +311,6 @@ def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     return 0
 
 
-def _change_offline_or_request(
-    spool: Spool, task: TaskDir, request: str, apply: Callable[[tasks.TaskRecord], None]
-) -> None:
-    with offline(spool) as alone:
-        if alone:
-            record = tasks.TaskRecord.load(task)
-            apply(record)
-            record.save(task)
-            return
-    tasks.request(task, request)
-    ring(spool, task.id)
-
-
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     task = tasks.existing_task(spool, args.task)
     record = tasks.TaskRecord.load(task)
@@ -340,7 +320,7 @@ def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     def apply(r: tasks.TaskRecord) -> None:
         r.state, r.reason = "cancelled", "cancelled by operator"
 
-    _change_offline_or_request(spool, task, tasks.CANCEL_REQUEST, apply)
+    change_record(spool, task, CANCEL_REQUEST, apply)
     print(f"{task.id}: cancel requested" if running_pid(spool) else f"{task.id}: cancelled")
     return 0
 
@@ -356,8 +336,69 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     def apply(r: tasks.TaskRecord) -> None:
         r.state, r.reason, r.crashes = "queued", None, []
 
-    _change_offline_or_request(spool, task, tasks.RETRY_REQUEST, apply)
+    change_record(spool, task, RETRY_REQUEST, apply)
     print(f"{task.id}: queued for retry")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.history import history_rows  # noqa: PLC0415
+
+    task = tasks.existing_task(spool, args.task)
+    rows = history_rows(task)
+    if args.json:
+        out(rows)
+        return 0
+    spec = task.load_spec()
+    if spec.forked_from:
+        print(f"{task.id} was forked from {spec.forked_from['task']} at turn "
+              f"{spec.forked_from['turn']}")  # fmt: skip
+    print(f"{'TURN':>4}  {'TIME':24}  {'TOKENS':>11}  {'BRANCH':7}  TOOL CALLS")
+    for row in rows:
+        branch = (
+            "fork" if row["inherited"] else f"{row['branch']}" + (" x" if row["rewound"] else "")
+        )
+        tokens = f"{row['input_tokens']}/{row['output_tokens']}"
+        calls = (
+            ", ".join(
+                f"{c['tool']}({c['effect'] or '-'}: {c['outcome']})" for c in row["tool_calls"]
+            )
+            or row["stop_reason"]
+            or ""
+        )
+        git = f"  git {row['vcs']['snapshot'][:10]}" if row["vcs"] else ""
+        print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {calls}{git}")
+    if any(r["rewound"] for r in rows):
+        print("x: rewound, kept for audit")
+    state = tasks.load_state(task)
+    total, live = state.usage_total, state.usage
+    print(f"tokens on the live branch {live.input_tokens}/{live.output_tokens}; "
+          f"ever spent {total.input_tokens}/{total.output_tokens} (input/output)")  # fmt: skip
+    return 0
+
+
+def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.history import rewind  # noqa: PLC0415
+
+    report = rewind(
+        spool, config, args.task, args.to, restore_workspace=args.restore_workspace, yes=args.yes
+    )
+    for call in report.irreversible:
+        print(
+            f"not undone: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
+        )
+    print(f"{report.task}: rewound to turn {report.to}; later turns kept in the history")
+    print(f"workspace: {report.workspace}")
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.history import fork  # noqa: PLC0415
+
+    report = fork(spool, config, args.task, args.at, name=args.name, prompt=args.prompt)
+    print(report.task)
+    print(f"forked from {report.parent} at turn {report.at}; workspace: {report.workspace}",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -436,6 +477,19 @@ def build_parser() -> Parser:
     p.add_argument("task")
     p = command("retry", cmd_retry, "give a failed task a fresh restart budget")
     p.add_argument("task")
+    p = command("history", cmd_history, "a task's checkpoints, one row per turn")
+    p.add_argument("task")
+    p.add_argument("--json", action="store_true")
+    p = command("rewind", cmd_rewind, "put a task back to the scene after a turn")
+    p.add_argument("task")
+    p.add_argument("--to", type=int, required=True, metavar="TURN")
+    p.add_argument("--restore-workspace", action="store_true", help="also restore files (git)")
+    p.add_argument("--yes", action="store_true", help="rewind past calls it cannot undo")
+    p = command("fork", cmd_fork, "a new task starting from the scene after a turn")
+    p.add_argument("task")
+    p.add_argument("--at", type=int, required=True, metavar="TURN")
+    p.add_argument("--name")
+    p.add_argument("--prompt", help="an extra user message for the fork")
     p = command("demo", cmd_demo, "self-contained demonstration on the scripted model")
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
     p = command("init", cmd_init, "write a commented default config")

@@ -17,19 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor import tasks
+from supervisor.control import (
+    CANCEL_REQUEST,
+    REQUEUE_REQUEST,
+    RETRY_REQUEST,
+    SupervisorLock,
+    pause_holder_alive,
+    take_request,
+)
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
@@ -42,8 +49,8 @@ from supervisor.workers import (
 )
 from worker import __version__
 from worker.config import Config
-from worker.durable import atomic_write_json, open_private, private_dir, read_json
-from worker.errors import LockBusyError, SpoolError
+from worker.durable import atomic_write_json, private_dir, read_json
+from worker.errors import SpoolError
 from worker.events import append_event, utc_now
 from worker.lock import is_locked
 from worker.loop import (
@@ -71,71 +78,7 @@ class TaskSlot:
     worker: WorkerProcess | None = None
     due: float = 0.0  # monotonic time a backoff ends
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
-
-
-@dataclass
-class SupervisorLock:
-    """One supervisor per spool: an flock on ``SPOOL/supervisor.lock``."""
-
-    spool: Spool
-    fd: int = -1
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def path(self) -> Path:
-        return self.spool.root / "supervisor.lock"
-
-    def acquire(self) -> None:
-        self.spool.ensure()
-        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            pid = running_pid(self.spool)
-            raise LockBusyError(
-                f"agentd is already running on {self.spool.root} (pid {pid}); "
-                "use `agentd stop` first or pick another --spool.",
-                pid,
-            ) from None
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> SupervisorLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def supervisor_info(spool: Spool) -> dict[str, Any] | None:
-    with contextlib.suppress(OSError, ValueError):
-        data = read_json(spool.root / "supervisor.json")
-        if isinstance(data, dict):
-            return data
-    return None
-
-
-def running_pid(spool: Spool) -> int | None:
-    """The pid of the supervisor running on ``spool``, or None."""
-    if not is_locked(spool.root / "supervisor.lock"):
-        return None
-    info = supervisor_info(spool) or {}
-    pid = info.get("pid")
-    return pid if isinstance(pid, int) else None
-
-
-def ring(spool: Spool, task_id: str) -> None:
-    """Tell a running daemon that ``task_id`` changed (a no-op when none runs)."""
-    inbox = private_dir(spool.root / "inbox")
-    with contextlib.suppress(OSError):
-        fd = open_private(inbox / f"{task_id}.{os.getpid()}.{time.monotonic_ns()}", os.O_CREAT)
-        os.close(fd)
+    paused: bool = False  # an operator command holds the task for a moment (rewind)
 
 
 class Supervisor:
@@ -204,6 +147,11 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         self.emit("supervisor_started", pid=os.getpid(), spool=str(self.spool.root))
+        # The inbox watch is in place before the first scan: a change made before it is
+        # seen by the scan, one made after it by the watch. (One loop turn lets the
+        # watcher task import watchfiles and set up its inotify watch.)
+        watcher = asyncio.create_task(self._watch_inbox())
+        await asyncio.sleep(0)
         self.rescan()
         info = {
             "pid": os.getpid(),
@@ -215,7 +163,6 @@ class Supervisor:
         atomic_write_json(self.spool.root / "supervisor.json", info)
         self.notifier.ready()
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
-        watcher = asyncio.create_task(self._watch_inbox())
         ticker = asyncio.create_task(self._tick_forever())
         try:
             while not self.stopping:
@@ -307,7 +254,7 @@ class Supervisor:
             self._save(slot, "queued")
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if tasks.take_request(slot.task, tasks.CANCEL_REQUEST):
+        if take_request(slot.task, CANCEL_REQUEST):
             if slot.worker is not None:
                 slot.worker.kill_reason = "cancel"
                 slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
@@ -315,9 +262,16 @@ class Supervisor:
             elif slot.record.state not in tasks.FINAL_STATES:
                 self._save(slot, "cancelled", reason="cancelled by operator")
                 self.emit("task_cancelled", slot)
-        if tasks.take_request(slot.task, tasks.RETRY_REQUEST) and slot.record.state == "failed":
+        if take_request(slot.task, RETRY_REQUEST) and slot.record.state == "failed":
             self._save(slot, "queued", reason=None, crashes=[])
             self.emit("task_retried", slot)
+        if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
+            self._save(slot, "queued", reason=None, crashes=[])
+        slot.paused = pause_holder_alive(slot.task)
+        if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
+            slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
+            slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
+            slot.worker.signal_worker(signal.SIGTERM)
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -329,7 +283,7 @@ class Supervisor:
         for slot in sorted(self.slots.values(), key=lambda s: s.record.updated_at):
             if free <= 0:
                 break
-            if slot.worker is not None:
+            if slot.worker is not None or slot.paused:
                 continue
             state = slot.record.state
             if slot.waiting_lock:

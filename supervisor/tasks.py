@@ -18,7 +18,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,11 @@ from worker.events import append_event, utc_now
 from worker.journal import read_file
 from worker.models.scripted import validate_script
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.state import Call, TaskState
+from worker.state import Call, NeedsFullReplay, TaskState
 from worker.tools.registry import ToolRegistry
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
-CANCEL_REQUEST = "cancel.request"
-RETRY_REQUEST = "retry.request"
 
 
 @dataclass
@@ -133,7 +131,15 @@ def submit(
     return create_task(spool, spec, script_bytes)
 
 
-def create_task(spool: Spool, spec: TaskSpec, script: bytes | None) -> TaskDir:
+def create_task(
+    spool: Spool,
+    spec: TaskSpec,
+    script: bytes | None,
+    *,
+    setup: Callable[[TaskDir], None] | None = None,
+) -> TaskDir:
+    """Make the task folder; ``setup`` adds files (a fork's journal) before the spec, which
+    is written last: until then the folder is not a task."""
     spool.ensure()
     task = spool.task(spec.id)
     try:
@@ -148,6 +154,8 @@ def create_task(spool: Spool, spec: TaskSpec, script: bytes | None) -> TaskDir:
     if script is not None:
         atomic_write(task.script, script)
     TaskRecord().save(task)
+    if setup is not None:
+        setup(task)
     atomic_write_json(task.spec, spec.to_json())  # last: now it is a task
     append_event(task.events, "task_submitted", task=spec.id)
     return task
@@ -156,13 +164,22 @@ def create_task(spool: Spool, spec: TaskSpec, script: bytes | None) -> TaskDir:
 # -- reading state ------------------------------------------------------------------------
 
 
-def load_state(task: TaskDir) -> TaskState:
-    """Fold the task's journal (read-only) into its state."""
+def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
+    """Fold the task's journal (read-only) into its state. ``full=False`` starts from the
+    snapshot when there is a usable one: fast, but without the per-turn boundaries that
+    rewind and fork need."""
     spec = task.load_spec()
+    if not task.journal.exists():
+        return TaskState(spec.prompt)
+    if not full:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NeedsFullReplay):
+            state, offset = TaskState.from_snapshot(read_json(task.snapshot))
+            for record, _ in read_file(task.journal, offset).records:
+                state.apply(record)
+            return state
     state = TaskState(spec.prompt)
-    if task.journal.exists():
-        for record, _ in read_file(task.journal).records:
-            state.apply(record)
+    for record, _ in read_file(task.journal).records:
+        state.apply(record)
     return state
 
 
@@ -208,10 +225,11 @@ def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
         spec = task.load_spec()
     except (SpoolError, TaskSpecError, NotFoundError) as exc:
         spec, spec_error = None, str(exc)
+    running = record.state == "running"
     turn, usage, dangling = 0, {"input_tokens": 0, "output_tokens": 0}, []
-    if record.state == "held" or beat is None:
+    if not running or beat is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
-            state = load_state(task)
+            state = load_state(task, full=False)
             turn = state.turn
             usage = {
                 "input_tokens": state.usage_total.input_tokens,
@@ -219,14 +237,13 @@ def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
             }
             if record.state == "held":
                 dangling = held_calls(task, state)
-    if beat is not None:
+    if running and beat is not None:
         turn = int(beat.get("turn", turn))
         beat_usage = beat.get("usage") or {}
         usage = {
             "input_tokens": int(beat_usage.get("input_tokens", 0)),
             "output_tokens": int(beat_usage.get("output_tokens", 0)),
         }
-    running = record.state == "running"
     return {
         "id": task.id,
         "state": record.state,
@@ -281,7 +298,7 @@ def decide(
         "decided_at": utc_now(),
     }
     private_dir(task.decisions)
-    path = task.decision_file(call_id, row["attempt"])
+    path = task.decision_file(row["idempotency_key"], row["attempt"])
     if not write_exclusive(path, json.dumps(decision).encode()):
         raise StateConflictError(
             f"call {call_id} of task {task.id} was already decided by someone else "
@@ -294,16 +311,6 @@ def decide(
 def pending_decisions(task: TaskDir) -> bool:
     """True when every held call of a held task has a decision file."""
     rows = held_calls(task)
-    return bool(rows) and all(task.decision_file(r["call_id"], r["attempt"]).exists() for r in rows)
-
-
-def request(task: TaskDir, name: str) -> None:
-    atomic_write(task.path / name, utc_now().encode())
-
-
-def take_request(task: TaskDir, name: str) -> bool:
-    try:
-        (task.path / name).unlink()
-    except FileNotFoundError:
-        return False
-    return True
+    return bool(rows) and all(
+        task.decision_file(r["idempotency_key"], r["attempt"]).exists() for r in rows
+    )

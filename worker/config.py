@@ -63,7 +63,7 @@ class RestartConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "claude-sonnet-4-5"
+    name: str = "claude-sonnet-5-5"
     max_tokens: int = 4096
 
 

@@ -24,9 +24,11 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from worker import vcs
 from worker.config import Config
 from worker.durable import atomic_write_json, read_json
 from worker.errors import (
@@ -42,7 +44,7 @@ from worker.journal import Journal
 from worker.models.base import JSON, Model, ModelRequest
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
-from worker.spool import TaskDir, TaskSpec, validate_call_id
+from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, NeedsFullReplay, TaskState
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 
@@ -94,6 +96,15 @@ def tool_environment(environ: Mapping[str, str], task: TaskDir, workspace: str) 
     return env
 
 
+def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
+    """Checkpoint files with git when the workspace is the user's (given with
+    --workspace) and inside a repository, or is a repository of its own."""
+    root = vcs.repo_root(workspace)
+    if root is None:
+        return False
+    return explicit or root.resolve() == workspace.resolve()
+
+
 class AgentLoop:
     def __init__(
         self,
@@ -122,6 +133,7 @@ class AgentLoop:
         self.journal: Journal | None = None
         self.state = TaskState(spec.prompt)
         self._snapshot_turn = 0
+        self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
 
@@ -167,13 +179,31 @@ class AgentLoop:
             raise RuntimeError("AgentLoop.open() must be called before recording")
         return self.journal
 
-    def _record(self, *records: JSON) -> None:
+    def _record(self, *records: JSON, sync: bool = True) -> None:
         stamped = [{**r, "at": utc_now()} for r in records]
-        self._journal.append(stamped)
+        self._journal.append(stamped, sync=sync)
         for record in stamped:
             self.state.apply(record)
         if self.heartbeat:
             self.heartbeat.update(turn=self.state.turn, usage=self.state.usage_total.to_json())
+
+    def _checkpoint_workspace(self) -> None:
+        """Record the workspace's git state at this turn boundary, once per boundary."""
+        if not self._vcs or self.state.turn in self.state.vcs:
+            return
+        try:
+            point = vcs.capture(self.workspace, self.task.id, self.state.turn)
+        except vcs.VcsError as exc:
+            self._event("vcs_capture_failed", level="warning", error=str(exc))
+            self._vcs = False
+            return
+        if point is None:
+            self._vcs = False
+            return
+        record = {"k": "vcs", "turn": self.state.turn, "commit": point.commit}
+        # not synced on its own: the next record's fdatasync carries it, and a lost one
+        # only means this boundary has no file snapshot
+        self._record({**record, "snapshot": point.snapshot}, sync=False)
 
     def _maybe_snapshot(self) -> None:
         if (
@@ -235,6 +265,7 @@ class AgentLoop:
                 else:
                     self._run_call(call, attempt=1)
                 continue
+            self._checkpoint_workspace()
             self._maybe_snapshot()
             ending = self._ending()
             if ending is not None:
@@ -458,8 +489,10 @@ class AgentLoop:
 
     def _load_decision(self, call: Call) -> None:
         """Apply an operator's decision file for this attempt, if one was written."""
+        if call.key is None:
+            return
         try:
-            path = self.task.decision_file(validate_call_id(call.call_id), call.attempt)
+            path = self.task.decision_file(call.key, call.attempt)
         except InvalidIdError:
             return  # no decision file can name this call: it stays held
         try:
@@ -467,11 +500,13 @@ class AgentLoop:
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
-            self._event("decision_invalid", level="error", path=str(path), error=str(exc))
+            self._event("decision_invalid", level="error", file=str(path), error=str(exc))
             return
-        action = data.get("action") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            data = {}
+        action = data.get("action")
         if action not in ("rerun", "skip", "result"):
-            self._event("decision_invalid", level="error", path=str(path), error="bad action")
+            self._event("decision_invalid", level="error", file=str(path), error="bad action")
             return
         record: JSON = {
             "k": "decision",

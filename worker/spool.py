@@ -187,8 +187,11 @@ class TaskDir:
     def decisions(self) -> Path:
         return self.path / "decisions"
 
-    def decision_file(self, call_id: str, attempt: int) -> Path:
-        return self.decisions / f"{validate_call_id(call_id)}.{attempt}.json"
+    def decision_file(self, key: str, attempt: int) -> Path:
+        """Where the decision on one attempt of a held call lives. Named by the call's
+        idempotency key, which is unique per call, per branch and per task, so a decision
+        can never apply to a namesake call after a rewind."""
+        return self.decisions / f"{validate_call_id(key)}.{attempt}.json"
 
     def exists(self) -> bool:
         return self.spec.is_file()

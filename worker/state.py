@@ -322,7 +322,10 @@ class TaskState:
             boundaries=None,
             vcs={int(t): v for t, v in data.get("vcs", {}).items()},
         )
-        return state, int(data["offset"])
+        offset = int(data["offset"])
+        if offset < 0:
+            raise ValueError(f"snapshot offset {offset} is negative")
+        return state, offset
 
     def clone(self) -> TaskState:
         return copy.deepcopy(self)

@@ -298,7 +298,7 @@ def test_unknown_keys_are_refused(tmp_path: Path, text: str, expected: str) -> N
         ("heartbeat = 3", "heartbeat must be a table ([heartbeat]), got 3"),
         ("[tools]\npolicy = 'hold'", 'tools.policy must be a table ([tools.policy]), got "hold"'),
         ("[model]\nname = 5", "model.name must be a name such as"),
-        ("[model]\nname = ''", 'model.name must be a name such as "claude-sonnet-4-5", got ""'),
+        ("[model]\nname = ''", 'model.name must be a name such as "claude-sonnet-5-5", got ""'),
         ("[model]\nname = ' x '", "model.name must be a name"),
         ("spool = 5", "spool must be the path of a folder, got 5"),
         ("spool = ''", 'spool must be the path of a folder, got ""'),

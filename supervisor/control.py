@@ -1,0 +1,172 @@
+"""How operator commands and the daemon coordinate through the spool.
+
+* ``SupervisorLock``: one supervisor per spool. Whoever holds it (the daemon, or a CLI
+  command while no daemon runs) is the only writer of task records (``state.json``).
+* ``ring``: CLI commands drop a file in ``SPOOL/inbox`` after a change; the daemon
+  watches that folder and acts within milliseconds.
+* Requests: small files in a task folder (``cancel.request``, ``retry.request``,
+  ``requeue.request``) that the daemon applies and removes. ``change_record`` applies a
+  change directly when no daemon runs, and leaves a request when one does.
+* ``paused``: stops a task's worker at a safe point and holds its lock for the length of
+  an operation (rewind), so no worker writes the journal meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from supervisor.tasks import TaskRecord
+from worker.durable import atomic_write, open_private, private_dir, read_json
+from worker.errors import LockBusyError, StateConflictError
+from worker.events import utc_now
+from worker.lock import TaskLock, holder_pid, is_locked
+from worker.spool import Spool, TaskDir
+
+CANCEL_REQUEST = "cancel.request"
+RETRY_REQUEST = "retry.request"
+REQUEUE_REQUEST = "requeue.request"
+PAUSE_REQUEST = "pause.request"
+
+
+class SupervisorLock:
+    """An flock on ``SPOOL/supervisor.lock``, held for the holder's life."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+        self.fd = -1
+
+    @property
+    def path(self) -> Path:
+        return self.spool.root / "supervisor.lock"
+
+    def acquire(self) -> None:
+        self.spool.ensure()
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = running_pid(self.spool)
+            raise LockBusyError(
+                f"agentd is already running on {self.spool.root} (pid {pid}); "
+                "use `agentd stop` first or pick another --spool.",
+                pid,
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def supervisor_info(spool: Spool) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = read_json(spool.root / "supervisor.json")
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def running_pid(spool: Spool) -> int | None:
+    """The pid of the supervisor running on ``spool``, or None."""
+    if not is_locked(spool.root / "supervisor.lock"):
+        return None
+    info = supervisor_info(spool) or {}
+    pid = info.get("pid")
+    return pid if isinstance(pid, int) else None
+
+
+def ring(spool: Spool, task_id: str) -> None:
+    """Tell a running daemon that ``task_id`` changed (harmless when none runs)."""
+    inbox = private_dir(spool.root / "inbox")
+    with contextlib.suppress(OSError):
+        fd = open_private(inbox / f"{task_id}.{os.getpid()}.{time.monotonic_ns()}", os.O_CREAT)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def offline(spool: Spool) -> Iterator[bool]:
+    """Yield True while holding the supervisor lock (no daemon runs), else False."""
+    lock = SupervisorLock(spool)
+    try:
+        lock.acquire()
+    except LockBusyError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def request(task: TaskDir, name: str, body: str | None = None) -> None:
+    atomic_write(task.path / name, (body or utc_now()).encode())
+
+
+def take_request(task: TaskDir, name: str) -> bool:
+    try:
+        (task.path / name).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def change_record(
+    spool: Spool, task: TaskDir, request_name: str, apply: Callable[[TaskRecord], None]
+) -> bool:
+    """Apply ``apply`` to the task record now if no daemon runs (True), else leave
+    ``request_name`` for the daemon, which applies the same change (False)."""
+    with offline(spool) as alone:
+        if alone:
+            record = TaskRecord.load(task)
+            apply(record)
+            record.save(task)
+            return True
+    request(task, request_name)
+    ring(spool, task.id)
+    return False
+
+
+def pause_holder_alive(task: TaskDir) -> bool:
+    """True while a live process has asked for ``task`` to stay paused."""
+    try:
+        pid = int((task.path / PAUSE_REQUEST).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[None]:
+    """Hold ``task``'s worker lock for the block; a running worker is first asked (through
+    the daemon) to stop at a safe point. Raises StateConflictError if it does not."""
+    request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
+    ring(spool, task.id)
+    lock = TaskLock(task.lock)
+    try:
+        try:
+            lock.acquire(wait=wait if running_pid(spool) is not None else 0.2)
+        except LockBusyError:
+            raise StateConflictError(
+                f"task {task.id} is running (worker pid {holder_pid(task.lock)}) and did not "
+                f"stop at a safe point within {wait:g} s; nothing was changed. "
+                + ("Try again." if running_pid(spool) else "Start the daemon or stop the worker.")
+            ) from None
+        yield
+    finally:
+        lock.release()
+        take_request(task, PAUSE_REQUEST)
+        ring(spool, task.id)

@@ -1,0 +1,297 @@
+"""Checkpoints as time travel: ``agentd history``, ``rewind`` and ``fork``.
+
+A checkpoint restores the conversation and the ledger (messages, counters, which calls
+ran with which idempotency keys). Files are version control's job: where the workspace
+is under git, each turn boundary also recorded a snapshot commit (worker/vcs.py), which
+``rewind --restore-workspace`` and ``fork`` use. Side effects on the outside world are
+neither, which is why rewind lists the calls it cannot undo before it acts.
+
+Both cut only at turn boundaries, so every tool_use keeps its one tool_result.
+
+* rewind appends one ``rewind`` record (one fdatasync): a kill at any instant leaves the
+  old scene or the new one. Later turns stay in the journal, marked rewound, for audit.
+* fork writes a new task whose journal starts with a ``base`` record holding the scene;
+  its spec is written last, so a kill leaves either no fork or a whole one.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from dataclasses import dataclass, replace
+from typing import Any
+
+from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
+from supervisor.tasks import TaskRecord, create_task, existing_task, load_state
+from worker import vcs
+from worker.config import Config
+from worker.durable import atomic_write_json
+from worker.errors import StateConflictError, UsageError
+from worker.events import append_event, utc_now
+from worker.journal import Journal, read_file
+from worker.loop import uses_vcs
+from worker.spool import Spool, TaskDir, validate_task_id
+from worker.state import Call, TaskState
+
+IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
+
+
+# -- history ------------------------------------------------------------------------------
+
+
+def history_rows(task: TaskDir) -> list[dict[str, Any]]:
+    """One row per turn ever recorded, live or rewound, in journal order."""
+    rows: list[dict[str, Any]] = []
+    calls: dict[str, dict[str, Any]] = {}
+    branch = 0
+    for record, _ in read_file(task.journal).records:
+        kind = record.get("k")
+        if kind == "base":
+            scene = record["scene"]
+            for info in scene.get("turns", []):
+                if not info.get("rewound"):
+                    row = _row(info, branch=0, inherited=True)
+                    row["tool_calls"] = [
+                        {
+                            "call_id": c["call_id"],
+                            "tool": c["tool"],
+                            "effect": c.get("effect"),
+                            "outcome": (c.get("result") or {}).get("outcome", "pending"),
+                            "key": c.get("key"),
+                        }
+                        for c in scene.get("calls", [])
+                        if c.get("turn") == info["turn"]
+                    ]
+                    rows.append(row)
+        elif kind == "turn":
+            usage = record.get("usage") or {}
+            row = {
+                "turn": record["turn"],
+                "at": record.get("at"),
+                "model": record.get("model"),
+                "stop_reason": record.get("stop_reason"),
+                "input_tokens": usage.get("input_tokens", 0),
+                "output_tokens": usage.get("output_tokens", 0),
+                "tool_calls": [],
+                "vcs": None,
+                "branch": branch,
+                "rewound": False,
+                "inherited": False,
+            }
+            for block in record["message"]["content"]:
+                if block.get("type") == "tool_use":
+                    call = {"call_id": block["id"], "tool": block["name"], "effect": None}
+                    call.update(outcome="pending", key=None)
+                    row["tool_calls"].append(call)
+                    calls[block["id"]] = call
+            rows.append(row)
+        elif kind == "intent" and record["call_id"] in calls:
+            call = calls[record["call_id"]]
+            call.update(effect=record.get("effect"), key=record.get("key"), outcome="dangling")
+        elif kind == "result" and record["call_id"] in calls:
+            calls[record["call_id"]]["outcome"] = record.get("outcome", "ran")
+        elif kind == "vcs":
+            for row in reversed(rows):
+                if row["turn"] == record["turn"] and not row["rewound"]:
+                    row["vcs"] = {
+                        "commit": record.get("commit"),
+                        "snapshot": record.get("snapshot"),
+                    }
+                    break
+        elif kind == "rewind":
+            for row in rows:
+                if row["turn"] > record["to"] and not row["inherited"]:
+                    row["rewound"] = True
+            branch += 1
+    return rows
+
+
+def _row(info: dict[str, Any], *, branch: int, inherited: bool) -> dict[str, Any]:
+    usage = info.get("usage") or {}
+    return {
+        "turn": info["turn"],
+        "at": info.get("at"),
+        "model": info.get("model"),
+        "stop_reason": info.get("stop_reason"),
+        "input_tokens": usage.get("input_tokens", 0),
+        "output_tokens": usage.get("output_tokens", 0),
+        "tool_calls": [],
+        "vcs": None,
+        "branch": branch,
+        "rewound": False,
+        "inherited": inherited,
+    }
+
+
+# -- shared checks ------------------------------------------------------------------------
+
+
+def _check_turn(task: TaskDir, state: TaskState, turn: int, verb: str) -> None:
+    if turn < 0 or turn > state.turn:
+        raise UsageError(
+            f"task {task.id} has turns 0 to {state.turn}; cannot {verb} turn {turn}. "
+            f"`agentd history {task.id}` lists them."
+        )
+    if turn == state.turn and state.pending_calls():
+        raise StateConflictError(
+            f"turn {turn} of task {task.id} is not complete (a tool call has no result); "
+            f"{verb} turn {turn - 1} or earlier."
+        )
+    if state.boundaries is not None and turn < state.turn and turn not in state.boundaries:
+        raise UsageError(
+            f"turn {turn} of task {task.id} predates its fork point; "
+            "fork or rewind the parent task instead."
+        )
+
+
+def _scene_after(state: TaskState, turn: int) -> TaskState:
+    scene = state.clone()
+    if turn < scene.turn or scene.pending_calls():
+        scene.apply({"k": "rewind", "to": turn})
+    return scene
+
+
+def irreversible_calls(state: TaskState, turn: int) -> list[Call]:
+    """Live calls after ``turn`` that started and whose effects a rewind cannot undo."""
+    return [
+        c
+        for c in state.calls.values()
+        if c.turn > turn and c.attempt > 0 and (c.effect or "unsafe") in IRREVERSIBLE
+    ]
+
+
+# -- rewind -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewindReport:
+    task: str
+    from_turn: int
+    to: int
+    irreversible: list[dict[str, Any]]
+    workspace: str
+
+
+def rewind(
+    spool: Spool,
+    config: Config,
+    task_id: str,
+    to: int,
+    *,
+    restore_workspace: bool = False,
+    yes: bool = False,
+) -> RewindReport:
+    task = existing_task(spool, task_id)
+    spec = task.load_spec()
+    with paused(spool, task, wait=config.restart.stop_grace + 5):
+        state = load_state(task)
+        _check_turn(task, state, to, "rewind to")
+        undo = [
+            {"turn": c.turn, "call_id": c.call_id, "tool": c.tool, "effect": c.effect}
+            for c in irreversible_calls(state, to)
+        ]
+        if undo and not yes:
+            listing = "; ".join(f"turn {u['turn']} {u['tool']} ({u['effect']})" for u in undo)
+            raise UsageError(
+                f"rewinding task {task.id} to turn {to} cannot undo {len(undo)} call(s) with "
+                f"side effects: {listing}. Run again with --yes to rewind anyway."
+            )
+        snapshot = state.vcs.get(to, {}).get("snapshot")
+        if restore_workspace and not snapshot:
+            raise StateConflictError(
+                f"there is no workspace snapshot for turn {to} of task {task.id} (the "
+                "workspace is not under git); rewind without --restore-workspace."
+            )
+        journal, _ = Journal.open(task.journal, task=task.id)
+        with journal:
+            size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
+        state.apply({"k": "rewind", "to": to})
+        atomic_write_json(task.snapshot, state.to_snapshot(size))
+        workspace = "files were not restored (the workspace is not under git)"
+        workspace_dir = task.workspace_for(spec)
+        if uses_vcs(workspace_dir, explicit=spec.workspace is not None):
+            workspace = "files were left as they are (add --restore-workspace to restore them)"
+        if restore_workspace and snapshot:
+            vcs.restore(workspace_dir, snapshot)
+            workspace = f"files restored to their state after turn {to} (git {snapshot[:12]})"
+
+    def requeue(record: TaskRecord) -> None:
+        record.state, record.reason, record.crashes = "queued", None, []
+
+    change_record(spool, task, REQUEUE_REQUEST, requeue)
+    append_event(task.events, "task_rewound", task=task.id, to=to, from_turn=state.turn)
+    ring(spool, task.id)
+    return RewindReport(task.id, max((r.turn for r in state.turns), default=0), to, undo, workspace)
+
+
+# -- fork ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForkReport:
+    task: str
+    parent: str
+    at: int
+    workspace: str
+
+
+def fork(
+    spool: Spool,
+    config: Config,
+    parent_id: str,
+    at: int,
+    *,
+    name: str | None = None,
+    prompt: str | None = None,
+) -> ForkReport:
+    parent = existing_task(spool, parent_id)
+    spec = parent.load_spec()
+    new_id = validate_task_id(name) if name else f"{parent_id[:50]}-fork-{secrets.token_hex(3)}"
+    if spool.task(new_id).exists():
+        raise StateConflictError(f"a task named {new_id!r} already exists; pick another --name.")
+    if prompt is not None and not prompt.strip():
+        raise UsageError("--prompt is empty; leave it out or give the extra user message.")
+    state = load_state(parent)
+    _check_turn(parent, state, at, "fork at")
+    scene = _scene_after(state, at)
+    scene.usage_total = scene.usage  # the fork's own spending starts from its scene
+    scene.turns = [t for t in scene.turns if not t.rewound]
+    records: list[dict[str, Any]] = [
+        {"k": "base", "scene": scene.to_snapshot(0), "from": {"task": parent_id, "turn": at}}
+    ]
+    if prompt:
+        records.append({"k": "user", "content": [{"type": "text", "text": prompt}]})
+    stamped = [{**r, "at": utc_now()} for r in records]
+
+    parent_ws = parent.workspace_for(spec)
+    snapshot = scene.vcs.get(at, {}).get("snapshot")
+    new_spec = replace(
+        spec, id=new_id, forked_from={"task": parent_id, "turn": at}, created_at=utc_now()
+    )
+    note = "files were not restored (the workspace is not under git)"
+    worktree = None
+    root = vcs.repo_root(parent_ws) if snapshot else None
+    if snapshot and root and uses_vcs(parent_ws, explicit=spec.workspace is not None):
+        worktree = spool.task(new_id).path / "worktree"
+        inside = parent_ws.resolve().relative_to(root.resolve())
+        new_spec = replace(new_spec, workspace=str(worktree / inside))
+        note = f"own git worktree at the files after turn {at} (git {snapshot[:12]})"
+    elif spec.workspace is not None:
+        note += f"; the fork shares the workspace {spec.workspace}"
+    else:
+        note += "; the fork starts with a copy of the parent's files as they are now"
+
+    def setup(task: TaskDir) -> None:
+        journal, _ = Journal.open(task.journal, task=task.id)
+        with journal:
+            journal.append(stamped)
+        if worktree is not None and snapshot:
+            vcs.add_worktree(parent_ws, snapshot, worktree)
+        elif spec.workspace is None and parent_ws.is_dir():
+            shutil.copytree(parent_ws, task.path / "workspace", symlinks=True)
+
+    script = parent.script.read_bytes() if parent.script.exists() else None
+    create_task(spool, new_spec, script, setup=setup)
+    append_event(parent.events, "task_forked", task=parent_id, fork=new_id, at=at)
+    ring(spool, new_id)
+    return ForkReport(new_id, parent_id, at, note)
