@@ -1,8 +1,10 @@
-"""Per-task lifecycle events: one JSON object a line in ``TASK/events.jsonl``.
+"""Per-task lifecycle events and the one redactor of secrets.
 
-Both the worker and the supervisor append here (``O_APPEND`` keeps lines whole), so
-``agentd logs`` shows one story per task. Every line passes ``redact`` first: API keys,
-``Authorization`` values and anything shaped like an Anthropic key never reach the file.
+``TASK/events.jsonl`` holds one redacted JSON object a line. Both the worker and the
+supervisor append to it (each event is one ``write`` with ``O_APPEND``), so ``agentd
+logs`` tells one story per task. ``Redactor`` is what keeps API keys and credentials
+out of every log line and event file (DESIGN.md section 4); ``supervisor.logging`` puts
+the same instance in the structlog chain.
 """
 
 from __future__ import annotations
@@ -16,64 +18,182 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from worker.durable import open_private
-
-REDACTED = "[redacted]"
-_SECRET_KEYS = re.compile(r"api[_-]?key|authorization|secret|password|token$", re.IGNORECASE)
-_SECRET_TEXT = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}|Bearer\s+[A-Za-z0-9._\-]{8,}")
-
 
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _secret_values(environ: Mapping[str, str]) -> list[str]:
-    return [v for k, v in environ.items() if _SECRET_KEYS.search(k) and len(v) >= 8]
+#: What a secret is replaced with.
+REDACTED = "[redacted]"
+
+# Values of keys named like these are secrets, whatever they hold. A key matches when
+# its last word is one of these (after lowercasing and turning "-" into "_"), so
+# `x-api-key` and `access_token` match while `input_tokens` and `max_tokens` do not.
+_SECRET_KEY = re.compile(
+    r"(?:^|_)(?:api_?key|access_key|private_key|authorization|token|secret|password|passwd"
+    r"|cookie|credentials?)$"
+)
+# Secrets inside any string: Anthropic keys, and the credential of an HTTP auth header.
+_ANTHROPIC_KEY = re.compile(r"sk-ant-[A-Za-z0-9_-]+")
+_AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+# The literal values of secret-named environment variables ($ANTHROPIC_API_KEY, say, or
+# $GITHUB_TOKEN) are redacted too, unless too short to be real secrets: redacting every
+# "x" would make logs unreadable and protect nothing.
+_MIN_LITERAL_SECRET = 8
+_MAX_DEPTH = 16
 
 
-def redact(value: Any, secrets: list[str] | None = None) -> Any:
-    """A copy of ``value`` with secrets replaced by ``[redacted]``, at any depth."""
-    secrets = _secret_values(os.environ) if secrets is None else secrets
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return _SECRET_TEXT.sub(REDACTED, value)
-    if isinstance(value, Mapping):
-        return {
-            k: REDACTED
-            if isinstance(k, str) and _SECRET_KEYS.search(k) and v not in (None, "")
-            else redact(v, secrets)
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [redact(v, secrets) for v in value]
-    return value
+class Redactor:
+    """Processor that replaces secrets in an event dict, at any depth.
+
+    The value of a secret-named key becomes ``[redacted]``; inside every other string,
+    each substring shaped like a secret does (the rest of the message stays readable).
+    Containers are copied, never changed in place: they may belong to the caller.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = os.environ if environ is None else environ
+
+    def __call__(self, logger: Any, method_name: str, event_dict: Any) -> Any:
+        """The structlog processor interface."""
+        return self.clean_mapping(event_dict)
+
+    def clean_mapping(self, mapping: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``mapping`` without secrets."""
+        return self._mapping(mapping, self._literals(), 0)
+
+    def clean_text(self, text: str) -> str:
+        """``text`` with every secret-shaped substring replaced."""
+        return self._text(text, self._literals())
+
+    def _literals(self) -> list[str]:
+        return [
+            value
+            for name, value in self._environ.items()
+            if len(value) >= _MIN_LITERAL_SECRET and _is_secret_key(name)
+        ]
+
+    def _mapping(
+        self, mapping: Mapping[Any, Any], literals: list[str], depth: int
+    ) -> dict[Any, Any]:
+        clean: dict[Any, Any] = {}
+        for key, value in mapping.items():
+            if isinstance(key, str) and _is_secret_key(key):
+                clean[key] = REDACTED if value is not None else None
+            else:
+                clean[key] = self._value(value, literals, depth + 1)
+        return clean
+
+    def _value(self, value: Any, literals: list[str], depth: int) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str):
+            return self._text(value, literals)
+        if depth > _MAX_DEPTH:
+            return self._text(_safe_repr(value), literals)
+        if isinstance(value, Mapping):
+            return self._mapping(value, literals, depth)
+        if isinstance(value, list | tuple):
+            items = [self._value(v, literals, depth + 1) for v in value]
+            return items if isinstance(value, list) else tuple(items)
+        # Any other object is rendered through its repr later: if that would show a
+        # secret (an exception quoting a header, say), log the cleaned text instead.
+        text = _safe_repr(value)
+        clean = self._text(text, literals)
+        return value if clean == text else clean
+
+    def _text(self, text: str, literals: list[str]) -> str:
+        for literal in literals:
+            if literal in text:
+                text = text.replace(literal, REDACTED)
+        if "sk-ant-" in text:
+            text = _ANTHROPIC_KEY.sub(REDACTED, text)
+        return _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
 
 
-def append_event(path: Path, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
-    """Append one event line; a failure to log never stops the caller."""
-    line: dict[str, Any] = redact(
-        {"event": event, "timestamp": utc_now(), "level": level, **fields}
-    )
-    with contextlib.suppress(OSError):
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+#: The redaction processor, reading secrets' values from this process's environment.
+redact = Redactor()
+
+
+def _is_secret_key(name: str) -> bool:
+    return _SECRET_KEY.search(name.lower().replace("-", "_")) is not None
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a broken __repr__ must not take logging down with it
+        return f"<{type(value).__name__} object>"
+
+
+# -- per-task event files --------------------------------------------------------------
+
+
+class TaskEventLog:
+    """A task's ``events.jsonl``: one redacted JSON object per line, append-only.
+
+    Each event is one ``write`` to a file opened with ``O_APPEND``, so the supervisor
+    and a worker may append to the same file. The file is advisory (the journal is the
+    record of truth), so there is no fsync; a line torn by a crash is skipped by
+    ``read_events`` and the next append starts on a fresh line.
+    """
+
+    def __init__(self, path: Path, *, redactor: Redactor = redact) -> None:
+        self.path = path
+        self._redactor = redactor
+
+    def append(self, event: Mapping[str, Any]) -> None:
+        """Append ``event`` (redacted) as one line; the file is created 0600."""
+        clean = self._redactor.clean_mapping(event)
+        line = json.dumps(clean, ensure_ascii=False, default=str, separators=(",", ":"))
+        data = (line + "\n").encode("utf-8", "replace")
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, (json.dumps(line, default=str) + "\n").encode())
+            st = os.fstat(fd)
+            if st.st_mode & 0o777 != 0o600:
+                os.fchmod(fd, 0o600)  # whatever the umask, or whoever created it
+            if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                data = b"\n" + data  # the last line was torn: do not glue onto it
+            while data:
+                data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
-    return line
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """Every whole event line of ``path``; a torn or foreign line is passed over."""
-    events: list[dict[str, Any]] = []
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return events
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            item = json.loads(line)
-            if isinstance(item, dict):
-                events.append(item)
+    """Every complete event in ``path``; [] when there is no file yet."""
+    events, _ = read_events_from(path, 0)
     return events
+
+
+def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The complete events after byte ``offset``, and the offset to continue from.
+
+    For ``agentd logs --follow``: an unfinished last line is left for the next call.
+    Lines that are not a JSON object (torn by a crash) are skipped.
+    """
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events: list[dict[str, Any]] = []
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end
+
+
+def append_event(path: Path, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
+    """Append one event line to a task's events file; a failure to log never stops the
+    caller. Returns the event as written (before redaction)."""
+    line: dict[str, Any] = {"event": event, "timestamp": utc_now(), "level": level, **fields}
+    with contextlib.suppress(OSError):
+        TaskEventLog(path).append(line)
+    return line

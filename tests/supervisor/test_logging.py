@@ -190,47 +190,6 @@ def test_reset_restores_structlog_defaults() -> None:
 # -- per-task event files --------------------------------------------------------------
 
 
-def test_events_naming_a_task_are_also_written_to_its_file(tmp_path: Path) -> None:
-    (tmp_path / "t1").mkdir()
-    stream = io.StringIO()
-    configure("json", stream, task_events=lambda task: tmp_path / task / "events.jsonl")
-
-    log = get_logger()
-    log.info("supervisor_started")  # no task: stream only
-    log.info("worker_spawned", task="t1", pid=1240, authorization=f"Bearer {BEARER_CANARY}")
-    log.info("task_done", task="t1", reason="end_turn")
-
-    path = tmp_path / "t1" / "events.jsonl"
-    events = read_events(path)
-    assert [e["event"] for e in events] == ["worker_spawned", "task_done"]
-    assert events == [e for e in _json_lines(stream) if "task" in e]
-    assert events[0]["authorization"] == REDACTED
-    assert BEARER_CANARY not in path.read_text()
-    assert os.stat(path).st_mode & 0o777 == 0o600
-
-
-def test_a_task_without_a_folder_does_not_break_logging(tmp_path: Path) -> None:
-    stream = io.StringIO()
-    configure("json", stream, task_events=lambda task: tmp_path / task / "events.jsonl")
-
-    get_logger().info("task_failed", task="gone")
-
-    (event,) = _json_lines(stream)
-    assert event["event"] == "task_failed"
-    assert "No such file or directory" in event["events_file_error"]
-
-
-def test_a_resolver_may_decline_a_task(tmp_path: Path) -> None:
-    stream = io.StringIO()
-    configure("json", stream, task_events=lambda task: None)
-
-    get_logger().info("task_submitted", task="t1")
-
-    (event,) = _json_lines(stream)
-    assert "events_file_error" not in event
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_event_log_is_private_whatever_the_umask(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     old = os.umask(0o000)
