@@ -233,11 +233,18 @@ class Spool:
         return TaskDir(self.root, task_id)
 
     def task_ids(self) -> list[str]:
+        """Ids of the task folders; a symlink planted in ``tasks/`` is never followed."""
         try:
-            names = sorted(os.listdir(self.tasks_dir))
+            entries = list(os.scandir(self.tasks_dir))
         except FileNotFoundError:
             return []
-        return [n for n in names if TASK_ID.fullmatch(n) and n not in (".", "..")]
+        return sorted(
+            e.name
+            for e in entries
+            if TASK_ID.fullmatch(e.name)
+            and e.name not in (".", "..")
+            and e.is_dir(follow_symlinks=False)
+        )
 
     def tasks(self) -> Iterator[TaskDir]:
         for task_id in self.task_ids():

@@ -1,0 +1,142 @@
+"""The supervisor's side of the fork server (see worker/forkserver.py).
+
+``ForkServer`` starts ``python -m worker.forkserver`` in the background and, once it has
+said it is ready, asks it for workers. Until then, and whenever it has died or stopped
+answering, ``spawn`` returns None and the caller starts the worker the slow way (a fresh
+interpreter), so a broken fork server costs speed, never a task.
+
+Workers forked by the server are re-parented to the supervisor, which must therefore be
+a child subreaper (``become_subreaper``) and reap them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+PR_SET_CHILD_SUBREAPER = 36
+REPLY_TIMEOUT = 5.0
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants (forked workers) children of this process."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class ForkServer:
+    def __init__(self, log: Path, env: Mapping[str, str]) -> None:
+        self.log = log
+        self.env = dict(env)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready = False
+        self._buffer = b""
+        self.restarts = 0
+        self._next_start = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        """Start the server (non-blocking: it becomes ready in a second or two)."""
+        if self.proc is not None or time.monotonic() < self._next_start:
+            return
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker.forkserver"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                env=self.env,
+                start_new_session=True,  # no terminal signals: it ends when stdin closes
+            )
+        finally:
+            os.close(fd)
+        self.ready = False
+        self._buffer = b""
+
+    def fileno(self) -> int | None:
+        """The descriptor to watch for the server's first line (its readiness)."""
+        if self.proc is None or self.proc.stdout is None:
+            return None
+        return self.proc.stdout.fileno()
+
+    def poll_ready(self) -> bool:
+        """Read what the server said so far; True once it has said it is ready."""
+        if self.ready or self.proc is None:
+            return self.ready
+        line = self._read_line(0.0)
+        if line is None:
+            return False
+        self.ready = json.loads(line).get("ready") is True
+        return self.ready
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        stdout: IO[bytes] | None = self.proc.stdout if self.proc else None
+        if stdout is None:
+            return None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([stdout], [], [], left)
+            if not readable:
+                return None
+            chunk = os.read(stdout.fileno(), 65536)
+            if not chunk:
+                raise EOFError("the fork server closed its output")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def spawn(
+        self, task_path: Path, config: Path | None, env: Mapping[str, str], output: Path
+    ) -> int | None:
+        """A forked worker's pid, or None if the server cannot serve right now."""
+        if not self.ready or self.proc is None or self.proc.stdin is None:
+            return None
+        request = {
+            "task": str(task_path),
+            "config": str(config) if config else None,
+            "env": dict(env),
+            "output": str(output),
+        }
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            line = self._read_line(REPLY_TIMEOUT)
+            if line is None:
+                raise TimeoutError("the fork server did not answer")
+            reply = json.loads(line)
+        except (OSError, ValueError, EOFError, TimeoutError):
+            self.stop()
+            return None
+        pid = reply.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def stop(self) -> None:
+        """Close the server (it exits when its input closes); restart later, not now."""
+        proc, self.proc, self.ready = self.proc, None, False
+        self._next_start = time.monotonic() + 5.0
+        if proc is None:
+            return
+        self.restarts += 1
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        with contextlib.suppress(OSError):
+            proc.kill()
