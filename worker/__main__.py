@@ -12,10 +12,25 @@ import sys
 from pathlib import Path
 
 from worker.config import load_config
-from worker.errors import AgentdError, ConfigError, InvalidIdError, LockBusyError
+from worker.errors import (
+    AgentdError,
+    ConfigError,
+    InvalidIdError,
+    JournalCorruptError,
+    LockBusyError,
+    StorageError,
+)
 from worker.heartbeat import Heartbeat
 from worker.lock import TaskLock
-from worker.loop import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, AgentLoop, Outcome, write_exit
+from worker.loop import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    EXIT_STORAGE,
+    AgentLoop,
+    Outcome,
+    write_exit,
+)
 from worker.models.base import Model
 from worker.spool import TaskDir, TaskSpec
 from worker.tools.registry import ToolRegistry
@@ -61,6 +76,19 @@ def run(task_path: Path, config_path: Path | None) -> int:
         loop.install_signal_handlers()
         try:
             state = loop.open()
+        except JournalCorruptError as exc:  # the task cannot go on: failed, with the reason
+            outcome = Outcome("failed", str(exc), EXIT_FAILED)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # whole frames whose records do not have the shape of ours: the same verdict
+            # (restarting would only replay them again, into a crash loop)
+            reason = (
+                f"{task.journal}: a record cannot be replayed ({type(exc).__name__}: {exc}); "
+                "restore the task folder from a backup or fork the task from an earlier turn."
+            )
+            outcome = Outcome("failed", reason, EXIT_FAILED)
+        except StorageError as exc:  # nothing was changed: resume later
+            outcome = Outcome("stopped", str(exc), EXIT_STORAGE)
+        else:
             heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
             heartbeat.start()
             outcome = loop.run()

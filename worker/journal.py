@@ -148,6 +148,13 @@ class Journal:
                 f.seek(start)
                 data = f.read()
             result = scan(data, 0, name=str(path))
+            if start and result.torn and not result.records:
+                # Nothing whole starts at ``start``: it is not a record boundary (a
+                # stale or damaged snapshot), so the bytes after it are not known to
+                # be a torn tail. Never cut them; the caller reads from the start.
+                raise JournalCorruptError(
+                    f"{path}: no record starts at byte {start}; read the journal from its start."
+                )
             _check_header(path, result, start)
             journal = cls(path, fd, start + result.good_end)
             if result.torn:

@@ -56,7 +56,11 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
 
 def _parent_ready(ctx: ToolContext, path: str) -> Path:
     """The confined target of ``path`` with its parent folders created."""
-    confine(ctx.workspace, path).parent.mkdir(parents=True, exist_ok=True)
+    target = confine(ctx.workspace, path)
+    if target == Path(os.path.realpath(ctx.workspace)):
+        # Writing "the workspace itself" would put a temp file next to it, outside.
+        raise ToolError(f"path {path!r} names the workspace itself; give a file path in it")
+    target.parent.mkdir(parents=True, exist_ok=True)
     return confine(ctx.workspace, path)  # again: a folder created on the way is checked too
 
 

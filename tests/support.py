@@ -1,0 +1,277 @@
+"""Helpers shared by the test suite: tasks, workers, journals and deadline polling.
+
+Nothing here sleeps without a deadline: ``poll_for`` is the one way to wait for
+something to happen, and it fails the test (with a message) when it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from supervisor.tasks import create_task, submit
+from worker.config import Config
+from worker.journal import read_file
+from worker.loop import AgentLoop
+from worker.models.base import JSON, Model, ModelReply, ModelRequest
+from worker.models.scripted import ScriptedModel
+from worker.spool import Spool, TaskDir, TaskSpec
+from worker.state import TaskState
+from worker.tools.registry import ToolRegistry
+
+#: The repository root: the working folder of worker subprocesses, so that
+#: ``python -m worker`` and ``tests.tools_fixture`` import from this checkout.
+REPO = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+# -- waiting --------------------------------------------------------------------------
+
+
+def poll_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    *,
+    interval: float = 0.01,
+    what: str | None = None,
+) -> T:
+    """Call ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            name = what or getattr(predicate, "__name__", repr(predicate))
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {name}")
+        time.sleep(interval)
+
+
+# -- tasks ----------------------------------------------------------------------------
+
+
+def make_spool(tmp_path: Path) -> Spool:
+    return Spool(tmp_path / "spool").ensure()
+
+
+def _script_file(spool: Spool, responses: list[JSON]) -> Path:
+    path = spool.root.parent / f"script-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps({"responses": responses}))
+    return path
+
+
+def scripted_task(
+    spool: Spool,
+    responses: list[JSON],
+    *,
+    prompt: str = "Do the task.",
+    config: Config | None = None,
+    **kwargs: Any,
+) -> TaskDir:
+    """Submit a task on the scripted model, the way ``agentd submit --script`` does."""
+    script = _script_file(spool, responses)
+    try:
+        return submit(spool, config or Config(), prompt=prompt, script=script, **kwargs)
+    finally:
+        script.unlink()
+
+
+def spec_task(spool: Spool, responses: list[JSON], **fields: Any) -> TaskDir:
+    """A scripted task with spec fields ``submit`` does not take (``token_budget``...)."""
+    fields.setdefault("id", f"t-{uuid.uuid4().hex[:8]}")
+    fields.setdefault("prompt", "Do the task.")
+    spec = TaskSpec(scripted=True, **fields)
+    return create_task(spool, spec, json.dumps({"responses": responses}).encode())
+
+
+def text(value: str) -> JSON:
+    return {"type": "text", "text": value}
+
+
+def tool_use(name: str, call_id: str | None = None, **inputs: Any) -> JSON:
+    block: JSON = {"type": "tool_use", "name": name, "input": inputs}
+    if call_id is not None:
+        block["id"] = call_id
+    return block
+
+
+def reply(*blocks: JSON, **fields: Any) -> JSON:
+    """One scripted response."""
+    return {"content": list(blocks), **fields}
+
+
+# -- journals and transcripts -----------------------------------------------------------
+
+
+def journal_records(task: TaskDir) -> list[JSON]:
+    """Every whole record of the task's journal (read-only; a torn tail is left alone);
+    none while the journal does not exist yet."""
+    try:
+        return [record for record, _ in read_file(task.journal).records]
+    except FileNotFoundError:
+        return []
+
+
+def of_kind(records: Iterable[JSON], kind: str) -> list[JSON]:
+    return [r for r in records if r.get("k") == kind]
+
+
+def assert_paired(
+    messages: list[JSON], *, alternating: bool = True, allow_pending: bool = False
+) -> None:
+    """Invariant 3: each tool_use is answered by exactly one tool_result, in order, at the
+    start of the next user message, and no tool_result answers anything else.
+
+    ``alternating`` also requires user and assistant messages to alternate;
+    ``allow_pending`` accepts a last assistant message whose calls are not answered yet
+    (the scene of a worker that stopped between a turn and its results)."""
+    assert messages, "an empty transcript"
+    assert messages[0]["role"] == "user", "a transcript starts with a user message"
+    for i, message in enumerate(messages):
+        if alternating and i:
+            assert message["role"] != messages[i - 1]["role"], f"two {message['role']}s at {i}"
+        blocks = message["content"]
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if message["role"] == "assistant":
+            assert not results, f"a tool_result in assistant message {i}"
+            continue
+        uses: list[str] = []
+        if i and messages[i - 1]["role"] == "assistant":
+            uses = [b["id"] for b in messages[i - 1]["content"] if b.get("type") == "tool_use"]
+        assert [b["tool_use_id"] for b in results] == uses, f"user message {i}: {blocks}"
+        assert blocks[: len(results)] == results, f"tool_results first in user message {i}"
+    last = messages[-1]
+    if (
+        not allow_pending
+        and last["role"] == "assistant"
+        and any(b.get("type") == "tool_use" for b in last["content"])
+    ):
+        raise AssertionError("the transcript ends with unanswered tool_use blocks")
+
+
+def scene(state: TaskState, *, exact: bool = True) -> JSON:
+    """What a snapshot of ``state`` holds, for comparing two states. ``exact=False`` leaves
+    out the record count and each turn's record index: a live worker does not apply the
+    header record of a journal it just created, a replay of that journal does."""
+    data: JSON = json.loads(json.dumps(state.to_snapshot(0)))
+    if not exact:
+        del data["records"]
+        for info in data["turns"]:
+            del info["offset"]
+    return data
+
+
+def tool_results(messages: list[JSON]) -> dict[str, JSON]:
+    """Every tool_result block of a transcript, by tool_use id."""
+    return {
+        b["tool_use_id"]: b
+        for m in messages
+        if m["role"] == "user"
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    }
+
+
+# -- in-process loops -----------------------------------------------------------------
+
+
+class RecordingModel:
+    """A model wrapper that keeps a copy of every transcript it was sent."""
+
+    def __init__(self, inner: Model) -> None:
+        self.inner = inner
+        self.requests: list[list[JSON]] = []
+
+    def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
+        self.requests.append(copy.deepcopy(list(request.messages)))
+        return self.inner.complete(request, turn_index=turn_index)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def make_loop(
+    task: TaskDir,
+    *,
+    config: Config | None = None,
+    tools: ToolRegistry | None = None,
+    model: Model | None = None,
+    **kwargs: Any,
+) -> AgentLoop:
+    """An ``AgentLoop`` set up the way ``python -m worker`` sets it up (no heartbeat)."""
+    config = config or Config()
+    spec = task.load_spec()
+    if tools is None:
+        tools = ToolRegistry.standard(config.tools.modules).narrowed(spec.tools)
+    task.workspace_for(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
+    model = model or RecordingModel(ScriptedModel.from_file(task.script))
+    return AgentLoop(task, spec, config, model, tools, **kwargs)
+
+
+# -- worker processes -----------------------------------------------------------------
+
+
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def start_worker(
+    task: TaskDir, *, env: Mapping[str, str] | None = None, args: Iterable[str] = ()
+) -> subprocess.Popen[str]:
+    """``python -m worker TASK_DIR`` in its own session (the way the supervisor starts it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker", str(task.path), *args],
+        cwd=REPO,
+        env=worker_env(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str]:
+    """Wait for a worker (killing its group if it overruns); its exit code and stderr."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        raise AssertionError(f"worker {proc.pid} ran past {timeout:g} s") from None
+    return proc.returncode, err
+
+
+def kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Make sure a worker and its group are gone and its pipes closed (for ``finally``)."""
+    kill_group(proc)
+    proc.wait(timeout=10)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def run_worker(
+    task: TaskDir, timeout: float = 30.0, *, env: Mapping[str, str] | None = None
+) -> int:
+    """Run a worker on ``task`` to its end; its exit code."""
+    return finish(start_worker(task, env=env), timeout)[0]

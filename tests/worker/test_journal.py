@@ -1,0 +1,331 @@
+"""The journal: framing, torn-tail cuts, corruption refusal, storage faults, modes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker import journal as journal_module
+from worker.errors import JournalCorruptError, StorageError
+from worker.journal import JOURNAL_VERSION, Journal, encode, iter_records, read_file, scan
+
+
+@pytest.fixture
+def no_umask() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _records(n: int, size: int = 40) -> list[dict[str, object]]:
+    return [{"k": "turn", "turn": i, "text": f"record {i} " + "x" * size} for i in range(n)]
+
+
+def _write_journal(path: Path, records: list[dict[str, object]]) -> list[int]:
+    """A journal holding ``records`` after its header; the end offset of every record."""
+    journal, replay = Journal.open(path)
+    assert replay == []
+    ends = [journal.size]
+    with journal:
+        for record in records:
+            ends.append(journal.append([record]))
+    return ends
+
+
+def _payloads(records: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [r for r in records if r["k"] != "header"]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal, replay = Journal.open(path, task="t1")
+    assert replay == []
+    records = [*_records(3), {"k": "user", "content": [{"type": "text", "text": "héllo ✓"}]}]
+    with journal:
+        journal.append(records[:2])  # several records in one write
+        end = journal.append(records[2:])
+    assert end == path.stat().st_size
+    again, replay = Journal.open(path)
+    with again:
+        assert replay[0] == {"k": "header", "v": JOURNAL_VERSION, "task": "t1"}
+        assert replay[1:] == records
+        assert again.size == end
+        again.append([{"k": "end", "state": "done", "reason": "end_turn"}])
+    assert list(iter_records(path))[-1]["k"] == "end"
+    assert len(list(iter_records(path))) == len(records) + 2
+
+
+def test_open_from_an_offset_reads_only_what_follows(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(4))
+    journal, replay = Journal.open(path, ends[2])
+    with journal:
+        assert replay == _records(4)[2:]
+
+
+def test_truncation_at_every_byte_of_the_last_record(tmp_path: Path) -> None:
+    """A torn append: the records before it intact, the partial record never accepted,
+    the file cut back to the last whole record and appendable again."""
+    records = _records(3, size=200)
+    whole = tmp_path / "whole"
+    ends = _write_journal(whole, records)
+    data = whole.read_bytes()
+    start, end = ends[-2], ends[-1]
+    path = tmp_path / "journal"
+    partial_accepted = earlier_lost = trials = 0
+    for cut in range(start, end):
+        path.write_bytes(data[:cut])
+        assert scan(data[:cut]).good_end == start
+        journal, replay = Journal.open(path)
+        with journal:
+            got = _payloads(replay)
+            partial_accepted += len(got) > len(records) - 1
+            earlier_lost += got != records[:-1]
+            assert path.stat().st_size == start, f"cut at {cut} not trimmed"
+            journal.append([{"k": "end", "state": "done", "reason": "x"}])
+        after = _payloads(list(iter_records(path)))
+        assert after == [*records[:-1], {"k": "end", "state": "done", "reason": "x"}]
+        trials += 1
+    print(
+        f"\njournal torn-tail: {trials} cut offsets, partial records accepted "
+        f"{partial_accepted}, earlier records lost {earlier_lost}"
+    )
+    assert trials == end - start > 200
+    assert partial_accepted == 0
+    assert earlier_lost == 0
+
+
+def test_read_only_scan_never_cuts(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(2))
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])
+    result = read_file(path)
+    assert result.torn
+    assert result.good_end == ends[1]
+    assert _payloads([r for r, _ in result.records]) == _records(2)[:1]
+    assert path.read_bytes() == data[:-3]
+
+
+@pytest.mark.parametrize("bit", [0, 3, 7])
+def test_bit_flip_in_the_last_record_is_a_torn_tail(tmp_path: Path, bit: int) -> None:
+    records = _records(3)
+    whole = tmp_path / "whole"
+    ends = _write_journal(whole, records)
+    data = whole.read_bytes()
+    path = tmp_path / "journal"
+    for pos in range(ends[-2], ends[-1]):  # length, checksum and payload bytes
+        damaged = bytearray(data)
+        damaged[pos] ^= 1 << bit
+        path.write_bytes(bytes(damaged))
+        journal, replay = Journal.open(path)
+        journal.close()
+        assert _payloads(replay) == records[:-1], f"flip at byte {pos}"
+        assert path.stat().st_size == ends[-2]
+
+
+@pytest.mark.parametrize("victim", [1, 2])
+def test_bit_flip_in_a_middle_record_is_corruption(tmp_path: Path, victim: int) -> None:
+    records = _records(4)
+    whole = tmp_path / "whole"
+    ends = _write_journal(whole, records)
+    data = whole.read_bytes()
+    path = tmp_path / "journal"
+    for pos in range(ends[victim - 1], ends[victim]):
+        damaged = bytearray(data)
+        damaged[pos] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(JournalCorruptError, match=f"damaged at byte {ends[victim - 1]}"):
+            Journal.open(path)
+        with pytest.raises(JournalCorruptError):
+            read_file(path)
+        assert path.read_bytes() == bytes(damaged), "a corrupt journal must not be modified"
+
+
+def test_corrupt_header_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    _write_journal(path, _records(2))
+    damaged = bytearray(path.read_bytes())
+    damaged[10] ^= 0x01
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(JournalCorruptError, match="will not skip recorded work"):
+        Journal.open(path)
+
+
+def test_zeroed_tail_is_cut(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(2))
+    with open(path, "ab") as f:
+        f.write(b"\0" * 4096)
+    journal, replay = Journal.open(path)
+    with journal:
+        assert _payloads(replay) == _records(2)
+        assert path.stat().st_size == ends[-1]
+        journal.append([{"k": "user", "content": []}])
+    assert len(list(iter_records(path))) == 4
+
+
+def test_zeroed_page_in_the_middle_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(40))
+    data = bytearray(path.read_bytes())
+    data[ends[3] : ends[3] + 512] = b"\0" * 512
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError):
+        Journal.open(path)
+
+
+def test_torn_header_of_a_new_journal_is_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    Journal.open(path)[0].close()
+    data = path.read_bytes()
+    path.write_bytes(data[:5])
+    journal, replay = Journal.open(path, task="t9")
+    journal.close()
+    assert replay == []
+    assert list(iter_records(path)) == [{"k": "header", "v": JOURNAL_VERSION, "task": "t9"}]
+
+
+def test_empty_file_gets_a_header(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    path.touch()
+    Journal.open(path)[0].close()
+    assert list(iter_records(path)) == [{"k": "header", "v": JOURNAL_VERSION}]
+
+
+def test_wrong_header_version_is_refused_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    path.write_bytes(encode({"k": "header", "v": JOURNAL_VERSION + 1}) + encode({"k": "turn"}))
+    before = path.read_bytes()
+    with pytest.raises(JournalCorruptError) as info:
+        Journal.open(path)
+    message = str(info.value)
+    assert f"format {JOURNAL_VERSION + 1}" in message
+    assert f"reads format {JOURNAL_VERSION}" in message
+    assert "\n" not in message
+    with pytest.raises(JournalCorruptError, match="format"):
+        read_file(path)
+    assert path.read_bytes() == before
+
+
+def test_a_journal_without_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    path.write_bytes(encode({"k": "turn", "turn": 1}))
+    with pytest.raises(JournalCorruptError, match="does not start with a journal header"):
+        Journal.open(path)
+
+
+def test_failed_fdatasync_is_never_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    journal.append([{"k": "turn", "turn": 1}])
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def flaky(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", flaky)
+    with journal:
+        with pytest.raises(StorageError, match="EIO"):
+            journal.append([{"k": "turn", "turn": 2}])
+        for _ in range(2):
+            with pytest.raises(StorageError):
+                journal.append([{"k": "turn", "turn": 3}])
+    assert len(calls) == 1, "fdatasync was retried after it failed"
+    monkeypatch.undo()
+    turns = [r["turn"] for r in iter_records(path) if r["k"] == "turn"]
+    assert 3 not in turns  # nothing was written after the failure
+    assert turns[0] == 1
+
+
+def test_failed_write_refuses_further_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    size = journal.size
+    real_write = os.write
+
+    def half_then_enospc(fd: int, data: bytes | memoryview) -> int:
+        if len(data) > 8:
+            return real_write(fd, bytes(data)[:8])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_enospc)
+    with journal:
+        with pytest.raises(StorageError, match="ENOSPC"):
+            journal.append([{"k": "turn", "turn": 1, "pad": "y" * 100}])
+        monkeypatch.undo()
+        with pytest.raises(StorageError):
+            journal.append([{"k": "turn", "turn": 2}])
+        assert journal.size == size
+    # The next open sees the half-written frame as a torn tail and cuts it.
+    again, replay = Journal.open(path)
+    again.close()
+    assert _payloads(replay) == []
+    assert path.stat().st_size == size
+
+
+def test_oversized_record_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_module, "MAX_RECORD", 64)
+    with pytest.raises(StorageError, match="over the 64-byte limit"):
+        encode({"k": "result", "content": "z" * 100})
+
+
+def test_journal_is_private_under_umask_0(tmp_path: Path, no_umask: None) -> None:
+    path = tmp_path / "journal"
+    Journal.open(path)[0].close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_existing_journal_is_tightened_to_0600(tmp_path: Path, no_umask: None) -> None:
+    path = tmp_path / "journal"
+    Journal.open(path)[0].close()
+    path.chmod(0o644)
+    Journal.open(path)[0].close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_journal_refuses_a_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    link = tmp_path / "journal"
+    link.symlink_to(target)
+    with pytest.raises(StorageError):
+        Journal.open(link)
+    assert target.read_bytes() == b""
+
+
+def test_open_from_an_offset_that_is_not_a_boundary_cuts_nothing(tmp_path: Path) -> None:
+    """A stale or damaged snapshot may name any offset: the bytes after it are never
+    taken for a torn tail (that would cut recorded work)."""
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(3))
+    data = path.read_bytes()
+    for start in (ends[-1] - 7, ends[-2] + 3, ends[1] + 1):
+        with pytest.raises(JournalCorruptError):
+            Journal.open(path, start)
+        assert path.read_bytes() == data, f"open at {start} changed the journal"
+
+
+def test_torn_tail_right_after_an_offset_is_cut_by_a_full_read(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(3))
+    path.write_bytes(path.read_bytes()[:-5])  # the last append was torn
+    with pytest.raises(JournalCorruptError, match=f"no record starts at byte {ends[-2]}"):
+        Journal.open(path, ends[-2])
+    journal, replay = Journal.open(path)
+    journal.close()
+    assert _payloads(replay) == _records(3)[:-1]
+    assert path.stat().st_size == ends[-2]
