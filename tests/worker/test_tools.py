@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -321,6 +322,16 @@ def test_run_command_timeout_kills_the_process_tree(workspace: Path) -> None:
         pid = int((workspace / name).read_text())
         # killed before run_command returned; reaping the orphan is up to its new parent
         poll_for(lambda pid=pid: _gone(pid), 5.0, what=f"{name} {pid} to be gone")
+
+
+def test_run_command_timeout_is_kept_when_a_background_process_escapes(workspace: Path) -> None:
+    # the subshell's child leaves the command's process tree and holds its output open
+    command = "(sleep 5 & echo $! > escaped.pid); sleep 30"
+    started = time.monotonic()
+    with pytest.raises(ToolError, match=r"timed out after 0\.5 s"):
+        run(run_command, workspace, command=command, timeout=0.5)
+    assert time.monotonic() - started < 3
+    os.kill(int((workspace / "escaped.pid").read_text()), signal.SIGKILL)
 
 
 def test_run_command_timeout_is_capped_by_the_tool_deadline(workspace: Path) -> None:

@@ -12,7 +12,9 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import IO
 
 from worker.durable import atomic_write, private_dir, write_exclusive
 from worker.tools.paths import confine
@@ -94,36 +96,44 @@ def _kill_tree(pid: int) -> None:
                 child.kill()
 
 
-def _clip(data: bytes) -> str:
+def _clip(data: bytes, size: int) -> str:
     text = data[:MAX_OUTPUT].decode(errors="replace")
-    return text + (f"\n[... {len(data) - MAX_OUTPUT} more bytes]" if len(data) > MAX_OUTPUT else "")
+    return text + (f"\n[... {size - MAX_OUTPUT} more bytes]" if size > MAX_OUTPUT else "")
 
 
 @tool(effect=Effect.UNSAFE)
 def run_command(ctx: ToolContext, command: str, timeout: float = 60.0) -> str:
     """Run a shell command in the workspace; returns its exit code and output."""
     limit = max(0.1, min(float(timeout), ctx.timeout))
-    proc = subprocess.Popen(
-        command,
-        shell=True,
-        cwd=ctx.workspace,
-        env=dict(ctx.env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        out, err = proc.communicate()
-        raise ToolError(
-            f"command timed out after {limit:g} s and was killed\n--- stdout ---\n{_clip(out)}"
-            f"\n--- stderr ---\n{_clip(err)}"
-        ) from None
-    return (
-        f"exit code {proc.returncode}\n--- stdout ---\n{_clip(out)}\n--- stderr ---\n{_clip(err)}"
-    )
+    # Output goes to files, not pipes: a background process that escapes the command's
+    # process tree may keep a pipe open for ever, but it cannot keep the tool waiting.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            command,
+            shell=True,
+            cwd=ctx.workspace,
+            env=dict(ctx.env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            proc.wait()
+            raise ToolError(
+                f"command timed out after {limit:g} s and was killed\n" + _outputs(out, err)
+            ) from None
+        return f"exit code {proc.returncode}\n" + _outputs(out, err)
+
+
+def _outputs(out: IO[bytes], err: IO[bytes]) -> str:
+    texts = []
+    for stream in (out, err):
+        stream.seek(0)
+        texts.append(_clip(stream.read(MAX_OUTPUT + 1), os.fstat(stream.fileno()).st_size))
+    return f"--- stdout ---\n{texts[0]}\n--- stderr ---\n{texts[1]}"
 
 
 def _outbox_entry(ctx: ToolContext) -> Path:
