@@ -160,15 +160,9 @@ def assert_paired(
         raise AssertionError("the transcript ends with unanswered tool_use blocks")
 
 
-def scene(state: TaskState, *, exact: bool = True) -> JSON:
-    """What a snapshot of ``state`` holds, for comparing two states. ``exact=False`` leaves
-    out the record count and each turn's record index: a live worker does not apply the
-    header record of a journal it just created, a replay of that journal does."""
+def scene(state: TaskState) -> JSON:
+    """What a snapshot of ``state`` holds, for comparing two states exactly."""
     data: JSON = json.loads(json.dumps(state.to_snapshot(0)))
-    if not exact:
-        del data["records"]
-        for info in data["turns"]:
-            del info["offset"]
     return data
 
 

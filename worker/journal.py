@@ -162,8 +162,9 @@ class Journal:
             if created or journal.size == 0:
                 if created:
                     fsync_dir(path.parent)
-                journal.append([{"k": "header", "v": JOURNAL_VERSION, **header}])
-                return journal, []
+                first = {"k": "header", "v": JOURNAL_VERSION, **header}
+                journal.append([first])
+                return journal, [first]
         except BaseException:
             os.close(fd)
             raise

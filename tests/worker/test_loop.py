@@ -105,7 +105,7 @@ def test_end_turn_after_a_tool_call(spool: Spool) -> None:
     assert len(requests(loop)) == 2
     assert requests(loop)[1][-1]["content"][0]["tool_use_id"] == CALL
     check_transcripts(loop)
-    assert scene(loop.state, exact=False) == scene(replayed(task), exact=False)
+    assert scene(loop.state) == scene(replayed(task))
     assert loop.state.usage_total.input_tokens == 10 + 15  # the scripted defaults
 
 
@@ -426,7 +426,7 @@ def test_dangling_rerun_safe_calls_are_rerun(
     assert "dangling_rerun" in events(task)
     assert "task_resumed" in events(task)
     check_transcripts(loop)
-    assert scene(loop.state, exact=False) == scene(replayed(task), exact=False)
+    assert scene(loop.state) == scene(replayed(task))
 
 
 def test_dangling_keyed_call_is_rerun_with_the_same_key(spool: Spool) -> None:
@@ -680,12 +680,12 @@ def test_resume_from_a_snapshot_equals_a_full_replay(
     resumed = make_loop(task, snapshot_every=2)
     state = resumed.open()
     assert starts == [snapshot["offset"]]  # the snapshot was used
-    assert scene(state, exact=False) == scene(replayed(task), exact=False)
+    assert scene(state) == scene(replayed(task))
     assert [c.call_id for c in state.dangling()] == ["toolu_s00004_1"]
     outcome = resumed.run()
     resumed.close()
     assert outcome.state == "done"
-    assert scene(resumed.state, exact=False) == scene(replayed(task), exact=False)
+    assert scene(resumed.state) == scene(replayed(task))
     check_transcripts(resumed)
 
     fresh = long_task(spool, "nosnap")  # the same script, never interrupted
@@ -729,7 +729,7 @@ def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
     loop = make_loop(task)
     try:
         state = loop.open()
-        assert scene(state, exact=False) == scene(replayed(task), exact=False)
+        assert scene(state) == scene(replayed(task))
         assert state.messages == done_loop.state.messages
         assert loop.run() == Outcome("done", "end_turn", EXIT_DONE)
     finally:
