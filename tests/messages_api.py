@@ -25,8 +25,12 @@ Faults (``Fault.<name>(...)``, or ``{"fault": "<name>", ...}`` in JSON): ``statu
 closed mid-stream), ``no_message_stop``, ``bad_tool_json``, ``hang`` (silence, or a stall
 after some events, bounded by ``seconds`` and ended at once by ``close()``).
 
-Standalone: ``python -m tests.messages_api --port-file F --script-file S [--record-file R]``
-where S is ``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
+Standalone: ``python -m tests.messages_api --port-file F --script-file S [--record-file R]
+[--by-turn] [--exit-with-parent]`` where S is
+``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
+Replies are served in order, one per request; with ``--by-turn`` (``by_turn(responses)``
+in-process) reply k answers every request whose messages hold k assistant messages, so a
+client that crashed and resumed, or many clients at once, get the reply of their turn.
 """
 
 from __future__ import annotations
@@ -228,6 +232,23 @@ def as_action(item: Reply | Fault | JSON) -> Reply | Fault:
     if isinstance(item, Reply | Fault):
         return item
     return Fault.from_json(item) if "fault" in item else Reply(**item)
+
+
+def by_turn(responses: list[Reply | Fault | JSON]) -> Callable[[JSON], Reply | Fault | None]:
+    """A stateless responder: reply k for a request whose messages hold k assistant messages
+    (None, a visible rejection, past the end)."""
+    actions = [as_action(item) for item in responses]
+
+    def respond(request: JSON) -> Reply | Fault | None:
+        messages = request.get("messages")
+        turn = (
+            sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+            if isinstance(messages, list)
+            else 0
+        )
+        return actions[turn] if turn < len(actions) else None
+
+    return respond
 
 
 @dataclass
@@ -662,10 +683,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script-file", required=True, type=Path)
     parser.add_argument("--record-file", type=Path, help="append one JSON line per request")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--by-turn",
+        action="store_true",
+        help="answer a request holding k assistant messages with response k (stateless)",
+    )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one is gone (no orphan after a crash)",
+    )
     args = parser.parse_args(argv)
     script = json.loads(args.script_file.read_text())
-    server = MessagesAPIServer(api_key=script.get("api_key", DEFAULT_API_KEY), port=args.port)
-    server.replies.extend(as_action(item) for item in script.get("responses", []))
+    responses = script.get("responses", [])
+    server = MessagesAPIServer(
+        api_key=script.get("api_key", DEFAULT_API_KEY),
+        port=args.port,
+        responder=by_turn(responses) if args.by_turn else None,
+    )
+    if not args.by_turn:
+        server.replies.extend(as_action(item) for item in responses)
     record_lock = threading.Lock()
 
     def record(body: JSON, rejection: Rejection | None) -> None:
@@ -677,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server.on_request = record
     stop = threading.Event()
+    parent = os.getppid()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with server:
@@ -684,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(f"{server.port}\n")
         os.replace(tmp, args.port_file)
         while not stop.wait(0.2):
-            pass
+            if args.exit_with_parent and os.getppid() != parent:
+                break
     return 0
 
 

@@ -1,0 +1,1 @@
+"""Process-level chaos campaigns: real workers, real signals, an external record of effects."""
