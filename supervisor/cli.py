@@ -163,7 +163,7 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 
 
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
-    task_dirs = [tasks.existing_task(spool, task_id)] if task_id else list(spool.tasks())
+    task_dirs = list(spool.tasks()) if task_id is None else [tasks.existing_task(spool, task_id)]
     return {
         "supervisor": _supervisor_json(spool),
         "tasks": [tasks.status_row(t) for t in task_dirs if t.exists()],
@@ -226,7 +226,9 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task_dirs = [tasks.existing_task(spool, args.task)] if args.task else list(spool.tasks())
+    task_dirs = (
+        list(spool.tasks()) if args.task is None else [tasks.existing_task(spool, args.task)]
+    )
     rows = []
     for task in task_dirs:
         if tasks.TaskRecord.load(task).state == "held":
@@ -514,3 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a spool, config or file named on the command line is unusable
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(
+            f"agentd: {where}{exc.strerror or exc}; check the path and its permissions.",
+            file=sys.stderr,
+        )
+        return 1

@@ -42,6 +42,8 @@ from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
     WorkerProcess,
     adopt,
+    adopt_found,
+    find_workers,
     journal_grew,
     process_started,
     spawn,
@@ -67,6 +69,7 @@ from worker.spool import Spool, TaskDir
 RESCAN_INTERVAL = 5.0
 OUTPUT_LIMIT = 1024 * 1024
 CRASH_MEMORY = 50
+TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._lock = SupervisorLock(spool)
         self._last_status = ""
+        self._strays: dict[str, int] = {}  # live workers found at start, by task id
         self._worker_env = {
             **{k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT},
             "PYTHONUNBUFFERED": "1",
@@ -152,7 +156,9 @@ class Supervisor:
         # watcher task import watchfiles and set up its inotify watch.)
         watcher = asyncio.create_task(self._watch_inbox())
         await asyncio.sleep(0)
+        self._strays = find_workers(self.spool)
         self.rescan()
+        self._strays = {}
         info = {
             "pid": os.getpid(),
             "started_at": started,
@@ -241,12 +247,22 @@ class Supervisor:
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt or resume its worker."""
-        if slot.record.state not in ("running", "backoff"):
-            return
-        worker = adopt(slot.task, slot.record.pid, slot.record.pid_started)
+        state = slot.record.state
+        worker = None
+        if state in ("running", "backoff"):
+            worker = adopt(slot.task, slot.record.pid, slot.record.pid_started)
+        stray = self._strays.pop(slot.task.id, None)
+        if worker is None and stray is not None and state not in tasks.FINAL_STATES:
+            # a worker the record does not name: an earlier daemon died between starting
+            # it and recording it. Supervise it rather than start a second one.
+            worker = adopt_found(slot.task, stray)
         if worker is not None:
             self._attach(slot, worker)
+            if slot.record.pid != worker.pid:
+                self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
             self.emit("worker_adopted", slot, pid=worker.pid)
+        elif state not in ("running", "backoff"):
+            return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
@@ -440,7 +456,12 @@ class Supervisor:
             if not fresh or beat is None:
                 continue
             phase = str(beat.get("phase", "idle"))
-            limit = deadlines.model_call if phase == "model" else deadlines.tool_call
+            limit = deadlines.model_call
+            if phase != "model":
+                # A tool is told the deadline (ToolContext.timeout) and may keep it itself,
+                # as run_command does: let it record its timed-out result first, or a
+                # tool that behaved is restarted at random (and its command killed by TERM).
+                limit = deadlines.tool_call + TOOL_DEADLINE_SLACK
             if phase != "idle" and wall - float(beat.get("phase_started", wall)) > limit:
                 worker.kill_reason = "stalled"
                 worker.term_deadline = mono + self.config.restart.stop_grace

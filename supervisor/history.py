@@ -44,6 +44,8 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
+    if not task.journal.exists():  # a task that has not run yet has no history
+        return rows
     for record, _ in read_file(task.journal).records:
         kind = record.get("k")
         if kind == "base":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -92,7 +93,7 @@ def submit(
     workspace: Path | None = None,
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad."""
-    task_id = validate_task_id(name) if name else new_task_id()
+    task_id = validate_task_id(name) if name is not None else new_task_id()
     if not prompt.strip():
         raise UsageError("the prompt is empty; give --prompt TEXT or --prompt-file FILE.")
     if max_turns < 1:
@@ -184,11 +185,35 @@ def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
 
 
 def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
+    """The worker's last heartbeat, or None when there is none or it does not have the
+    shape a worker writes: it is advisory, and garbage in it must not break `agentd
+    status` or the daemon (which would leave the task stuck)."""
     with contextlib.suppress(OSError, ValueError):
         data = read_json(task.heartbeat)
-        if isinstance(data, dict):
+        if isinstance(data, dict) and _heartbeat_shaped(data):
             return data
     return None
+
+
+def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
+    def number(value: Any) -> bool:
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    usage = beat.get("usage", {})
+    return (
+        number(beat.get("at"))
+        and number(beat.get("phase_started", 0))
+        and whole(beat.get("turn", 0))
+        and whole(beat.get("pid", 0))
+        and isinstance(beat.get("phase", ""), str)
+        and isinstance(usage, dict)
+        and all(whole(v) for v in usage.values())
+    )
 
 
 def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
@@ -312,5 +337,16 @@ def pending_decisions(task: TaskDir) -> bool:
     """True when every held call of a held task has a decision file."""
     rows = held_calls(task)
     return bool(rows) and all(
-        task.decision_file(r["idempotency_key"], r["attempt"]).exists() for r in rows
+        _usable_decision(task.decision_file(r["idempotency_key"], r["attempt"])) for r in rows
     )
+
+
+def _usable_decision(path: Path) -> bool:
+    """Whether the worker can apply this decision file (what ``AgentLoop._load_decision``
+    accepts). One it cannot must not requeue the task: the worker would only hold again,
+    and the daemon would restart it for ever."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("action") in ("rerun", "skip", "result")

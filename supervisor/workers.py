@@ -20,8 +20,10 @@ from pathlib import Path
 import psutil
 
 from worker.durable import open_private, read_json
+from worker.errors import JournalCorruptError
+from worker.journal import scan
 from worker.lock import holder_pid, is_locked
-from worker.spool import TaskDir
+from worker.spool import Spool, TaskDir
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 
@@ -89,8 +91,27 @@ def _size(task: TaskDir) -> int:
         return 0
 
 
+#: Records that move a task forward. A re-run's intent (or a hold, or an applied
+#: decision) is written before the work: a worker that crashes again right after it has
+#: made no progress, and the restart policy must back off rather than restart at once.
+PROGRESS_RECORDS = frozenset({"turn", "result", "user", "end", "rewind"})
+
+
 def journal_grew(worker: WorkerProcess) -> bool:
-    return _size(worker.task) > worker.journal_size
+    """Whether the worker recorded progress (a turn, a tool result...) in its life."""
+    try:
+        with open(worker.task.journal, "rb") as f:
+            f.seek(worker.journal_size)
+            tail = f.read()
+    except OSError:
+        return False
+    try:
+        found = scan(tail, name=str(worker.task.journal)).records
+    except JournalCorruptError:
+        found = []
+    if not found:  # not aligned on a frame (a torn tail was cut first): judge by size
+        return bool(tail) and _size(worker.task) > worker.journal_size
+    return any(record.get("k") in PROGRESS_RECORDS for record, _ in found)
 
 
 def process_started(pid: int) -> float | None:
@@ -111,6 +132,38 @@ def adopt(task: TaskDir, pid: int | None, started: float | None) -> WorkerProces
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
+        return None
+    return WorkerProcess(task, pid, pidfd, None, journal_size=_size(task))
+
+
+def find_workers(spool: Spool) -> dict[str, int]:
+    """Live worker processes of ``spool`` by task id, found by their command line
+    (``python -m worker SPOOL/tasks/ID``): what an earlier daemon left running, including
+    a worker it started and died before recording."""
+    prefix = str(spool.tasks_dir) + os.sep
+    found: dict[int, tuple[str, int]] = {}  # pid -> (task id, parent pid)
+    for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or cmd[1:3] != ["-m", "worker"]:
+            continue
+        if len(cmd) > 3 and cmd[3].startswith(prefix):
+            found[proc.pid] = (cmd[3][len(prefix) :], proc.info["ppid"])
+    # a worker's child between fork and exec (git, a tool's shell) has its command line too
+    return {task: pid for pid, (task, parent) in found.items() if parent not in found}
+
+
+def adopt_found(task: TaskDir, pid: int) -> WorkerProcess | None:
+    """Re-attach to a worker of ``task`` that ``find_workers`` saw, if it still is one."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+    try:  # the pidfd pins the process: check that it is (still) this task's worker
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE or str(task.path) not in proc.cmdline():
+            raise psutil.NoSuchProcess(pid)
+    except psutil.Error:
+        os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_size=_size(task))
 
