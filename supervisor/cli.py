@@ -510,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return handler(args, config, spool)
     except AgentdError as exc:
-        print(f"agentd: {exc}", file=sys.stderr)
+        print(f"agentd: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -519,7 +519,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a spool, config or file named on the command line is unusable
         where = f"{exc.filename}: " if exc.filename else ""
         print(
-            f"agentd: {where}{exc.strerror or exc}; check the path and its permissions.",
+            _one_line(f"agentd: {where}{exc.strerror or exc}; check the path and its permissions."),
             file=sys.stderr,
         )
         return 1
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (an argument or a
+    path from the user may hold them): an error is always exactly one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -37,15 +37,15 @@ from supervisor.control import (
     pause_holder_alive,
     take_request,
 )
+from supervisor.forkserver import ForkServer, become_subreaper
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
     WorkerProcess,
     adopt,
-    adopt_found,
-    find_workers,
     journal_grew,
     process_started,
+    reap_orphans,
     spawn,
     trim_output,
 )
@@ -94,6 +94,7 @@ class Supervisor:
         notifier: Notifier | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        preload: bool = True,
     ) -> None:
         self.spool = spool
         self.config = config
@@ -108,11 +109,14 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._lock = SupervisorLock(spool)
         self._last_status = ""
-        self._strays: dict[str, int] = {}  # live workers found at start, by task id
+        self._reaped: dict[int, int] = {}  # wait statuses reaped before their pidfd fired
         self._worker_env = {
             **{k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT},
             "PYTHONUNBUFFERED": "1",
         }
+        self.forkserver = (
+            ForkServer(spool.root / "forkserver.log", self._worker_env) if preload else None
+        )
 
     # -- events -------------------------------------------------------------------------
 
@@ -156,9 +160,9 @@ class Supervisor:
         # watcher task import watchfiles and set up its inotify watch.)
         watcher = asyncio.create_task(self._watch_inbox())
         await asyncio.sleep(0)
-        self._strays = find_workers(self.spool)
+        if self.forkserver is not None and become_subreaper():
+            self.forkserver.start()  # ready in a second or two; fresh starts until then
         self.rescan()
-        self._strays = {}
         info = {
             "pid": os.getpid(),
             "started_at": started,
@@ -211,6 +215,8 @@ class Supervisor:
         deadline = self.clock() + 5.0
         while self.running_count() and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        if self.forkserver is not None:
+            self.forkserver.stop()
 
     def running_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.worker is not None)
@@ -246,27 +252,19 @@ class Supervisor:
                 self._save(slot, "queued", reason=None)
 
     def _recover(self, slot: TaskSlot) -> None:
-        """A task seen for the first time by this daemon: adopt or resume its worker."""
-        state = slot.record.state
-        worker = None
-        if state in ("running", "backoff"):
-            worker = adopt(slot.task, slot.record.pid, slot.record.pid_started)
-        stray = self._strays.pop(slot.task.id, None)
-        if worker is None and stray is not None and state not in tasks.FINAL_STATES:
-            # a worker the record does not name: an earlier daemon died between starting
-            # it and recording it. Supervise it rather than start a second one.
-            worker = adopt_found(slot.task, stray)
+        """A task seen for the first time by this daemon: adopt the worker that holds its
+        lock (one an earlier daemon started, recorded or not), or resume it."""
+        if slot.record.state in tasks.FINAL_STATES:
+            return
+        worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
-            if slot.record.pid != worker.pid:
-                self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
+            self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
             self.emit("worker_adopted", slot, pid=worker.pid)
-        elif state not in ("running", "backoff"):
-            return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
-        else:
+        elif slot.record.state in ("running", "backoff"):
             self._save(slot, "queued")
 
     def _apply_requests(self, slot: TaskSlot) -> None:
@@ -316,7 +314,7 @@ class Supervisor:
 
     def _start(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.config_path, self._worker_env)
+            worker = spawn(slot.task, self.config_path, self._worker_env, self.forkserver)
         except OSError as exc:
             self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
@@ -336,7 +334,7 @@ class Supervisor:
         if worker is None:
             return
         asyncio.get_running_loop().remove_reader(worker.pidfd)
-        code, sig = worker.exit_status()
+        code, sig = worker.exit_status(self._reaped)
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
@@ -422,12 +420,32 @@ class Supervisor:
                 self.notifier.watchdog()
                 next_dog = now + watchdog
             if now >= next_trim:
-                next_trim = now + 10.0
+                next_trim = now + 5.0
                 for slot in self.slots.values():
                     if slot.worker is not None:
                         trim_output(slot.task, OUTPUT_LIMIT)
+                self._reap()
+            self._tend_forkserver()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()
+
+    def _reap(self) -> None:
+        keep = {s.worker.pid for s in self.slots.values() if s.worker is not None}
+        if self.forkserver is not None and self.forkserver.pid is not None:
+            keep.add(self.forkserver.pid)
+        reap_orphans(keep, self._reaped)
+
+    def _tend_forkserver(self) -> None:
+        server = self.forkserver
+        if server is None or self.stopping:
+            return
+        if server.proc is not None and server.proc.poll() is not None:
+            self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
+            server.stop()
+        if server.proc is None:
+            server.start()
+        elif not server.ready and server.poll_ready():
+            self.emit("forkserver_ready", pid=server.pid)
 
     def check_liveness(self, wall: float, mono: float) -> None:
         hb = self.config.heartbeat

@@ -79,10 +79,12 @@ class ForkServer:
         """Read what the server said so far; True once it has said it is ready."""
         if self.ready or self.proc is None:
             return self.ready
-        line = self._read_line(0.0)
-        if line is None:
-            return False
-        self.ready = json.loads(line).get("ready") is True
+        try:
+            line = self._read_line(0.0)
+            if line is not None:
+                self.ready = json.loads(line).get("ready") is True
+        except (OSError, ValueError, EOFError):
+            self.stop()
         return self.ready
 
     def _read_line(self, timeout: float) -> bytes | None:

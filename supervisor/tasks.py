@@ -143,6 +143,7 @@ def create_task(
     is written last: until then the folder is not a task."""
     spool.ensure()
     task = spool.task(spec.id)
+    _not_a_symlink(task)
     try:
         task.path.mkdir(mode=0o700)
     except FileExistsError:
@@ -290,8 +291,20 @@ def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
 # -- operator actions ---------------------------------------------------------------------
 
 
+def _not_a_symlink(task: TaskDir) -> None:
+    """A task folder (or its decisions folder) that is a symlink leads out of the spool:
+    agentd never follows one (the daemon skips such a folder too)."""
+    for path in (task.path, task.decisions):
+        if path.is_symlink():
+            raise SpoolError(
+                f"{path} is a symlink; agentd does not follow links out of the spool. "
+                "Remove the link (or move the real folder into the spool)."
+            )
+
+
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
+    _not_a_symlink(task)
     if not task.exists():
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task
@@ -322,6 +335,7 @@ def decide(
         "result": result,
         "decided_at": utc_now(),
     }
+    _not_a_symlink(task)
     private_dir(task.decisions)
     path = task.decision_file(row["idempotency_key"], row["attempt"])
     if not write_exclusive(path, json.dumps(decision).encode()):
@@ -336,6 +350,8 @@ def decide(
 def pending_decisions(task: TaskDir) -> bool:
     """True when every held call of a held task has a decision file."""
     rows = held_calls(task)
+    if task.decisions.is_symlink():  # never read through it (the worker does not either)
+        return False
     return bool(rows) and all(
         _usable_decision(task.decision_file(r["idempotency_key"], r["attempt"])) for r in rows
     )

@@ -4,6 +4,13 @@ Each worker runs in its own session, so its process group holds it and every pro
 tool started; killing the group leaves nothing acting for a worker that is gone. Exits
 are seen through a pidfd (readable the moment the process ends), for children and for
 workers adopted from an earlier daemon alike.
+
+Workers start from the fork server when it is ready (a warm process with the SDK
+imported: supervisor/forkserver.py) and from a fresh interpreter otherwise. Either way
+the daemon, a child subreaper, is their parent and reaps them, so it reads their exit
+status directly. A worker is found again after a daemon restart through its task lock,
+whose holder wrote its pid there: that is the one proof of "this is the task's worker"
+that does not depend on how the worker was started.
 """
 
 from __future__ import annotations
@@ -19,11 +26,12 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.forkserver import ForkServer
 from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
 from worker.journal import scan
 from worker.lock import holder_pid, is_locked
-from worker.spool import Spool, TaskDir
+from worker.spool import TaskDir
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 
@@ -33,18 +41,27 @@ class WorkerProcess:
     task: TaskDir
     pid: int
     pidfd: int
-    popen: subprocess.Popen[bytes] | None  # None for a worker adopted from an earlier daemon
+    popen: subprocess.Popen[bytes] | None  # set when started from a fresh interpreter
     started: float = field(default_factory=time.monotonic)
     journal_size: int = 0
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
 
-    def exit_status(self) -> tuple[int | None, str | None]:
-        """(exit code, signal name) once the process has ended; reaps a child."""
-        if self.popen is not None:
+    def exit_status(self, reaped: dict[int, int]) -> tuple[int | None, str | None]:
+        """(exit code, signal name) once the process has ended; reaps it if it is our
+        child. ``reaped`` holds wait statuses the orphan reaper already collected."""
+        status = reaped.pop(self.pid, None)
+        if status is None and self.popen is not None:
             code = self.popen.wait()
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
-        with contextlib.suppress(OSError, ValueError):
+        if status is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                status = status if pid else None
+        if status is not None:
+            code = os.waitstatus_to_exitcode(status)
+            return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
+        with contextlib.suppress(OSError, ValueError):  # not our child: its last words
             data = read_json(self.task.exit)
             if isinstance(data, dict) and data.get("pid") == self.pid:
                 return int(data["code"]), None
@@ -64,7 +81,18 @@ class WorkerProcess:
             self.pidfd = -1
 
 
-def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> WorkerProcess:
+def spawn(
+    task: TaskDir,
+    config_path: Path | None,
+    env: dict[str, str],
+    forkserver: ForkServer | None = None,
+) -> WorkerProcess:
+    """Start a worker for ``task``: forked from the warm server if it can, else fresh."""
+    size = _size(task)
+    if forkserver is not None:
+        pid = forkserver.spawn(task.path, config_path, env, task.output)
+        if pid is not None:
+            return WorkerProcess(task, pid, os.pidfd_open(pid), None, journal_size=size)
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
@@ -81,7 +109,7 @@ def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> Worke
         )
     finally:
         os.close(out)
-    return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=_size(task))
+    return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)
 
 
 def _size(task: TaskDir) -> int:
@@ -120,52 +148,35 @@ def process_started(pid: int) -> float | None:
     return None
 
 
-def adopt(task: TaskDir, pid: int | None, started: float | None) -> WorkerProcess | None:
-    """Re-attach to a worker an earlier daemon started, if it is provably that worker:
-    same pid, same start time, and it holds the task lock."""
-    if pid is None or started is None:
+def adopt(task: TaskDir) -> WorkerProcess | None:
+    """Re-attach to the process that holds ``task``'s lock (a worker an earlier daemon
+    started, recorded or not), or None when no live process holds it."""
+    pid = holder_pid(task.lock)
+    if pid is None or pid == os.getpid() or not is_locked(task.lock):
         return None
-    if process_started(pid) != started or holder_pid(task.lock) != pid:
-        return None
-    if not is_locked(task.lock):
-        return None
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    return WorkerProcess(task, pid, pidfd, None, journal_size=_size(task))
-
-
-def find_workers(spool: Spool) -> dict[str, int]:
-    """Live worker processes of ``spool`` by task id, found by their command line
-    (``python -m worker SPOOL/tasks/ID``): what an earlier daemon left running, including
-    a worker it started and died before recording."""
-    prefix = str(spool.tasks_dir) + os.sep
-    found: dict[int, tuple[str, int]] = {}  # pid -> (task id, parent pid)
-    for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
-        cmd = proc.info["cmdline"] or []
-        if proc.info["status"] == psutil.STATUS_ZOMBIE or cmd[1:3] != ["-m", "worker"]:
-            continue
-        if len(cmd) > 3 and cmd[3].startswith(prefix):
-            found[proc.pid] = (cmd[3][len(prefix) :], proc.info["ppid"])
-    # a worker's child between fork and exec (git, a tool's shell) has its command line too
-    return {task: pid for pid, (task, parent) in found.items() if parent not in found}
-
-
-def adopt_found(task: TaskDir, pid: int) -> WorkerProcess | None:
-    """Re-attach to a worker of ``task`` that ``find_workers`` saw, if it still is one."""
     try:
         pidfd = os.pidfd_open(pid)
     except (ProcessLookupError, PermissionError):
         return None
-    try:  # the pidfd pins the process: check that it is (still) this task's worker
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE or str(task.path) not in proc.cmdline():
-            raise psutil.NoSuchProcess(pid)
-    except psutil.Error:
+    # the pidfd pins the process; make sure it is still the holder, not a pid reused
+    if not is_locked(task.lock) or holder_pid(task.lock) != pid:
         os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_size=_size(task))
+
+
+def reap_orphans(keep: set[int], reaped: dict[int, int]) -> None:
+    """Reap exited children that are not ``keep`` (a tool's process re-parented to the
+    subreaper when its worker died). A worker reaped here by chance has its status kept
+    in ``reaped`` for ``WorkerProcess.exit_status``."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            if child.pid in keep:
+                continue
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(child.pid, os.WNOHANG)
+                if pid:
+                    reaped[pid] = status
 
 
 def trim_output(task: TaskDir, limit: int) -> None:

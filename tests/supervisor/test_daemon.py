@@ -250,15 +250,20 @@ def worker_pids(spool: Spool) -> set[int]:
 
 
 def spool_processes(root: Path) -> list[psutil.Process]:
-    """Live processes of a spool: workers (the spool is on their command line) and tool
-    processes (their working folder is a workspace inside the spool)."""
+    """Live processes of a spool: the daemon and fresh workers (the spool is on their
+    command line), forked workers (they hold a file of the spool open) and tool processes
+    (their working folder is a workspace inside the spool)."""
     mark = str(root)
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             if proc.status() == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
-            if mark in " ".join(proc.cmdline()) or proc.cwd().startswith(mark):
+            if (
+                mark in " ".join(proc.cmdline())
+                or proc.cwd().startswith(mark)
+                or any(f.path.startswith(mark) for f in proc.open_files())
+            ):
                 found.append(proc)
     return found
 
@@ -941,15 +946,21 @@ class WorkerCensus:
         self._thread.join(timeout=5)
 
     def live(self) -> dict[int, str]:
+        """Workers by pid: the processes that hold a task's journal open for writing,
+        which a worker does from taking the task lock to its end, however it was started
+        (fresh or from the fork server). Readers (the daemon, status) open it read-only;
+        a worker's child between fork and exec (a tool's shell) is not a second worker."""
         found: dict[int, tuple[str, int]] = {}
-        for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
-            cmd = proc.info["cmdline"] or []
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or cmd[1:3] != ["-m", "worker"]:
+        for proc in psutil.process_iter(["status", "ppid"]):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
-            if len(cmd) > 3 and cmd[3].startswith(self.prefix):
-                found[proc.pid] = (cmd[3][len(self.prefix) :], proc.info["ppid"])
-        # a worker's child between fork and exec (git, say) still has the worker's command
-        # line: it is not a second worker
+            with contextlib.suppress(psutil.Error):
+                for f in proc.open_files():
+                    path = f.path
+                    writing = bool(set(f.mode) & {"a", "w", "+"})
+                    if writing and path.startswith(self.prefix) and path.endswith("/journal"):
+                        task = path[len(self.prefix) :].split(os.sep)[0]
+                        found[proc.pid] = (task, proc.info["ppid"])
         return {pid: task for pid, (task, parent) in found.items() if parent not in found}
 
     def _run(self) -> None:
