@@ -14,16 +14,23 @@ of the journal: ``JournalCorruptError``, and nothing after it is ever skipped to
 none can, it is a torn tail (an append the machine did not finish) and ``Journal.open``
 cuts it before anything new is appended.
 
-Each ``append`` is one ``write`` of whole frames followed by ``fdatasync``. After a failed
-write or sync the journal refuses further appends (the sync is never retried on the same
-data); the worker stops and the next open reads what the disk really holds.
+Each ``append`` is one ``write`` of whole frames, followed by ``fdatasync`` unless the
+caller defers it: a deferred record becomes durable with the next synced append, with
+``sync()``, with ``close()``, or in the background (``sync_in_background``: the sync runs
+while the worker waits on the model, and the next append waits for it first). A killed
+process loses nothing written (the page cache survives it); only a machine crash can
+lose a deferred record, and only until its sync. After a failed write or sync the journal
+refuses further appends (the sync is never retried on the same data); the worker stops
+and the next open reads what the disk really holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.durable import dump_json, fsync_dir, open_private, storage_error
-from worker.errors import JournalCorruptError, StorageError
+from worker.errors import JournalCorruptError, SpoolError, StorageError
 
 JOURNAL_VERSION = 1
 MAX_RECORD = 64 * 1024 * 1024
@@ -105,7 +112,16 @@ def scan(data: bytes | memoryview, start: int = 0, *, name: str = "journal") -> 
 
 def read_file(path: Path, start: int = 0) -> Scan:
     """Read-only scan of a journal file (for status and history); never modifies it."""
-    with open(path, "rb") as f:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a symlink (never followed), a folder...
+        raise SpoolError(
+            f"{path} cannot be read as a journal ({exc.strerror}); it must be a regular file "
+            "in the task folder."
+        ) from None
+    with os.fdopen(fd, "rb") as f:
         data = f.read()
     result = scan(data, start, name=str(path))
     _check_header(path, result, start)
@@ -133,6 +149,9 @@ class Journal:
         self._fd = fd
         self.size = size
         self._broken: StorageError | None = None
+        self._dirty = False  # bytes written since the last fdatasync
+        self._syncer: threading.Thread | None = None
+        self._sync_failure: OSError | None = None
 
     @classmethod
     def open(cls, path: Path, start: int = 0, **header: Any) -> tuple[Journal, list[Record]]:
@@ -178,26 +197,73 @@ class Journal:
             raise storage_error("cutting the torn tail of", self.path, exc) from exc
 
     def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
-        """Durably append ``records`` as one write; return the journal size after them."""
-        if self._broken is not None:
-            raise self._broken
+        """Append ``records`` as one write; with ``sync``, durable (with every deferred
+        record before them) when this returns. Returns the journal size after them."""
+        self._join()
         data = b"".join(encode(r) for r in records)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
-            if sync:
-                os.fdatasync(self._fd)
         except OSError as exc:
             self._broken = storage_error("appending to", self.path, exc)
             raise self._broken from exc
         self.size += len(data)
+        self._dirty = True
+        if sync:
+            self._sync_now()
         return self.size
 
+    def sync(self) -> None:
+        """Make every record written so far durable."""
+        self._join()
+        if self._dirty:
+            self._sync_now()
+
+    def sync_in_background(self) -> None:
+        """Start making what was written durable, without waiting for it."""
+        self._join()
+        if not self._dirty:
+            return
+        self._dirty = False
+
+        def run() -> None:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self._sync_failure = exc
+
+        self._syncer = threading.Thread(target=run, name="journal-sync", daemon=True)
+        self._syncer.start()
+
+    def _sync_now(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._broken = storage_error("syncing", self.path, exc)
+            raise self._broken from exc
+        self._dirty = False
+
+    def _join(self) -> None:
+        """Wait for a background sync; raise if it (or anything before) failed."""
+        if self._syncer is not None:
+            self._syncer.join()
+            self._syncer = None
+        if self._sync_failure is not None:
+            failure, self._sync_failure = self._sync_failure, None
+            self._broken = storage_error("syncing", self.path, failure)
+        if self._broken is not None:
+            raise self._broken
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Sync what is still deferred (best effort: a failure was already reported or
+        will be found on the next open) and close."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(StorageError):
+            self.sync()
+        os.close(self._fd)
+        self._fd = -1
 
     def __enter__(self) -> Journal:
         return self

@@ -150,8 +150,12 @@ class AgentLoop:
         try:
             for record in records:
                 state.apply(record)
-        except NeedsFullReplay:
+        except (NeedsFullReplay, KeyError, TypeError, ValueError, AttributeError) as exc:
             journal.close()
+            if offset == 0:
+                raise
+            if not isinstance(exc, NeedsFullReplay):  # a snapshot that does not fit: a cache miss
+                self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
             state, offset = TaskState(self.spec.prompt), 0
             journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
             for record in records:
@@ -167,7 +171,7 @@ class AgentLoop:
                 return state, offset
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
         return TaskState(self.spec.prompt), 0
 
@@ -211,6 +215,7 @@ class AgentLoop:
             or self.state.pending_calls()
         ):
             return
+        self._journal.sync()  # a snapshot never covers bytes that are not durable
         atomic_write_json(self.task.snapshot, self.state.to_snapshot(self._journal.size))
         self._snapshot_turn = self.state.turn
 
@@ -326,6 +331,7 @@ class AgentLoop:
             )
             self._phase("model")  # a retry is progress: the deadline covers one attempt
 
+        self._journal.sync_in_background()  # the last result becomes durable meanwhile
         self._interruptible = True
         try:
             if self.stop_requested:
@@ -363,7 +369,9 @@ class AgentLoop:
                 for b in reply.content
                 if b.get("type") == "tool_use"
             ]
-        self._record(*records)
+        # A tool_use reply is followed at once by its first call's intent, whose sync
+        # makes this turn durable too: before any tool acts, which is what matters.
+        self._record(*records, sync=reply.stop_reason != "tool_use")
 
     # -- tools --------------------------------------------------------------------------
 
@@ -417,6 +425,8 @@ class AgentLoop:
         except Exception as exc:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
         self._phase("idle")
+        # Deferred: the next intent's sync, or the background sync during the next model
+        # call, or the end record makes it durable; a kill loses nothing written.
         self._record(
             {
                 "k": "result",
@@ -424,7 +434,8 @@ class AgentLoop:
                 "content": content,
                 "is_error": is_error,
                 "outcome": outcome,
-            }
+            },
+            sync=False,
         )
 
     def _settle_dangling(self, call: Call) -> Outcome | None:
@@ -495,6 +506,9 @@ class AgentLoop:
             path = self.task.decision_file(call.key, call.attempt)
         except InvalidIdError:
             return  # no decision file can name this call: it stays held
+        if self.task.decisions.is_symlink():  # it leads out of the spool: never read it
+            self._event("decision_invalid", level="error", file=str(path), error="symlink")
+            return
         try:
             data = read_json(path)
         except FileNotFoundError:

@@ -329,3 +329,46 @@ def test_torn_tail_right_after_an_offset_is_cut_by_a_full_read(tmp_path: Path) -
     journal.close()
     assert _payloads(replay) == _records(3)[:-1]
     assert path.stat().st_size == ends[-2]
+
+
+def test_deferred_records_become_durable_with_the_next_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    syncs: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd))[1])
+    with journal:
+        journal.append([{"k": "result", "call_id": "a"}], sync=False)
+        assert syncs == []
+        journal.append([{"k": "intent", "call_id": "b"}])  # one sync covers both
+        assert len(syncs) == 1
+        journal.append([{"k": "result", "call_id": "b"}], sync=False)
+        journal.sync_in_background()
+        journal.sync_in_background()  # nothing new to sync: no second thread
+        journal.sync()  # waits for the background sync, adds none
+        assert len(syncs) == 2
+    assert [r["call_id"] for r in iter_records(path) if r["k"] != "header"] == ["a", "b", "b"]
+
+
+def test_a_failed_background_sync_is_never_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    calls: list[int] = []
+
+    def failing(fd: int) -> None:
+        calls.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    journal.append([{"k": "result", "call_id": "a"}], sync=False)
+    journal.sync_in_background()
+    with pytest.raises(StorageError, match="EIO"):
+        journal.append([{"k": "intent", "call_id": "b"}])
+    with pytest.raises(StorageError):
+        journal.sync()
+    journal.close()  # best effort, and still no second fdatasync
+    assert len(calls) == 1
