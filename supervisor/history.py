@@ -25,13 +25,13 @@ from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
 from supervisor.tasks import TaskRecord, create_task, existing_task, load_state
 from worker import vcs
 from worker.config import Config
-from worker.durable import atomic_write_json
+from worker.durable import atomic_write
 from worker.errors import StateConflictError, UsageError
 from worker.events import append_event, utc_now
 from worker.journal import Journal, read_file
 from worker.loop import uses_vcs
 from worker.spool import Spool, TaskDir, validate_task_id
-from worker.state import Call, TaskState
+from worker.state import Call, TaskState, snapshot_bytes
 
 IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
@@ -208,7 +208,7 @@ def rewind(
         with journal:
             size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
         state.apply({"k": "rewind", "to": to})
-        atomic_write_json(task.snapshot, state.to_snapshot(size))
+        atomic_write(task.snapshot, snapshot_bytes(state, size))
         workspace = "files were not restored (the workspace is not under git)"
         workspace_dir = task.workspace_for(spec)
         if uses_vcs(workspace_dir, explicit=spec.workspace is not None):

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import Config
-from worker.durable import atomic_write, atomic_write_json, private_dir, read_json, write_exclusive
+from worker.durable import (
+    atomic_write,
+    atomic_write_json,
+    private_dir,
+    read_bytes,
+    read_json,
+    write_exclusive,
+)
 from worker.errors import (
     NotFoundError,
     SpoolError,
@@ -37,7 +44,7 @@ from worker.events import append_event, utc_now
 from worker.journal import read_file
 from worker.models.scripted import validate_script
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.state import Call, NeedsFullReplay, TaskState
+from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
 from worker.tools.registry import ToolRegistry
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
@@ -175,7 +182,7 @@ def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
         return TaskState(spec.prompt)
     if not full:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NeedsFullReplay):
-            state, offset = TaskState.from_snapshot(read_json(task.snapshot))
+            state, offset = parse_snapshot(read_bytes(task.snapshot))
             for record, _ in read_file(task.journal, offset).records:
                 state.apply(record)
             return state

@@ -122,8 +122,13 @@ def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
     atomic_write(path, dump_json(obj), durable=durable)
 
 
-def read_json(path: Path) -> Any:
-    """Read a JSON file written by ``atomic_write_json``; errors are the caller's to name."""
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes, never through a symlink at ``path``; errors are the caller's."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
-        return json.loads(f.read())
+        return f.read()
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by ``atomic_write_json``; errors are the caller's to name."""
+    return json.loads(read_bytes(path))

@@ -30,7 +30,7 @@ from typing import Any
 
 from worker import vcs
 from worker.config import Config
-from worker.durable import atomic_write_json, read_json
+from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
 from worker.errors import (
     InvalidIdError,
     JournalCorruptError,
@@ -45,7 +45,7 @@ from worker.models.base import JSON, Model, ModelRequest
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec
-from worker.state import Call, NeedsFullReplay, TaskState
+from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 
 EXIT_DONE = 0
@@ -166,7 +166,7 @@ class AgentLoop:
 
     def _load_snapshot(self) -> tuple[TaskState, int]:
         try:
-            state, offset = TaskState.from_snapshot(read_json(self.task.snapshot))
+            state, offset = parse_snapshot(read_bytes(self.task.snapshot))
             if offset <= self.task.journal.stat().st_size:
                 return state, offset
         except FileNotFoundError:
@@ -216,7 +216,7 @@ class AgentLoop:
         ):
             return
         self._journal.sync()  # a snapshot never covers bytes that are not durable
-        atomic_write_json(self.task.snapshot, self.state.to_snapshot(self._journal.size))
+        atomic_write(self.task.snapshot, snapshot_bytes(self.state, self._journal.size))
         self._snapshot_turn = self.state.turn
 
     def _event(self, event: str, level: str = "info", **fields: Any) -> None:

@@ -30,9 +30,12 @@ raises ``NeedsFullReplay`` and the reader folds the journal from the start.
 from __future__ import annotations
 
 import copy
+import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.durable import dump_json
 from worker.models.base import JSON, Usage
 
 SNAPSHOT_VERSION = 1
@@ -329,6 +332,26 @@ class TaskState:
 
     def clone(self) -> TaskState:
         return copy.deepcopy(self)
+
+
+def snapshot_bytes(state: TaskState, offset: int) -> bytes:
+    """The snapshot file of ``state`` at journal ``offset``, with a crc32 over the rest of
+    its canonical JSON, so a flipped bit is a refused snapshot, never a wrong state."""
+    body = state.to_snapshot(offset)
+    return dump_json({**body, "crc": zlib.crc32(dump_json(body))})
+
+
+def parse_snapshot(data: bytes) -> tuple[TaskState, int]:
+    """The state and offset of a snapshot file; ValueError (or KeyError, TypeError) if it
+    is damaged or not one of ours. A snapshot is a cache: the caller falls back to the
+    journal."""
+    body = json.loads(data)
+    if not isinstance(body, dict):
+        raise ValueError("a snapshot is a JSON object")
+    crc = body.pop("crc", None)
+    if crc != zlib.crc32(dump_json(body)):
+        raise ValueError("snapshot checksum mismatch")
+    return TaskState.from_snapshot(body)
 
 
 def _tool_result_block(result: JSON, call_id: str) -> JSON:

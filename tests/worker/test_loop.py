@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.support import (
 )
 from worker import journal as journal_module
 from worker.config import Config, ToolsConfig
+from worker.durable import dump_json
 from worker.errors import ModelError, RetryableModelError
 from worker.events import read_events
 from worker.loop import (
@@ -705,6 +707,7 @@ def test_resume_from_a_snapshot_equals_a_full_replay(
         "past_the_end",
         "mid_record",
         "negative_offset",
+        "flipped_digit",
     ],
 )
 def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
@@ -715,15 +718,23 @@ def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
     data = json.loads(good)
     size = task.journal.stat().st_size
     assert 0 < data["offset"] <= size
+    del data["crc"]
+
+    def signed(body: dict[str, Any]) -> bytes:  # damage the checksum does not catch
+        return dump_json({**body, "crc": zlib.crc32(dump_json(body))})
+
     damaged = {
         "garbage": b"\x00\xffnot json",
         "truncated": good[: len(good) // 2],
-        "wrong_version": json.dumps({**data, "v": 99}).encode(),
-        "missing_key": json.dumps({k: v for k, v in data.items() if k != "turns"}).encode(),
-        "past_the_end": json.dumps({**data, "offset": size + 100}).encode(),
-        "mid_record": json.dumps({**data, "offset": size - 7}).encode(),
-        "negative_offset": json.dumps({**data, "offset": -5}).encode(),
+        "wrong_version": signed({**data, "v": 99}),
+        "missing_key": signed({k: v for k, v in data.items() if k != "turns"}),
+        "past_the_end": signed({**data, "offset": size + 100}),
+        "mid_record": signed({**data, "offset": size - 7}),
+        "negative_offset": signed({**data, "offset": -5}),
+        # valid JSON, a plausible state, one digit off: only the checksum can tell
+        "flipped_digit": good.replace(b'"turn":4', b'"turn":3', 1),
     }[damage]
+    assert damaged != good
     task.snapshot.write_bytes(damaged)
     journal_before = task.journal.read_bytes()
     loop = make_loop(task)
