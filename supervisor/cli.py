@@ -64,6 +64,16 @@ def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
     return Spool(default_spool())
 
 
+def text_or_file(text: str | None, path: str | None, option: str) -> str | None:
+    """The value of ``--OPTION TEXT`` or the contents of ``--OPTION-file F``."""
+    if path is None:
+        return text
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --{option}-file {path}: {exc}") from None
+
+
 def out(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -127,12 +137,7 @@ def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-file FILE.")
-    prompt = args.prompt
-    if args.prompt_file is not None:
-        try:
-            prompt = Path(args.prompt_file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from None
+    prompt = text_or_file(args.prompt, args.prompt_file, "prompt") or ""
     task = tasks.submit(
         spool,
         config,
@@ -254,12 +259,7 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         raise UsageError("give either a CALL_ID or --all.")
     if args.result is not None and args.result_file is not None:
         raise UsageError("give --result or --result-file, not both.")
-    result = args.result
-    if args.result_file is not None:
-        try:
-            result = Path(args.result_file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --result-file {args.result_file}: {exc}") from None
+    result = text_or_file(args.result, args.result_file, "result")
     if args.skip and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
     if args.reason is not None and not args.skip:
