@@ -19,6 +19,7 @@ from worker.errors import (
     JournalCorruptError,
     LockBusyError,
     StorageError,
+    TaskSpecError,
 )
 from worker.heartbeat import Heartbeat
 from worker.lock import TaskLock
@@ -53,6 +54,13 @@ def run(task_path: Path, config_path: Path | None) -> int:
     except LockBusyError as exc:
         print(f"agentd worker: {exc}", file=sys.stderr)
         return EXIT_LOCKED
+    except OSError as exc:  # no such task folder, or its lock is not a file of ours
+        outcome = Outcome(
+            "failed", f"cannot take the lock {task.lock}: {exc.strerror}", EXIT_FAILED
+        )
+        write_exit(task, outcome)
+        print(f"agentd worker: {outcome.reason}", file=sys.stderr)
+        return EXIT_FAILED
     with lock:
         try:
             config = load_config(config_path)
@@ -65,6 +73,11 @@ def run(task_path: Path, config_path: Path | None) -> int:
             tools = ToolRegistry.standard(config.tools.modules).narrowed(spec.tools)
             workspace = task.workspace_for(spec)
             workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if spec.workspace is None and workspace.is_symlink():
+                raise TaskSpecError(
+                    f"{workspace} is a symlink; a task's own workspace must be a folder "
+                    "inside the spool (give --workspace to use a folder elsewhere)."
+                )
             model = make_model(task, spec)
         except AgentdError as exc:
             outcome = Outcome("failed", str(exc), EXIT_FAILED)
@@ -106,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None)
     args = parser.parse_args(argv)
     os.umask(0o077)
+    task_dir = args.task_dir.absolute()
+    if ".." in task_dir.parts or task_dir.parent.name != "tasks":
+        print(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)", file=sys.stderr)
+        return 2
     try:
-        return run(args.task_dir.absolute(), args.config)
+        return run(task_dir, args.config)
     except InvalidIdError as exc:
         print(f"agentd worker: {exc}", file=sys.stderr)
         return 2

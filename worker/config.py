@@ -213,18 +213,18 @@ class _Table:
                 where = f"[{self.name}]" if self.name else "the top level"
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                self.fail(key, f"is not a known key; {where} takes {', '.join(allowed)}{hint}")
+                shown = key if _TOOL_NAME.fullmatch(key) else _show(key)  # one line, always
+                self.fail(shown, f"is not a known key; {where} takes {', '.join(allowed)}{hint}")
 
     def duration(self, key: str) -> float:
         value = self.value(key)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        try:
+            seconds = float(value) if isinstance(value, int | float) else math.nan
+        except OverflowError:  # an integer too large for a float (TOML allows any size)
+            seconds = math.inf
+        if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
             self.fail(key, f"must be a number of seconds greater than 0, got {_show(value)}")
-        return float(value)
+        return seconds
 
     def count(self, key: str) -> int:
         value = self.value(key)
@@ -291,9 +291,12 @@ def _show(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         text = json.dumps(value, ensure_ascii=False)
+        # JSON leaves C1 controls and Unicode line separators as they are: escape them too
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
         return text if len(text) <= 60 else text[:56] + '..."'
     if isinstance(value, int | float):
-        return repr(value)
+        text = repr(value)
+        return text if len(text) <= 60 else text[:56] + "..."
     if isinstance(value, list):
         return "an array"
     if isinstance(value, dict):

@@ -147,7 +147,8 @@ class TaskEventLog:
         clean = self._redactor.clean_mapping(event)
         line = json.dumps(clean, ensure_ascii=False, default=str, separators=(",", ":"))
         data = (line + "\n").encode("utf-8", "replace")
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(self.path, flags, 0o600)  # a symlink planted here is never followed
         try:
             st = os.fstat(fd)
             if st.st_mode & 0o777 != 0o600:
@@ -173,10 +174,10 @@ def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int
     Lines that are not a JSON object (torn by a crash) are skipped.
     """
     try:
-        with path.open("rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
             f.seek(offset)
             data = f.read()
-    except FileNotFoundError:
+    except OSError:  # none yet, or not a file of ours (a symlink): no events to show
         return [], offset
     end = data.rfind(b"\n") + 1
     events: list[dict[str, Any]] = []

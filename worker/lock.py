@@ -68,7 +68,7 @@ def is_locked(path: Path) -> bool:
     """True when some process holds the lock. Probes without taking it for long."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    except OSError:  # none, or not a lock file (a symlink): no worker can hold it either
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

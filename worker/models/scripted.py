@@ -8,6 +8,9 @@ is validated when it is loaded, with one-line errors naming the response at faul
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +20,17 @@ from worker.errors import ModelError, TaskSpecError
 from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 
 _BLOCK_TYPES = {"text", "tool_use", "thinking"}
+_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_USAGE_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
+def _default_id(turn_index: int, block_index: int) -> str:
+    return f"toolu_s{turn_index:05d}_{block_index}"
 
 
 def _validate(data: Any, where: str) -> list[JSON]:
@@ -26,6 +40,7 @@ def _validate(data: Any, where: str) -> list[JSON]:
     if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
         raise bad('the script must be a JSON object with a "responses" list')
     responses: list[JSON] = data["responses"]
+    ids: set[str] = set()
     for i, response in enumerate(responses):
         at = f"responses[{i}]"
         if not isinstance(response, dict):
@@ -42,11 +57,31 @@ def _validate(data: Any, where: str) -> list[JSON]:
                 not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict)
             ):
                 raise bad(f"{at}.content[{j}] needs a string name and an object input")
+            if block["type"] == "tool_use":
+                # every tool_result must name exactly one tool_use: ids are valid and unique
+                call_id = block.get("id", _default_id(i, j))
+                if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
+                    raise bad(f"{at}.content[{j}].id must be 1 to 128 of A-Z, a-z, 0-9, _ and -")
+                if call_id in ids:
+                    raise bad(f"{at}.content[{j}].id {call_id!r} is used twice in the script")
+                ids.add(call_id)
         delay = response.get("delay", 0)
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not math.isfinite(delay)
+            or delay < 0
+        ):
             raise bad(f"{at}.delay must be a non-negative number of seconds")
-        if not isinstance(response.get("usage", {}), dict):
+        usage = response.get("usage", {})
+        if not isinstance(usage, dict):
             raise bad(f"{at}.usage must be an object")
+        for key in _USAGE_KEYS:
+            count = usage.get(key, 0)
+            if count is not None and (
+                isinstance(count, bool) or not isinstance(count, int) or count < 0
+            ):
+                raise bad(f"{at}.usage.{key} must be a whole number of tokens")
         stop = response.get("stop_reason")
         if stop is not None and not isinstance(stop, str):
             raise bad(f"{at}.stop_reason must be a string")
@@ -55,10 +90,14 @@ def _validate(data: Any, where: str) -> list[JSON]:
 
 def load_script(path: Path) -> list[JSON]:
     try:
-        data = json.loads(path.read_bytes())
+        # never through a symlink: a task's script is a file of its own folder
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
+            data = json.loads(f.read())
     except FileNotFoundError:
         raise TaskSpecError(f"{path}: the task has no script; submit it with --script.") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise TaskSpecError(f"{path}: cannot read the script ({exc.strerror}).") from None
+    except ValueError as exc:
         raise TaskSpecError(f"{path}: not valid JSON ({exc}); fix the script.") from None
     return _validate(data, str(path))
 
@@ -91,7 +130,7 @@ class ScriptedModel:
         for i, scripted in enumerate(response["content"]):
             block = dict(scripted)
             if block["type"] == "tool_use":
-                block.setdefault("id", f"toolu_s{turn_index:05d}_{i}")
+                block.setdefault("id", _default_id(turn_index, i))
             content.append(block)
         has_tool = any(b["type"] == "tool_use" for b in content)
         stop = response.get("stop_reason") or ("tool_use" if has_tool else "end_turn")

@@ -137,7 +137,8 @@ def _outputs(out: IO[bytes], err: IO[bytes]) -> str:
 
 
 def _outbox_entry(ctx: ToolContext) -> Path:
-    return private_dir(ctx.workspace / "outbox") / f"{ctx.idempotency_key}.json"
+    # confined like any tool path: an outbox/ that is a symlink out of the workspace is refused
+    return private_dir(confine(ctx.workspace, "outbox")) / f"{ctx.idempotency_key}.json"
 
 
 def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:

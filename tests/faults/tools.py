@@ -1,0 +1,21 @@
+"""A user tool module for the fault campaign (``[tools] modules = ["tests.faults.tools"]``,
+with the repository on ``PYTHONPATH``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from worker.tools.registry import Effect, ToolContext, tool
+
+
+@tool(effect=Effect.UNSAFE)
+def die_once(ctx: ToolContext, marker: str) -> str:
+    """SIGKILL this worker the first time (leaving ``marker`` in the workspace), so the call
+    dangles and the task holds; on a re-run the marker is there and the call returns."""
+    path = ctx.workspace / marker
+    if path.exists():
+        return f"{marker} exists: survived"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"  # pragma: no cover
