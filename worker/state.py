@@ -334,23 +334,35 @@ class TaskState:
         return copy.deepcopy(self)
 
 
+_CRC_FIELD = b',"crc":'
+
+
 def snapshot_bytes(state: TaskState, offset: int) -> bytes:
-    """The snapshot file of ``state`` at journal ``offset``, with a crc32 over the rest of
-    its canonical JSON, so a flipped bit is a refused snapshot, never a wrong state."""
-    body = state.to_snapshot(offset)
-    return dump_json({**body, "crc": zlib.crc32(dump_json(body))})
+    """The snapshot file of ``state`` at journal ``offset``: its JSON with a last field,
+    ``crc``, the crc32 of every byte before that field, so a flipped bit is a refused
+    snapshot, never a wrong state. The state is serialized once."""
+    body = dump_json(state.to_snapshot(offset))
+    head = body[:-1]  # without the closing brace
+    return head + _CRC_FIELD + str(zlib.crc32(head)).encode() + b"}"
 
 
 def parse_snapshot(data: bytes) -> tuple[TaskState, int]:
     """The state and offset of a snapshot file; ValueError (or KeyError, TypeError) if it
     is damaged or not one of ours. A snapshot is a cache: the caller falls back to the
     journal."""
+    at = data.rfind(_CRC_FIELD)
+    if at < 0 or not data.endswith(b"}"):
+        raise ValueError("a snapshot ends with its crc field")
+    try:
+        crc = int(data[at + len(_CRC_FIELD) : -1])
+    except ValueError:
+        raise ValueError("a snapshot ends with its crc field") from None
+    if crc != zlib.crc32(data[:at]):
+        raise ValueError("snapshot checksum mismatch")
     body = json.loads(data)
     if not isinstance(body, dict):
         raise ValueError("a snapshot is a JSON object")
-    crc = body.pop("crc", None)
-    if crc != zlib.crc32(dump_json(body)):
-        raise ValueError("snapshot checksum mismatch")
+    body.pop("crc", None)
     return TaskState.from_snapshot(body)
 
 

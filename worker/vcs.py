@@ -67,6 +67,10 @@ def repo_root(workspace: Path) -> Path | None:
     """The top of the git work tree holding ``workspace``, or None."""
     if not workspace.is_dir():
         return None
+    if "GIT_DIR" not in os.environ and not any(
+        (folder / ".git").exists() for folder in (workspace.resolve(), *workspace.resolve().parents)
+    ):
+        return None  # no repository can hold it: spare a git process on every start
     try:
         done = _git(workspace, "rev-parse", "--show-toplevel", check=False)
     except VcsError:
