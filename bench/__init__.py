@@ -1,0 +1,1 @@
+"""agentd's benchmarks: ``python -m bench [--quick|--full]`` (see bench/__main__.py)."""
