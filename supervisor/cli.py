@@ -11,7 +11,6 @@ supervisor lock and apply the change themselves.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -32,7 +31,6 @@ from supervisor.control import (
     running_pid,
     supervisor_info,
 )
-from supervisor.daemon import Supervisor
 from worker import __version__
 from worker.config import Config, load_config
 from worker.errors import AgentdError, LockBusyError, StateConflictError, UsageError
@@ -82,10 +80,19 @@ def out(obj: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor import logging as agentd_logging  # noqa: PLC0415
-
     if args.detach:
         return _detach(args, spool)
+    # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
+    # command, `status` first of all, starts in half the time without them. The daemon
+    # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
+    # when they can, is kept out: 4.5 MB of the RSS of the one process that never stops
+    # (workers and the fork server are processes of their own, with `ssl`).
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+    import asyncio  # noqa: PLC0415
+
+    from supervisor import logging as agentd_logging  # noqa: PLC0415
+    from supervisor.daemon import Supervisor  # noqa: PLC0415
+
     agentd_logging.configure(args.log_format)
     supervisor = Supervisor(spool, config, Path(args.config) if args.config else None)
     return asyncio.run(supervisor.run())

@@ -3,11 +3,14 @@
 What drives it:
 
 * a doorbell: CLI commands that change a task (submit, decide, cancel, retry) drop a file
-  in ``SPOOL/inbox``, which watchfiles reports at once; a rescan every
+  in ``SPOOL/inbox``, which inotify reports at once (watchfiles where inotify cannot be
+  had); a rescan every
   ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
 * worker exits, seen through each worker's pidfd the moment they happen;
 * a tick every ``min(heartbeat.interval, 0.5)`` seconds that checks liveness (heartbeat
-  age) and progress (phase age against its deadline), and feeds the systemd watchdog.
+  age) and progress (phase age against its deadline), and feeds the systemd watchdog. A
+  worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
+  so an idle daemon costs next to nothing however many workers it watches.
 
 Task records (``state.json``) are written only here while the daemon runs. The restart
 decision is ``supervisor.policy.decide``; this module only carries it out.
@@ -17,10 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import random
 import signal
+import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +50,7 @@ from supervisor.workers import (
     WorkerProcess,
     adopt,
     journal_grew,
+    journal_size,
     process_started,
     reap_orphans,
     spawn,
@@ -70,6 +77,9 @@ RESCAN_INTERVAL = 5.0
 OUTPUT_LIMIT = 1024 * 1024
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
+INBOX_DEBOUNCE = 0.02  # seconds: a burst of doorbells is one rescan
+FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
+IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 
 
 @dataclass
@@ -82,6 +92,16 @@ class TaskSlot:
     due: float = 0.0  # monotonic time a backoff ends
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
     paused: bool = False  # an operator command holds the task for a moment (rewind)
+    starting: bool = False  # a worker was asked of the fork server; its pid is to come
+
+
+@dataclass
+class Starting:
+    """A worker asked of the fork server, whose answer (the pid) has not arrived yet."""
+
+    slot: TaskSlot
+    journal_size: int  # the task's journal before the worker could write to it
+    asked: float  # monotonic
 
 
 class Supervisor:
@@ -117,6 +137,8 @@ class Supervisor:
         self.forkserver = (
             ForkServer(spool.root / "forkserver.log", self._worker_env) if preload else None
         )
+        self._starting: deque[Starting] = deque()  # in the order the server answers
+        self._forkserver_fd: int | None = None  # watched while answers are awaited
 
     # -- events -------------------------------------------------------------------------
 
@@ -128,13 +150,15 @@ class Supervisor:
             append_event(slot.task.events, event, level, **kw)
         getattr(self.log, level)(event, **kw)
 
-    def _save(self, slot: TaskSlot, state: str | None = None, **changes: Any) -> None:
+    def _save(
+        self, slot: TaskSlot, state: str | None = None, *, durable: bool = True, **changes: Any
+    ) -> None:
         if state is not None:
             slot.record.state = state
         for key, value in changes.items():
             setattr(slot.record, key, value)
         try:
-            slot.record.save(slot.task)
+            slot.record.save(slot.task, durable=durable)
         except SpoolError as exc:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
 
@@ -157,7 +181,7 @@ class Supervisor:
         self.emit("supervisor_started", pid=os.getpid(), spool=str(self.spool.root))
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
-        # watcher task import watchfiles and set up its inotify watch.)
+        # watcher task set up its inotify watch.)
         watcher = asyncio.create_task(self._watch_inbox())
         await asyncio.sleep(0)
         if self.forkserver is not None and become_subreaper():
@@ -215,22 +239,50 @@ class Supervisor:
         deadline = self.clock() + 5.0
         while self.running_count() and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        self._unwatch_forkserver()
         if self.forkserver is not None:
             self.forkserver.stop()
 
     def running_count(self) -> int:
-        return sum(1 for s in self.slots.values() if s.worker is not None)
+        return sum(1 for s in self.slots.values() if s.worker is not None or s.starting)
 
     # -- discovering tasks --------------------------------------------------------------
 
     async def _watch_inbox(self) -> None:
-        from watchfiles import awatch  # noqa: PLC0415  (its import is only paid by the daemon)
-
         inbox = self.spool.root / "inbox"
-        async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
-            self._drain_inbox(inbox)
-            self.rescan()
-            self._wake.set()
+        fd = _inotify(inbox)
+        if fd is None:  # no inotify to be had: watchfiles (a thread that polls it)
+            if "ssl" in sys.modules and sys.modules["ssl"] is None:
+                del sys.modules["ssl"]  # kept out by `agentd start`; anyio needs it
+            from watchfiles import awatch  # noqa: PLC0415
+
+            async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
+                self._doorbell(inbox)
+            return
+        loop = asyncio.get_running_loop()
+        rung = asyncio.Event()
+
+        def readable() -> None:
+            with contextlib.suppress(OSError):  # BlockingIOError: all read
+                while os.read(fd, 65536):
+                    pass
+            rung.set()
+
+        loop.add_reader(fd, readable)
+        try:
+            while True:
+                await rung.wait()
+                await asyncio.sleep(INBOX_DEBOUNCE)
+                rung.clear()
+                self._doorbell(inbox)
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    def _doorbell(self, inbox: Path) -> None:
+        self._drain_inbox(inbox)
+        self.rescan()
+        self._wake.set()
 
     @staticmethod
     def _drain_inbox(inbox: Path) -> None:
@@ -240,10 +292,11 @@ class Supervisor:
 
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view and apply pending requests."""
-        for task in self.spool.tasks():
+        for task_id in self.spool.task_ids():
+            slot = self.slots.get(task_id)
+            task = slot.task if slot is not None else self.spool.task(task_id)
             if not task.exists():
                 continue
-            slot = self.slots.get(task.id)
             if slot is None:
                 slot = self.slots[task.id] = TaskSlot(task, tasks.TaskRecord.load(task))
                 self._recover(slot)
@@ -294,11 +347,20 @@ class Supervisor:
             return
         now = self.clock()
         free = self.config.max_workers - self.running_count()
-        for slot in sorted(self.slots.values(), key=lambda s: s.record.updated_at):
+        if free <= 0:
+            return
+        # Only the tasks that could start, oldest first (a spool keeps every finished task).
+        waiting = [
+            slot
+            for slot in self.slots.values()
+            if slot.worker is None
+            and not slot.starting
+            and not slot.paused
+            and (slot.waiting_lock or slot.record.state in ("backoff", "queued"))
+        ]
+        for slot in sorted(waiting, key=lambda s: s.record.updated_at):
             if free <= 0:
                 break
-            if slot.worker is not None or slot.paused:
-                continue
             state = slot.record.state
             if slot.waiting_lock:
                 if is_locked(slot.task.lock):
@@ -313,15 +375,91 @@ class Supervisor:
             free -= 1
 
     def _start(self, slot: TaskSlot) -> None:
+        """Start a worker for ``slot``: asked of the fork server when it is ready (the
+        answer is handled when it arrives, ``_on_forkserver_answer``: the loop goes on
+        meanwhile), else a fresh interpreter at once."""
+        server = self.forkserver
+        size = journal_size(slot.task)
+        if server is not None and server.request(
+            slot.task.path, self.config_path, self._worker_env, slot.task.output
+        ):
+            slot.starting = True
+            self._starting.append(Starting(slot, size, self.clock()))
+            self._watch_forkserver()
+            return
+        self._start_fresh(slot)
+
+    def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.config_path, self._worker_env, self.forkserver)
+            worker = spawn(slot.task, self.config_path, self._worker_env, None)
         except OSError as exc:
             self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
+        self._started(slot, worker)
+
+    def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         self._attach(slot, worker)
-        self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
+        if self.stopping:  # asked before the stop, answered after it
+            worker.kill_reason = "stop"
+            worker.signal_worker(signal.SIGTERM)
+        # Not fsync'd: a `running` record is a claim that recovery checks against the task
+        # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
+        pid_started = process_started(worker.pid)
+        self._save(slot, "running", durable=False, pid=worker.pid, pid_started=pid_started)
         self.emit("worker_spawned", slot, pid=worker.pid)
+
+    def _watch_forkserver(self) -> None:
+        fd = self.forkserver.fileno() if self.forkserver is not None else None
+        if fd is not None and self._forkserver_fd is None:
+            asyncio.get_running_loop().add_reader(fd, self._on_forkserver_answer)
+            self._forkserver_fd = fd
+
+    def _unwatch_forkserver(self) -> None:
+        if self._forkserver_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._forkserver_fd)
+            self._forkserver_fd = None
+
+    def _on_forkserver_answer(self) -> None:
+        server = self.forkserver
+        answers = server.replies() if server is not None else None
+        if answers is None:  # the server is gone: what it was asked is started fresh
+            self._forkserver_failed("the fork server closed its output")
+            return
+        for pid in answers:
+            if not self._starting:
+                break
+            pending = self._starting.popleft()
+            pending.slot.starting = False
+            if pid is None:
+                self._start_fresh(pending.slot)
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:  # gone and reaped already: it cannot be watched
+                self._start_fresh(pending.slot)
+                continue
+            worker = WorkerProcess(
+                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size
+            )
+            self._started(pending.slot, worker)
+        if not self._starting:
+            self._unwatch_forkserver()
+        self._wake.set()
+
+    def _forkserver_failed(self, why: str) -> None:
+        """The fork server died or stopped answering: stop it (it restarts later) and start
+        fresh every worker it was asked for (one it did fork meanwhile holds the task's
+        lock, and the fresh one then waits for it: never two at once)."""
+        self._unwatch_forkserver()
+        if self.forkserver is not None:
+            self.forkserver.stop()
+        pending, self._starting = list(self._starting), deque()
+        if pending:
+            self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
+        for item in pending:
+            item.slot.starting = False
+            self._start_fresh(item.slot)
 
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
@@ -400,10 +538,30 @@ class Supervisor:
         reason = "storage fault" if code == EXIT_STORAGE else None
         slot.record.restarts += 1
         slot.due = self.clock() + move.delay
+        if move.delay == 0 and self._restart_now(slot):
+            # At once, on this very exit: the record is written once, as `running`
+            # (restart count, crash and reason included), not first as `queued` too.
+            slot.record.reason = reason
+            self.emit("restart_scheduled", slot, delay=0.0, turn=turn)
+            self._start(slot)
+            return
         self._save(slot, "backoff" if move.delay > 0 else "queued", reason=reason)
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+
+    def _restart_now(self, slot: TaskSlot) -> bool:
+        """Whether ``slot`` may take its freed place at once: nothing holds it back and no
+        other task waits for a place (it would have the place first: ``_schedule``)."""
+        if slot.paused or slot.waiting_lock or self.running_count() >= self.config.max_workers:
+            return False
+        return not any(
+            other is not slot
+            and other.worker is None
+            and not other.starting
+            and other.record.state == "queued"
+            for other in self.slots.values()
+        )
 
     # -- liveness -----------------------------------------------------------------------
 
@@ -430,6 +588,11 @@ class Supervisor:
                 self._wake.set()
 
     def _reap(self) -> None:
+        if self._starting:  # a worker whose pid is still to come must not be reaped unseen
+            return
+        with contextlib.suppress(ChildProcessError):
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return  # no child has ended: spare the scan of every process
         keep = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         if self.forkserver is not None and self.forkserver.pid is not None:
             keep.add(self.forkserver.pid)
@@ -439,17 +602,25 @@ class Supervisor:
         server = self.forkserver
         if server is None or self.stopping:
             return
+        if self._starting and self.clock() - self._starting[0].asked > FORKSERVER_PATIENCE:
+            self._forkserver_failed("the fork server did not answer")
         if server.proc is not None and server.proc.poll() is not None:
             self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
-            server.stop()
+            self._forkserver_failed("the fork server exited")
         if server.proc is None:
             server.start()
         elif not server.ready and server.poll_ready():
             self.emit("forkserver_ready", pid=server.pid)
 
     def check_liveness(self, wall: float, mono: float) -> None:
+        """Kill hung workers, stop stalled ones. A heartbeat is read only once a verdict on
+        it could be due (``WorkerProcess.beat_due``): when the last beat read will be older
+        than the timeout, when the phase read will pass its deadline, or, since a phase
+        that began after the read has a whole deadline ahead of it, one shortest deadline
+        after the read. The verdicts fall on the same ticks as if every tick read them."""
         hb = self.config.heartbeat
         deadlines = self.config.deadlines
+        shortest = min(deadlines.model_call, deadlines.tool_call + TOOL_DEADLINE_SLACK)
         for slot in self.slots.values():
             worker = slot.worker
             if worker is None:
@@ -460,7 +631,7 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            if worker.kill_reason is not None:
+            if worker.kill_reason is not None or wall < worker.beat_due:
                 continue
             beat = tasks.read_heartbeat(slot.task)
             spawned_wall = wall - (mono - worker.started)
@@ -471,6 +642,7 @@ class Supervisor:
                 self.emit("worker_hung", slot, level="error", pid=worker.pid, age=wall - last)
                 worker.signal_group(signal.SIGKILL)
                 continue
+            worker.beat_due = min(last + hb.timeout, wall + min(hb.timeout, shortest))
             if not fresh or beat is None:
                 continue
             phase = str(beat.get("phase", "idle"))
@@ -480,7 +652,10 @@ class Supervisor:
                 # as run_command does: let it record its timed-out result first, or a
                 # tool that behaved is restarted at random (and its command killed by TERM).
                 limit = deadlines.tool_call + TOOL_DEADLINE_SLACK
-            if phase != "idle" and wall - float(beat.get("phase_started", wall)) > limit:
+            started = float(beat.get("phase_started", wall))
+            if phase != "idle":
+                worker.beat_due = min(worker.beat_due, started + limit)
+            if phase != "idle" and wall - started > limit:
                 worker.kill_reason = "stalled"
                 worker.term_deadline = mono + self.config.restart.stop_grace
                 self.emit("worker_stalled", slot, level="error", pid=worker.pid, phase=phase)
@@ -489,6 +664,8 @@ class Supervisor:
     # -- status -------------------------------------------------------------------------
 
     def _publish_status(self) -> None:
+        if not self.notifier.enabled:  # no systemd to tell: spare counting every task
+            return
         counts: dict[str, int] = {}
         for slot in self.slots.values():
             counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
@@ -496,3 +673,19 @@ class Supervisor:
         if text != self._last_status:
             self._last_status = text
             self.notifier.status(text)
+
+
+def _inotify(path: Path) -> int | None:
+    """A non-blocking inotify descriptor that reports new entries in ``path``, or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
+        if fd < 0:
+            return None
+        mask = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
+        if int(libc.inotify_add_watch(fd, os.fsencode(path), mask)) < 0:
+            os.close(fd)
+            return None
+    except (OSError, AttributeError):
+        return None
+    return fd

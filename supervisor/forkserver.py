@@ -129,6 +129,42 @@ class ForkServer:
         pid = reply.get("pid")
         return pid if isinstance(pid, int) else None
 
+    def request(
+        self, task_path: Path, config: Path | None, env: Mapping[str, str], output: Path
+    ) -> bool:
+        """Ask for a worker without waiting for the answer, which ``replies`` reads once
+        ``fileno`` is readable (answers come in the order of the requests). False when
+        the server cannot take the request now (the caller starts the worker fresh)."""
+        if not self.ready or self.proc is None or self.proc.stdin is None:
+            return False
+        request = {
+            "task": str(task_path),
+            "config": str(config) if config else None,
+            "env": dict(env),
+            "output": str(output),
+        }
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            self.stop()
+            return False
+        return True
+
+    def replies(self) -> list[int | None] | None:
+        """The answers that have arrived, without waiting: a worker's pid, or None for a
+        request the server could not serve. None when the server is gone or garbled (it
+        is stopped then: every request without an answer is lost)."""
+        found: list[int | None] = []
+        try:
+            while (line := self._read_line(0.0)) is not None:
+                pid = json.loads(line).get("pid")
+                found.append(pid if isinstance(pid, int) else None)
+        except (OSError, ValueError, EOFError, AttributeError):
+            self.stop()
+            return None
+        return found
+
     def stop(self) -> None:
         """Close the server (it exits when its input closes); restart later, not now."""
         proc, self.proc, self.ready = self.proc, None, False

@@ -78,9 +78,11 @@ class TaskRecord:
         except TypeError:
             return cls(state="failed", reason=f"{task.state} is not a task record")
 
-    def save(self, task: TaskDir) -> None:
+    def save(self, task: TaskDir, *, durable: bool = True) -> None:
+        """Replace the record atomically; ``durable=False`` skips the fsyncs, for a state
+        that recovery never trusts anyway (``running``: the task lock decides)."""
         self.updated_at = utc_now()
-        atomic_write_json(task.state, asdict(self))
+        atomic_write_json(task.state, asdict(self), durable=durable)
 
 
 # -- submission ---------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class WorkerProcess:
     journal_size: int = 0
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
+    beat_due: float = 0.0  # wall time before which no liveness verdict can fall due
 
     def exit_status(self, reaped: dict[int, int]) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
@@ -88,7 +89,7 @@ def spawn(
     forkserver: ForkServer | None = None,
 ) -> WorkerProcess:
     """Start a worker for ``task``: forked from the warm server if it can, else fresh."""
-    size = _size(task)
+    size = journal_size(task)
     if forkserver is not None:
         pid = forkserver.spawn(task.path, config_path, env, task.output)
         if pid is not None:
@@ -112,7 +113,7 @@ def spawn(
     return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)
 
 
-def _size(task: TaskDir) -> int:
+def journal_size(task: TaskDir) -> int:
     try:
         return task.journal.stat().st_size
     except OSError:
@@ -138,7 +139,7 @@ def journal_grew(worker: WorkerProcess) -> bool:
     except JournalCorruptError:
         found = []
     if not found:  # not aligned on a frame (a torn tail was cut first): judge by size
-        return bool(tail) and _size(worker.task) > worker.journal_size
+        return bool(tail) and journal_size(worker.task) > worker.journal_size
     return any(record.get("k") in PROGRESS_RECORDS for record, _ in found)
 
 
@@ -162,7 +163,7 @@ def adopt(task: TaskDir) -> WorkerProcess | None:
     if not is_locked(task.lock) or holder_pid(task.lock) != pid:
         os.close(pidfd)
         return None
-    return WorkerProcess(task, pid, pidfd, None, journal_size=_size(task))
+    return WorkerProcess(task, pid, pidfd, None, journal_size=journal_size(task))
 
 
 def reap_orphans(keep: set[int], reaped: dict[int, int]) -> None:

@@ -14,13 +14,15 @@ intermediate child forks the worker and exits at once, so the worker is re-paren
 the supervisor, which declares itself a child subreaper. The supervisor therefore
 reaps its workers and reads their exit status directly, however they were started.
 
-The server is single-threaded and creates no client before forking, so a child
-inherits no lock held by another thread and no open connection. It exits when its
+The server is single-threaded and keeps no client: the two it builds while preloading
+(``warm_sdk``) open no socket and are closed before the first fork, so a child inherits
+no lock held by another thread and no open connection. It exits when its
 standard input closes (the supervisor is gone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -36,10 +38,88 @@ def preload() -> None:
 
     import worker.__main__  # noqa: PLC0415
     import worker.models.messages_api  # noqa: PLC0415
-    import worker.models.scripted  # noqa: F401, PLC0415
+    import worker.models.scripted  # noqa: PLC0415
+    import worker.tools.builtin  # noqa: F401, PLC0415
 
+    warm_sdk()
     gc.collect()
     gc.freeze()  # collections in children leave the preloaded objects' pages shared
+
+
+#: One streamed reply (a text block and a tool call), as the Messages API sends it.
+_WARM_EVENTS: list[dict[str, Any]] = [
+    {
+        "type": "message_start",
+        "message": {
+            "id": "msg_preload",
+            "type": "message",
+            "role": "assistant",
+            "model": "preload",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        },
+    },
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "ping"},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "toolu_preload", "name": "t", "input": {}},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": "{}"},
+    },
+    {"type": "content_block_stop", "index": 1},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+        "usage": {"output_tokens": 1},
+    },
+    {"type": "message_stop"},
+]
+
+
+def warm_sdk() -> None:
+    """Do the SDK's lazy first-use work here, once, instead of in every worker before its
+    first model call: build a client as a worker does (its HTTP stack is imported on first
+    use, and the TLS context, whose CA bundle takes tens of milliseconds to load, is kept
+    for the workers: ``tls_context``), and parse one streamed reply served from memory
+    (the validators of the stream's types are built on first use). No socket is opened and
+    both clients are closed before any fork. Best effort: a failure here only leaves that
+    work to the workers."""
+    with contextlib.suppress(Exception):
+        import anthropic  # noqa: PLC0415
+        import httpx2  # noqa: PLC0415
+
+        from worker.models.messages_api import tls_context  # noqa: PLC0415
+
+        http_client = anthropic.DefaultHttpxClient(verify=tls_context())
+        anthropic.Anthropic(api_key="preload", max_retries=0, http_client=http_client).close()
+        body = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in _WARM_EVENTS)
+        headers = {"content-type": "text/event-stream"}
+        transport = httpx2.MockTransport(
+            lambda _: httpx2.Response(200, headers=headers, content=body)
+        )
+        with (
+            anthropic.Anthropic(
+                api_key="preload",
+                base_url="http://preload.invalid",
+                max_retries=0,
+                http_client=httpx2.Client(transport=transport),
+            ) as client,
+            client.messages.stream(
+                model="preload", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+            ) as stream,
+        ):
+            for _ in stream:
+                pass
+            stream.get_final_message()
 
 
 def _become_worker(request: dict[str, Any]) -> None:
@@ -69,8 +149,10 @@ def _become_worker(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def spawn(request: dict[str, Any]) -> int:
-    """Double-fork a worker for ``request``; its pid."""
+def spawn(request: dict[str, Any]) -> tuple[int, int]:
+    """Double-fork a worker for ``request``: (its pid, the intermediate child's pid). The
+    pid is known as soon as the intermediate child has written it, before that child has
+    exited: the caller replies first and reaps it after (``reap``)."""
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -84,22 +166,37 @@ def spawn(request: dict[str, Any]) -> int:
         finally:
             os._exit(0)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(middle, 0)
-    return int(data)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.readline()
+        return int(data), middle
+    except ValueError:
+        reap(middle)
+        raise
+
+
+def reap(middle: int, *, wait: bool = True) -> bool:
+    """Reap an intermediate child; without ``wait``, only if it has exited already."""
+    with contextlib.suppress(ChildProcessError):
+        return os.waitpid(middle, 0 if wait else os.WNOHANG)[0] != 0
+    return True
 
 
 def serve() -> int:
     preload()
     os.write(1, b'{"ready": true}\n')
+    middles: list[int] = []  # intermediate children not reaped yet: off the reply's path
     for line in sys.stdin.buffer:
         try:
-            request = json.loads(line)
-            reply: dict[str, Any] = {"pid": spawn(request)}
+            pid, middle = spawn(json.loads(line))
+            middles.append(middle)
+            reply: dict[str, Any] = {"pid": pid}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         os.write(1, (json.dumps(reply) + "\n").encode())
+        middles = [m for m in middles if not reap(m, wait=False)]
+    for middle in middles:
+        reap(middle)
     return 0
 
 

@@ -7,6 +7,7 @@ the filesystem, so no id can name a path outside ``SPOOL/tasks``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -139,8 +140,8 @@ class TaskDir:
     def __post_init__(self) -> None:
         validate_task_id(self.id)
 
-    @property
-    def path(self) -> Path:
+    @functools.cached_property
+    def path(self) -> Path:  # cached: the daemon asks for it for every task, every tick
         return self.root / "tasks" / self.id
 
     @property

@@ -15,6 +15,7 @@ this module, and SDK exceptions are not chained (their text carries the raw resp
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,28 @@ from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 from worker.models.retry import ThrottledError
 
 if TYPE_CHECKING:
+    import ssl
+
     import anthropic
     from anthropic.types import ContentBlock
 
 RETRY_TASK = "run `agentd retry TASK`"
 _RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
 _SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+def tls_context() -> ssl.SSLContext:
+    """The SDK's default TLS context (its HTTP stack's, which honours ``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR``), built once per process: loading the CA bundle costs tens of
+    milliseconds. The fork server builds it before it forks, so a worker starts with it."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    import httpx2  # noqa: PLC0415 - lazy, with the SDK
+
+    return httpx2.create_ssl_context(verify=True, trust_env=True)
 
 
 class MessagesAPIModel:
@@ -111,6 +128,7 @@ class MessagesAPIModel:
             options["base_url"] = self._base_url
         if self._timeout is not None:
             options["timeout"] = self._timeout
+        options["http_client"] = anthropic.DefaultHttpxClient(verify=tls_context())
         client = anthropic.Anthropic(**options)
         if client.api_key is None and client.auth_token is None and client.credentials is None:
             client.close()

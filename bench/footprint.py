@@ -1,0 +1,342 @@
+"""Footprint benchmark: what a worker costs in memory, and what the daemon costs in CPU
+and memory while it watches idle workers, against supervisord.
+
+* **Memory per worker** (anthropic backend loaded): ``WORKERS`` real anthropic-backend
+  tasks against the local Messages API, whose every reply hangs, so each worker has built
+  its SDK client and waits in its first model call. USS (pages only this process has)
+  and PSS (its share of everything it maps) from ``psutil.memory_full_info()`` of each
+  worker, median. Floor: a plain ``python -c "import anthropic"`` process. Peer (full
+  mode): supervisord running the same tasks as ``python -m worker TASK_DIR`` programs
+  (a fresh interpreter each, as every supervisor without a fork server starts them).
+* **Daemon CPU and RSS with N idle workers**: scripted tasks whose model call sleeps for
+  an hour (the worker is alive, heartbeats every ``heartbeat.interval``, and the daemon
+  checks every heartbeat each tick). CPU is the daemon process's own user + system time
+  over a window (not its children), as percent of one core; RSS is the daemon's alone.
+  Peer (full mode): supervisord with 100 idle programs running the same idle workers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import Row
+from bench.supervision import (
+    PEER,
+    QUICK_PEER,
+    Daemon,
+    Memory,
+    ModelServer,
+    Supervisord,
+    all_idle,
+    child_env,
+    config_text,
+    idle_script,
+    kill_tree,
+    live_worker,
+    machine_load,
+    memory_of,
+    sample_cpu,
+    say,
+    submit_api,
+    submit_scripted,
+    supervisord_bin,
+    wait_until,
+    warm_bytecode,
+)
+from supervisor.control import ring
+from worker.config import Config
+from worker.spool import Spool
+
+NAME = "footprint"
+TARGET_USS_MB = 25.0
+TARGET_CPU_PCT = 0.5  # of one core, at 100 idle workers
+TARGET_LEVEL = 100
+
+
+@dataclass(frozen=True)
+class Plan:
+    workers: int  # anthropic-backend workers measured for memory
+    levels: tuple[int, ...]  # idle workers for the daemon's CPU and RSS
+    window: float  # seconds of CPU sampling per level
+    peer_levels: tuple[int, ...]
+    install: bool
+
+
+FULL = Plan(workers=10, levels=(10, 100, 200), window=30.0, peer_levels=(100,), install=True)
+QUICK = Plan(workers=3, levels=(10,), window=3.0, peer_levels=(), install=False)
+
+
+def hang_reply(turn: int) -> Any:
+    from tests.messages_api import Fault
+
+    return Fault.hang(seconds=900.0)
+
+
+def median_memory(found: list[Memory]) -> Memory | None:
+    if not found:
+        return None
+    return Memory(
+        statistics.median(m.rss for m in found),
+        statistics.median(m.uss for m in found),
+        statistics.median(m.pss for m in found),
+    )
+
+
+# -- memory per worker ----------------------------------------------------------------
+
+
+def agentd_worker_memory(workdir: Path, n: int) -> tuple[Memory | None, Memory | None]:
+    """(median of the workers, the fork server) with ``n`` anthropic workers waiting."""
+    with (
+        ModelServer(hang_reply) as server,
+        Daemon(workdir, config_text(max_workers=max(8, n)), env=server.env) as daemon,
+    ):
+        daemon.start()
+        ids = [submit_api(daemon.spool, daemon.config, f"api{k:03d}").id for k in range(n)]
+        ring(daemon.spool, ids[-1])
+        wait_until(lambda: server.count() >= n, 60 + 2 * n, 0.05, f"{n} model requests")
+        time.sleep(0.5)
+        pids = [live_worker(daemon.spool.task(t)) for t in ids]
+        found = [m for m in (memory_of(p) for p in pids if p) if m]
+        fs = daemon.forkserver_pid()
+        return median_memory(found), memory_of(fs) if fs else None
+
+
+def peer_worker_memory(workdir: Path, n: int, bin_dir: Path) -> Memory | None:
+    spool = Spool(workdir / "spool").ensure()
+    with ModelServer(hang_reply) as server:
+        peer = Supervisord(workdir, bin_dir, env=child_env(server.env))
+        with peer:
+            peer.write_conf()
+            tasks = [submit_api(spool, Config(), f"api{k:03d}") for k in range(n)]
+            for k, task in enumerate(tasks):
+                peer.add_program(f"w{k:03d}", task)
+            peer.start()
+            wait_until(lambda: server.count() >= n, 120 + 5 * n, 0.1, f"{n} model requests")
+            time.sleep(0.5)
+            pids = [live_worker(t) for t in tasks]
+            found = [m for m in (memory_of(p) for p in pids if p) if m]
+    return median_memory(found)
+
+
+def plain_sdk_memory(workdir: Path) -> Memory | None:
+    """A plain ``python -c "import anthropic"`` process, kept alive to be measured."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import anthropic, sys; print(1, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=child_env(),
+        cwd=workdir,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        time.sleep(0.2)
+        return memory_of(proc.pid)
+    finally:
+        kill_tree(None, [proc.pid])
+        proc.wait(timeout=10)
+
+
+# -- the daemon with idle workers -----------------------------------------------------
+
+
+@dataclass
+class Level:
+    workers: int
+    cpu: float  # percent of one core
+    rss: float  # MB
+    uss: float
+    ramp: float  # seconds until every new worker was idle
+
+
+def agentd_levels(workdir: Path, plan: Plan) -> list[Level]:
+    config = config_text(max_workers=max(plan.levels) + 8)
+    out: list[Level] = []
+    scratch = workdir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with Daemon(workdir / "agentd", config) as daemon:
+        daemon.start()
+        ids: list[str] = []
+        for level in plan.levels:
+            t0 = time.monotonic()
+            ids += daemon.submit_idle([f"idle{k:04d}" for k in range(len(ids), level)], scratch)
+            wait_until(
+                all_idle(daemon.spool, ids),
+                60 + 0.5 * level,
+                0.5,
+                f"{level} idle workers",
+            )
+            ramp = time.monotonic() - t0
+            time.sleep(2.0)  # let the ramp's work settle
+            cpu = sample_cpu(daemon.pid, plan.window)
+            mem = memory_of(daemon.pid)
+            assert mem is not None
+            out.append(Level(level, cpu, mem.rss, mem.uss, ramp))
+            say(
+                NAME,
+                f"agentd, {level} idle workers: daemon CPU {cpu:.3f}% of a core, RSS "
+                f"{mem.rss:.1f} MB, USS {mem.uss:.1f} MB (ramp {ramp:.1f} s)",
+            )
+    return out
+
+
+def peer_levels(workdir: Path, plan: Plan, bin_dir: Path) -> list[Level]:
+    out: list[Level] = []
+    spool = Spool(workdir / "spool").ensure()
+    scratch = workdir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    peer = Supervisord(workdir, bin_dir)
+    with peer:
+        peer.write_conf()
+        peer.start()
+        ids: list[str] = []
+        for level in plan.peer_levels:
+            t0 = time.monotonic()
+            for k in range(len(ids), level):
+                task = submit_scripted(spool, Config(), idle_script(), f"idle{k:04d}", scratch)
+                peer.add_program(f"w{k:04d}", task)
+                ids.append(task.id)
+            peer.update()
+            wait_until(
+                all_idle(spool, ids),
+                120 + 1.0 * level,
+                0.5,
+                f"{level} idle supervisord programs",
+            )
+            ramp = time.monotonic() - t0
+            time.sleep(2.0)
+            cpu = sample_cpu(peer.pid, plan.window)
+            mem = memory_of(peer.pid)
+            assert mem is not None
+            out.append(Level(level, cpu, mem.rss, mem.uss, ramp))
+            say(
+                NAME,
+                f"{PEER}, {level} idle programs: CPU {cpu:.3f}% of a core, RSS "
+                f"{mem.rss:.1f} MB (ramp {ramp:.1f} s)",
+            )
+    return out
+
+
+# -- the run --------------------------------------------------------------------------
+
+
+def run(quick: bool) -> list[Row]:
+    plan = QUICK if quick else FULL
+    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-footprint-")).resolve()
+    try:
+        return _run(plan, workdir, quick)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
+    say(NAME, f"{'quick' if quick else 'full'} mode; before: {machine_load()}")
+    warm_bytecode()
+    bin_dir = None if quick else supervisord_bin(plan.install)
+    if not quick and bin_dir is None:
+        say(NAME, "supervisord is not installed: peer left out")
+
+    worker, forkserver = agentd_worker_memory(workdir / "memory-agentd", plan.workers)
+    plain = plain_sdk_memory(workdir)
+    peer_worker = None
+    if bin_dir:
+        peer_worker = peer_worker_memory(workdir / "memory-peer", plan.workers, bin_dir)
+    levels = agentd_levels(workdir / "levels", plan)
+    peers = peer_levels(workdir / "levels-peer", plan, bin_dir) if bin_dir else []
+    say(NAME, f"after: {machine_load()}")
+
+    peer_name = PEER if bin_dir else ""
+    peer_note = QUICK_PEER if quick else ("" if bin_dir else "supervisord could not be installed")
+    rows: list[Row] = []
+
+    def mem_row(label: str, key: str, **kw: Any) -> None:
+        value = getattr(worker, key) if worker else None
+        rows.append(
+            Row(
+                NAME,
+                f"memory per worker, {label} (anthropic backend loaded)",
+                "MB",
+                value,
+                floor=getattr(plain, key) if plain else None,
+                peer=getattr(peer_worker, key) if peer_worker else None,
+                peer_name=peer_name,
+                **kw,
+            )
+        )
+
+    mem_row(
+        "USS",
+        "uss",
+        target=f"< {TARGET_USS_MB:g} MB",
+        met=None if worker is None else worker.uss < TARGET_USS_MB,
+        note=f"Median of {plan.workers} workers, each waiting in its first model call with "
+        "its SDK client built. Floor: a plain `python -c 'import anthropic'` process. "
+        + (peer_note or f"{PEER}: `python -m worker TASK` programs (fresh interpreters)."),
+    )
+    mem_row("PSS", "pss")
+    mem_row("RSS", "rss")
+    if forkserver:
+        rows.append(
+            Row(
+                NAME,
+                "fork server (one per daemon), RSS / USS",
+                "MB",
+                forkserver.rss,
+                compare=False,
+                note=f"The warm process workers fork from: RSS {forkserver.rss:.1f} MB, "
+                f"USS {forkserver.uss:.1f} MB, PSS {forkserver.pss:.1f} MB, paid once.",
+            )
+        )
+    by_level = {p.workers: p for p in peers}
+    for i, level in enumerate(levels):
+        peer = by_level.get(level.workers)
+        at_target = level.workers == TARGET_LEVEL
+        rows.append(
+            Row(
+                NAME,
+                f"daemon CPU, {level.workers} idle workers",
+                "%",
+                level.cpu,
+                peer=peer.cpu if peer else None,
+                peer_name=peer_name,
+                target=f"< {TARGET_CPU_PCT:g}% of a core" if at_target else "",
+                met=level.cpu < TARGET_CPU_PCT if at_target else None,
+                note=(
+                    f"Percent of one core, the daemon's own user + system time over "
+                    f"{plan.window:g} s; heartbeat interval 1 s, timeout 5 s, checked every "
+                    "0.5 s. Idle workers: scripted tasks whose model call sleeps. "
+                    + (peer_note or f"{PEER}: the same workers as programs.")
+                )
+                if i == 0
+                else "",
+            )
+        )
+    for level in levels:
+        peer = by_level.get(level.workers)
+        at_target = level.workers == TARGET_LEVEL
+        met = None
+        if at_target and peer is not None:
+            met = level.rss <= peer.rss
+        rows.append(
+            Row(
+                NAME,
+                f"daemon RSS, {level.workers} idle workers",
+                "MB",
+                level.rss,
+                peer=peer.rss if peer else None,
+                peer_name=peer_name,
+                target=f"<= {PEER.split()[0]}'s" if at_target else "",
+                met=met,
+            )
+        )
+    return rows

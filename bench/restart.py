@@ -1,0 +1,339 @@
+"""Restart benchmark: how long a task on the anthropic backend is out of the loop after its
+worker is killed (``kill -9``) or hangs (``SIGSTOP``), against supervisord restarting the
+same worker.
+
+The task runs on the real ``anthropic`` SDK against the local Messages API
+(``tests/messages_api.py``, in this process). Every model reply is a ``list_dir`` tool
+call sent after ``REPLY_DELAY`` seconds, so the worker keeps going turn after turn. A
+trial waits until the worker has made progress since it started (a turn recorded, and
+the next model request has arrived) and then kills it while it waits on the model; the
+time runs from the ``kill`` to the arrival of the replacement's first model request,
+the moment the task is back in the loop. Killing only after progress is the case the
+restart policy restarts at once; a worker that crashes again before any progress is
+backed off on purpose (``supervisor/policy.py``).
+
+* **agentd**: ``agentd start`` (fork server on), and the same ``Supervisor`` with
+  ``preload=False`` (every restart a fresh interpreter that imports the SDK).
+* **supervisord** (full mode): a program ``python -m worker TASK_DIR`` with
+  ``autorestart=true`` (default ``startsecs=1``), killed the same way.
+* **hang**: ``SIGSTOP`` of the worker, to the replacement's first model request; the
+  daemon must see the silent heartbeat and restart within ``heartbeat.timeout`` + 1 s.
+  supervisord has no heartbeat: a stopped worker stays stopped (not measured).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.report import Row
+from bench.supervision import (
+    PEER,
+    QUICK_PEER,
+    Daemon,
+    ModelServer,
+    Supervisord,
+    child_env,
+    config_text,
+    live_worker,
+    machine_load,
+    median,
+    percentile,
+    say,
+    submit_api,
+    supervisord_bin,
+    timed_run,
+    warm_bytecode,
+)
+from worker.config import Config
+from worker.spool import Spool, TaskDir
+
+NAME = "restart"
+REPLY_DELAY = 0.5  # seconds the model takes: the window a kill lands in
+TARGET_P50_MS = 100.0
+HANG_SLACK = 1.0  # seconds past heartbeat.timeout
+
+
+@dataclass(frozen=True)
+class Plan:
+    kills: int  # agentd, fork server on
+    fresh_kills: int  # agentd, fork server off
+    peer_kills: int  # supervisord
+    hangs: int
+    interval: float
+    timeout: float
+    install: bool  # install supervisord if missing
+
+
+FULL = Plan(
+    kills=50, fresh_kills=50, peer_kills=50, hangs=5, interval=1.0, timeout=5.0, install=True
+)
+QUICK = Plan(
+    kills=5, fresh_kills=2, peer_kills=0, hangs=1, interval=1.0, timeout=3.0, install=False
+)
+
+
+@dataclass
+class Trial:
+    took: float  # seconds from the signal to the replacement's first model request
+    signalled_wall: float  # time.time() at the signal
+
+
+def reply_for_turn(turn: int) -> Any:
+    from tests.messages_api import Reply
+
+    if turn >= 900:
+        return Reply.text("That is enough listing.")
+    return Reply.tool_use("list_dir", {"path": "."}, delay=REPLY_DELAY)
+
+
+def trials(
+    server: ModelServer,
+    task: TaskDir,
+    count: int,
+    sig: int,
+    *,
+    patience: float,
+    progress: Callable[[int, Trial], None] | None = None,
+) -> list[Trial]:
+    """``count`` times: wait for the task's worker to make progress and send its next model
+    request, signal it, and time until the next model request arrives (the replacement's)."""
+    # Start from the latest request: the next one of a higher turn comes after progress.
+    index, _, base = server.wait_arrival(lambda at, t: True, max(0, server.count() - 1), patience)
+    out: list[Trial] = []
+    for n in range(count):
+        index, _, turn = server.wait_arrival(lambda at, t, base=base: t > base, index + 1, patience)
+        pid = live_worker(task)
+        if pid is None:  # between a lock holder's exit and the next: take the next request
+            base = turn - 1
+            continue
+        wall, t0 = time.time(), time.monotonic()
+        os.kill(pid, sig)
+        index, at, base = server.wait_arrival(lambda a, t, t0=t0: a > t0, index + 1, patience)
+        trial = Trial(at - t0, wall)
+        out.append(trial)
+        if progress is not None:
+            progress(n, trial)
+    return out
+
+
+def spawn_delays(daemon: Daemon, found: list[Trial]) -> list[float]:
+    """Per trial: seconds from the signal to the daemon's ``worker_spawned`` for it."""
+    spawned = sorted(_wall(e["timestamp"]) for e in daemon.events("worker_spawned"))
+    out = []
+    for trial in found:
+        after = [t for t in spawned if t >= trial.signalled_wall]
+        if after:
+            out.append(after[0] - trial.signalled_wall)
+    return out
+
+
+def _wall(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def run_agentd(
+    workdir: Path, plan: Plan, *, preload: bool, server: ModelServer
+) -> tuple[list[Trial], list[Trial], list[float]]:
+    """(kill trials, hang trials, kill -> worker_spawned delays) on one agentd daemon."""
+    kills = plan.kills if preload else plan.fresh_kills
+    hangs = plan.hangs if preload else 0
+    label = "fork server on" if preload else "fork server off"
+    config = config_text(max_workers=8, interval=plan.interval, timeout=plan.timeout)
+    with Daemon(workdir, config, preload=preload, env=server.env) as daemon:
+        served = daemon.start()
+        say(NAME, f"agentd ({label}): serving after {served:.2f} s")
+        task = submit_api(daemon.spool, daemon.config, "restart")
+        from supervisor.control import ring
+
+        ring(daemon.spool, task.id)
+        patience = 60.0 if preload else 120.0
+        killed = trials(server, task, kills, signal.SIGKILL, patience=patience)
+        say(NAME, f"agentd ({label}): {len(killed)} kills, p50 {_ms(killed)}")
+        spawns = spawn_delays(daemon, killed)
+        hung = trials(
+            server,
+            task,
+            hangs,
+            signal.SIGSTOP,
+            patience=plan.timeout + 60,
+            progress=lambda n, t: say(NAME, f"agentd: hang {n + 1}: {t.took:.2f} s"),
+        )
+        if hung:
+            events = daemon.events("worker_hung")
+            say(NAME, f"agentd: {len(events)} worker_hung events for {len(hung)} SIGSTOPs")
+        rejected = len(server.srv.rejected)
+        if rejected:
+            say(NAME, f"agentd ({label}): the API server rejected {rejected} requests")
+    return killed, hung, spawns
+
+
+def run_supervisord(workdir: Path, plan: Plan, server: ModelServer) -> list[Trial] | None:
+    bin_dir = supervisord_bin(plan.install)
+    if bin_dir is None:
+        say(NAME, "supervisord is not installed: peer left out")
+        return None
+    spool = Spool(workdir / "spool").ensure()
+    task = submit_api(spool, Config(), "restart")
+    peer = Supervisord(workdir, bin_dir, env=child_env(server.env))
+    with peer:
+        peer.write_conf()
+        peer.add_program("w0", task)
+        peer.start()
+        killed = trials(server, task, plan.peer_kills, signal.SIGKILL, patience=120.0)
+    say(NAME, f"{PEER}: {len(killed)} kills, p50 {_ms(killed)}")
+    return killed
+
+
+def _ms(found: list[Trial]) -> str:
+    values = [t.took for t in found]
+    return f"{1000 * statistics.median(values):.0f} ms" if values else "-"
+
+
+def sdk_import_seconds(workdir: Path, repeats: int) -> float:
+    env = child_env()
+    cmd = [sys.executable, "-c", "import anthropic"]
+    return statistics.median(timed_run(cmd, env, workdir) for _ in range(repeats))
+
+
+def run(quick: bool) -> list[Row]:
+    plan = QUICK if quick else FULL
+    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-restart-")).resolve()
+    try:
+        return _run(plan, workdir, quick)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
+    say(NAME, f"{'quick' if quick else 'full'} mode; before: {machine_load()}")
+    warm_bytecode()
+    with ModelServer(reply_for_turn) as server:
+        killed, hung, spawns = run_agentd(workdir / "agentd", plan, preload=True, server=server)
+    with ModelServer(reply_for_turn) as server:
+        fresh, _, fresh_spawns = run_agentd(
+            workdir / "agentd-fresh", plan, preload=False, server=server
+        )
+    peer: list[Trial] | None = None
+    if not quick:
+        with ModelServer(reply_for_turn) as server:
+            peer = run_supervisord(workdir / "supervisord", plan, server)
+    repeats = 1 if quick else 3
+    sdk = sdk_import_seconds(workdir, repeats)
+    say(NAME, f"python -c 'import anthropic': {sdk:.2f} s (median of {repeats})")
+    if spawns:
+        react = statistics.median(spawns)
+        rest = statistics.median(t.took for t in killed) - react
+        say(
+            NAME,
+            f"fork server on: kill -> worker_spawned p50 {1000 * react:.1f} ms (the daemon), "
+            f"then {1000 * rest:.1f} ms to the first request (the worker's resume)",
+        )
+    if fresh_spawns:
+        say(
+            NAME,
+            f"fork server off: kill -> worker_spawned p50 "
+            f"{1000 * statistics.median(fresh_spawns):.1f} ms",
+        )
+    say(NAME, f"after: {machine_load()}")
+
+    def ms(found: list[Trial] | None, q: float) -> float | None:
+        if not found:
+            return None
+        return 1000 * percentile([t.took for t in found], q)
+
+    peer_name = PEER if peer else ""
+    peer_note = QUICK_PEER if quick else ("" if peer else "supervisord could not be installed")
+    rows: list[Row] = []
+    p50 = ms(killed, 0.5)
+    rows.append(
+        Row(
+            NAME,
+            f"crash-to-resumed p50, kill -9, fork server ({len(killed)} kills)",
+            "ms",
+            p50,
+            peer=ms(peer, 0.5),
+            peer_name=peer_name,
+            target=f"< {TARGET_P50_MS:g} ms",
+            met=None if p50 is None else p50 < TARGET_P50_MS,
+            note=(
+                "From SIGKILL of a worker waiting on the model (after progress) to the "
+                "replacement's first model request arriving at the local Messages API; "
+                "anthropic backend, real SDK client. "
+                + (peer_note or f"{PEER}: program `python -m worker TASK` autorestart=true.")
+            ),
+        )
+    )
+    rows.append(
+        Row(
+            NAME,
+            "crash-to-resumed p99, kill -9, fork server",
+            "ms",
+            ms(killed, 0.99),
+            peer=ms(peer, 0.99),
+            peer_name=peer_name,
+        )
+    )
+    rows.append(
+        Row(
+            NAME,
+            f"crash-to-resumed p50, fork server off ({len(fresh)} kills)",
+            "ms",
+            ms(fresh, 0.5),
+            peer=ms(peer, 0.5),
+            peer_name=peer_name,
+            note="The same daemon with Supervisor(preload=False): each replacement is a "
+            "fresh interpreter that imports the SDK before its first request.",
+        )
+    )
+    rows.append(
+        Row(
+            NAME,
+            "crash-to-resumed p99, fork server off",
+            "ms",
+            ms(fresh, 0.99),
+            peer=ms(peer, 0.99),
+            peer_name=peer_name,
+        )
+    )
+    sdk_figure = "python -c 'import anthropic' (the SDK import alone)"
+    rows.append(Row(NAME, sdk_figure, "ms", 1000 * sdk, compare=False))
+    if hung:
+        limit = plan.timeout + HANG_SLACK
+        worst = max(t.took for t in hung)
+        rows.append(
+            Row(
+                NAME,
+                f"hang: SIGSTOP -> resumed, median ({len(hung)} hangs)",
+                "s",
+                median([t.took for t in hung]),
+                floor=plan.timeout,
+                compare=False,
+                note=f"heartbeat interval {plan.interval:g} s, timeout {plan.timeout:g} s "
+                "(the floor column); the daemon checks every min(interval, 0.5) s. "
+                "supervisord has no liveness check: a stopped worker stays stopped.",
+            )
+        )
+        rows.append(
+            Row(
+                NAME,
+                "hang: SIGSTOP -> resumed, worst",
+                "s",
+                worst,
+                floor=plan.timeout,
+                target=f"<= timeout + {HANG_SLACK:g} s",
+                met=worst <= limit,
+                compare=False,
+            )
+        )
+    return rows
