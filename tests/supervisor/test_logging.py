@@ -140,11 +140,11 @@ def test_ordinary_keys_are_kept(key: str) -> None:
 
 
 def test_values_of_secret_named_env_vars_are_redacted() -> None:
-    redactor = Redactor({"GITHUB_TOKEN": "ghp_canary_0123456789", "HOME": "/home/operator"})
+    redactor = Redactor({"GITHUB_TOKEN": "ghp_canary_0123456789", "HOME": "/srv/operator"})
 
-    clean = redactor.clean_text("push with ghp_canary_0123456789 from /home/operator")
+    clean = redactor.clean_text("push with ghp_canary_0123456789 from /srv/operator")
 
-    assert clean == f"push with {REDACTED} from /home/operator"
+    assert clean == f"push with {REDACTED} from /srv/operator"
 
 
 def test_a_short_env_key_is_not_redacted_everywhere() -> None:

@@ -189,9 +189,9 @@ def test_loaded_collections_are_immutable(tmp_path: Path) -> None:
 def test_spool_tilde_is_expanded_with_home(tmp_path: Path) -> None:
     path = _write(tmp_path, 'spool = "~/agentd-spool"\n')
 
-    config = load_config(path, environ={"HOME": "/home/operator"})
+    config = load_config(path, environ={"HOME": "/srv/operator"})
 
-    assert config.spool == Path("/home/operator/agentd-spool")
+    assert config.spool == Path("/srv/operator/agentd-spool")
 
 
 def test_a_relative_spool_is_relative_to_the_config_file(
