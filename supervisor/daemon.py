@@ -391,7 +391,7 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.config_path, self._worker_env, None)
+            worker = spawn(slot.task, self.config_path, self._worker_env)
         except OSError as exc:
             self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)

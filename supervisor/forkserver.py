@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import IO
 
 PR_SET_CHILD_SUBREAPER = 36
-REPLY_TIMEOUT = 5.0
 
 
 def become_subreaper() -> bool:
@@ -103,31 +102,6 @@ class ForkServer:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
-
-    def spawn(
-        self, task_path: Path, config: Path | None, env: Mapping[str, str], output: Path
-    ) -> int | None:
-        """A forked worker's pid, or None if the server cannot serve right now."""
-        if not self.ready or self.proc is None or self.proc.stdin is None:
-            return None
-        request = {
-            "task": str(task_path),
-            "config": str(config) if config else None,
-            "env": dict(env),
-            "output": str(output),
-        }
-        try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-            line = self._read_line(REPLY_TIMEOUT)
-            if line is None:
-                raise TimeoutError("the fork server did not answer")
-            reply = json.loads(line)
-        except (OSError, ValueError, EOFError, TimeoutError):
-            self.stop()
-            return None
-        pid = reply.get("pid")
-        return pid if isinstance(pid, int) else None
 
     def request(
         self, task_path: Path, config: Path | None, env: Mapping[str, str], output: Path

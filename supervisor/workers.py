@@ -26,7 +26,6 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.forkserver import ForkServer
 from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
 from worker.journal import scan
@@ -82,18 +81,10 @@ class WorkerProcess:
             self.pidfd = -1
 
 
-def spawn(
-    task: TaskDir,
-    config_path: Path | None,
-    env: dict[str, str],
-    forkserver: ForkServer | None = None,
-) -> WorkerProcess:
-    """Start a worker for ``task``: forked from the warm server if it can, else fresh."""
+def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> WorkerProcess:
+    """Start a worker for ``task`` in a fresh interpreter (the fork server's path is the
+    daemon's ``_start``, which asks it without waiting)."""
     size = journal_size(task)
-    if forkserver is not None:
-        pid = forkserver.spawn(task.path, config_path, env, task.output)
-        if pid is not None:
-            return WorkerProcess(task, pid, os.pidfd_open(pid), None, journal_size=size)
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
