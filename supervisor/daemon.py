@@ -77,7 +77,7 @@ RESCAN_INTERVAL = 5.0
 OUTPUT_LIMIT = 1024 * 1024
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
-INBOX_DEBOUNCE = 0.02  # seconds: a burst of doorbells is one rescan
+INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
 FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 

@@ -18,7 +18,6 @@ import contextlib
 import errno
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,7 @@ def _write_temp(path: Path, data: bytes, *, durable: bool) -> Path:
     # Unique per call, not just per process: two threads writing the same name must not
     # share (and truncate) one temp file, or the winner of a race could publish the
     # loser's bytes.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ def validate_call_id(call_id: str) -> str:
 
 
 def new_task_id() -> str:
-    return f"t-{secrets.token_hex(4)}"
+    return f"t-{os.urandom(4).hex()}"
 
 
 def default_spool(environ: Mapping[str, str] = os.environ) -> Path:
