@@ -8,8 +8,9 @@ neither, which is why rewind lists the calls it cannot undo before it acts.
 
 Both cut only at turn boundaries, so every tool_use keeps its one tool_result.
 
-* rewind appends one ``rewind`` record (one fdatasync): a kill at any instant leaves the
-  old scene or the new one. Later turns stay in the journal, marked rewound, for audit.
+* rewind queues the task, then appends one ``rewind`` record (one fdatasync): a kill at
+  any instant leaves the old scene or the new one, and a new scene is never left recorded
+  ``done``. Later turns stay in the journal, marked rewound, for audit.
 * fork writes a new task whose journal starts with a ``base`` record holding the scene;
   its spec is written last, so a kill leaves either no fork or a whole one.
 """
@@ -185,6 +186,10 @@ def rewind(
 ) -> RewindReport:
     task = existing_task(spool, task_id)
     spec = task.load_spec()
+
+    def requeue(record: TaskRecord) -> None:
+        record.state, record.reason, record.crashes = "queued", None, []
+
     with paused(spool, task, wait=config.restart.stop_grace + 5):
         state = load_state(task)
         _check_turn(task, state, to, "rewind to")
@@ -204,6 +209,10 @@ def rewind(
                 f"there is no workspace snapshot for turn {to} of task {task.id} (the "
                 "workspace is not under git); rewind without --restore-workspace."
             )
+        # The task is queued before its scene changes: a kill between the two leaves a
+        # queued task on its old scene (a worker ends it again at once), never a rewound
+        # task recorded `done`, which no daemon would ever resume.
+        change_record(spool, task, REQUEUE_REQUEST, requeue)
         journal, _ = Journal.open(task.journal, task=task.id)
         with journal:
             size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
@@ -217,10 +226,6 @@ def rewind(
             vcs.restore(workspace_dir, snapshot)
             workspace = f"files restored to their state after turn {to} (git {snapshot[:12]})"
 
-    def requeue(record: TaskRecord) -> None:
-        record.state, record.reason, record.crashes = "queued", None, []
-
-    change_record(spool, task, REQUEUE_REQUEST, requeue)
     append_event(task.events, "task_rewound", task=task.id, to=to, from_turn=state.turn)
     ring(spool, task.id)
     return RewindReport(task.id, max((r.turn for r in state.turns), default=0), to, undo, workspace)

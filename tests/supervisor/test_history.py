@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import tasks
+from supervisor import history, tasks
 from supervisor.cli import main
 from supervisor.history import fork, history_rows, rewind
 from tests.messages_api import MessagesAPIServer, Reply
@@ -339,6 +339,25 @@ def test_kill_during_rewind_or_fork_leaves_old_or_new_never_a_mix(
             else:
                 outcomes["old"] += 1
     print(f"\n{command}: kill -9 at random instants, 12 trials: {outcomes}")
+
+
+def test_a_rewind_killed_after_its_record_leaves_the_task_queued_not_done(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by tests/chaos/compound.py: a kill between the journal's rewind record and the
+    task record left a rewound task recorded `done`, which the daemon never resumes."""
+    task = scripted_task(spool, six_turns(), name="k2")
+    assert run_to_end(task) == "done"
+    tasks.TaskRecord(state="done", reason="end_turn").save(task)  # as the daemon leaves it
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the process dies right after the rewind record
+
+    monkeypatch.setattr(history, "atomic_write", killed)  # the snapshot write that follows
+    with pytest.raises(KeyboardInterrupt):
+        rewind(spool, CONFIG, "k2", 2, yes=True)
+    assert tasks.load_state(task).turn == 2  # the new scene...
+    assert tasks.TaskRecord.load(task).state == "queued"  # ...on a task the daemon resumes
 
 
 # -- scale ------------------------------------------------------------------------------
