@@ -147,6 +147,11 @@ RETRYABLE = [
     pytest.param(Fault.cut(after_events=6), "stream broke off", id="cut"),
     pytest.param(Fault.no_message_stop(), "ended before message_stop", id="no-message-stop"),
     pytest.param(Fault.bad_tool_json(), "malformed stream", id="bad-tool-json"),
+    pytest.param(  # the SDK's lenient parser reads '{"path": "x", ",,}' as {"path": "x"}
+        Fault.bad_tool_json(Reply.tool_use("write_file", {"path": "x", "content": ""})),
+        "tool_use input that is not valid JSON",
+        id="bad-tool-json-read-as-a-shorter-object",
+    ),
     pytest.param(Fault.hang(seconds=5), "timed out", id="hang"),
     pytest.param(Fault.hang(seconds=5, after_events=3), "stalled", id="stall"),
 ]

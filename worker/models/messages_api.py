@@ -7,15 +7,19 @@ resumes into a hold or a finished task never pays for it. The SDK reads
 The SDK's own retries are off: every fault comes back at once as a ``worker.errors``
 exception and ``worker.models.retry.call_with_retries`` decides. Retryable: 408, 409, 429,
 5xx, 529, an ``error`` event inside the stream of those kinds, connection loss, timeouts,
-a stream that breaks, is malformed or ends before ``message_stop``. Final: 400, 401, 402,
-403, 404, 413, missing credentials, each with a one-line reason saying what to fix. No
-message ever contains the API key: known secrets are scrubbed from every text that leaves
-this module, and SDK exceptions are not chained (their text carries the raw response).
+a stream that breaks, is malformed or ends before ``message_stop``, and a tool_use whose
+streamed input is not valid JSON as a whole (the SDK's lenient parser would read a garbled
+tail as a shorter object, and the tool would run on input the model never sent). Final:
+400, 401, 402, 403, 404, 413, missing credentials, each with a one-line reason saying what
+to fix. No message ever contains the API key: known secrets are scrubbed from every text
+that leaves this module, and SDK exceptions are not chained (their text carries the raw
+response).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -142,9 +146,17 @@ class MessagesAPIModel:
     def _stream(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ModelReply:
         with client.messages.stream(**params) as stream:
             stopped = False
+            tool_json: dict[int, str] = {}  # block index -> its input JSON, as streamed
             try:
                 for event in stream:
                     stopped = stopped or event.type == "message_stop"
+                    if (
+                        event.type == "content_block_delta"
+                        and event.delta.type == "input_json_delta"
+                    ):
+                        tool_json[event.index] = tool_json.get(event.index, "") + (
+                            event.delta.partial_json
+                        )
             except (ValueError, RuntimeError) as exc:  # bad JSON, events out of order
                 raise self._retryable(
                     f"The Anthropic API sent a malformed stream ({exc})"
@@ -155,9 +167,15 @@ class MessagesAPIModel:
         if message.stop_reason is None:
             raise self._retryable("The Anthropic API stream ended without a stop_reason")
         content = [_block_json(block) for block in message.content]
-        for block in content:
+        for index, block in enumerate(content):
             if block["type"] == "tool_use" and not isinstance(block.get("input"), dict):
                 raise self._retryable("The Anthropic API sent a tool_use input that is no object")
+            # The SDK parses tool input JSON leniently (a truncated or garbled tail can read
+            # as a shorter object): the whole streamed text must be valid JSON, and the same.
+            if index in tool_json and _strict_json(tool_json[index]) != block.get("input"):
+                raise self._retryable(
+                    "The Anthropic API sent a tool_use input that is not valid JSON"
+                )
         usage = message.usage
         return ModelReply(
             content=content,
@@ -247,6 +265,17 @@ def _block_json(block: ContentBlock) -> JSON:
     if block.type in ("tool_use", "server_tool_use"):
         data["input"] = block.input  # verbatim: a null inside the input is part of it
     return data
+
+
+_INVALID = object()
+
+
+def _strict_json(text: str) -> Any:
+    """``text`` parsed as one JSON value, or a sentinel equal to nothing when it is not."""
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return _INVALID
 
 
 def _cause(exc: BaseException) -> str:
