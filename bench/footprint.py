@@ -17,11 +17,8 @@ and memory while it watches idle workers, against supervisord.
 
 from __future__ import annotations
 
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,30 +27,25 @@ from typing import Any
 from bench.report import Row
 from bench.supervision import (
     PEER,
-    QUICK_PEER,
     Daemon,
+    Host,
     Memory,
     ModelServer,
+    PeerColumn,
     Supervisord,
-    all_idle,
+    bench_run,
     child_env,
     config_text,
-    idle_script,
+    grow_idle,
     kill_tree,
-    live_worker,
-    machine_load,
+    launch_api,
+    median_memory,
     memory_of,
     sample_cpu,
     say,
-    submit_api,
-    submit_scripted,
     supervisord_bin,
-    wait_until,
-    warm_bytecode,
+    worker_memory,
 )
-from supervisor.control import ring
-from worker.config import Config
-from worker.spool import Spool
 
 NAME = "footprint"
 TARGET_USS_MB = 25.0
@@ -80,16 +72,6 @@ def hang_reply(turn: int) -> Any:
     return Fault.hang(seconds=900.0)
 
 
-def median_memory(found: list[Memory]) -> Memory | None:
-    if not found:
-        return None
-    return Memory(
-        statistics.median(m.rss for m in found),
-        statistics.median(m.uss for m in found),
-        statistics.median(m.pss for m in found),
-    )
-
-
 # -- memory per worker ----------------------------------------------------------------
 
 
@@ -100,31 +82,18 @@ def agentd_worker_memory(workdir: Path, n: int) -> tuple[Memory | None, Memory |
         Daemon(workdir, config_text(max_workers=max(8, n)), env=server.env) as daemon,
     ):
         daemon.start()
-        ids = [submit_api(daemon.spool, daemon.config, f"api{k:03d}").id for k in range(n)]
-        ring(daemon.spool, ids[-1])
-        wait_until(lambda: server.count() >= n, 60 + 2 * n, 0.05, f"{n} model requests")
-        time.sleep(0.5)
-        pids = [live_worker(daemon.spool.task(t)) for t in ids]
-        found = [m for m in (memory_of(p) for p in pids if p) if m]
+        found = worker_memory(launch_api(daemon, server, n))
         fs = daemon.forkserver_pid()
         return median_memory(found), memory_of(fs) if fs else None
 
 
 def peer_worker_memory(workdir: Path, n: int, bin_dir: Path) -> Memory | None:
-    spool = Spool(workdir / "spool").ensure()
-    with ModelServer(hang_reply) as server:
-        peer = Supervisord(workdir, bin_dir, env=child_env(server.env))
-        with peer:
-            peer.write_conf()
-            tasks = [submit_api(spool, Config(), f"api{k:03d}") for k in range(n)]
-            for k, task in enumerate(tasks):
-                peer.add_program(f"w{k:03d}", task)
-            peer.start()
-            wait_until(lambda: server.count() >= n, 120 + 5 * n, 0.1, f"{n} model requests")
-            time.sleep(0.5)
-            pids = [live_worker(t) for t in tasks]
-            found = [m for m in (memory_of(p) for p in pids if p) if m]
-    return median_memory(found)
+    with (
+        ModelServer(hang_reply) as server,
+        Supervisord(workdir, bin_dir, env=child_env(server.env)) as peer,
+    ):
+        peer.start()
+        return median_memory(worker_memory(launch_api(peer, server, n)))
 
 
 def plain_sdk_memory(workdir: Path) -> Memory | None:
@@ -147,7 +116,7 @@ def plain_sdk_memory(workdir: Path) -> Memory | None:
         proc.wait(timeout=10)
 
 
-# -- the daemon with idle workers -----------------------------------------------------
+# -- the supervisor with idle workers -------------------------------------------------
 
 
 @dataclass
@@ -159,89 +128,45 @@ class Level:
     ramp: float  # seconds until every new worker was idle
 
 
-def agentd_levels(workdir: Path, plan: Plan) -> list[Level]:
-    config = config_text(max_workers=max(plan.levels) + 8)
+def idle_levels(label: str, host: Host, levels: tuple[int, ...], window: float) -> list[Level]:
+    """The supervisor process's CPU and memory at each number of idle workers."""
     out: list[Level] = []
-    scratch = workdir / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    with Daemon(workdir / "agentd", config) as daemon:
-        daemon.start()
-        ids: list[str] = []
-        for level in plan.levels:
-            t0 = time.monotonic()
-            ids += daemon.submit_idle([f"idle{k:04d}" for k in range(len(ids), level)], scratch)
-            wait_until(
-                all_idle(daemon.spool, ids),
-                60 + 0.5 * level,
-                0.5,
-                f"{level} idle workers",
-            )
-            ramp = time.monotonic() - t0
-            time.sleep(2.0)  # let the ramp's work settle
-            cpu = sample_cpu(daemon.pid, plan.window)
-            mem = memory_of(daemon.pid)
-            assert mem is not None
-            out.append(Level(level, cpu, mem.rss, mem.uss, ramp))
-            say(
-                NAME,
-                f"agentd, {level} idle workers: daemon CPU {cpu:.3f}% of a core, RSS "
-                f"{mem.rss:.1f} MB, USS {mem.uss:.1f} MB (ramp {ramp:.1f} s)",
-            )
+    scratch = host.spool.root.parent
+    for level in levels:
+        ramp = grow_idle(host, level, scratch)
+        time.sleep(2.0)  # let the ramp's work settle
+        cpu = sample_cpu(host.pid, window)
+        mem = memory_of(host.pid)
+        assert mem is not None
+        out.append(Level(level, cpu, mem.rss, mem.uss, ramp))
+        say(
+            NAME,
+            f"{label}, {level} idle workers: CPU {cpu:.3f}% of a core, RSS "
+            f"{mem.rss:.1f} MB, USS {mem.uss:.1f} MB (ramp {ramp:.1f} s)",
+        )
     return out
+
+
+def agentd_levels(workdir: Path, plan: Plan) -> list[Level]:
+    with Daemon(workdir, config_text(max_workers=max(plan.levels) + 8)) as daemon:
+        daemon.start()
+        return idle_levels("agentd daemon", daemon, plan.levels, plan.window)
 
 
 def peer_levels(workdir: Path, plan: Plan, bin_dir: Path) -> list[Level]:
-    out: list[Level] = []
-    spool = Spool(workdir / "spool").ensure()
-    scratch = workdir / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    peer = Supervisord(workdir, bin_dir)
-    with peer:
-        peer.write_conf()
+    with Supervisord(workdir, bin_dir) as peer:
         peer.start()
-        ids: list[str] = []
-        for level in plan.peer_levels:
-            t0 = time.monotonic()
-            for k in range(len(ids), level):
-                task = submit_scripted(spool, Config(), idle_script(), f"idle{k:04d}", scratch)
-                peer.add_program(f"w{k:04d}", task)
-                ids.append(task.id)
-            peer.update()
-            wait_until(
-                all_idle(spool, ids),
-                120 + 1.0 * level,
-                0.5,
-                f"{level} idle supervisord programs",
-            )
-            ramp = time.monotonic() - t0
-            time.sleep(2.0)
-            cpu = sample_cpu(peer.pid, plan.window)
-            mem = memory_of(peer.pid)
-            assert mem is not None
-            out.append(Level(level, cpu, mem.rss, mem.uss, ramp))
-            say(
-                NAME,
-                f"{PEER}, {level} idle programs: CPU {cpu:.3f}% of a core, RSS "
-                f"{mem.rss:.1f} MB (ramp {ramp:.1f} s)",
-            )
-    return out
+        return idle_levels(PEER, peer, plan.peer_levels, plan.window)
 
 
 # -- the run --------------------------------------------------------------------------
 
 
 def run(quick: bool) -> list[Row]:
-    plan = QUICK if quick else FULL
-    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-footprint-")).resolve()
-    try:
-        return _run(plan, workdir, quick)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return bench_run(NAME, quick, lambda workdir: measure(QUICK if quick else FULL, workdir, quick))
 
 
-def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
-    say(NAME, f"{'quick' if quick else 'full'} mode; before: {machine_load()}")
-    warm_bytecode()
+def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
     bin_dir = None if quick else supervisord_bin(plan.install)
     if not quick and bin_dir is None:
         say(NAME, "supervisord is not installed: peer left out")
@@ -253,10 +178,8 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
         peer_worker = peer_worker_memory(workdir / "memory-peer", plan.workers, bin_dir)
     levels = agentd_levels(workdir / "levels", plan)
     peers = peer_levels(workdir / "levels-peer", plan, bin_dir) if bin_dir else []
-    say(NAME, f"after: {machine_load()}")
 
-    peer_name = PEER if bin_dir else ""
-    peer_note = QUICK_PEER if quick else ("" if bin_dir else "supervisord could not be installed")
+    column = PeerColumn(quick, ran=bin_dir is not None)
     rows: list[Row] = []
 
     def mem_row(label: str, key: str, **kw: Any) -> None:
@@ -269,7 +192,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 value,
                 floor=getattr(plain, key) if plain else None,
                 peer=getattr(peer_worker, key) if peer_worker else None,
-                peer_name=peer_name,
+                peer_name=column.name,
                 **kw,
             )
         )
@@ -281,7 +204,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
         met=None if worker is None else worker.uss < TARGET_USS_MB,
         note=f"Median of {plan.workers} workers, each waiting in its first model call with "
         "its SDK client built. Floor: a plain `python -c 'import anthropic'` process. "
-        + (peer_note or f"{PEER}: `python -m worker TASK` programs (fresh interpreters)."),
+        + column.note("`python -m worker TASK` programs (fresh interpreters)."),
     )
     mem_row("PSS", "pss")
     mem_row("RSS", "rss")
@@ -308,14 +231,14 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 "%",
                 level.cpu,
                 peer=peer.cpu if peer else None,
-                peer_name=peer_name,
+                peer_name=column.name,
                 target=f"< {TARGET_CPU_PCT:g}% of a core" if at_target else "",
                 met=level.cpu < TARGET_CPU_PCT if at_target else None,
                 note=(
                     f"Percent of one core, the daemon's own user + system time over "
                     f"{plan.window:g} s; heartbeat interval 1 s, timeout 5 s, checked every "
                     "0.5 s. Idle workers: scripted tasks whose model call sleeps. "
-                    + (peer_note or f"{PEER}: the same workers as programs.")
+                    + column.note("the same workers as programs.")
                 )
                 if i == 0
                 else "",
@@ -334,7 +257,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 "MB",
                 level.rss,
                 peer=peer.rss if peer else None,
-                peer_name=peer_name,
+                peer_name=column.name,
                 target=f"<= {PEER.split()[0]}'s" if at_target else "",
                 met=met,
             )

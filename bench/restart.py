@@ -24,11 +24,9 @@ backed off on purpose (``supervisor/policy.py``).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,24 +37,23 @@ from typing import Any
 from bench.report import Row
 from bench.supervision import (
     PEER,
-    QUICK_PEER,
     Daemon,
     ModelServer,
+    PeerColumn,
     Supervisord,
+    bench_run,
     child_env,
     config_text,
     live_worker,
-    machine_load,
+    load_average,
     median,
     percentile,
     say,
     submit_api,
     supervisord_bin,
     timed_run,
-    warm_bytecode,
 )
-from worker.config import Config
-from worker.spool import Spool, TaskDir
+from worker.spool import TaskDir
 
 NAME = "restart"
 REPLY_DELAY = 0.5  # seconds the model takes: the window a kill lands in
@@ -79,7 +76,7 @@ FULL = Plan(
     kills=50, fresh_kills=50, peer_kills=50, hangs=5, interval=1.0, timeout=5.0, install=True
 )
 QUICK = Plan(
-    kills=5, fresh_kills=2, peer_kills=0, hangs=1, interval=1.0, timeout=3.0, install=False
+    kills=5, fresh_kills=1, peer_kills=0, hangs=1, interval=1.0, timeout=3.0, install=False
 )
 
 
@@ -97,6 +94,18 @@ def reply_for_turn(turn: int) -> Any:
     return Reply.tool_use("list_dir", {"path": "."}, delay=REPLY_DELAY)
 
 
+def any_arrival(at: float, turn: int) -> bool:
+    return True
+
+
+def turn_above(base: int) -> Callable[[float, int], bool]:
+    return lambda at, turn: turn > base
+
+
+def arrived_after(t0: float) -> Callable[[float, int], bool]:
+    return lambda at, turn: at > t0
+
+
 def trials(
     server: ModelServer,
     task: TaskDir,
@@ -109,17 +118,17 @@ def trials(
     """``count`` times: wait for the task's worker to make progress and send its next model
     request, signal it, and time until the next model request arrives (the replacement's)."""
     # Start from the latest request: the next one of a higher turn comes after progress.
-    index, _, base = server.wait_arrival(lambda at, t: True, max(0, server.count() - 1), patience)
+    index, _, base = server.wait_arrival(any_arrival, max(0, server.count() - 1), patience)
     out: list[Trial] = []
     for n in range(count):
-        index, _, turn = server.wait_arrival(lambda at, t, base=base: t > base, index + 1, patience)
+        index, _, turn = server.wait_arrival(turn_above(base), index + 1, patience)
         pid = live_worker(task)
         if pid is None:  # between a lock holder's exit and the next: take the next request
             base = turn - 1
             continue
         wall, t0 = time.time(), time.monotonic()
         os.kill(pid, sig)
-        index, at, base = server.wait_arrival(lambda a, t, t0=t0: a > t0, index + 1, patience)
+        index, at, base = server.wait_arrival(arrived_after(t0), index + 1, patience)
         trial = Trial(at - t0, wall)
         out.append(trial)
         if progress is not None:
@@ -154,9 +163,7 @@ def run_agentd(
         served = daemon.start()
         say(NAME, f"agentd ({label}): serving after {served:.2f} s")
         task = submit_api(daemon.spool, daemon.config, "restart")
-        from supervisor.control import ring
-
-        ring(daemon.spool, task.id)
+        daemon.launch([task])
         patience = 60.0 if preload else 120.0
         killed = trials(server, task, kills, signal.SIGKILL, patience=patience)
         say(NAME, f"agentd ({label}): {len(killed)} kills, p50 {_ms(killed)}")
@@ -183,12 +190,9 @@ def run_supervisord(workdir: Path, plan: Plan, server: ModelServer) -> list[Tria
     if bin_dir is None:
         say(NAME, "supervisord is not installed: peer left out")
         return None
-    spool = Spool(workdir / "spool").ensure()
-    task = submit_api(spool, Config(), "restart")
-    peer = Supervisord(workdir, bin_dir, env=child_env(server.env))
-    with peer:
-        peer.write_conf()
-        peer.add_program("w0", task)
+    with Supervisord(workdir, bin_dir, env=child_env(server.env)) as peer:
+        task = submit_api(peer.spool, peer.config, "restart")
+        peer.launch([task])
         peer.start()
         killed = trials(server, task, plan.peer_kills, signal.SIGKILL, patience=120.0)
     say(NAME, f"{PEER}: {len(killed)} kills, p50 {_ms(killed)}")
@@ -207,29 +211,27 @@ def sdk_import_seconds(workdir: Path, repeats: int) -> float:
 
 
 def run(quick: bool) -> list[Row]:
-    plan = QUICK if quick else FULL
-    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-restart-")).resolve()
-    try:
-        return _run(plan, workdir, quick)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return bench_run(NAME, quick, lambda workdir: measure(QUICK if quick else FULL, workdir, quick))
 
 
-def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
-    say(NAME, f"{'quick' if quick else 'full'} mode; before: {machine_load()}")
-    warm_bytecode()
+def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
+    loads: list[str] = []  # the load average after each part: the parts are minutes apart
     with ModelServer(reply_for_turn) as server:
         killed, hung, spawns = run_agentd(workdir / "agentd", plan, preload=True, server=server)
+    loads.append(f"fork server on {load_average():.1f}")
     with ModelServer(reply_for_turn) as server:
         fresh, _, fresh_spawns = run_agentd(
             workdir / "agentd-fresh", plan, preload=False, server=server
         )
+    loads.append(f"fork server off {load_average():.1f}")
     peer: list[Trial] | None = None
     if not quick:
         with ModelServer(reply_for_turn) as server:
             peer = run_supervisord(workdir / "supervisord", plan, server)
+        loads.append(f"{PEER} {load_average():.1f}")
     repeats = 1 if quick else 3
     sdk = sdk_import_seconds(workdir, repeats)
+    loads.append(f"SDK import {load_average():.1f}")
     say(NAME, f"python -c 'import anthropic': {sdk:.2f} s (median of {repeats})")
     if spawns:
         react = statistics.median(spawns)
@@ -245,15 +247,13 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             f"fork server off: kill -> worker_spawned p50 "
             f"{1000 * statistics.median(fresh_spawns):.1f} ms",
         )
-    say(NAME, f"after: {machine_load()}")
 
     def ms(found: list[Trial] | None, q: float) -> float | None:
         if not found:
             return None
         return 1000 * percentile([t.took for t in found], q)
 
-    peer_name = PEER if peer else ""
-    peer_note = QUICK_PEER if quick else ("" if peer else "supervisord could not be installed")
+    column = PeerColumn(quick, ran=bool(peer))
     rows: list[Row] = []
     p50 = ms(killed, 0.5)
     rows.append(
@@ -263,14 +263,15 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             "ms",
             p50,
             peer=ms(peer, 0.5),
-            peer_name=peer_name,
+            peer_name=column.name,
             target=f"< {TARGET_P50_MS:g} ms",
             met=None if p50 is None else p50 < TARGET_P50_MS,
             note=(
                 "From SIGKILL of a worker waiting on the model (after progress) to the "
                 "replacement's first model request arriving at the local Messages API; "
                 "anthropic backend, real SDK client. "
-                + (peer_note or f"{PEER}: program `python -m worker TASK` autorestart=true.")
+                + column.note("program `python -m worker TASK` autorestart=true.")
+                + f" Load average after each part: {', '.join(loads)}."
             ),
         )
     )
@@ -281,7 +282,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             "ms",
             ms(killed, 0.99),
             peer=ms(peer, 0.99),
-            peer_name=peer_name,
+            peer_name=column.name,
         )
     )
     rows.append(
@@ -291,7 +292,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             "ms",
             ms(fresh, 0.5),
             peer=ms(peer, 0.5),
-            peer_name=peer_name,
+            peer_name=column.name,
             note="The same daemon with Supervisor(preload=False): each replacement is a "
             "fresh interpreter that imports the SDK before its first request.",
         )
@@ -303,7 +304,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             "ms",
             ms(fresh, 0.99),
             peer=ms(peer, 0.99),
-            peer_name=peer_name,
+            peer_name=column.name,
         )
     )
     sdk_figure = "python -c 'import anthropic' (the SDK import alone)"

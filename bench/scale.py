@@ -18,10 +18,9 @@ Floor: a bare ``python -c pass`` (the least any CLI command costs).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import statistics
+import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,24 +31,21 @@ import psutil
 from bench.report import Row
 from bench.supervision import (
     PEER,
-    QUICK_PEER,
     Daemon,
+    Host,
+    PeerColumn,
     Supervisord,
-    all_idle,
+    Timing,
+    bench_run,
     child_env,
     config_text,
-    idle_script,
-    machine_load,
+    grow_idle,
     sample_cpu,
     say,
-    submit_scripted,
     supervisord_bin,
+    timed_call,
     timed_run,
-    wait_until,
-    warm_bytecode,
 )
-from worker.config import Config
-from worker.spool import Spool
 
 NAME = "scale"
 TARGET_MS = 200.0
@@ -61,19 +57,23 @@ FIRST_GUESS_MB = 40.0  # per-worker PSS assumed before the first level is measur
 @dataclass(frozen=True)
 class Plan:
     levels: tuple[int, ...]
+    peer_levels: tuple[int, ...]  # supervisord's fresh interpreters take minutes to start
     calls: int  # status calls per level
     cpu_window: float
     install: bool
 
 
-FULL = Plan(levels=(100, 200, 300, 500, 700), calls=5, cpu_window=10.0, install=True)
-QUICK = Plan(levels=(20,), calls=3, cpu_window=3.0, install=False)
+FULL = Plan(
+    levels=(100, 250, 500, 700), peer_levels=(100, 250, 500), calls=5, cpu_window=10.0, install=True
+)
+QUICK = Plan(levels=(20,), peer_levels=(), calls=3, cpu_window=3.0, install=False)
 
 
 @dataclass
 class Level:
     workers: int
-    status_ms: float  # median
+    status_ms: float  # median, wall
+    status_cpu_ms: float  # median, user + system time of the status process
     pss_gb: float  # the supervisor's processes, summed
     used_gb: float  # the machine: total - available
     cpu: float  # the supervisor process, percent of one core
@@ -102,46 +102,40 @@ def room_for(more: int, per_worker_gb: float) -> bool:
 
 
 def ramp(
-    label: str,
-    plan: Plan,
-    pid: Callable[[], int],
-    add: Callable[[int, int], Callable[[], bool]],
-    status: Callable[[], float],
+    label: str, plan: Plan, levels: tuple[int, ...], host: Host, status: Callable[[], Timing]
 ) -> list[Level]:
-    """Add workers level by level; ``add(have, want)`` starts them and returns the
-    predicate that says they are all idle; ``status()`` times one status call."""
+    """Grow ``host`` level by level to ``levels`` idle workers; at each, time ``status()``
+    (one status call), sum the memory, sample the supervisor's CPU."""
     out: list[Level] = []
-    have, per_worker = 0, FIRST_GUESS_MB / 1e3
-    for level in plan.levels:
-        if not room_for(level - have, per_worker):
+    per_worker = FIRST_GUESS_MB / 1e3
+    for level in levels:
+        if not room_for(level - len(host.idle), per_worker):
             say(NAME, f"{label}: {level} workers would leave < {RESERVE_GB:g} GB available: stop")
             break
-        t0 = time.monotonic()
-        ready = add(have, level)
         try:
-            wait_until(ready, 120 + 1.0 * (level - have), 1.0, f"{level} idle workers")
-        except TimeoutError as exc:
+            took = grow_idle(host, level, host.spool.root.parent)
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:  # supervisorctl may time out
             say(NAME, f"{label}: {exc}: stop")
             break
-        took = time.monotonic() - t0
-        have = level
         time.sleep(2.0)
         calls = [status() for _ in range(plan.calls)]
-        pss = tree_pss_gb(pid())
+        pss = tree_pss_gb(host.pid)
         per_worker = max(per_worker, pss / level)
         level_row = Level(
             level,
-            1000 * statistics.median(calls),
+            1000 * statistics.median(c.wall for c in calls),
+            1000 * statistics.median(c.cpu for c in calls),
             pss,
             used_gb(),
-            sample_cpu(pid(), plan.cpu_window),
+            sample_cpu(host.pid, plan.cpu_window),
             took,
         )
         out.append(level_row)
         say(
             NAME,
             f"{label}, {level} idle workers: status p50 {level_row.status_ms:.0f} ms "
-            f"(calls {', '.join(f'{1000 * c:.0f}' for c in calls)}), PSS {pss:.2f} GB, "
+            f"(calls {', '.join(f'{1000 * c.wall:.0f}' for c in calls)}; CPU p50 "
+            f"{level_row.status_cpu_ms:.0f} ms), PSS {pss:.2f} GB, "
             f"machine {level_row.used_gb:.1f} GB used, CPU {level_row.cpu:.2f}%, "
             f"ramp {took:.1f} s",
         )
@@ -149,46 +143,26 @@ def ramp(
 
 
 def agentd_scale(workdir: Path, plan: Plan) -> list[Level]:
-    config = config_text(max_workers=max(plan.levels) + 8)
-    with Daemon(workdir, config) as daemon:
+    with Daemon(workdir, config_text(max_workers=max(plan.levels) + 8)) as daemon:
         daemon.start()
         spool = str(daemon.spool.root)
         status_cmd = [sys.executable, "-m", "supervisor", "--spool", spool, "status", "--json"]
-
-        def add(have: int, want: int) -> Callable[[], bool]:
-            daemon.submit_idle([f"idle{k:04d}" for k in range(have, want)], workdir)
-            return all_idle(daemon.spool, [f"idle{k:04d}" for k in range(want)])
-
         return ramp(
-            "agentd",
-            plan,
-            lambda: daemon.pid,
-            add,
-            lambda: timed_run(status_cmd, daemon.env, workdir),
+            "agentd", plan, plan.levels, daemon, lambda: timed_call(status_cmd, daemon.env, workdir)
         )
 
 
 def peer_scale(workdir: Path, plan: Plan, bin_dir: Path) -> list[Level]:
-    spool = Spool(workdir / "spool").ensure()
-    peer = Supervisord(workdir, bin_dir)
-    with peer:
-        peer.write_conf()
+    with Supervisord(workdir, bin_dir) as peer:
         peer.start()
-        config, script = Config(), idle_script()
 
-        def add(have: int, want: int) -> Callable[[], bool]:
-            for k in range(have, want):
-                task = submit_scripted(spool, config, script, f"idle{k:04d}", workdir)
-                peer.add_program(f"w{k:04d}", task)
-            peer.update()
-            return all_idle(spool, [f"idle{k:04d}" for k in range(want)])
+        ctl = [str(bin_dir / "supervisorctl"), "-c", str(peer.conf), "status"]
 
-        def status() -> float:
-            t0 = time.monotonic()
-            peer.ctl("status")  # exits non-zero when a program is not RUNNING: timed anyway
-            return time.monotonic() - t0
+        def status() -> Timing:
+            # exits non-zero when a program is not RUNNING: timed anyway
+            return timed_call(ctl, peer.env, workdir, check=False)
 
-        return ramp(PEER, plan, lambda: peer.pid, add, status)
+        return ramp(PEER, plan, plan.peer_levels, peer, status)
 
 
 def holds(levels: list[Level]) -> int:
@@ -202,17 +176,10 @@ def holds(levels: list[Level]) -> int:
 
 
 def run(quick: bool) -> list[Row]:
-    plan = QUICK if quick else FULL
-    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-scale-")).resolve()
-    try:
-        return _run(plan, workdir, quick)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return bench_run(NAME, quick, lambda workdir: measure(QUICK if quick else FULL, workdir, quick))
 
 
-def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
-    say(NAME, f"{'quick' if quick else 'full'} mode; before: {machine_load()}")
-    warm_bytecode()
+def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
     floor = 1000 * statistics.median(
         timed_run([sys.executable, "-c", "pass"], child_env(), workdir) for _ in range(5)
     )
@@ -220,10 +187,8 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
     levels = agentd_scale(workdir / "agentd", plan)
     bin_dir = None if quick else supervisord_bin(plan.install)
     peers = peer_scale(workdir / "supervisord", plan, bin_dir) if bin_dir else []
-    say(NAME, f"after: {machine_load()}")
 
-    peer_name = PEER if bin_dir else ""
-    peer_note = QUICK_PEER if quick else ("" if bin_dir else "supervisord could not be installed")
+    column = PeerColumn(quick, ran=bin_dir is not None)
     by_level = {p.workers: p for p in peers}
     rows: list[Row] = []
     for i, level in enumerate(levels):
@@ -236,14 +201,31 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 level.status_ms,
                 floor=floor,
                 peer=peer.status_ms if peer else None,
-                peer_name=peer_name,
+                peer_name=column.name,
                 target=f"< {TARGET_MS:g} ms",
                 met=level.status_ms < TARGET_MS,
                 note=(
                     f"`agentd status --json` as a fresh CLI process, start to exit, median of "
                     f"{plan.calls}. Floor: `python -c pass`. "
-                    + (peer_note or f"{PEER}: `supervisorctl status`, the same workers.")
+                    + column.note("`supervisorctl status`, the same workers.")
                 )
+                if i == 0
+                else "",
+            )
+        )
+    for i, level in enumerate(levels):
+        peer = by_level.get(level.workers)
+        rows.append(
+            Row(
+                NAME,
+                f"status --json CPU time @ {level.workers} idle workers, median",
+                "ms",
+                level.status_cpu_ms,
+                peer=peer.status_cpu_ms if peer else None,
+                peer_name=column.name,
+                note="User + system time of the status process (getrusage of the child): "
+                "what the call takes on an idle core. On a busy machine the latency above "
+                "is this stretched by the wait for a core."
                 if i == 0
                 else "",
             )
@@ -257,7 +239,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 "GB",
                 level.pss_gb,
                 peer=peer.pss_gb if peer else None,
-                peer_name=peer_name,
+                peer_name=column.name,
                 note="PSS of the supervisor and every process under it, summed (each shared "
                 "page counted once overall). Machine used (total - available) at each "
                 "level: "
@@ -281,7 +263,7 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 "%",
                 level.cpu,
                 peer=peer.cpu if peer else None,
-                peer_name=peer_name,
+                peer_name=column.name,
             )
         )
     best = holds(levels)
@@ -293,11 +275,12 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             "",
             float(best),
             peer=float(holds(peers)) if peers else None,
-            peer_name=peer_name,
+            peer_name=column.name,
             target=f">= {TARGET_WORKERS}",
             met=None if quick else best >= TARGET_WORKERS,
-            note=f"Levels tried: {', '.join(str(lv) for lv in plan.levels)}; the largest "
-            f"level reached was {tried}"
+            note=f"Levels tried: {', '.join(str(lv) for lv in plan.levels)}"
+            + (f" ({PEER}: {', '.join(str(lv) for lv in plan.peer_levels)})" if peers else "")
+            + f"; the largest level reached was {tried}"
             + (f" ({PEER}: {max(p.workers for p in peers)})" if peers else "")
             + ". A figure equal to the largest level tried means the machine held every "
             "level tried.",

@@ -4,6 +4,12 @@ Messages API, and the clean-up that leaves no process behind.
 Not a benchmark itself (no ``run``); ``bench/restart.py``, ``bench/footprint.py``,
 ``bench/throughput.py`` and ``bench/scale.py`` use it.
 
+* ``bench_run``: the frame of each of those benchmarks (machine load before and after,
+  warm bytecode, a temp work folder); ``PeerColumn`` says why a peer column is empty.
+* ``Host``: what runs the workers, ``Daemon`` or ``Supervisord``, driven the same way:
+  ``launch`` tasks, ``grow_idle`` to N idle workers; the census (``idle_workers``,
+  ``live_worker``, ``worker_memory``) finds their workers through the spool.
+
 * ``Daemon``: ``python -m supervisor --spool S --config C start`` in its own session, on a
   temp spool, as an operator starts it. ``preload=False`` starts the same ``Supervisor``
   with the fork server off through a three-line launcher (there is no CLI flag).
@@ -30,19 +36,23 @@ import contextlib
 import json
 import math
 import os
+import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
+from bench.report import Row
 from supervisor import tasks
 from supervisor.control import ring, running_pid, supervisor_info
 from worker.config import Config, load_config
@@ -76,6 +86,53 @@ IDLE_DELAY = 3600.0  # an idle worker's model call: the scripted model sleeps th
 
 def say(name: str, message: str) -> None:
     print(f"{name}: {message}", flush=True)
+
+
+def bench_run(
+    name: str, quick: bool, measure: Callable[[Path], list[Row]], detail: str = ""
+) -> list[Row]:
+    """``measure(workdir)`` in a temp folder removed afterwards, with bytecode warmed, and
+    the machine's load printed before and after and added as a last row: the figures
+    mean little without it (this machine may be shared)."""
+    before, started = machine_load(), load_average()
+    say(name, f"{'quick' if quick else 'full'} mode{detail}; before: {before}")
+    warm_bytecode()
+    workdir = Path(tempfile.mkdtemp(prefix=f"agentd-bench-{name}-")).resolve()
+    try:
+        rows = measure(workdir)
+    finally:
+        after = machine_load()
+        say(name, f"after: {after}")
+        shutil.rmtree(workdir, ignore_errors=True)
+    load = Row(
+        name,
+        f"machine load average (1 min) at the end; {started:.1f} at the start",
+        "",
+        load_average(),
+        compare=False,
+        note=f"{name}: before: {before}; after: {after}.",
+    )
+    return [*rows, load]
+
+
+@dataclass(frozen=True)
+class PeerColumn:
+    """The peer column of a benchmark's rows: supervisord's name when it ran, and a note
+    that says how it ran or why it did not."""
+
+    quick: bool
+    ran: bool
+
+    @property
+    def name(self) -> str:
+        return PEER if self.ran else ""
+
+    def note(self, how: str) -> str:
+        if self.quick:
+            return QUICK_PEER
+        if not self.ran:
+            return "supervisord could not be installed"
+        return f"{PEER}: {how}"
 
 
 # -- environment ----------------------------------------------------------------------
@@ -118,14 +175,18 @@ def warm_bytecode() -> None:
     _warmed.add(sys.executable)
 
 
-def machine_load() -> str:
+def load_average() -> float:
+    """The 1-minute load average (NaN when it cannot be read)."""
     try:
-        load = Path("/proc/loadavg").read_text().split()[0]
-    except (OSError, IndexError):
-        load = "?"
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def machine_load() -> str:
     mem = psutil.virtual_memory()
     text = (
-        f"load average {load} on {os.cpu_count()} CPUs, "
+        f"load average {load_average():.2f} on {os.cpu_count()} CPUs, "
         f"{mem.available / 2**30:.1f} of {mem.total / 2**30:.1f} GiB available"
     )
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -192,6 +253,14 @@ def kill_tree(root_pid: int | None, extra: Iterable[int] = ()) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def end(proc: subprocess.Popen[bytes] | None) -> None:
+    """Kill ``proc`` and everything under it (``kill_tree``), and reap it."""
+    if proc is not None:
+        kill_tree(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
 def spool_holders(spool: Spool) -> set[int]:
     """Live pids that hold (or last held) a task of ``spool``: lock holders and
     heartbeat writers. For clean-up after the daemon is gone."""
@@ -251,16 +320,57 @@ def memory_of(pid: int) -> Memory | None:
     return None
 
 
+def median_memory(found: Sequence[Memory]) -> Memory | None:
+    if not found:
+        return None
+    return Memory(
+        statistics.median(m.rss for m in found),
+        statistics.median(m.uss for m in found),
+        statistics.median(m.pss for m in found),
+    )
+
+
+def spawn(
+    cmd: Sequence[str], cwd: Path, env: Mapping[str, str], out: Path
+) -> subprocess.Popen[bytes]:
+    """``cmd`` in a session of its own (so ``kill_tree`` reaches all it starts), its
+    output appended to ``out``."""
+    with open(out, "ab") as sink:
+        return subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def timed_run(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout: float = 60) -> float:
     """Seconds one command took, start to exit (it must succeed)."""
-    t0 = time.monotonic()
+    return timed_call(cmd, env, cwd, timeout).wall
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # seconds, start to exit
+    cpu: float  # seconds of user + system time the command's process(es) used
+
+
+def timed_call(
+    cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout: float = 60, check: bool = True
+) -> Timing:
+    """Wall and CPU time of one command. On a busy machine the wall time is the CPU time
+    stretched by the wait for a core; the CPU time is what it costs on an idle one."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     done = subprocess.run(
         list(cmd), env=dict(env), cwd=cwd, capture_output=True, timeout=timeout, check=False
     )
-    took = time.monotonic() - t0
-    if done.returncode != 0:
+    took, r1 = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if check and done.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} exited {done.returncode}: {done.stderr[-500:]!r}")
-    return took
+    return Timing(took, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
 
 
 # -- tasks ----------------------------------------------------------------------------
@@ -320,6 +430,55 @@ def live_worker(task: TaskDir) -> int | None:
     return pid
 
 
+def worker_memory(found: Iterable[TaskDir]) -> list[Memory]:
+    """The memory of each live worker of the tasks ``found``."""
+    pids = [live_worker(task) for task in found]
+    return [m for m in (memory_of(pid) for pid in pids if pid) if m]
+
+
+# -- hosts: what runs the workers -----------------------------------------------------
+
+
+class Host(Protocol):
+    """``Daemon`` or ``Supervisord``: runs a worker for each task it is given."""
+
+    spool: Spool
+    config: Config
+    idle: list[str]  # the idle tasks launched so far, in order
+
+    @property
+    def pid(self) -> int: ...
+
+    def launch(self, found: Sequence[TaskDir]) -> None:
+        """Start (or have started) a worker for each of these submitted tasks."""
+
+
+def grow_idle(host: Host, upto: int, scratch: Path) -> float:
+    """Submit and launch idle tasks until ``host`` has ``upto``, then wait until every
+    one has its worker in its model call. Returns the seconds that took; TimeoutError
+    when the workers are not all idle after two minutes plus a second per new one."""
+    t0 = time.monotonic()
+    script = idle_script()
+    new = [
+        submit_scripted(host.spool, host.config, script, f"idle{k:04d}", scratch)
+        for k in range(len(host.idle), upto)
+    ]
+    host.launch(new)
+    host.idle.extend(task.id for task in new)
+    wait_until(all_idle(host.spool, host.idle), 120 + 1.0 * len(new), 0.5, f"{upto} idle workers")
+    return time.monotonic() - t0
+
+
+def launch_api(host: Host, server: ModelServer, n: int) -> list[TaskDir]:
+    """``n`` anthropic-backend tasks launched on ``host``; returns once each has sent its
+    first model request (and half a second more, for the worker to settle)."""
+    found = [submit_api(host.spool, host.config, f"api{k:03d}") for k in range(n)]
+    host.launch(found)
+    wait_until(lambda: server.count() >= n, 120 + 5 * n, 0.1, f"{n} model requests")
+    time.sleep(0.5)
+    return found
+
+
 # -- agentd ---------------------------------------------------------------------------
 
 
@@ -361,6 +520,7 @@ class Daemon:
         self.preload = preload
         self.env = child_env(env)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.idle: list[str] = []
         self._log_offset = 0
         self._events: list[dict[str, Any]] = []
 
@@ -379,16 +539,7 @@ class Daemon:
         else:
             cmd = [sys.executable, "-c", NO_PRELOAD_LAUNCHER, spool, conf]
         t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=self.root,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = spawn(cmd, self.root, self.env, self.log_path)
         proc = self.proc
 
         def serving() -> bool:
@@ -424,12 +575,10 @@ class Daemon:
             return self._events
         return [e for e in self._events if e.get("event") == name]
 
-    def submit_idle(self, names: Iterable[str], scratch: Path) -> list[str]:
-        ids = [
-            submit_scripted(self.spool, self.config, idle_script(), n, scratch).id for n in names
-        ]
-        ring(self.spool, ids[-1] if ids else "none")
-        return ids
+    def launch(self, found: Sequence[TaskDir]) -> None:
+        """Ring the doorbell for the submitted tasks (the running daemon starts them)."""
+        if found:
+            ring(self.spool, found[-1].id)
 
     def forkserver_pid(self) -> int | None:
         with contextlib.suppress(psutil.Error):
@@ -441,10 +590,7 @@ class Daemon:
     def close(self) -> None:
         """Kill the daemon, its fork server and every worker; never raises."""
         try:
-            if self.proc is not None:
-                kill_tree(self.proc.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=10)
+            end(self.proc)
             leftovers = spool_holders(self.spool)
             if leftovers:
                 kill_tree(None, leftovers)
@@ -494,13 +640,19 @@ def supervisord_bin(install: bool) -> Path | None:
 
 @dataclass
 class Supervisord:
-    """supervisord running ``python -m worker TASK_DIR`` programs, one per task."""
+    """supervisord running ``python -m worker TASK_DIR`` programs, one per task, for the
+    tasks of a spool of its own under ``root``."""
 
     root: Path
     bin_dir: Path
     env: dict[str, str] = field(default_factory=child_env)
+    config: Config = field(default_factory=Config)
     proc: subprocess.Popen[bytes] | None = None
-    programs: list[str] = field(default_factory=list)
+    idle: list[str] = field(default_factory=list)
+    spool: Spool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spool = Spool(self.root / "spool").ensure()
 
     @property
     def conf(self) -> Path:
@@ -526,30 +678,29 @@ class Supervisord:
             f"[include]\nfiles={self.root}/programs/*.conf\n"
         )
 
-    def add_program(self, name: str, task: TaskDir) -> None:
-        """A program running the task's worker, restarted whenever it exits."""
-        (self.root / "programs" / f"{name}.conf").write_text(
-            f"[program:{name}]\ncommand={sys.executable} -m worker {task.path}\n"
-            f"directory={self.root}\nautostart=true\nautorestart=true\nstartsecs=1\n"
-            "stopasgroup=true\nkillasgroup=true\nredirect_stderr=true\n"
-            f"stdout_logfile={self.root}/logs/{name}.log\nstdout_logfile_maxbytes=1MB\n"
-            "stdout_logfile_backups=0\n"
-        )
-        self.programs.append(name)
+    def launch(self, found: Sequence[TaskDir]) -> None:
+        """A program for each task, running its worker, restarted whenever it exits; a
+        running supervisord loads and starts them at once (``autostart``), else ``start``
+        does."""
+        if not self.conf.exists():
+            self.write_conf()
+        for task in found:
+            (self.root / "programs" / f"{task.id}.conf").write_text(
+                f"[program:{task.id}]\ncommand={sys.executable} -m worker {task.path}\n"
+                f"directory={self.root}\nautostart=true\nautorestart=true\nstartsecs=1\n"
+                "stopasgroup=true\nkillasgroup=true\nredirect_stderr=true\n"
+                f"stdout_logfile={self.root}/logs/{task.id}.log\n"
+                "stdout_logfile_maxbytes=1MB\nstdout_logfile_backups=0\n"
+            )
+        if found and self.proc is not None:
+            self.ctl("reread")
+            self.ctl("update")
 
     def start(self, timeout: float = 60.0) -> None:
         if not self.conf.exists():
             self.write_conf()
-        with open(self.root / "supervisord.out", "ab") as out:
-            self.proc = subprocess.Popen(
-                [str(self.bin_dir / "supervisord"), "-c", str(self.conf)],
-                cwd=self.root,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        cmd = [str(self.bin_dir / "supervisord"), "-c", str(self.conf)]
+        self.proc = spawn(cmd, self.root, self.env, self.root / "supervisord.out")
         proc = self.proc
 
         def up() -> bool:
@@ -569,17 +720,9 @@ class Supervisord:
             check=False,
         )
 
-    def update(self) -> None:
-        """Load program files added since the start (they start at once: autostart)."""
-        self.ctl("reread")
-        self.ctl("update")
-
     def close(self) -> None:
         try:
-            if self.proc is not None:
-                kill_tree(self.proc.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=10)
+            end(self.proc)
         except Exception as exc:
             print(f"bench: clean-up of supervisord: {exc!r}", file=sys.stderr, flush=True)
 

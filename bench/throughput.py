@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 from bench.report import Row
 from bench.supervision import (
     Daemon,
+    bench_run,
     child_env,
     config_text,
     machine_load,
@@ -40,9 +40,7 @@ from bench.supervision import (
     say,
     submit_scripted,
     wait_until,
-    warm_bytecode,
 )
-from supervisor.control import ring
 from worker.config import Config
 from worker.spool import Spool
 
@@ -115,7 +113,7 @@ def run_agentd(workdir: Path, n: int, template: Spool | None = None) -> tuple[fl
         t0 = time.monotonic()
         for task_id in ids:
             os.rename(staging.tasks_dir / task_id, target / task_id)
-        ring(daemon.spool, ids[-1])
+        daemon.launch([daemon.spool.task(ids[-1])])
 
         def finished() -> int:
             return len(daemon.events("task_done")) + len(daemon.events("task_failed"))
@@ -164,17 +162,11 @@ def run_worker_alone(workdir: Path, n: int, template: Spool) -> tuple[float, int
 
 def run(quick: bool) -> list[Row]:
     plan = QUICK if quick else FULL
-    workdir = Path(tempfile.mkdtemp(prefix="agentd-bench-throughput-")).resolve()
-    try:
-        return _run(plan, workdir, quick)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return bench_run(NAME, quick, lambda workdir: measure(plan, workdir), f", {plan.tasks:,} tasks")
 
 
-def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
+def measure(plan: Plan, workdir: Path) -> list[Row]:
     n = plan.tasks
-    say(NAME, f"{'quick' if quick else 'full'} mode, {n:,} tasks; before: {machine_load()}")
-    warm_bytecode()
     template = Spool(workdir / "template").ensure()
     stage(template, n, workdir)
     runs: dict[str, list[float]] = {"agentd": [], "bare": [], "alone": []}
@@ -194,7 +186,6 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             f"alone {alone:.2f} s ({alone_failed} failed); {machine_load()}",
         )
     agentd, bare, alone = min(runs["agentd"]), min(runs["bare"]), min(runs["alone"])
-    say(NAME, f"after: {machine_load()}")
 
     overhead = 1000 * (agentd - bare) / n
     daemon_only = 1000 * (agentd - alone) / n

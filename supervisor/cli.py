@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -107,6 +106,8 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     if args.config:
         cmd += ["--config", str(args.config)]
     cmd += ["--log-format", args.log_format or "json", "start"]
+    import subprocess  # noqa: PLC0415  (only --detach starts a process)
+
     log = os.open(spool.root / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True

@@ -42,10 +42,8 @@ from worker.errors import (
 )
 from worker.events import append_event, utc_now
 from worker.journal import read_file
-from worker.models.scripted import validate_script
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
-from worker.tools.registry import ToolRegistry
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -102,6 +100,10 @@ def submit(
     workspace: Path | None = None,
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad."""
+    # Imported here: `agentd status` and the daemon import this module and need neither.
+    from worker.models.scripted import validate_script  # noqa: PLC0415
+    from worker.tools.registry import ToolRegistry  # noqa: PLC0415
+
     task_id = validate_task_id(name) if name is not None else new_task_id()
     if not prompt.strip():
         raise UsageError("the prompt is empty; give --prompt TEXT or --prompt-file FILE.")
