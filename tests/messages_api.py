@@ -19,6 +19,10 @@ running out is a rejection) or from ``srv.responder(request_json) -> Reply | Fau
         ...  # point ANTHROPIC_BASE_URL at srv.base_url, ANTHROPIC_API_KEY at srv.api_key
         assert srv.rejected == []
 
+``srv.on_request(body, rejection)`` sees each request as it is answered (``rejection`` is
+None for a valid one), ``srv.on_served(body, reply_or_fault)`` once the answer is written
+out (a fault campaign kills its client right after a fault there).
+
 Faults (``Fault.<name>(...)``, or ``{"fault": "<name>", ...}`` in JSON): ``status_error``,
 ``rate_limit`` (429 + retry-after), ``server_error`` (500), ``overloaded`` (529),
 ``stream_error`` (an ``error`` event mid-stream), ``drop`` (no response), ``cut`` (socket
@@ -503,6 +507,8 @@ class MessagesAPIServer:
         self.rejected: list[Rejection] = []
         self.errors: list[str] = []  # exceptions inside the server itself
         self.on_request: Callable[[JSON, Rejection | None], None] | None = None
+        #: called with a request and what was served for it, once it is written out
+        self.on_served: Callable[[JSON, Reply | Fault], None] | None = None
         self.closing = threading.Event()  # set by close(): hangs and delays end at once
         self._cond = threading.Condition()
         self._httpd = _HTTPServer((host, port), _Handler, bind_and_activate=True)
@@ -599,14 +605,17 @@ class MessagesAPIServer:
         if self.on_request is not None:
             self.on_request(body, None)
         if isinstance(action, Fault):
-            return self._serve_fault(h, action, body)
-        if action.delay and self.closing.wait(action.delay):
+            self._serve_fault(h, action, body)
+        elif action.delay and self.closing.wait(action.delay):
             h.close_connection = True
             return None
-        message = action.message(body)
-        if body.get("stream"):
-            return self._send_stream(h, stream_events(message))
-        return self._send_json(h, 200, message)
+        elif body.get("stream"):
+            self._send_stream(h, stream_events(action.message(body)))
+        else:
+            self._send_json(h, 200, action.message(body))
+        if self.on_served is not None:
+            self.on_served(body, action)
+        return None
 
     def _serve_fault(self, h: _Handler, fault: Fault, body: JSON) -> None:
         stream = bool(body.get("stream"))

@@ -65,6 +65,7 @@ from tests.chaos.effect_tools import (
     SELF_KILL_TAGS_ENV,
     read_log,
 )
+from tests.faults.report import Figure
 from tests.messages_api import DEFAULT_API_KEY
 from tests.support import REPO, assert_paired
 from worker.config import load_config
@@ -256,6 +257,28 @@ class Report:
             "holds_decided": self.total("holds"),
             "wall_seconds": round(self.wall, 1),
         }
+
+    def as_figures(self) -> list[Figure]:
+        """The figures for the chaos table (``python -m tests.chaos``)."""
+        n, fault = len(self.trials), "kill -9 of workers"
+        figures = [
+            Figure(fault, "trials", n),
+            Figure(fault, "kills", self.total("kills")),
+            Figure(fault, "kills right after a side effect", self.total("kills_after_effect")),
+            Figure(fault, "worker starts", self.total("spawns")),
+            Figure(fault, "holds decided", self.total("holds")),
+            Figure(fault, "model requests validated", self.total("model_requests")),
+        ]
+        figures += [
+            Figure(fault, name.replace("_", " "), self.total(name), self.total(name) > 0)
+            for name in self.VIOLATIONS
+        ]
+        figures += [
+            Figure(fault, "tasks completed", self.completed, self.completed != n),
+            Figure(fault, "failures", len(self.failures), bool(self.failures)),
+            Figure(fault, "runtime s", round(self.wall, 1)),
+        ]
+        return figures
 
     def table(self) -> str:
         o, n = self.options, len(self.trials)
@@ -882,6 +905,13 @@ def run_campaign(options: Options) -> Report:
     if report.ok and not options.keep and options.root is None:
         shutil.rmtree(root, ignore_errors=True)
     return report
+
+
+def run(quick: bool) -> list[Figure]:
+    """The campaign as chaos figures: 100 trials quick, 500 full."""
+    report = run_campaign(Options(trials=100 if quick else 500))
+    print(report.table(), file=sys.stderr, flush=True)
+    return report.as_figures()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,8 +161,33 @@ def run_worker(
     """``python -m worker TASK_DIR`` (behind ``prefix``, e.g. strace; or another
     ``module`` that runs it) in its own session; its exit code (negative: the signal) and
     stderr. The group is killed on a timeout."""
+    return run_module(module, [str(task.path)], prefix=prefix, timeout=timeout, env=env)
+
+
+def run_cli(
+    spool_root: Path,
+    *args: str,
+    prefix: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> Exit:
+    """``agentd --spool SPOOL ARGS...`` (``python -m supervisor``), like ``run_worker``."""
+    argv = ["--spool", str(spool_root), *args]
+    return run_module("supervisor", argv, prefix=prefix, timeout=timeout)
+
+
+def run_module(
+    module: str,
+    args: Sequence[str],
+    *,
+    prefix: Sequence[str] = (),
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Exit:
+    """``python -m MODULE ARGS...`` behind ``prefix``, in its own session: its exit code
+    (negative: the signal; -999: it ran past ``timeout`` and its group was killed) and
+    stderr."""
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", module, str(task.path)],
+        [*prefix, sys.executable, "-m", module, *args],
         cwd=REPO,
         env=worker_env({**STABLE_ENV, **(env or {})}),
         stdin=subprocess.DEVNULL,
@@ -177,7 +202,7 @@ def run_worker(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return Exit(-999, f"worker ran past {timeout:g} s")
+        return Exit(-999, f"python -m {module} ran past {timeout:g} s")
     finally:
         with contextlib.suppress(ProcessLookupError):  # a tracee strace left behind
             os.killpg(proc.pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.faults.common import (
     EXIT_DONE,
     PROBLEMS,
     UNREADABLE,
+    Exit,
     Plan,
     Syscall,
     background_syncs,
@@ -56,7 +58,7 @@ FAULT = "crash points"
 QUICK_CLASSES = ("write", "fdatasync", "fsync", "rename", "link", "openat")
 ALL_CLASSES = (*QUICK_CLASSES, "pwrite64", "ftruncate", "mkdir", "unlink")
 BACKGROUND = "fdatasync (background)"  # the journal's sync thread, through sync_shim
-_TMP_NAME = re.compile(r"\.\d+\.[0-9a-f]{12}\.tmp")
+_TMP_NAME = re.compile(r"\.\d+\.[0-9a-f]{12}\.tmp|(?<=/inbox/)[^/]+$")  # temp files, doorbells
 
 
 @dataclass(frozen=True)
@@ -75,20 +77,23 @@ class Result:
     resumes: int
 
 
-def _where(call: Syscall, task: TaskDir) -> str:
-    base = str(task.path)
+def where(call: Syscall, base: Path) -> str:
+    """The first path of ``call`` inside ``base``, relative to it (temp names folded)."""
+    prefix = str(base)
     for path in call.paths:
-        if path == base or path.startswith(base + "/"):
-            return _TMP_NAME.sub(".TMP", path[len(base) :] or "/")
+        if path == prefix or path.startswith(prefix + "/"):
+            return _TMP_NAME.sub(".TMP", path[len(prefix) :] or "/")
     return "?"
 
 
-def _is_point(call: Syscall, task: TaskDir, quick: bool) -> bool:
-    if not call.touches(str(task.path)) or call.name not in ALL_CLASSES:
+def is_point(call: Syscall, base: Path, quick: bool) -> bool:
+    """Whether ``call`` is a crash point: a durable step on a file below ``base`` (in quick
+    mode only the QUICK_CLASSES, and never the heartbeat file)."""
+    if not call.touches(str(base)) or call.name not in ALL_CLASSES:
         return False
     if call.name == "openat" and not any(f in call.text for f in ("O_CREAT", "O_WRONLY", "O_RDWR")):
         return False
-    heartbeat = "heartbeat.json" in _where(call, task)
+    heartbeat = "heartbeat.json" in where(call, base)
     return not (quick and (heartbeat or call.name not in QUICK_CLASSES))
 
 
@@ -100,10 +105,32 @@ def crash_points(pristine: TaskDir, root: Path, quick: bool) -> list[Point]:
     if done.code != EXIT_DONE:
         raise RuntimeError(f"the clean run of the crash-point task failed: {done}")
     points = [
-        Point(c.name, c.index, _where(c, task)) for c in parse_log(log) if _is_point(c, task, quick)
+        Point(c.name, c.index, where(c, task.path))
+        for c in parse_log(log)
+        if is_point(c, task.path, quick)
     ]
     background = background_syncs(pristine, root / "clean-shim")
     return points + [Point(BACKGROUND, k, "/journal") for k in range(1, background + 1)]
+
+
+def kill_at(
+    point: Point, base: Path, log: Path, run: Callable[[list[str]], Exit]
+) -> tuple[Exit, bool]:
+    """``run(prefix)`` (a process behind the strace ``prefix``) killed with SIGKILL on entry
+    to the syscall ``point`` (paths relative to ``base``): its exit, and whether the kill
+    landed on that very call."""
+    inject = f"{point.name}:signal=KILL:when={point.index}"
+    killed = run(strace_prefix(log, ALL_CLASSES, inject=[inject]))
+    calls = parse_log(log)
+    last = calls[-1] if calls else None
+    on_target = (
+        killed.code == -9
+        and last is not None
+        and last.name == point.name
+        and last.ret == "?"
+        and where(last, base) == point.where
+    )
+    return killed, on_target
 
 
 def _case(pristine: TaskDir, plan: Plan, root: Path, point: Point, n: int) -> Result:
@@ -115,16 +142,8 @@ def _case(pristine: TaskDir, plan: Plan, root: Path, point: Point, n: int) -> Re
         syncs = [c for c in parse_shim_log(log) if c.thread == "journal-sync"]
         on_target = killed.code == -9 and len(syncs) == point.index - 1
     else:
-        inject = f"{point.name}:signal=KILL:when={point.index}"
-        killed = run_worker(task, prefix=strace_prefix(log, ALL_CLASSES, inject=[inject]))
-        calls = parse_log(log)
-        last = calls[-1] if calls else None
-        on_target = (
-            killed.code == -9
-            and last is not None
-            and last.name == point.name
-            and last.ret == "?"
-            and _where(last, task) == point.where
+        killed, on_target = kill_at(
+            point, task.path, log, lambda prefix: run_worker(task, prefix=prefix)
         )
     try:
         before = records(task)

@@ -76,7 +76,9 @@ class Setup:
     finished: TaskDir  # the clean run, done
 
 
-def _prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
+def prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
+    """``plan`` run cleanly (in-process) and cut into its frames, and a copy of the task
+    stopped right before each record of ``tails``, as a kill there leaves it."""
     pristine = make_task(root / "pristine", plan)
     finished = clone_task(pristine, root / "finished")
     stop_before_append(finished, 10**6)  # never stops: runs to the end in-process
@@ -175,12 +177,12 @@ def run(quick: bool, seed: int | None = None) -> list[Figure]:
     plan = mixed_plan(3 if quick else 4)
     with stopwatch() as elapsed, tempfile.TemporaryDirectory(prefix="agentd-torn-") as tmp:
         root = Path(tmp)
-        probe = _prepare(root / "probe", plan, set())
+        probe = prepare(root / "probe", plan, set())
         kinds = [r.get("k") for r in records(probe.finished)]
         last = len(kinds) - 1
         unsafe_result = _unsafe_result_index(probe.finished)
         tails = {last, unsafe_result} if quick else set(range(len(kinds)))
-        setup = _prepare(root / "setup", plan, tails)
+        setup = prepare(root / "setup", plan, tails)
         cases = _cases(setup, quick, rng)
         results = parallel(
             list(enumerate(cases)),

@@ -12,9 +12,6 @@ with ``-s`` to see them.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import io
 import itertools
 import json
 import os
@@ -24,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,9 +29,19 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor import cli, tasks
-from supervisor.control import ring, running_pid, supervisor_info
+from supervisor import tasks
+from supervisor.control import ring, running_pid
 from supervisor.daemon import TOOL_DEADLINE_SLACK
+from tests.daemon import (
+    Daemon,
+    WorkerCensus,
+    alive,
+    group_alive,
+    parse_time,
+    spool_processes,
+    subreaper,
+    worker_pids,
+)
 from tests.support import (
     REPO,
     assert_paired,
@@ -43,16 +49,11 @@ from tests.support import (
     of_kind,
     poll_for,
     reply,
-    scripted_task,
     text,
     tool_use,
     worker_env,
 )
-from worker.config import load_config
-from worker.events import read_events
 from worker.spool import Spool, TaskDir
-
-PR_SET_CHILD_SUBREAPER = 36
 
 HEARTBEAT_INTERVAL = 0.2
 HEARTBEAT_TIMEOUT = 2.0
@@ -79,237 +80,10 @@ def config_text(
     )
 
 
-# -- the daemon under test ----------------------------------------------------------------
-
-
-class Daemon:
-    """One spool, one config, and the daemons started on them."""
-
-    def __init__(self, root: Path, config: str) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.spool = Spool(root / "spool")
-        self.config_path = root / "agentd.toml"
-        self.config_path.write_text(config)
-        self.config = load_config(self.config_path)
-        self.log_path = root / "daemon.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    # -- processes ----------------------------------------------------------------------
-
-    def command(self, *args: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "supervisor",
-            "--spool",
-            str(self.spool.root),
-            "--config",
-            str(self.config_path),
-            *args,
-        ]
-
-    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``agentd start`` in its own session; return once it serves."""
-        with open(self.log_path, "ab") as log:
-            proc = subprocess.Popen(
-                self.command("--log-format", "json", "start"),
-                cwd=REPO,
-                env=worker_env(env),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.procs.append(proc)
-        OWN_CHILDREN.add(proc.pid)
-        self.proc = proc
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the daemon exited with {proc.returncode}:\n{self.log()}")
-            info = supervisor_info(self.spool) or {}
-            return info.get("pid") == proc.pid and running_pid(self.spool) == proc.pid
-
-        poll_for(serving, 15, what="the daemon to serve")
-        return proc
-
-    def kill(self) -> None:
-        """``kill -9`` of the daemon alone (its workers live on in their own sessions)."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> tuple[int, str, str]:
-        assert self.proc is not None
-        result = self.cli("stop")
-        self.proc.wait(timeout=10)
-        return result
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text()[-4000:]
-        except FileNotFoundError:
-            return ""
-
-    def log_events(self) -> list[dict[str, Any]]:
-        return read_events(self.log_path)
-
-    # -- tasks --------------------------------------------------------------------------
-
-    def task(self, task_id: str) -> TaskDir:
-        return self.spool.task(task_id)
-
-    def submit(self, responses: list[dict[str, Any]], name: str, **kwargs: Any) -> str:
-        """Submit a scripted task the way ``agentd submit`` does, and ring the daemon."""
-        task = scripted_task(self.spool, responses, config=self.config, name=name, **kwargs)
-        ring(self.spool, task.id)
-        return task.id
-
-    def row(self, task_id: str) -> dict[str, Any]:
-        return tasks.status_row(self.task(task_id))
-
-    def wait_row(
-        self,
-        task_id: str,
-        predicate: Callable[[dict[str, Any]], object],
-        timeout: float = 15.0,
-        what: str = "",
-    ) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            row = self.row(task_id)
-            return row if predicate(row) else None
-
-        try:
-            row = poll_for(check, timeout, interval=0.02, what=f"{task_id}: {what}")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; last row {self.row(task_id)}\n{self.log()}") from None
-        assert row is not None
-        return row
-
-    def wait_state(self, task_id: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
-        return self.wait_row(task_id, lambda r: r["state"] in states, timeout, f"state {states}")
-
-    def wait_running(
-        self, task_id: str, *, not_pids: frozenset[int] = frozenset()
-    ) -> dict[str, Any]:
-        """A row for a running worker that is not one of ``not_pids``."""
-        return self.wait_row(
-            task_id,
-            lambda r: r["state"] == "running" and r["pid"] and r["pid"] not in not_pids,
-            what="a new running worker",
-        )
-
-    def events(self, task_id: str, name: str | None = None) -> list[dict[str, Any]]:
-        events = read_events(self.task(task_id).events)
-        return [e for e in events if name is None or e.get("event") == name]
-
-    # -- the command line ---------------------------------------------------------------
-
-    def cli(self, *args: str) -> tuple[int, str, str]:
-        """``agentd ARGS`` in this process: (exit code, stdout, stderr)."""
-        out, err = io.StringIO(), io.StringIO()
-        argv = ["--spool", str(self.spool.root), "--config", str(self.config_path), *args]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(argv)
-        return code, out.getvalue(), err.getvalue()
-
-    def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``agentd ARGS`` as its own process."""
-        return subprocess.run(
-            self.command(*args),
-            cwd=REPO,
-            env=worker_env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-
-    # -- teardown -----------------------------------------------------------------------
-
-    def cleanup(self) -> None:
-        """Kill every process this spool ever had: daemons, workers, tools (by group)."""
-        for proc in self.procs:
-            if proc.poll() is None:  # (once reaped, its pid may belong to someone else)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
-        kill_spool_processes(self.spool.root)
-
-
-def worker_pids(spool: Spool) -> set[int]:
-    pids: set[int] = set()
-    for task in spool.tasks():
-        for event in read_events(task.events):
-            if event.get("event") == "worker_spawned" and isinstance(event.get("pid"), int):
-                pids.add(event["pid"])
-    return pids
-
-
-def spool_processes(root: Path) -> list[psutil.Process]:
-    """Live processes of a spool: the daemon and fresh workers (the spool is on their
-    command line), forked workers (they hold a file of the spool open) and tool processes
-    (their working folder is a workspace inside the spool)."""
-    mark = str(root)
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.status() == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
-                continue
-            if (
-                mark in " ".join(proc.cmdline())
-                or proc.cwd().startswith(mark)
-                or any(f.path.startswith(mark) for f in proc.open_files())
-            ):
-                found.append(proc)
-    return found
-
-
-def kill_spool_processes(root: Path) -> None:
-    mine = os.getpgrp()
-    victims = spool_processes(root)
-    for proc in victims:
-        with contextlib.suppress(OSError):
-            group = os.getpgid(proc.pid)
-            if group != mine:
-                os.killpg(group, signal.SIGKILL)
-    reap_orphans()
-
-
-def reap_orphans() -> None:
-    """Reap zombie children that are not ours by birth: orphans of a killed daemon, which
-    were reparented to this process (a subreaper while this module runs)."""
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error, ChildProcessError):
-            if child.pid not in OWN_CHILDREN and child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-
-
-#: Pids of the daemons this module started: their Popen objects reap them.
-OWN_CHILDREN: set[int] = set()
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any non-zombie process is in process group ``pgid``."""
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
-    return False
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _subreaper() -> Iterator[None]:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    try:
+    with subreaper():
         yield
-    finally:
-        reap_orphans()
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 @pytest.fixture
@@ -437,12 +211,6 @@ def test_kill_9_at_random_moments_resumes_without_losing_or_repeating_a_turn(
     assert len(shared.events(task_id, "task_resumed")) >= len(killed) - 1
     state = tasks.load_state(shared.task(task_id))
     assert all(call.result is not None for call in state.calls.values())
-
-
-def parse_time(stamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_stopped_worker_is_detected_as_hung_killed_and_restarted(shared: Daemon) -> None:
@@ -923,67 +691,6 @@ def test_each_decision_form_is_recorded_with_the_daemon_down_and_applied_at_star
 # -- the daemon itself dies, stops, limits -------------------------------------------------
 
 
-class WorkerCensus:
-    """Samples the live worker processes of a spool in a thread, to prove that no task ever
-    had two workers at once (each worker has ``-m worker SPOOL/tasks/ID`` on its command
-    line). Keeps each worker's first and last sighting: its observed lifetime."""
-
-    def __init__(self, spool: Spool) -> None:
-        self.prefix = str(spool.tasks_dir) + os.sep
-        self.seen: dict[int, tuple[str, float, float]] = {}  # pid -> (task, first, last)
-        self.overlaps: list[tuple[str, list[int]]] = []
-        self.max_live = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> WorkerCensus:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def live(self) -> dict[int, str]:
-        """Workers by pid: the processes that hold a task's journal open for writing,
-        which a worker does from taking the task lock to its end, however it was started
-        (fresh or from the fork server). Readers (the daemon, status) open it read-only;
-        a worker's child between fork and exec (a tool's shell) is not a second worker."""
-        found: dict[int, tuple[str, int]] = {}
-        for proc in psutil.process_iter(["status", "ppid"]):
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
-                continue
-            with contextlib.suppress(psutil.Error):
-                for f in proc.open_files():
-                    path = f.path
-                    writing = bool(set(f.mode) & {"a", "w", "+"})
-                    if writing and path.startswith(self.prefix) and path.endswith("/journal"):
-                        task = path[len(self.prefix) :].split(os.sep)[0]
-                        found[proc.pid] = (task, proc.info["ppid"])
-        return {pid: task for pid, (task, parent) in found.items() if parent not in found}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now = time.monotonic()
-            live = self.live()
-            per_task: dict[str, list[int]] = {}
-            for pid, task in live.items():
-                per_task.setdefault(task, []).append(pid)
-                _, first, _ = self.seen.get(pid, (task, now, now))
-                self.seen[pid] = (task, first, now)
-            self.overlaps += [(t, pids) for t, pids in per_task.items() if len(pids) > 1]
-            self.max_live = max(self.max_live, len(live))
-            self.samples += 1
-            self._stop.wait(0.01)
-
-    def lifetimes(self) -> dict[str, list[tuple[float, float]]]:
-        by_task: dict[str, list[tuple[float, float]]] = {}
-        for task, first, last in self.seen.values():
-            by_task.setdefault(task, []).append((first, last))
-        return {t: sorted(spans) for t, spans in by_task.items()}
-
-
 def test_kill_9_of_the_daemon_under_load_loses_nothing_and_never_doubles_a_worker(
     make_daemon: Callable[..., Daemon],
 ) -> None:
@@ -1103,12 +810,6 @@ def test_stop_is_graceful_and_running_tasks_resume_on_the_next_start(
         assert row["restarts"] == 0  # a stop is not a crash
         assert_completed(daemon, task_id, turns)
         assert daemon.events(task_id, "task_resumed")
-
-
-def alive(pid: int) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    return False
 
 
 def test_max_workers_queues_the_rest(make_daemon: Callable[..., Daemon]) -> None:
