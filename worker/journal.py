@@ -17,7 +17,8 @@ cuts it before anything new is appended.
 Each ``append`` is one ``write`` of whole frames, followed by ``fdatasync`` unless the
 caller defers it: a deferred record becomes durable with the next synced append, with
 ``sync()``, with ``close()``, or in the background (``sync_in_background``: the sync runs
-while the worker waits on the model, and the next append waits for it first). A killed
+on the journal's one sync thread while the worker waits on the model, and the next append
+waits for it first). A killed
 process loses nothing written (the page cache survives it); only a machine crash can
 lose a deferred record, and only until its sync. After a failed write or sync the journal
 refuses further appends (the sync is never retried on the same data); the worker stops
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import struct
 import threading
 import zlib
@@ -150,8 +152,7 @@ class Journal:
         self.size = size
         self._broken: StorageError | None = None
         self._dirty = False  # bytes written since the last fdatasync
-        self._syncer: threading.Thread | None = None
-        self._sync_failure: OSError | None = None
+        self._syncer: _SyncThread | None = None  # started by the first background sync
 
     @classmethod
     def open(cls, path: Path, start: int = 0, **header: Any) -> tuple[Journal, list[Record]]:
@@ -226,15 +227,9 @@ class Journal:
         if not self._dirty:
             return
         self._dirty = False
-
-        def run() -> None:
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                self._sync_failure = exc
-
-        self._syncer = threading.Thread(target=run, name="journal-sync", daemon=True)
-        self._syncer.start()
+        if self._syncer is None:
+            self._syncer = _SyncThread(self._fd)
+        self._syncer.request()
 
     def _sync_now(self) -> None:
         try:
@@ -247,11 +242,9 @@ class Journal:
     def _join(self) -> None:
         """Wait for a background sync; raise if it (or anything before) failed."""
         if self._syncer is not None:
-            self._syncer.join()
-            self._syncer = None
-        if self._sync_failure is not None:
-            failure, self._sync_failure = self._sync_failure, None
-            self._broken = storage_error("syncing", self.path, failure)
+            failure = self._syncer.wait()
+            if failure is not None:
+                self._broken = storage_error("syncing", self.path, failure)
         if self._broken is not None:
             raise self._broken
 
@@ -262,6 +255,9 @@ class Journal:
             return
         with contextlib.suppress(StorageError):
             self.sync()
+        if self._syncer is not None:
+            self._syncer.stop()
+            self._syncer = None
         os.close(self._fd)
         self._fd = -1
 
@@ -270,6 +266,43 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _SyncThread:
+    """One thread per open journal that runs the fdatasyncs asked for in the background,
+    one at a time; ``wait`` returns once the last one asked for is done (with its error,
+    which is reported once: the journal refuses appends from then on)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._done.set()
+        self._failure: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="journal-sync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._done.clear()
+        self._asks.put(True)
+
+    def wait(self) -> OSError | None:
+        self._done.wait()
+        failure, self._failure = self._failure, None
+        return failure
+
+    def stop(self) -> None:
+        self._asks.put(False)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while self._asks.get():
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self._failure = exc
+            finally:
+                self._done.set()
 
 
 def iter_records(path: Path) -> Iterator[Record]:

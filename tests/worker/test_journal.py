@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -372,3 +373,27 @@ def test_a_failed_background_sync_is_never_retried(
         journal.sync()
     journal.close()  # best effort, and still no second fdatasync
     assert len(calls) == 1
+
+
+def test_background_syncs_share_one_thread_that_ends_with_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(
+        os, "fdatasync", lambda fd: (syncs.append(threading.current_thread().name), real(fd))[1]
+    )
+
+    def sync_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "journal-sync"]
+
+    journal, _ = Journal.open(tmp_path / "journal")
+    before = syncs.count("journal-sync")
+    for i in range(50):
+        journal.append([{"k": "result", "call_id": str(i)}], sync=False)
+        journal.sync_in_background()
+        assert len(sync_threads()) == 1
+    journal.append([{"k": "intent", "call_id": "x"}])  # waits for the last background one
+    assert syncs.count("journal-sync") - before == 50
+    journal.close()
+    assert sync_threads() == []
