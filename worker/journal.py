@@ -152,6 +152,7 @@ class Journal:
         self.size = size
         self._broken: StorageError | None = None
         self._dirty = False  # bytes written since the last fdatasync
+        self._held = b""  # encoded records the next write carries (``hold``)
         self._syncer: _SyncThread | None = None  # started by the first background sync
 
     @classmethod
@@ -197,11 +198,27 @@ class Journal:
         except OSError as exc:
             raise storage_error("cutting the torn tail of", self.path, exc) from exc
 
+    def hold(self, records: Iterable[Record]) -> None:
+        """Keep ``records`` in memory, to be written in the same write as the next append
+        (or by ``sync``, ``sync_in_background`` or ``close``). A kill loses them: only for
+        records whose loss is harmless, like a turn none of whose tools has started (the
+        model is asked again)."""
+        self._held += b"".join(encode(r) for r in records)
+
     def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
-        """Append ``records`` as one write; with ``sync``, durable (with every deferred
-        record before them) when this returns. Returns the journal size after them."""
+        """Append the held records and ``records`` as one write; with ``sync``, durable
+        (with every deferred record before them) when this returns. Returns the journal
+        size after them."""
         self._join()
-        data = b"".join(encode(r) for r in records)
+        data = self._held + b"".join(encode(r) for r in records)
+        self._held = b""
+        if data:
+            self._write(data)
+        if sync and self._dirty:
+            self._sync_now()
+        return self.size
+
+    def _write(self, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
@@ -211,19 +228,16 @@ class Journal:
             raise self._broken from exc
         self.size += len(data)
         self._dirty = True
-        if sync:
-            self._sync_now()
-        return self.size
 
     def sync(self) -> None:
-        """Make every record written so far durable."""
-        self._join()
+        """Make every record written or held so far durable."""
+        self.append([], sync=False)
         if self._dirty:
             self._sync_now()
 
     def sync_in_background(self) -> None:
-        """Start making what was written durable, without waiting for it."""
-        self._join()
+        """Start making what was written (or held) durable, without waiting for it."""
+        self.append([], sync=False)
         if not self._dirty:
             return
         self._dirty = False
