@@ -49,7 +49,7 @@ from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
     WorkerProcess,
     adopt,
-    journal_grew,
+    journal_progress,
     journal_size,
     process_started,
     reap_orphans,
@@ -525,8 +525,10 @@ class Supervisor:
         if self.stopping:
             self._save(slot, "queued")
             return
-        progressed = journal_grew(worker)
-        crashes = [*slot.record.crashes, {"turn": turn, "progressed": progressed}][-CRASH_MEMORY:]
+        progress = journal_progress(worker)
+        turn = turn if progress.turn is None else progress.turn
+        crashes = [*slot.record.crashes, {"turn": turn, "progressed": progress.grew}]
+        crashes = crashes[-CRASH_MEMORY:]
         history = [Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes]
         move = decide(history, self.config.restart, self.rng)
         slot.record.crashes = crashes

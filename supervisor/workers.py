@@ -117,21 +117,36 @@ def journal_size(task: TaskDir) -> int:
 PROGRESS_RECORDS = frozenset({"turn", "result", "user", "end", "rewind"})
 
 
-def journal_grew(worker: WorkerProcess) -> bool:
-    """Whether the worker recorded progress (a turn, a tool result...) in its life."""
+@dataclass(frozen=True)
+class Progress:
+    """What a worker recorded in its life: any progress, and the turn it reached (None
+    when it recorded no turn or rewind: it never left the turn it started at)."""
+
+    grew: bool
+    turn: int | None = None
+
+
+def journal_progress(worker: WorkerProcess) -> Progress:
+    """Read what the worker appended to its journal (for a crash: the heartbeat's turn
+    may be up to an interval old, the journal's is exact)."""
     try:
         with open(worker.task.journal, "rb") as f:
             f.seek(worker.journal_size)
             tail = f.read()
     except OSError:
-        return False
+        return Progress(False)
     try:
-        found = scan(tail, name=str(worker.task.journal)).records
+        found = [record for record, _ in scan(tail, name=str(worker.task.journal)).records]
     except JournalCorruptError:
         found = []
     if not found:  # not aligned on a frame (a torn tail was cut first): judge by size
-        return bool(tail) and journal_size(worker.task) > worker.journal_size
-    return any(record.get("k") in PROGRESS_RECORDS for record, _ in found)
+        return Progress(bool(tail) and journal_size(worker.task) > worker.journal_size)
+    turn = None
+    for record in found:
+        if record["k"] in ("turn", "rewind"):
+            turn = record.get("turn" if record["k"] == "turn" else "to")
+    grew = any(record["k"] in PROGRESS_RECORDS for record in found)
+    return Progress(grew, turn if isinstance(turn, int) else None)
 
 
 def process_started(pid: int) -> float | None:

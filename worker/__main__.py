@@ -42,6 +42,10 @@ def make_model(task: TaskDir, spec: TaskSpec) -> Model:
         from worker.models.scripted import ScriptedModel  # noqa: PLC0415
 
         return ScriptedModel.from_file(task.script)
+    # The SDK's import (seconds, cold) is part of start-up, never of the first model
+    # call, whose deadline would otherwise pay for it (free after the fork server's).
+    import anthropic  # noqa: F401, PLC0415
+
     from worker.models.messages_api import MessagesAPIModel  # noqa: PLC0415
 
     return MessagesAPIModel()

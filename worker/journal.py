@@ -17,7 +17,8 @@ cuts it before anything new is appended.
 Each ``append`` is one ``write`` of whole frames, followed by ``fdatasync`` unless the
 caller defers it: a deferred record becomes durable with the next synced append, with
 ``sync()``, with ``close()``, or in the background (``sync_in_background``: the sync runs
-while the worker waits on the model, and the next append waits for it first). A killed
+on the journal's one sync thread while the worker waits on the model, and the next append
+waits for it first). A killed
 process loses nothing written (the page cache survives it); only a machine crash can
 lose a deferred record, and only until its sync. After a failed write or sync the journal
 refuses further appends (the sync is never retried on the same data); the worker stops
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import struct
 import threading
 import zlib
@@ -150,8 +152,8 @@ class Journal:
         self.size = size
         self._broken: StorageError | None = None
         self._dirty = False  # bytes written since the last fdatasync
-        self._syncer: threading.Thread | None = None
-        self._sync_failure: OSError | None = None
+        self._held = b""  # encoded records the next write carries (``hold``)
+        self._syncer: _SyncThread | None = None  # started by the first background sync
 
     @classmethod
     def open(cls, path: Path, start: int = 0, **header: Any) -> tuple[Journal, list[Record]]:
@@ -196,11 +198,27 @@ class Journal:
         except OSError as exc:
             raise storage_error("cutting the torn tail of", self.path, exc) from exc
 
+    def hold(self, records: Iterable[Record]) -> None:
+        """Keep ``records`` in memory, to be written in the same write as the next append
+        (or by ``sync``, ``sync_in_background`` or ``close``). A kill loses them: only for
+        records whose loss is harmless, like a turn none of whose tools has started (the
+        model is asked again)."""
+        self._held += b"".join(encode(r) for r in records)
+
     def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
-        """Append ``records`` as one write; with ``sync``, durable (with every deferred
-        record before them) when this returns. Returns the journal size after them."""
+        """Append the held records and ``records`` as one write; with ``sync``, durable
+        (with every deferred record before them) when this returns. Returns the journal
+        size after them."""
         self._join()
-        data = b"".join(encode(r) for r in records)
+        data = self._held + b"".join(encode(r) for r in records)
+        self._held = b""
+        if data:
+            self._write(data)
+        if sync and self._dirty:
+            self._sync_now()
+        return self.size
+
+    def _write(self, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
@@ -210,31 +228,22 @@ class Journal:
             raise self._broken from exc
         self.size += len(data)
         self._dirty = True
-        if sync:
-            self._sync_now()
-        return self.size
 
     def sync(self) -> None:
-        """Make every record written so far durable."""
-        self._join()
+        """Make every record written or held so far durable."""
+        self.append([], sync=False)
         if self._dirty:
             self._sync_now()
 
     def sync_in_background(self) -> None:
-        """Start making what was written durable, without waiting for it."""
-        self._join()
+        """Start making what was written (or held) durable, without waiting for it."""
+        self.append([], sync=False)
         if not self._dirty:
             return
         self._dirty = False
-
-        def run() -> None:
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                self._sync_failure = exc
-
-        self._syncer = threading.Thread(target=run, name="journal-sync", daemon=True)
-        self._syncer.start()
+        if self._syncer is None:
+            self._syncer = _SyncThread(self._fd)
+        self._syncer.request()
 
     def _sync_now(self) -> None:
         try:
@@ -247,11 +256,9 @@ class Journal:
     def _join(self) -> None:
         """Wait for a background sync; raise if it (or anything before) failed."""
         if self._syncer is not None:
-            self._syncer.join()
-            self._syncer = None
-        if self._sync_failure is not None:
-            failure, self._sync_failure = self._sync_failure, None
-            self._broken = storage_error("syncing", self.path, failure)
+            failure = self._syncer.wait()
+            if failure is not None:
+                self._broken = storage_error("syncing", self.path, failure)
         if self._broken is not None:
             raise self._broken
 
@@ -262,6 +269,9 @@ class Journal:
             return
         with contextlib.suppress(StorageError):
             self.sync()
+        if self._syncer is not None:
+            self._syncer.stop()
+            self._syncer = None
         os.close(self._fd)
         self._fd = -1
 
@@ -270,6 +280,43 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _SyncThread:
+    """One thread per open journal that runs the fdatasyncs asked for in the background,
+    one at a time; ``wait`` returns once the last one asked for is done (with its error,
+    which is reported once: the journal refuses appends from then on)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._done.set()
+        self._failure: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="journal-sync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._done.clear()
+        self._asks.put(True)
+
+    def wait(self) -> OSError | None:
+        self._done.wait()
+        failure, self._failure = self._failure, None
+        return failure
+
+    def stop(self) -> None:
+        self._asks.put(False)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while self._asks.get():
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self._failure = exc
+            finally:
+                self._done.set()
 
 
 def iter_records(path: Path) -> Iterator[Record]:

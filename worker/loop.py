@@ -183,9 +183,14 @@ class AgentLoop:
             raise RuntimeError("AgentLoop.open() must be called before recording")
         return self.journal
 
-    def _record(self, *records: JSON, sync: bool = True) -> None:
+    def _record(self, *records: JSON, sync: bool = True, hold: bool = False) -> None:
+        """Append ``records`` (durable when this returns, unless ``sync`` is False) and
+        fold them in; with ``hold``, they ride on the next record's write instead."""
         stamped = [{**r, "at": utc_now()} for r in records]
-        self._journal.append(stamped, sync=sync)
+        if hold:
+            self._journal.hold(stamped)
+        else:
+            self._journal.append(stamped, sync=sync)
         for record in stamped:
             self.state.apply(record)
         if self.heartbeat:
@@ -369,9 +374,13 @@ class AgentLoop:
                 for b in reply.content
                 if b.get("type") == "tool_use"
             ]
-        # A tool_use reply is followed at once by its first call's intent, whose sync
-        # makes this turn durable too: before any tool acts, which is what matters.
-        self._record(*records, sync=reply.stop_reason != "tool_use")
+        # A tool_use reply is followed at once by its first call's intent: the turn is
+        # written and made durable with it, before any tool acts, which is what matters
+        # (a kill before that only means the model is asked again).
+        if reply.stop_reason == "tool_use":
+            self._record(*records, hold=True)
+        else:
+            self._record(*records)
 
     # -- tools --------------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ class TaskDir:
 
     @property
     def snapshot(self) -> Path:
-        return self.path / "snapshot.json"
+        return self.path / "snapshot"
 
     @property
     def lock(self) -> Path:

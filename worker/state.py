@@ -25,20 +25,31 @@ per turn (how many messages and calls the scene had, the counters, and a copy of
 last message, which a later user record may extend), so a rewind is a cut, not a
 replay. Boundaries are not part of snapshots: a rewind record met after a snapshot
 raises ``NeedsFullReplay`` and the reader folds the journal from the start.
+
+A snapshot (``snapshot_bytes``) is a cache of what the *next step* needs: the
+transcript, the counters, the calls of the latest turn and the open holds. The ledger of
+finished calls and the per-turn history are the journal's alone (``agentd history``
+folds the journal), so a snapshot does not store every tool result a second time. It is
+zlib-compressed JSON with a crc32 trailer: at most about a third of the transcript's
+size on disk, checked before it is trusted. A full scene, history and all
+(``to_snapshot``), is what a fork's ``base`` record carries.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker.durable import dump_json
 from worker.models.base import JSON, Usage
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 1  # a scene's JSON: a base record's, and inside a snapshot file
+SNAPSHOT_MAGIC = b"agentd-snapshot 2\n"  # the snapshot file's format
+SNAPSHOT_TRAILER = struct.Struct("<I")  # the crc32 at its end
 
 
 class NeedsFullReplay(Exception):
@@ -333,37 +344,49 @@ class TaskState:
     def clone(self) -> TaskState:
         return copy.deepcopy(self)
 
-
-_CRC_FIELD = b',"crc":'
+    def compact(self) -> TaskState:
+        """This state without its history: only the latest turn's calls, no per-turn
+        records. What the next step needs, and all a snapshot file keeps (shares data
+        with ``self``; serialize it, do not mutate it)."""
+        calls = {cid: self.calls[cid] for cid in self.turn_calls}
+        return replace(self, calls=calls, turns=[], boundaries=None)
 
 
 def snapshot_bytes(state: TaskState, offset: int) -> bytes:
-    """The snapshot file of ``state`` at journal ``offset``: its JSON with a last field,
-    ``crc``, the crc32 of every byte before that field, so a flipped bit is a refused
-    snapshot, never a wrong state. The state is serialized once."""
-    body = dump_json(state.to_snapshot(offset))
-    head = body[:-1]  # without the closing brace
-    return head + _CRC_FIELD + str(zlib.crc32(head)).encode() + b"}"
+    """The snapshot file of ``state`` at journal ``offset``: its compact scene
+    (``TaskState.compact``) sealed by ``seal_snapshot``."""
+    return seal_snapshot(state.compact().to_snapshot(offset))
+
+
+def seal_snapshot(scene: JSON) -> bytes:
+    """A snapshot file: a magic line, ``scene`` as zlib-compressed JSON, and the crc32 of
+    every byte before it, so a flipped bit is a refused snapshot, never a wrong state."""
+    body = SNAPSHOT_MAGIC + zlib.compress(dump_json(scene), 1)
+    return body + SNAPSHOT_TRAILER.pack(zlib.crc32(body))
+
+
+def open_snapshot(data: bytes) -> JSON:
+    """The scene a snapshot file holds; ValueError if it is damaged or not one of ours."""
+    end = len(data) - SNAPSHOT_TRAILER.size
+    if not data.startswith(SNAPSHOT_MAGIC) or end < len(SNAPSHOT_MAGIC):
+        raise ValueError("not an agentd snapshot (format 2)")
+    body, (crc,) = data[:end], SNAPSHOT_TRAILER.unpack_from(data, end)
+    if crc != zlib.crc32(body):
+        raise ValueError("snapshot checksum mismatch")
+    try:
+        scene = json.loads(zlib.decompress(body[len(SNAPSHOT_MAGIC) :]))
+    except zlib.error as exc:
+        raise ValueError(f"snapshot does not decompress: {exc}") from None
+    if not isinstance(scene, dict):
+        raise ValueError("a snapshot is a JSON object")
+    return scene
 
 
 def parse_snapshot(data: bytes) -> tuple[TaskState, int]:
     """The state and offset of a snapshot file; ValueError (or KeyError, TypeError) if it
     is damaged or not one of ours. A snapshot is a cache: the caller falls back to the
     journal."""
-    at = data.rfind(_CRC_FIELD)
-    if at < 0 or not data.endswith(b"}"):
-        raise ValueError("a snapshot ends with its crc field")
-    try:
-        crc = int(data[at + len(_CRC_FIELD) : -1])
-    except ValueError:
-        raise ValueError("a snapshot ends with its crc field") from None
-    if crc != zlib.crc32(data[:at]):
-        raise ValueError("snapshot checksum mismatch")
-    body = json.loads(data)
-    if not isinstance(body, dict):
-        raise ValueError("a snapshot is a JSON object")
-    body.pop("crc", None)
-    return TaskState.from_snapshot(body)
+    return TaskState.from_snapshot(open_snapshot(data))
 
 
 def _tool_result_block(result: JSON, call_id: str) -> JSON:

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,12 +64,12 @@ from tests.faults.common import (
 from tests.faults.report import Figure
 from tests.support import make_loop, reply, scene, scripted_task, text, tool_use, worker_env
 from worker.config import default_config_text, load_config
-from worker.durable import dump_json
 from worker.errors import AgentdError
 from worker.journal import encode, scan
 from worker.models.base import ModelRequest
 from worker.models.scripted import ScriptedModel, load_script, validate_script
 from worker.spool import CALL_ID, Spool, TaskDir, TaskSpec
+from worker.state import SNAPSHOT_MAGIC, seal_snapshot
 
 FAULT = "fuzz"
 EXIT_CODES = {0, 1, 2, 3, 78}
@@ -242,28 +241,30 @@ def fuzz_journal(n: int, seed: int, sample: list[dict[str, Any]]) -> Tally:
 # -- snapshot -----------------------------------------------------------------------------
 
 
+def _flip_bit(data: bytes, bit: int) -> bytes:
+    at = bit // 8
+    return data[:at] + bytes([data[at] ^ (1 << bit % 8)]) + data[at + 1 :]
+
+
 def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
     tally = Tally("snapshot bytes", changed_name="states not the journal's")
     truth = scene(final_state(task))
     loop = make_loop(task)
     loop.open()
-    good = loop.state.to_snapshot(loop.journal.size if loop.journal else 0)
+    good = loop.state.compact().to_snapshot(loop.journal.size if loop.journal else 0)
     loop.close()
+    sealed = seal_snapshot(good)
 
-    def signed(body: Any) -> bytes:
-        """What ``snapshot_bytes`` would write for ``body``: past the checksum, so the
-        example reaches the parsing of the fields."""
-        return dump_json({**body, "crc": zlib.crc32(dump_json(body))})
-
-    strategy = (
+    strategy = (  # "sealed": past the checksum, so the example reaches the fields' parsing
         st.binary(max_size=200).map(lambda b: ("bytes", b))
         | json_values.map(lambda v: ("json", json.dumps(v).encode()))
-        | mutated(good).map(lambda v: ("mutated", json.dumps(v).encode()))
-        | mutated(good).map(lambda v: ("signed", signed(v)))
+        | st.binary(max_size=200).map(lambda b: ("magic", SNAPSHOT_MAGIC + b))
+        | st.integers(0, len(sealed) * 8 - 1).map(lambda i: ("flipped", _flip_bit(sealed, i)))
+        | mutated(good).map(lambda v: ("sealed", seal_snapshot(v)))
     )
 
     def check(example: tuple[str, bytes]) -> None:
-        _, data = example
+        kind, data = example
         task.snapshot.write_bytes(data)
         loop = make_loop(task)
         try:
@@ -275,6 +276,8 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
             if opened is None:
                 return
             _, offset = loaded  # type: ignore[misc]
+            if kind == "flipped" and offset != 0:
+                tally.changed.append(f"a snapshot with a flipped bit was trusted: {data!r:.100}")
             if offset == 0 and scene(loop.state) != truth:
                 tally.changed.append(
                     f"a snapshot that was ignored changed the state: {data!r:.100}"

@@ -782,7 +782,7 @@ def test_stop_is_graceful_and_running_tasks_resume_on_the_next_start(
 ) -> None:
     daemon = make_daemon()
     proc = daemon.start()
-    turns = 10
+    turns = 30  # 3 s at least: the stop (a CLI process start) must land mid-task under load
     ids = [daemon.submit(steps(turns, delay=0.1), name=f"long-{i}") for i in range(3)]
     for task_id in ids:
         daemon.wait_row(task_id, lambda r: r["state"] == "running" and r["turn"] >= 2)

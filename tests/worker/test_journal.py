@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -372,3 +373,55 @@ def test_a_failed_background_sync_is_never_retried(
         journal.sync()
     journal.close()  # best effort, and still no second fdatasync
     assert len(calls) == 1
+
+
+def test_background_syncs_share_one_thread_that_ends_with_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(
+        os, "fdatasync", lambda fd: (syncs.append(threading.current_thread().name), real(fd))[1]
+    )
+
+    def sync_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "journal-sync"]
+
+    journal, _ = Journal.open(tmp_path / "journal")
+    before = syncs.count("journal-sync")
+    for i in range(50):
+        journal.append([{"k": "result", "call_id": str(i)}], sync=False)
+        journal.sync_in_background()
+        assert len(sync_threads()) == 1
+    journal.append([{"k": "intent", "call_id": "x"}])  # waits for the last background one
+    assert syncs.count("journal-sync") - before == 50
+    journal.close()
+    assert sync_threads() == []
+
+
+def test_held_records_ride_on_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    writes: list[int] = []
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: (writes.append(len(data)), real(fd, data))[1])
+    size = journal.size
+    journal.hold([{"k": "turn", "turn": 1}])
+    assert writes == [] and path.stat().st_size == size == journal.size  # not on disk yet
+    journal.append([{"k": "intent", "call_id": "a"}])
+    assert len(writes) == 1, "the held turn and the intent are one write"
+    assert [r["k"] for r in iter_records(path)] == ["header", "turn", "intent"]
+    journal.hold([{"k": "turn", "turn": 2}])
+    journal.close()  # close writes (and syncs) what is held
+    assert [r["k"] for r in iter_records(path)][-1] == "turn"
+
+
+def test_held_records_are_lost_by_a_kill_and_nothing_else_is(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    journal.append([{"k": "result", "call_id": "a"}], sync=False)
+    journal.hold([{"k": "turn", "turn": 2}])
+    os.close(journal._fd)  # the process dies: what was written stays, what was held is gone
+    assert [r["k"] for r in iter_records(path)] == ["header", "result"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support import (
+    REPO,
     assert_paired,
     finish,
     journal_records,
@@ -238,3 +241,20 @@ def test_kill_9_mid_run_then_resume_loses_no_turn(spool: Spool, kill_after: int)
         assert (task.path / "workspace" / f"f{i}.txt").read_text() == str(i)
     usage = sum(t["usage"]["input_tokens"] for t in turns_after)
     assert state.usage_total.input_tokens == usage  # counted once per recorded turn
+
+
+def test_the_sdk_is_imported_at_start_up_not_inside_the_first_model_call() -> None:
+    # A cold SDK import takes seconds: inside the first call it would count against
+    # deadlines.model_call and could get a fresh worker stopped as stalled.
+    probe = (
+        "import sys\n"
+        "from worker.__main__ import make_model\n"
+        "from worker.spool import TaskSpec\n"
+        "assert 'anthropic' not in sys.modules\n"
+        "make_model(None, TaskSpec(id='t', prompt='p'))\n"
+        "print('anthropic' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "True"

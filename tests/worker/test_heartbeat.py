@@ -1,0 +1,65 @@
+"""The heartbeat: the loop never writes it; its thread does, at once for a new turn."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import poll_for
+from worker import heartbeat as heartbeat_module
+from worker.heartbeat import Heartbeat
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Every beat written, as the file's JSON."""
+    seen: list[dict[str, object]] = []
+    real = heartbeat_module.atomic_write_json
+
+    def spy(path: Path, obj: dict[str, object], *, durable: bool = True) -> None:
+        seen.append(obj)
+        real(path, obj, durable=durable)
+
+    monkeypatch.setattr(heartbeat_module, "atomic_write_json", spy)
+    return seen
+
+
+def test_start_writes_a_beat_and_updates_never_write_on_the_callers_thread(
+    tmp_path: Path, writes: list[dict[str, object]]
+) -> None:
+    beat = Heartbeat(tmp_path / "heartbeat.json", interval=60)
+    beat.update(turn=3)
+    assert writes == []
+    beat.start()
+    try:
+        assert [w["turn"] for w in writes] == [3]
+        beat.phase("tool:write_file")
+        beat.update(turn=3, usage={"input_tokens": 5})  # no new turn: waits for the beat
+        time.sleep(0.1)
+        assert len(writes) == 1
+        beat.update(turn=4)  # a new turn: the thread writes it at once
+        poll_for(lambda: len(writes) == 2, 5, what="the beat of turn 4")
+        last = json.loads((tmp_path / "heartbeat.json").read_text())
+        assert last["turn"] == 4
+        assert last["phase"] == "tool:write_file"
+        assert last["usage"] == {"input_tokens": 5}
+    finally:
+        beat.stop()
+
+
+def test_the_thread_beats_every_interval_and_stops_at_once(
+    tmp_path: Path, writes: list[dict[str, object]]
+) -> None:
+    beat = Heartbeat(tmp_path / "heartbeat.json", interval=0.05).start()
+    poll_for(lambda: len(writes) >= 4, 5, what="four beats")
+    times = [float(w["at"]) for w in writes]  # type: ignore[arg-type]
+    assert times == sorted(times)
+    started = time.monotonic()
+    beat.stop()
+    assert time.monotonic() - started < 0.5
+    count = len(writes)
+    time.sleep(0.15)
+    assert len(writes) == count
