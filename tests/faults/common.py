@@ -37,7 +37,7 @@ from tests.support import (
     worker_env,
 )
 from worker.errors import AgentdError
-from worker.journal import Journal, read_file
+from worker.journal import Journal, read_file, scan
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
 
@@ -445,22 +445,29 @@ class _Crash(BaseException):
     """Stops an in-process loop right before a journal append, as a kill would."""
 
 
-def stop_before_append(task: TaskDir, appends: int) -> None:
-    """Run ``task`` in-process and stop it right before its ``appends``-th journal append
-    (counting the header): the task folder is left as a kill at that point leaves it."""
-    original = Journal.append
-    count = 0
+def stop_before_record(task: TaskDir, index: int) -> None:
+    """Run ``task`` in-process and stop it right before its ``index``-th journal record
+    (counting the header) reaches the file: the task folder is left as a kill there
+    leaves it. Records that share one write (a turn and its first intent) are split at
+    the frame boundary, as a torn write can split them."""
+    original = Journal._write
+    written = 0
 
-    def append(self: Journal, batch: object, *, sync: bool = True) -> int:
-        nonlocal count
-        if count == appends:
-            raise _Crash
-        count += 1
-        return original(self, batch, sync=sync)  # type: ignore[arg-type]
+    def write(self: Journal, data: bytes) -> None:
+        nonlocal written
+        ends = [end for _, end in scan(data).records]
+        if written + len(ends) <= index:
+            written += len(ends)
+            return original(self, data)
+        keep = index - written
+        if keep:
+            original(self, data[: ends[keep - 1]])
+        written = index
+        raise _Crash
 
     loop = make_loop(task)
     try:
-        with mock.patch.object(Journal, "append", append):
+        with mock.patch.object(Journal, "_write", write):
             loop.run()
     except _Crash:
         pass

@@ -58,7 +58,7 @@ from tests.faults.common import (
     mixed_plan,
     reap_spool,
     records,
-    stop_before_append,
+    stop_before_record,
     stopwatch,
 )
 from tests.faults.report import Figure
@@ -512,7 +512,7 @@ def held_task(root: Path) -> tuple[TaskDir, Path]:
     ]
     spool = Spool(root / "spool").ensure()
     task = scripted_task(spool, responses, name="held")
-    stop_before_append(task, 3)  # header, turn, intent: the tool ran, its result is lost
+    stop_before_record(task, 3)  # header, turn, intent: the tool ran, its result is lost
     loop = make_loop(task)
     outcome = loop.run()
     loop.close()
@@ -601,7 +601,7 @@ def fuzz_cli(n: int, seed: int, root: Path) -> Tally:
     tally = Tally("CLI arguments", changed_name="exit codes outside 0,1,2,3,78")
     spool = Spool(root / "cli-spool").ensure()
     done = scripted_task(spool, mixed_plan(3).responses, name="t1")
-    stop_before_append(done, 10**6)
+    stop_before_record(done, 10**6)
     held, _ = held_task(root / "cli-held")
     shutil.copytree(held.path, spool.tasks_dir / "held", symlinks=True)
     cwd = root / "cli-cwd"
@@ -839,7 +839,7 @@ def run(quick: bool, seed: int | None = None) -> list[Figure]:
     with stopwatch() as elapsed, tempfile.TemporaryDirectory(prefix="agentd-fuzz-") as tmp:
         root = Path(tmp)
         done = make_task(root / "done", mixed_plan(3))
-        stop_before_append(done, 10**6)
+        stop_before_record(done, 10**6)
         sample = records(done)
         tallies = [
             fuzz_journal(n, seed, sample),

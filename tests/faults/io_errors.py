@@ -60,7 +60,7 @@ from tests.faults.common import (
     run_shimmed,
     run_worker,
     shim_retries,
-    stop_before_append,
+    stop_before_record,
     stopwatch,
     strace_prefix,
 )
@@ -237,7 +237,7 @@ def run(quick: bool) -> list[Figure]:
         root = Path(tmp)
         fresh = make_task(root / "fresh", plan)
         resumed = clone_task(fresh, root / "resumed")
-        stop_before_append(resumed, 4)  # header, turn 1, a call's intent and result
+        stop_before_record(resumed, 4)  # header, turn 1, a call's intent and result
         starts = {"fresh": fresh, "resumed": resumed}
         cases = _cases("resumed", resumed, root, quick, combos)
         fresh_cases = _cases("fresh", fresh, root, quick, combos)

@@ -40,7 +40,7 @@ from tests.faults.common import (
     parallel,
     records,
     run_worker,
-    stop_before_append,
+    stop_before_record,
     stopwatch,
 )
 from tests.faults.report import Figure
@@ -81,7 +81,7 @@ def prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
     stopped right before each record of ``tails``, as a kill there leaves it."""
     pristine = make_task(root / "pristine", plan)
     finished = clone_task(pristine, root / "finished")
-    stop_before_append(finished, 10**6)  # never stops: runs to the end in-process
+    stop_before_record(finished, 10**6)  # never stops: runs to the end in-process
     data = finished.journal.read_bytes()
     frames, pos = [], 0
     for _, end in scan(data).records:
@@ -90,7 +90,7 @@ def prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
     states = {}
     for i in sorted(tails):
         state = clone_task(pristine, root / f"state-{i}")
-        stop_before_append(state, i)
+        stop_before_record(state, i)
         if len(records(state)) != i:
             raise RuntimeError(f"stopping before record {i} left {len(records(state))} records")
         states[i] = state
