@@ -56,7 +56,11 @@ EXIT_LOCKED = 6
 EXIT_STORAGE = 7
 EXIT_CONFIG = 78
 
-SNAPSHOT_EVERY = 100  # turns between snapshots
+SNAPSHOT_EVERY = 100  # turns between snapshots, at least
+# ...and journal bytes between snapshots, at least the last snapshot's size over this: a
+# snapshot costs time in proportion to the transcript, so for long tasks they come further
+# apart, and the bytes written for snapshots stay within 3x the journal's own.
+SNAPSHOT_GROWTH = 3
 CONTINUE_PROMPT = "Your reply was cut off by the max_tokens limit. Please continue."
 _TOOL_ENV = (
     "PATH",
@@ -133,13 +137,14 @@ class AgentLoop:
         self.journal: Journal | None = None
         self.state = TaskState(spec.prompt)
         self._snapshot_turn = 0
+        self._snapshot_due = 0  # journal size before which no snapshot is taken
         self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
 
     def open(self) -> TaskState:
         """Load the snapshot (if usable) and replay the journal after it."""
-        state, offset = self._load_snapshot()
+        state, offset, size = self._load_snapshot()
         try:
             journal, records = Journal.open(self.task.journal, offset, task=self.task.id)
         except JournalCorruptError:
@@ -162,18 +167,21 @@ class AgentLoop:
                 state.apply(record)
         self.journal, self.state = journal, state
         self._snapshot_turn = state.turn
+        self._snapshot_due = offset + size // SNAPSHOT_GROWTH if offset else 0
         return state
 
-    def _load_snapshot(self) -> tuple[TaskState, int]:
+    def _load_snapshot(self) -> tuple[TaskState, int, int]:
+        """The snapshot's state, journal offset and file size; a fresh state at 0 if none."""
         try:
-            state, offset = parse_snapshot(read_bytes(self.task.snapshot))
+            data = read_bytes(self.task.snapshot)
+            state, offset = parse_snapshot(data)
             if offset <= self.task.journal.stat().st_size:
-                return state, offset
+                return state, offset, len(data)
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
-        return TaskState(self.spec.prompt), 0
+        return TaskState(self.spec.prompt), 0, 0
 
     # -- recording ----------------------------------------------------------------------
 
@@ -217,12 +225,15 @@ class AgentLoop:
     def _maybe_snapshot(self) -> None:
         if (
             self.state.turn - self._snapshot_turn < self.snapshot_every
+            or self._journal.size < self._snapshot_due
             or self.state.pending_calls()
         ):
             return
         self._journal.sync()  # a snapshot never covers bytes that are not durable
-        atomic_write(self.task.snapshot, snapshot_bytes(self.state, self._journal.size))
+        data = snapshot_bytes(self.state, self._journal.size)
+        atomic_write(self.task.snapshot, data)
         self._snapshot_turn = self.state.turn
+        self._snapshot_due = self._journal.size + len(data) // SNAPSHOT_GROWTH
 
     def _event(self, event: str, level: str = "info", **fields: Any) -> None:
         append_event(

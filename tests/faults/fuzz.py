@@ -275,7 +275,7 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
             opened = tally.run(loop.open, example)
             if opened is None:
                 return
-            _, offset = loaded  # type: ignore[misc]
+            _, offset, _ = loaded  # type: ignore[misc]
             if kind == "flipped" and offset != 0:
                 tally.changed.append(f"a snapshot with a flipped bit was trusted: {data!r:.100}")
             if offset == 0 and scene(loop.state) != truth:

@@ -4,7 +4,9 @@ resume (every effect class, holds and operator decisions), policies and snapshot
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from tests.support import (
     tool_use,
 )
 from worker import journal as journal_module
+from worker import loop as loop_module
 from worker.config import Config, ToolsConfig
 from worker.errors import ModelError, RetryableModelError
 from worker.events import read_events
@@ -37,6 +40,7 @@ from worker.loop import (
     EXIT_FAILED,
     EXIT_HELD,
     EXIT_STOPPED,
+    SNAPSHOT_GROWTH,
     AgentLoop,
     Outcome,
     idempotency_key,
@@ -739,3 +743,31 @@ def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
     finally:
         loop.close()
     assert task.journal.read_bytes() == journal_before, "recorded work was changed"
+
+
+def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> None:
+    # Every turn at most, and only once the journal has grown by a third of the last
+    # snapshot's size: a snapshot's cost grows with the transcript, its cadence with it.
+    responses = [  # random content: a snapshot grows with the transcript, compressed or not
+        reply(tool_use("write_file", path=f"f{i}.txt", content=os.urandom(500).hex()))
+        for i in range(40)
+    ]
+    task = scripted_task(spool, [*responses, DONE], name="cadence")
+    writes: list[tuple[int, int, int]] = []  # (turn, journal size, snapshot size)
+    loop = make_loop(task, snapshot_every=1)
+    real = loop_module.atomic_write
+
+    def spy(path: Path, data: bytes, **kw: Any) -> None:
+        if path == task.snapshot:
+            assert loop.journal is not None
+            writes.append((loop.state.turn, loop.journal.size, len(data)))
+        real(path, data, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop_module, "atomic_write", spy)
+        assert loop.run().state == "done"
+    loop.close()
+    gaps = [later[0] - first[0] for first, later in itertools.pairwise(writes)]
+    assert gaps[0] == 1 and max(gaps) > 1, gaps  # the size rule took over as it grew
+    for (_, size, snap), (_, next_size, _) in itertools.pairwise(writes):
+        assert next_size - size >= snap // SNAPSHOT_GROWTH
