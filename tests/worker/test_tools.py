@@ -353,7 +353,7 @@ def test_tool_environment_is_an_allowlist(tmp_path: Path) -> None:
     task = scripted_task(spool, [reply({"type": "text", "text": "hi"})], name="env")
     environ = {
         "PATH": "/bin",
-        "HOME": "/home/x",
+        "HOME": "/var/lib/agentd",
         "ANTHROPIC_API_KEY": CANARY,
         "ANTHROPIC_BASE_URL": "http://x",
         "AWS_SECRET_ACCESS_KEY": "aws",
@@ -362,7 +362,7 @@ def test_tool_environment_is_an_allowlist(tmp_path: Path) -> None:
     env = tool_environment(environ, task, "/ws")
     assert env == {
         "PATH": "/bin",
-        "HOME": "/home/x",
+        "HOME": "/var/lib/agentd",
         "AGENTD_TASK": "env",
         "AGENTD_WORKSPACE": "/ws",
     }
