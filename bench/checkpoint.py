@@ -39,7 +39,6 @@ are noisy: the load average and I/O pressure are printed before and after.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -55,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row, ensure_peers
+from bench.report import Row, ensure_peers, percentile
 from supervisor.tasks import create_task
 from worker.config import Config
 from worker.durable import dump_json
@@ -651,17 +650,6 @@ def run_langgraph(plan: Plan, workdir: Path, resume_of: Callable[[int, Path], No
 
 
 # -- statistics -----------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, ``q`` in [0, 1]."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def window(series: dict[int, float], turn: int, half: int = WINDOW) -> list[float]:

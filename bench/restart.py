@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row
+from bench.report import Row, percentile
 from bench.supervision import (
     PEER,
     Daemon,
@@ -47,7 +47,6 @@ from bench.supervision import (
     live_worker,
     load_average,
     median,
-    percentile,
     say,
     submit_api,
     supervisord_bin,

@@ -199,17 +199,6 @@ def machine_load() -> str:
 # -- statistics -----------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile, ``q`` in [0, 1]."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
