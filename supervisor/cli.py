@@ -32,9 +32,10 @@ from supervisor.control import (
 )
 from worker import __version__
 from worker.config import Config, load_config
-from worker.errors import AgentdError, LockBusyError, StateConflictError, UsageError
+from worker.errors import AgentdError, ConfigError, LockBusyError, StateConflictError, UsageError
 from worker.events import read_events
 from worker.spool import Spool, default_spool, validate_call_id
+from worker.tools.sandbox import Sandbox
 
 Handler = Callable[[argparse.Namespace, Config, Spool], int]
 
@@ -197,6 +198,8 @@ def render_status(doc: dict[str, Any]) -> str:
     rows = [("TASK", "STATE", "TURN", "RESTARTS", "PID", "HEARTBEAT", "PHASE", "REASON")]
     for t in doc["tasks"]:
         reason = t["reason"] or ""
+        if not reason and (t["sandbox"] or "").startswith("refused"):
+            reason = f"run_command {t['sandbox']}"
         if t["dangling"]:
             reason = f"{len(t['dangling'])} held call(s): agentd dangling {t['id']}"
         rows.append(
@@ -426,7 +429,16 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     source = config.source or "built-in defaults"
-    print(f"{source}: ok (spool {spool.root}, max_workers {config.max_workers})")
+    sandbox = Sandbox(config.tools.sandbox, config.tools.network).verdict()
+    if sandbox.startswith("refused"):
+        raise ConfigError(
+            f'{source}: tools.sandbox is "required" but on this machine {sandbox[9:]}; '
+            'install bubblewrap, or set tools.sandbox = "auto" to run commands bare.'
+        )
+    print(
+        f"{source}: ok (spool {spool.root}, max_workers {config.max_workers}, "
+        f"run_command sandbox: {sandbox})"
+    )
     return 0
 
 

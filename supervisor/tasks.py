@@ -228,6 +228,10 @@ def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
     )
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
     """The task's dangling calls that wait for an operator, as `agentd dangling` shows them."""
     state = state or load_state(task)
@@ -290,6 +294,9 @@ def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
         "last_exit": record.last_exit,
         "heartbeat_age": round(now - float(beat["at"]), 3) if running and beat else None,
         "phase": beat.get("phase") if running and beat else None,
+        # how its last worker ran run_command (worker.tools.sandbox): a fact about that
+        # worker, so it stays shown after the worker ends, unlike the phase
+        "sandbox": _text(beat.get("sandbox")) if beat else None,
         "usage": usage,
         "dangling": dangling,
         "reason": record.reason or spec_error,

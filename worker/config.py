@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import tomli_w
 
 from worker.errors import ConfigError
+from worker.tools.sandbox import SandboxMode
 
 #: The environment variable that names the config file when no path is given.
 CONFIG_ENV = "AGENTD_CONFIG"
@@ -70,6 +71,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ToolsConfig:
     modules: tuple[str, ...] = ()
+    sandbox: SandboxMode = SandboxMode.AUTO
+    network: bool = True
     policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -159,7 +162,12 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     model = ModelConfig(name=t.text("name"), max_tokens=t.count("max_tokens"))
 
     t = top.table("tools")
-    tools = ToolsConfig(modules=_modules(t), policy=_policy(t.table("policy", known_keys=False)))
+    tools = ToolsConfig(
+        modules=_modules(t),
+        sandbox=SandboxMode(t.choice("sandbox", [m.value for m in SandboxMode])),
+        network=t.flag("network"),
+        policy=_policy(t.table("policy", known_keys=False)),
+    )
 
     return Config(
         spool=spool,
@@ -232,6 +240,20 @@ class _Table:
             self.fail(key, f"must be a whole number of at least 1, got {_show(value)}")
         return value
 
+    def choice(self, key: str, allowed: list[str]) -> str:
+        value = self.value(key)
+        if not isinstance(value, str) or value not in allowed:
+            quoted = [f'"{a}"' for a in allowed]
+            options = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[:-1] else quoted)
+            self.fail(key, f"must be {options}, got {_show(value)}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.value(key)
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {_show(value)}")
+        return value
+
     def text(self, key: str) -> str:
         value = self.value(key)
         if not isinstance(value, str) or not value.strip() or value != value.strip():
@@ -269,14 +291,13 @@ def _modules(tools: _Table) -> tuple[str, ...]:
 
 
 def _policy(policy: _Table) -> Mapping[str, str]:
-    for tool, decision in policy.data.items():
+    for tool in policy.data:
         if not _TOOL_NAME.fullmatch(tool):
             policy.fail(
                 _show(tool),
                 "is not a tool name; a tool name is 1 to 64 letters, digits, _ or -",
             )
-        if decision not in TOOL_POLICIES:
-            policy.fail(tool, f'must be "rerun" or "hold", got {_show(decision)}')
+        policy.choice(tool, list(TOOL_POLICIES))
     return MappingProxyType(dict(policy.data))
 
 
@@ -318,7 +339,12 @@ def config_document(config: Config) -> dict[str, Any]:
     for section in (config.heartbeat, config.deadlines, config.restart, config.model):
         name = next(f.name for f in fields(Config) if getattr(config, f.name) is section)
         doc[name] = {f.name: getattr(section, f.name) for f in fields(section)}
-    doc["tools"] = {"modules": list(config.tools.modules), "policy": dict(config.tools.policy)}
+    doc["tools"] = {
+        "modules": list(config.tools.modules),
+        "sandbox": config.tools.sandbox.value,
+        "network": config.tools.network,
+        "policy": dict(config.tools.policy),
+    }
     return doc
 
 
@@ -364,10 +390,20 @@ Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
     "model": "Model calls. `agentd submit --model` overrides the name for one task.",
     "model.name": "The model name sent to the Messages API.",
     "model.max_tokens": "The max_tokens of every model call.",
-    "tools": "Tools beyond the built-in ones.",
+    "tools": "Tools beyond the built-in ones, and how run_command is contained.",
     "tools.modules": """\
 Python modules that define extra tools, imported by every worker, for example
 ["mycompany.agent_tools"]. They must be importable in agentd's environment.""",
+    "tools.sandbox": """\
+Containment of run_command on bubblewrap (bwrap, Debian package `bubblewrap`): its
+own PID, IPC and mount namespaces, the workspace as the only writable place, the
+spool and this file's folder invisible, /proc showing its own processes only, and
+every process it starts killed when the call ends. "auto" uses bwrap when it works
+here and runs commands bare otherwise; "required" refuses a call (an error result,
+shown in `agentd status`) when bwrap is missing or cannot create namespaces; "off"
+never uses it.""",
+    "tools.network": """\
+false: run_command gets a network namespace of its own, loopback only (under bwrap).""",
     "tools.policy": """\
 What a dangling call of a tool (started, never recorded as finished) gets on resume:
 "rerun" runs it again, "hold" waits for an operator (`agentd dangling`,

@@ -47,6 +47,7 @@ from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
+from worker.tools.sandbox import sandbox_for
 
 EXIT_DONE = 0
 EXIT_FAILED = 3
@@ -132,6 +133,14 @@ class AgentLoop:
         self.sleep = sleep
         self.workspace = task.workspace_for(spec)
         self.tool_env = tool_environment(os.environ, task, str(self.workspace))
+        self.sandbox = sandbox_for(
+            config.tools.sandbox,
+            config.tools.network,
+            spool=task.root,
+            config=config.source,
+            environ=os.environ,
+            on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
+        )
         self.stop_requested = False
         self._interruptible = False
         self.journal: Journal | None = None
@@ -403,6 +412,7 @@ class AgentLoop:
             idempotency_key=key,
             timeout=self.config.deadlines.tool_call,
             env=self.tool_env,
+            sandbox=self.sandbox,
         )
 
     def _error_result(self, call: Call, message: str, outcome: str = "error") -> None:

@@ -23,6 +23,7 @@ from worker.config import (
     load_config,
 )
 from worker.errors import ConfigError
+from worker.tools.sandbox import SandboxMode
 
 SHIPPED = Path(__file__).resolve().parents[2] / "config" / "agentd.toml"
 
@@ -137,6 +138,8 @@ name = "claude-opus-4-1"
 max_tokens = 8192
 [tools]
 modules = ["acme.tools", "acme_extra"]
+sandbox = "required"
+network = false
 [tools.policy]
 run_command = "rerun"
 append-file = "hold"
@@ -156,6 +159,8 @@ append-file = "hold"
         model=ModelConfig(name="claude-opus-4-1", max_tokens=8192),
         tools=ToolsConfig(
             modules=("acme.tools", "acme_extra"),
+            sandbox=SandboxMode.REQUIRED,
+            network=False,
             policy={"run_command": "rerun", "append-file": "hold"},
         ),
         source=path,
@@ -323,6 +328,18 @@ def test_tool_policy_is_rerun_or_hold(tmp_path: Path, bad: str) -> None:
     path = _write(tmp_path, f"[tools.policy]\nrun_command = {bad}\n")
 
     assert 'tools.policy.run_command must be "rerun" or "hold", got ' in _error(path)
+
+
+@pytest.mark.parametrize("bad", ['"on"', '"Auto"', '""', "true", "1"])
+def test_the_sandbox_is_auto_required_or_off(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[tools]\nsandbox = {bad}\n")
+    assert 'tools.sandbox must be "auto", "required" or "off", got ' in _error(path)
+
+
+@pytest.mark.parametrize("bad", ['"false"', "0", "1", '"no"'])
+def test_the_network_is_true_or_false(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[tools]\nnetwork = {bad}\n")
+    assert "tools.network must be true or false, got " in _error(path)
 
 
 def test_a_tool_policy_names_a_possible_tool(tmp_path: Path) -> None:

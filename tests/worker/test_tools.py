@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from worker.tools.builtin import (
     write_file,
 )
 from worker.tools.registry import Effect, Tool, ToolContext, ToolError, ToolRegistry, tool
+from worker.tools.sandbox import Sandbox, SandboxMode
 
 CANARY = "sk-ant-canary-0123456789abcdef"
 
@@ -53,13 +54,25 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-def ctx_for(workspace: Path, *, key: str = "agentd-key-1", timeout: float = 30.0) -> ToolContext:
+@pytest.fixture(params=[SandboxMode.AUTO, SandboxMode.OFF], ids=lambda mode: f"sandbox-{mode}")
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    """run_command behaves the same under bwrap (auto, where it works) and bare."""
+    return Sandbox(request.param)
+
+
+def ctx_for(
+    workspace: Path,
+    *,
+    key: str = "agentd-key-1",
+    timeout: float = 30.0,
+    sandbox: Sandbox | None = None,
+) -> ToolContext:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AGENTD_TASK": "t1"}
-    return ToolContext(workspace, "t1", "toolu_1", key, timeout, env)
+    return ToolContext(workspace, "t1", "toolu_1", key, timeout, env, sandbox or Sandbox())
 
 
-def run(t: Tool, workspace: Path, **data: object) -> str:
-    return t.run(ctx_for(workspace), t.check_input(data))
+def run(t: Tool, workspace: Path, sandbox: Sandbox | None = None, **data: object) -> str:
+    return t.run(ctx_for(workspace, sandbox=sandbox), t.check_input(data))
 
 
 def tree(path: Path) -> dict[str, bytes | None]:
@@ -290,8 +303,8 @@ def test_append_file(workspace: Path) -> None:
     assert (workspace / "d" / "log.txt").read_text() == "one\ntwo\n"
 
 
-def test_run_command_output(workspace: Path) -> None:
-    out = run(run_command, workspace, command="echo out; echo err >&2; pwd; exit 3")
+def test_run_command_output(workspace: Path, sandbox: Sandbox) -> None:
+    out = run(run_command, workspace, sandbox, command="echo out; echo err >&2; pwd; exit 3")
     assert out.startswith("exit code 3\n")
     stdout, stderr = out.split("--- stderr ---\n")
     assert "out" in stdout
@@ -299,51 +312,78 @@ def test_run_command_output(workspace: Path) -> None:
     assert stderr.strip() == "err"
 
 
-def test_run_command_output_is_clipped(workspace: Path) -> None:
-    out = run(run_command, workspace, command=f"head -c {MAX_OUTPUT + 100} /dev/zero | tr '\\0' a")
+def test_run_command_output_is_clipped(workspace: Path, sandbox: Sandbox) -> None:
+    command = f"head -c {MAX_OUTPUT + 100} /dev/zero | tr '\\0' a"
+    out = run(run_command, workspace, sandbox, command=command)
     assert "[... 100 more bytes]" in out
     assert out.count("a") >= MAX_OUTPUT
 
 
-def _gone(pid: int) -> bool:
+def marked(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line holds ``marker`` (a sleep of an unusual length).
+
+    Found by name, not by a pid the command writes down: in a sandbox, that pid is one of
+    its own PID namespace, and means another process out here."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+def unique_sleep() -> str:
+    """A sleep duration no other process on the machine is likely to have."""
+    return f"30.{os.getpid()}{time.monotonic_ns() % 1_000_000}"
+
+
+def kill_marked(marker: str) -> None:
+    for proc in marked(marker):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def test_run_command_timeout_kills_the_process_tree(workspace: Path, sandbox: Sandbox) -> None:
+    marker = unique_sleep()
+    command = f"sh -c 'sleep {marker} & wait' & wait"
+    started = time.monotonic()
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+        with pytest.raises(ToolError, match=r"timed out after 0\.5 s and was killed"):
+            run(run_command, workspace, sandbox, command=command, timeout=0.5)
+        assert time.monotonic() - started < 10
+        # killed before run_command returned; reaping the orphans is up to their new parent
+        poll_for(lambda: not marked(marker), 5.0, what="the child and grandchild to be gone")
+    finally:
+        kill_marked(marker)
 
 
-def test_run_command_timeout_kills_the_process_tree(workspace: Path) -> None:
-    command = "sh -c 'sleep 30 & echo $! > grandchild.pid; wait' & echo $! > child.pid; wait"
-    started = time.monotonic()
-    with pytest.raises(ToolError, match=r"timed out after 0\.5 s and was killed"):
-        run(run_command, workspace, command=command, timeout=0.5)
-    assert time.monotonic() - started < 10
-    for name in ("child.pid", "grandchild.pid"):
-        pid = int((workspace / name).read_text())
-        # killed before run_command returned; reaping the orphan is up to its new parent
-        poll_for(lambda pid=pid: _gone(pid), 5.0, what=f"{name} {pid} to be gone")
-
-
-def test_run_command_timeout_is_kept_when_a_background_process_escapes(workspace: Path) -> None:
+def test_run_command_timeout_is_kept_when_a_background_process_escapes(
+    workspace: Path, sandbox: Sandbox
+) -> None:
     # the subshell's child leaves the command's process tree and holds its output open
-    command = "(sleep 5 & echo $! > escaped.pid); sleep 30"
+    marker = unique_sleep()
+    command = f"(sleep {marker} &); sleep 30"
     started = time.monotonic()
-    with pytest.raises(ToolError, match=r"timed out after 0\.5 s"):
-        run(run_command, workspace, command=command, timeout=0.5)
-    assert time.monotonic() - started < 3
-    os.kill(int((workspace / "escaped.pid").read_text()), signal.SIGKILL)
+    try:
+        with pytest.raises(ToolError, match=r"timed out after 0\.5 s"):
+            run(run_command, workspace, sandbox, command=command, timeout=0.5)
+        assert time.monotonic() - started < 3
+    finally:
+        kill_marked(marker)
 
 
-def test_run_command_timeout_is_capped_by_the_tool_deadline(workspace: Path) -> None:
-    ctx = ctx_for(workspace, timeout=0.3)
+def test_run_command_timeout_is_capped_by_the_tool_deadline(
+    workspace: Path, sandbox: Sandbox
+) -> None:
+    ctx = ctx_for(workspace, timeout=0.3, sandbox=sandbox)
     started = time.monotonic()
     with pytest.raises(ToolError, match=r"timed out after 0\.3 s"):
         run_command.run(ctx, {"command": "sleep 20", "timeout": 600})
     assert time.monotonic() - started < 10
 
 
-def test_run_command_sees_only_the_given_environment(workspace: Path) -> None:
-    out = run(run_command, workspace, command="env")
+def test_run_command_sees_only_the_given_environment(workspace: Path, sandbox: Sandbox) -> None:
+    out = run(run_command, workspace, sandbox, command="env")
     assert "AGENTD_TASK=t1" in out
     assert "PYTEST" not in out
 

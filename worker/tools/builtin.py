@@ -19,6 +19,7 @@ from typing import IO
 from worker.durable import atomic_write, private_dir, write_exclusive
 from worker.tools.paths import confine
 from worker.tools.registry import Effect, Tool, ToolContext, ToolError, tool
+from worker.tools.sandbox import SandboxRefused
 
 MAX_READ = 1024 * 1024
 MAX_OUTPUT = 64 * 1024
@@ -105,12 +106,15 @@ def _clip(data: bytes, size: int) -> str:
 def run_command(ctx: ToolContext, command: str, timeout: float = 60.0) -> str:
     """Run a shell command in the workspace; returns its exit code and output."""
     limit = max(0.1, min(float(timeout), ctx.timeout))
+    try:
+        argv = ctx.sandbox.argv(command, ctx.workspace, ctx.env)
+    except SandboxRefused as exc:
+        raise ToolError(str(exc)) from None
     # Output goes to files, not pipes: a background process that escapes the command's
     # process tree may keep a pipe open for ever, but it cannot keep the tool waiting.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            command,
-            shell=True,
+            argv,
             cwd=ctx.workspace,
             env=dict(ctx.env),
             stdin=subprocess.DEVNULL,

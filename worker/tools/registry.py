@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import ConfigError, TaskSpecError
+from worker.tools.sandbox import Sandbox
 
 
 class Effect(StrEnum):
@@ -45,12 +46,16 @@ class ToolError(Exception):
 
 @dataclass(frozen=True)
 class ToolContext:
+    """What one call of a tool is given. ``env`` is the scrubbed environment a tool's
+    processes get; ``sandbox`` how ``run_command`` contains them (``worker.tools.sandbox``)."""
+
     workspace: Path
     task_id: str
     call_id: str
     idempotency_key: str
     timeout: float
     env: Mapping[str, str] = field(default_factory=dict)
+    sandbox: Sandbox = field(default_factory=Sandbox)
 
 
 Reconcile = Callable[[ToolContext, dict[str, Any]], str | None]

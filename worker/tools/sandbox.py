@@ -1,0 +1,225 @@
+"""Containment of ``run_command`` on bubblewrap (DESIGN.md section 5).
+
+A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that it has:
+
+* its own PID namespace (``--unshare-pid``, with ``--die-with-parent``): the command is
+  process 2 under bwrap's own init, and when that init exits (the command ended) or is
+  killed (a timeout, or its worker died: the death signal), the kernel kills every process
+  left in the namespace, also one that called ``setsid``, double-forked or daemonized. It
+  sees and can signal no process outside: not the daemon, not another task;
+* its own IPC namespace, and with ``[tools] network = false`` its own network namespace
+  (loopback only);
+* ``/proc`` of its own namespace, a minimal ``/dev``, a private ``/tmp``;
+* the root filesystem read-only, and the workspace bind-mounted read-write: the only
+  writable place that outlives the call;
+* the spool, the config file (and its folder, when that is a folder of its own) and the
+  API key's file or credentials folder hidden under empty read-only mounts. A workspace
+  inside a hidden folder (the default one, ``SPOOL/tasks/ID/workspace``) is mounted back
+  at its own path, and nothing else of that folder is;
+* no capabilities (``--cap-drop ALL``: agentd may run as root), a new session (no
+  terminal to inject into), and a cleared environment plus the scrubbed tool environment
+  (``worker.loop.tool_environment``).
+
+Mounts are made in the order of their depth, so a mount always lands on top of the ones
+that contain it: the workspace shows through a hidden folder that holds it, and a hidden
+folder inside the workspace (a spool in the user's repository) stays hidden.
+
+``[tools] sandbox`` says what happens without a working bwrap: ``auto`` runs the command
+bare (the containment that remains is the worker's process-group kill), ``required``
+refuses the call with a one-line reason (``SandboxRefused``, an error tool_result), and
+``off`` never uses bwrap. Whether bwrap works (it is installed, and the kernel lets it
+create namespaces) is probed once per worker process and cached. Each call's verdict
+(``Sandbox.verdict``) is also handed to ``on_verdict``: the worker publishes it in its
+heartbeat, and ``agentd status`` shows it.
+
+``--die-with-parent`` arms ``PR_SET_PDEATHSIG``, which fires when the *thread* that
+started bwrap ends, not the process: the worker runs tools on its main thread, which
+lives as long as the worker does.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+SHELL = "/bin/sh"
+PRIVATE_TMP = "/tmp"  # noqa: S108  (a fresh tmpfs of the sandbox's own, not the host's /tmp)
+PROBE_TIMEOUT = 10.0  # seconds: bwrap starts in milliseconds when it works at all
+
+
+class SandboxMode(StrEnum):
+    """``[tools] sandbox``: what run_command does about bubblewrap."""
+
+    AUTO = "auto"  # bwrap when it works, else bare
+    REQUIRED = "required"  # bwrap, or the call is refused
+    OFF = "off"  # never bwrap
+
+
+class SandboxRefused(Exception):
+    """Under ``required``, bwrap is missing or cannot run: the call must not run bare."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How run_command contains its commands: the ``[tools]`` settings, the paths to hide,
+    and the bwrap to use (a name looked up on ``PATH``, or a path)."""
+
+    mode: SandboxMode = SandboxMode.AUTO
+    network: bool = True
+    hidden: tuple[Path, ...] = ()
+    bwrap: str = "bwrap"
+    on_verdict: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+    def problem(self) -> str | None:
+        """Why bwrap cannot contain a command here (probed once a process), or None."""
+        return probe(self.bwrap, self.network).problem
+
+    def verdict(self) -> str:
+        """How commands run: ``bwrap``, ``off``, ``bare: WHY`` (auto) or ``refused: WHY``."""
+        if self.mode is SandboxMode.OFF:
+            return "off"
+        problem = self.problem()
+        if problem is None:
+            return "bwrap"
+        return f"{'refused' if self.mode is SandboxMode.REQUIRED else 'bare'}: {problem}"
+
+    def argv(self, command: str, workspace: Path, env: Mapping[str, str]) -> list[str]:
+        """What to execute for ``command`` (bwrap's own arguments carry the environment).
+
+        Raises ``SandboxRefused`` under ``required`` when bwrap cannot run."""
+        verdict = self.verdict()
+        if self.on_verdict is not None:
+            self.on_verdict(verdict)
+        if verdict.startswith("refused"):
+            raise SandboxRefused(
+                f"run_command refused: [tools] sandbox is required and {self.problem()}; "
+                "the command did not run"
+            )
+        if verdict != "bwrap":
+            return [SHELL, "-c", command]
+        inner = {**env, "TMPDIR": PRIVATE_TMP} if "TMPDIR" in env else dict(env)
+        return [
+            probe(self.bwrap, self.network).path,
+            *namespace_options(self.network),
+            *mount_options(Path(os.path.realpath(workspace)), self.hidden),
+            "--clearenv",
+            *(arg for key, value in inner.items() for arg in ("--setenv", key, value)),
+            "--",
+            SHELL,
+            "-c",
+            command,
+        ]
+
+
+def namespace_options(network: bool) -> list[str]:
+    """Namespaces, lifetime and privileges: everything but the mounts."""
+    unshare = ["--unshare-pid", "--unshare-ipc"] + ([] if network else ["--unshare-net"])
+    return [*unshare, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+
+
+def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
+    """The filesystem: / read-only, fresh /proc, /dev and /tmp, the hidden paths covered,
+    the workspace writable at its own path, and ``--chdir`` into it.
+
+    Each mount is made after every mount of a shorter path (at equal depth, a cover before
+    the workspace), so it lands on top of those that contain it. Covers of folders are
+    made read-only once everything is mounted (bwrap needs them writable to make the
+    workspace's mount point inside)."""
+    plan: list[tuple[int, int, list[str]]] = [
+        (_depth(Path(PRIVATE_TMP)), 0, ["--tmpfs", PRIVATE_TMP]),
+        (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
+    ]
+    covered: list[str] = []
+    for path in _existing(hidden):
+        if path.is_dir():
+            plan.append((_depth(path), 0, ["--tmpfs", str(path)]))
+            covered.append(str(path))
+        else:
+            plan.append((_depth(path), 0, ["--ro-bind", "/dev/null", str(path)]))
+    plan.sort(key=lambda step: step[:2])
+    options = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    for _, _, step in plan:
+        options += step
+    for path_text in covered:
+        options += ["--remount-ro", path_text]
+    return [*options, "--chdir", str(workspace)]
+
+
+def _depth(path: Path) -> int:
+    return len(path.parts)
+
+
+def _existing(paths: Iterable[Path]) -> list[Path]:
+    """The real paths of those that exist, without repeats (a cover needs a mount point,
+    and a symlink must be covered where it leads)."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        real = Path(os.path.realpath(path))
+        if real.exists() and real != Path("/"):
+            found[real] = None
+    return list(found)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where bwrap is, and why it cannot run a command here (None: it can)."""
+
+    path: str
+    problem: str | None
+
+
+@functools.cache
+def probe(bwrap: str, network: bool) -> Probe:
+    """Whether bwrap can run a command with these namespaces here: it is installed, and
+    the kernel lets it create them (a container or an LSM may not).
+
+    Cached for the life of the process (one worker): a few milliseconds, once."""
+    path = shutil.which(bwrap)
+    if path is None:
+        why = f"bwrap not found ({bwrap!r} is not an executable on PATH; install bubblewrap)"
+        return Probe(bwrap, why)
+    argv = [path, *namespace_options(network), "--ro-bind", "/", "/", "--proc", "/proc"]
+    try:
+        done = subprocess.run(
+            [*argv, "--dev", "/dev", "--", SHELL, "-c", ":"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Probe(path, f"bwrap cannot start ({exc})")
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+        return Probe(path, f"bwrap cannot create its namespaces here ({lines[-1][:200]})")
+    return Probe(path, None)
+
+
+def sandbox_for(
+    mode: SandboxMode,
+    network: bool,
+    *,
+    spool: Path,
+    config: Path | None,
+    environ: Mapping[str, str],
+    on_verdict: Callable[[str], None] | None = None,
+) -> Sandbox:
+    """The sandbox of one worker: what it hides is the spool, the config file and its
+    folder (when the folder is one of its own, not ``/`` or a top-level folder such as
+    ``/etc``), and the API key's file or systemd credentials folder when named."""
+    hidden = [spool]
+    if config is not None:
+        hidden.append(config)
+        folder = Path(os.path.realpath(config)).parent
+        if _depth(folder) > 2:
+            hidden.append(folder)
+    for name in ("ANTHROPIC_API_KEY_FILE", "CREDENTIALS_DIRECTORY"):
+        if environ.get(name):
+            hidden.append(Path(environ[name]))
+    return Sandbox(mode, network, tuple(hidden), on_verdict=on_verdict)
