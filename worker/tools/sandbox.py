@@ -135,8 +135,12 @@ def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
         (_depth(Path(PRIVATE_TMP)), 0, ["--tmpfs", PRIVATE_TMP]),
         (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
     ]
+    paths = _existing(hidden)
+    folders = [path for path in paths if path.is_dir()]
     covered: list[str] = []
-    for path in _existing(hidden):
+    for path in paths:
+        if _hidden_already(path, folders, workspace):
+            continue  # (a cover would only make an empty mount point show in the other)
         if path.is_dir():
             plan.append((_depth(path), 0, ["--tmpfs", str(path)]))
             covered.append(str(path))
@@ -153,6 +157,12 @@ def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
 
 def _depth(path: Path) -> int:
     return len(path.parts)
+
+
+def _hidden_already(path: Path, folders: Iterable[Path], workspace: Path) -> bool:
+    """``path`` lies in another hidden folder, and not in the workspace shown through it."""
+    in_workspace = path.is_relative_to(workspace)
+    return any(path != f and path.is_relative_to(f) and not in_workspace for f in folders)
 
 
 def _existing(paths: Iterable[Path]) -> list[Path]:

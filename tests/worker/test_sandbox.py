@@ -1,0 +1,253 @@
+"""The run_command sandbox on the real bwrap: what a command can see, write and signal,
+and that nothing it starts outlives its call or its worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor import tasks
+from tests.support import (
+    journal_records,
+    make_spool,
+    of_kind,
+    poll_for,
+    reply,
+    run_worker,
+    scripted_task,
+    start_worker,
+    text,
+    tool_use,
+)
+from tests.worker.test_tools import kill_marked, marked, unique_sleep
+from worker.loop import EXIT_DONE
+from worker.spool import Spool
+from worker.tools.builtin import run_command
+from worker.tools.registry import ToolContext, ToolError
+from worker.tools.sandbox import Sandbox, SandboxMode, mount_options, probe, sandbox_for
+
+pytestmark = pytest.mark.skipif(
+    probe("bwrap", False).problem is not None,
+    reason=f"bwrap does not work here: {probe('bwrap', False).problem}",
+)
+
+SECRET = "canary-secret-5f1e"  # noqa: S105  (a canary, not a password)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    """A spool with one task's records and the default workspace inside it."""
+    spool = make_spool(tmp_path)
+    task = spool.tasks_dir / "t1"
+    (task / "workspace").mkdir(parents=True)
+    (task / "journal").write_text(SECRET)
+    (spool.root / "supervisor.json").write_text(json.dumps({"pid": 1, "secret": SECRET}))
+    return spool
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    folder = tmp_path / "etc" / "agentd"
+    folder.mkdir(parents=True)
+    (folder / "env").write_text(f"ANTHROPIC_API_KEY={SECRET}\n")
+    path = folder / "agentd.toml"
+    path.write_text(f"# {SECRET}\n")
+    return path
+
+
+def sandboxed(spool: Spool, config: Path, *, network: bool = True) -> Sandbox:
+    return sandbox_for(SandboxMode.REQUIRED, network, spool=spool.root, config=config, environ={})
+
+
+def sh(sandbox: Sandbox, workspace: Path, command: str, timeout: float = 20.0) -> str:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AGENTD_TASK": "t1"}
+    ctx = ToolContext(workspace, "t1", "toolu_1", "key", timeout, env, sandbox)
+    return run_command.run(ctx, {"command": command})
+
+
+def test_the_spool_and_the_config_are_invisible(spool: Spool, config: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    command = (
+        f"pwd; ls -a ..; cat ../journal ../../../supervisor.json {config} {config.parent}/env;"
+        f" ls -a {config.parent}; grep -r {SECRET[:6]} {spool.root} {config.parent}; true"
+    )
+    out = sh(sandboxed(spool, config), workspace, command)
+    assert SECRET not in out
+    assert str(workspace) in out  # the workspace is there, at its own path
+    assert "No such file" in out
+    listing = out.split("--- stdout ---\n")[1].split("--- stderr ---")[0].split()
+    assert "journal" not in listing and "agentd.toml" not in listing
+
+
+def test_writes_outside_the_workspace_fail(spool: Spool, config: Path, tmp_path: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    before = (spool.tasks_dir / "t1" / "journal").read_bytes()
+    targets = ["../journal", "../state.json", "../../t2/journal", f"{outside}/x", "/usr/x"]
+    command = "; ".join(f"echo bad > {t} && echo WROTE {t}" for t in targets)
+    out = sh(sandboxed(spool, config), workspace, command + "; echo ok > inside.txt; true")
+    assert "WROTE" not in out
+    assert "Read-only file system" in out
+    assert (workspace / "inside.txt").read_text() == "ok\n"  # the workspace is writable
+    assert (spool.tasks_dir / "t1" / "journal").read_bytes() == before
+    assert sorted(os.listdir(spool.tasks_dir / "t1")) == ["journal", "workspace"]
+    assert not (outside / "x").exists()
+
+
+def test_tmp_is_private_to_the_call(spool: Spool, config: Path, tmp_path: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    name = f"agentd-sandbox-{os.getpid()}"
+    out = sh(sandboxed(spool, config), workspace, f"echo x > /tmp/{name} && ls /tmp")
+    assert out.startswith("exit code 0\n") and name in out
+    assert not (Path("/tmp") / name).exists()  # the host's /tmp
+
+
+def test_proc_shows_only_the_sandbox_processes(spool: Spool, config: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    me = os.getpid()
+    command = f"ls /proc | grep -c '^[0-9]'; kill -0 {me} || echo cannot-signal; cat /proc/1/comm"
+    out = sh(sandboxed(spool, config), workspace, command)
+    stdout = out.split("--- stdout ---\n")[1].split("\n--- stderr ---")[0].split()
+    # bwrap's init (pid 1), the shell, and ls and grep of the pipeline
+    assert int(stdout[0]) <= 4, out
+    assert "cannot-signal" in stdout
+    assert stdout[-1] == "bwrap"
+
+
+def interfaces(proc_net_dev: str) -> set[str]:
+    return {line.split(":")[0].strip() for line in proc_net_dev.splitlines() if ":" in line}
+
+
+def test_no_network_leaves_only_loopback(spool: Spool, config: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    closed = sh(sandboxed(spool, config, network=False), workspace, "cat /proc/net/dev")
+    assert interfaces(closed) == {"lo"}
+    opened = sh(sandboxed(spool, config, network=True), workspace, "cat /proc/net/dev")
+    assert interfaces(opened) == interfaces(Path("/proc/net/dev").read_text())
+
+
+def test_required_without_bwrap_fails_closed_with_the_reason(tmp_path: Path) -> None:
+    verdicts: list[str] = []
+    missing = str(tmp_path / "no" / "bwrap")
+    sandbox = Sandbox(SandboxMode.REQUIRED, bwrap=missing, on_verdict=verdicts.append)
+    with pytest.raises(ToolError) as caught:
+        sh(sandbox, tmp_path, "echo ran > ran.txt")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("run_command refused: [tools] sandbox is required and bwrap not")
+    assert "install bubblewrap" in message and "did not run" in message
+    assert not (tmp_path / "ran.txt").exists()
+    assert verdicts == [f"refused: {sandbox.problem()}"]
+    # auto runs the same command bare, and says so
+    auto = Sandbox(SandboxMode.AUTO, bwrap=missing, on_verdict=verdicts.append)
+    assert sh(auto, tmp_path, "echo ran > ran.txt").startswith("exit code 0")
+    assert verdicts[-1].startswith("bare: bwrap not found")
+
+
+def test_a_worker_without_bwrap_shows_the_refusal_in_status(tmp_path: Path) -> None:
+    """Under ``required``, a worker whose PATH has no bwrap records an error result with
+    the reason, and `agentd status` shows it in the task's row."""
+    spool = make_spool(tmp_path)
+    config = tmp_path / "agentd.toml"
+    config.write_text('[heartbeat]\ninterval = 0.1\n[tools]\nsandbox = "required"\n')
+    task = scripted_task(
+        spool,
+        [
+            reply(tool_use("run_command", command="echo ran > ran.txt")),
+            reply(text("Done."), delay=0.5),  # the heartbeat beats meanwhile
+        ],
+    )
+    code = run_worker(task, env={"PATH": str(tmp_path), "AGENTD_CONFIG": str(config)})
+    assert code == EXIT_DONE
+    (result,) = of_kind(journal_records(task), "result")
+    assert result["is_error"] and "sandbox is required and bwrap not found" in result["content"]
+    assert not (task.path / "workspace" / "ran.txt").exists()
+    row = tasks.status_row(task)
+    assert row["sandbox"].startswith("refused: bwrap not found")
+
+
+def test_a_setsid_child_dies_when_the_call_ends(spool: Spool, config: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    marker = unique_sleep()
+    command = f"setsid sh -c 'sleep {marker}' >/dev/null 2>&1 </dev/null & echo started"
+    try:
+        out = sh(sandboxed(spool, config), workspace, command)
+        assert "started" in out
+        poll_for(lambda: not marked(marker), 5.0, what="the setsid child to be gone")
+    finally:
+        kill_marked(marker)
+
+
+def test_a_killed_worker_takes_its_sandbox_with_it(tmp_path: Path) -> None:
+    """kill -9 of the worker alone (not its group): bwrap's death signal, then its PID
+    namespace, end every process of the call, also one that left the group."""
+    spool = make_spool(tmp_path)
+    inner, outer = unique_sleep(), unique_sleep() + "1"
+    command = f"setsid sh -c 'sleep {inner}' >/dev/null 2>&1 </dev/null & sleep {outer}"
+    task = scripted_task(spool, [reply(tool_use("run_command", command=command, timeout=60))])
+    proc = start_worker(task)
+    try:
+        poll_for(lambda: len(marked(inner)) and len(marked(outer)), 15.0, what="the command")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        poll_for(lambda: not marked(inner) and not marked(outer), 2.0, what="the sandbox to end")
+    finally:
+        kill_marked(inner)
+        kill_marked(outer)
+        proc.communicate()
+
+
+def test_mounts_land_on_top_of_those_that_contain_them(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    workspace = spool / "tasks" / "t1" / "workspace"
+    inner = tmp_path / "repo" / ".spool"  # a spool inside a workspace given with --workspace
+    for path in (workspace, inner):
+        path.mkdir(parents=True)
+    options = mount_options(workspace, [spool])
+    assert options.index("--tmpfs", options.index(str(spool)) - 1) < options.index("--bind")
+    assert options[options.index("--bind") + 1] == str(workspace)
+    assert options[-4:] == ["--remount-ro", str(spool), "--chdir", str(workspace)]
+    options = mount_options(tmp_path / "repo", [inner])
+    assert options.index("--bind") < options.index(str(inner))
+
+
+def test_a_spool_inside_the_workspace_stays_hidden(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    spool = Spool(repo / ".spool").ensure()
+    (spool.root / "supervisor.json").write_text(SECRET)
+    (repo / "readme").write_text("hello")
+    sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None, environ={})
+    out = sh(sandbox, repo, "cat readme; ls -a .spool; cat .spool/supervisor.json; true")
+    assert "hello" in out and SECRET not in out
+
+
+def test_a_config_in_a_top_level_folder_hides_the_file_only(tmp_path: Path) -> None:
+    sandbox = sandbox_for(
+        SandboxMode.AUTO, True, spool=tmp_path, config=Path("/etc/agentd.toml"), environ={}
+    )
+    assert Path("/etc") not in sandbox.hidden
+    assert Path("/etc/agentd.toml") in sandbox.hidden
+    named = sandbox_for(
+        SandboxMode.AUTO,
+        True,
+        spool=tmp_path,
+        config=None,
+        environ={"CREDENTIALS_DIRECTORY": "/run/credentials/agentd.service"},
+    )
+    assert Path("/run/credentials/agentd.service") in named.hidden
+
+
+def test_the_probe_runs_once_a_process(tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    count = tmp_path / "count"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\nexit 1\n")
+    fake.chmod(0o755)
+    sandbox = Sandbox(SandboxMode.REQUIRED, bwrap=str(fake))
+    for _ in range(3):
+        assert sandbox.verdict().startswith("refused: bwrap cannot create its namespaces")
+    assert count.read_text() == "x\n"
