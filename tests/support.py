@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from supervisor.tasks import create_task, submit
 from worker.config import Config
 from worker.journal import read_file
@@ -214,6 +216,30 @@ def make_loop(
 
 
 # -- worker processes -----------------------------------------------------------------
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line holds ``marker`` (a sleep of an unusual length).
+
+    Found by name, not by a pid the command writes down: in a sandbox, that pid is one of
+    its own PID namespace, and means another process out here."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+def unique_sleep() -> str:
+    """A sleep duration no other process on the machine is likely to have."""
+    return f"30.{os.getpid()}{time.monotonic_ns() % 1_000_000}"
+
+
+def kill_processes_with(marker: str) -> None:
+    for proc in processes_with(marker):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -13,17 +13,19 @@ import pytest
 from supervisor import tasks
 from tests.support import (
     journal_records,
+    kill_processes_with,
     make_spool,
     of_kind,
     poll_for,
+    processes_with,
     reply,
     run_worker,
     scripted_task,
     start_worker,
     text,
     tool_use,
+    unique_sleep,
 )
-from tests.worker.test_tools import kill_marked, marked, unique_sleep
 from worker.loop import EXIT_DONE
 from worker.spool import Spool
 from worker.tools.builtin import run_command
@@ -178,27 +180,35 @@ def test_a_setsid_child_dies_when_the_call_ends(spool: Spool, config: Path) -> N
     try:
         out = sh(sandboxed(spool, config), workspace, command)
         assert "started" in out
-        poll_for(lambda: not marked(marker), 5.0, what="the setsid child to be gone")
+        poll_for(lambda: not processes_with(marker), 5.0, what="the setsid child to be gone")
     finally:
-        kill_marked(marker)
+        kill_processes_with(marker)
 
 
 def test_a_killed_worker_takes_its_sandbox_with_it(tmp_path: Path) -> None:
     """kill -9 of the worker alone (not its group): bwrap's death signal, then its PID
     namespace, end every process of the call, also one that left the group."""
     spool = make_spool(tmp_path)
-    inner, outer = unique_sleep(), unique_sleep() + "1"
+    inner, outer = unique_sleep(), unique_sleep().replace("30.", "31.", 1)
     command = f"setsid sh -c 'sleep {inner}' >/dev/null 2>&1 </dev/null & sleep {outer}"
     task = scripted_task(spool, [reply(tool_use("run_command", command=command, timeout=60))])
     proc = start_worker(task)
     try:
-        poll_for(lambda: len(marked(inner)) and len(marked(outer)), 15.0, what="the command")
+        poll_for(
+            lambda: len(processes_with(inner)) and len(processes_with(outer)),
+            15.0,
+            what="the command",
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        poll_for(lambda: not marked(inner) and not marked(outer), 2.0, what="the sandbox to end")
+        poll_for(
+            lambda: not processes_with(inner) and not processes_with(outer),
+            2.0,
+            what="the sandbox to end",
+        )
     finally:
-        kill_marked(inner)
-        kill_marked(outer)
+        kill_processes_with(inner)
+        kill_processes_with(outer)
         proc.communicate()
 
 

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.support import (
     journal_records,
+    kill_processes_with,
     make_spool,
     of_kind,
     poll_for,
+    processes_with,
     reply,
     run_worker,
     scripted_task,
     tool_use,
+    unique_sleep,
 )
 from worker.errors import ConfigError, TaskSpecError
 from worker.loop import EXIT_DONE, tool_environment
@@ -319,30 +320,6 @@ def test_run_command_output_is_clipped(workspace: Path, sandbox: Sandbox) -> Non
     assert out.count("a") >= MAX_OUTPUT
 
 
-def marked(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line holds ``marker`` (a sleep of an unusual length).
-
-    Found by name, not by a pid the command writes down: in a sandbox, that pid is one of
-    its own PID namespace, and means another process out here."""
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline()):
-                found.append(proc)
-    return found
-
-
-def unique_sleep() -> str:
-    """A sleep duration no other process on the machine is likely to have."""
-    return f"30.{os.getpid()}{time.monotonic_ns() % 1_000_000}"
-
-
-def kill_marked(marker: str) -> None:
-    for proc in marked(marker):
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
 def test_run_command_timeout_kills_the_process_tree(workspace: Path, sandbox: Sandbox) -> None:
     marker = unique_sleep()
     command = f"sh -c 'sleep {marker} & wait' & wait"
@@ -352,9 +329,11 @@ def test_run_command_timeout_kills_the_process_tree(workspace: Path, sandbox: Sa
             run(run_command, workspace, sandbox, command=command, timeout=0.5)
         assert time.monotonic() - started < 10
         # killed before run_command returned; reaping the orphans is up to their new parent
-        poll_for(lambda: not marked(marker), 5.0, what="the child and grandchild to be gone")
+        poll_for(
+            lambda: not processes_with(marker), 5.0, what="the child and grandchild to be gone"
+        )
     finally:
-        kill_marked(marker)
+        kill_processes_with(marker)
 
 
 def test_run_command_timeout_is_kept_when_a_background_process_escapes(
@@ -369,7 +348,7 @@ def test_run_command_timeout_is_kept_when_a_background_process_escapes(
             run(run_command, workspace, sandbox, command=command, timeout=0.5)
         assert time.monotonic() - started < 3
     finally:
-        kill_marked(marker)
+        kill_processes_with(marker)
 
 
 def test_run_command_timeout_is_capped_by_the_tool_deadline(
