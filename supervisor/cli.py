@@ -544,10 +544,18 @@ def build_parser() -> Parser:
         dest="command", required=True, parser_class=Parser, metavar="command"
     )
 
-    def command(name: str, handler: Handler, help_text: str, *, reads_spool: bool = True) -> Parser:
-        """A subcommand; ``reads_spool``: it reads the spool, so a named one must exist."""
+    def command(
+        name: str,
+        handler: Handler,
+        help_text: str,
+        *,
+        reads_spool: bool = True,
+        reads_config: bool = True,
+    ) -> Parser:
+        """A subcommand. ``reads_spool``: a spool the operator names must exist.
+        ``reads_config``: the config is loaded (and must be valid) before it runs."""
         p: Parser = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler, reads_spool=reads_spool)
+        p.set_defaults(handler=handler, reads_spool=reads_spool, reads_config=reads_config)
         return p
 
     def task_arg(p: Parser, *, optional: bool = False) -> None:
@@ -617,7 +625,9 @@ def build_parser() -> Parser:
         "demo", cmd_demo, "self-contained demonstration on the scripted model", reads_spool=False
     )
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
-    p = command("init", cmd_init, "write a commented default config", reads_spool=False)
+    p = command(
+        "init", cmd_init, "write a commented default config", reads_spool=False, reads_config=False
+    )
     p.add_argument(
         "path",
         nargs="?",
@@ -635,7 +645,13 @@ def build_parser() -> Parser:
     )
     p = command("unit", cmd_unit, "print a systemd unit for this installation", reads_spool=False)
     p.add_argument("--user", action="store_true", help="a unit for ~/.config/systemd/user/")
-    p = command("completion", cmd_completion, "print a shell completion script", reads_spool=False)
+    p = command(
+        "completion",
+        cmd_completion,
+        "print a shell completion script",
+        reads_spool=False,
+        reads_config=False,
+    )
     p.add_argument(
         "shell", choices=("bash", "zsh", "fish"), metavar="SHELL", help="bash, zsh or fish"
     )
@@ -645,7 +661,11 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        config = load_config(Path(args.config) if args.config else None)
+        config = (
+            load_config(Path(args.config) if args.config else None)
+            if args.reads_config
+            else Config()
+        )
         spool = resolve_spool(args, config)
         if args.reads_spool:
             check_named_spool(args)
