@@ -489,7 +489,9 @@ def test_init_onto_a_folder_is_a_one_line_error(agentd: Run, tmp_path: Path) -> 
 # -- as a process -----------------------------------------------------------------------------
 
 
-def run_agentd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_agentd(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
     base.pop("STATE_DIRECTORY", None)
     return subprocess.run(
@@ -498,7 +500,7 @@ def run_agentd(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         env={**base, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
         check=False,
     )
 
