@@ -357,7 +357,10 @@ def default_config_document() -> dict[str, Any]:
 _COMMENTS: dict[str, str] = {
     "": """\
 agentd configuration. Every key may be left out: it then takes the default shown here.
-Durations are seconds and may be fractional. Check a file with `agentd config check`.""",
+Durations are seconds and may be fractional. Check a file with `agentd config check`.
+Unless --config or $AGENTD_CONFIG names a file, agentd reads the first that exists of
+$XDG_CONFIG_HOME/agentd/agentd.toml (~/.config/agentd/agentd.toml, written by
+`agentd init`) and /etc/agentd/agentd.toml (`agentd init --system`).""",
     "spool": """\
 Where tasks and their journals live. Default, in order: $STATE_DIRECTORY (which
 systemd sets from StateDirectory=), then this key, then $XDG_STATE_HOME/agentd
