@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench chaos clean
+.PHONY: demo test lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/agentd demo
+
+# The man page, rendered from the argument parser (see it with `man -l agentd.1`).
+man: agentd.1
+
+agentd.1: $(STAMP) supervisor/cli.py supervisor/clidoc.py
+	$(BIN)/python -m supervisor.clidoc man > $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker supervisor tests bench
@@ -38,4 +44,4 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos --full
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache agentd.1

@@ -24,6 +24,7 @@ from supervisor import tasks
 from supervisor.control import (
     CANCEL_REQUEST,
     RETRY_REQUEST,
+    already_running,
     change_record,
     offline,
     ring,
@@ -32,7 +33,13 @@ from supervisor.control import (
 )
 from worker import __version__
 from worker.config import Config, load_config
-from worker.errors import AgentdError, ConfigError, LockBusyError, StateConflictError, UsageError
+from worker.errors import (
+    AgentdError,
+    ConfigError,
+    SpoolError,
+    StateConflictError,
+    UsageError,
+)
 from worker.events import read_events
 from worker.spool import Spool, default_spool, validate_call_id
 from worker.tools.sandbox import Sandbox
@@ -50,16 +57,35 @@ class Parser(argparse.ArgumentParser):
 # -- context ----------------------------------------------------------------------------
 
 
-def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
+def named_spool(args: argparse.Namespace) -> tuple[Path, str] | None:
+    """The spool the operator named (``--spool``, else ``$AGENTD_SPOOL``) and how."""
     if args.spool:
-        return Spool(Path(args.spool).expanduser().absolute())
+        return Path(args.spool).expanduser().absolute(), "--spool"
     if env := os.environ.get("AGENTD_SPOOL"):
-        return Spool(Path(env).expanduser().absolute())
+        return Path(env).expanduser().absolute(), "$AGENTD_SPOOL"
+    return None
+
+
+def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
+    if named := named_spool(args):
+        return Spool(named[0])
     if os.environ.get("STATE_DIRECTORY"):
         return Spool(default_spool())
     if config.spool is not None:
         return Spool(config.spool.expanduser().absolute())
     return Spool(default_spool())
+
+
+def check_named_spool(args: argparse.Namespace) -> None:
+    """A command that reads a spool the operator named refuses one that does not exist:
+    a typo in ``--spool`` must not look like an empty system (DESIGN.md section 2)."""
+    named = named_spool(args)
+    if named is not None and not named[0].exists():
+        path, how = named
+        raise SpoolError(
+            f"no spool at {path} (named by {how}); check the path, or create the spool "
+            f"with `agentd --spool {path} start` (or `submit`)."
+        )
 
 
 def text_or_file(text: str | None, path: str | None, option: str) -> str | None:
@@ -68,8 +94,12 @@ def text_or_file(text: str | None, path: str | None, option: str) -> str | None:
         return text
     try:
         return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --{option}-file {path}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read --{option}-file {path}: {exc.strerror or exc}; check the path."
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--{option}-file {path} is not UTF-8 text; save it as UTF-8.") from None
 
 
 def out(obj: Any) -> None:
@@ -80,6 +110,9 @@ def out(obj: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from worker.tools.registry import find_tool_modules  # noqa: PLC0415
+
+    find_tool_modules(config.tools.modules, source=config.source)
     if args.detach:
         return _detach(args, spool)
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
@@ -94,14 +127,15 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.daemon import Supervisor  # noqa: PLC0415
 
     agentd_logging.configure(args.log_format)
-    supervisor = Supervisor(spool, config, Path(args.config) if args.config else None)
+    # The file this process read, found or named, is the one its workers read.
+    supervisor = Supervisor(spool, config, config.source)
     return asyncio.run(supervisor.run())
 
 
 def _detach(args: argparse.Namespace, spool: Spool) -> int:
     pid = running_pid(spool)
     if pid is not None:
-        raise LockBusyError(f"agentd is already running on {spool.root} (pid {pid}).", pid)
+        raise already_running(spool, pid)
     spool.ensure()
     cmd = [sys.executable, "-m", "supervisor", "--spool", str(spool.root)]
     if args.config:
@@ -416,18 +450,32 @@ def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from worker.config import default_config_text  # noqa: PLC0415
+    from worker import config as config_module  # noqa: PLC0415
 
-    path = Path(args.path)
+    if args.path is not None and args.system:
+        raise UsageError("give a PATH or --system, not both.")
+    if args.path is not None:
+        path = Path(args.path)
+    elif args.system:
+        path = config_module.SYSTEM_CONFIG
+    else:
+        path = config_module.user_config_path()
     if path.exists() and not args.force:
-        raise StateConflictError(f"{path} exists; use --force to overwrite it.")
+        raise AgentdError(f"{path} exists; edit it, or give --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(default_config_text())
+    path.write_text(config_module.default_config_text())
     print(f"wrote {path}")
     return 0
 
 
 def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from worker import config as config_module  # noqa: PLC0415
+    from worker.tools.registry import ToolRegistry  # noqa: PLC0415
+
+    if args.file is not None:
+        config = load_config(Path(args.file))
+        spool = resolve_spool(args, config)
+    ToolRegistry.standard(config.tools.modules, source=config.source)  # imports each module
     source = config.source or "built-in defaults"
     sandbox = Sandbox(config.tools.sandbox, config.tools.network).verdict()
     if sandbox.startswith("refused"):
@@ -435,10 +483,52 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
             f'{source}: tools.sandbox is "required" but on this machine {sandbox[9:]}; '
             'install bubblewrap, or set tools.sandbox = "auto" to run commands bare.'
         )
-    print(
-        f"{source}: ok (spool {spool.root}, max_workers {config.max_workers}, "
-        f"run_command sandbox: {sandbox})"
-    )
+    facts = [
+        f"spool {spool.root}",
+        f"max_workers {config.max_workers}",
+        f"run_command sandbox: {sandbox}",
+    ]
+    if config.tools.modules:
+        facts.append(f"tool modules {', '.join(config.tools.modules)}")
+    if config.source is None:
+        looked = f"{config_module.user_config_path()} or {config_module.SYSTEM_CONFIG}"
+        facts.insert(0, f"no file at {looked}")
+    print(f"{source}: ok ({'; '.join(facts)})")
+    return 0
+
+
+def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import unit  # noqa: PLC0415
+    from worker.config import CONFIG_ENV, SYSTEM_CONFIG  # noqa: PLC0415
+
+    # The user unit serves what this user's CLI resolves; the system unit the machine's
+    # config and its StateDirectory, unless the operator names others.
+    named_config = args.config or os.environ.get(CONFIG_ENV)
+    if args.user:
+        source = Path(named_config) if named_config else config.source
+        install = unit.Installation(
+            unit.agentd_command(),
+            config=source.absolute() if source else None,
+            spool=spool.root,
+            home=Path.home(),
+        )
+    else:
+        named = named_spool(args)
+        install = unit.Installation(
+            unit.agentd_command(),
+            config=Path(named_config).absolute() if named_config else SYSTEM_CONFIG,
+            spool=named[0] if named else None,
+        )
+        for warning in unit.home_warnings(install):
+            print(f"agentd: warning: {warning}", file=sys.stderr)
+    print(unit.render(install, user=args.user), end="")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import clidoc  # noqa: PLC0415
+
+    print(clidoc.completion(build_parser(), args.shell), end="")
     return 0
 
 
@@ -452,81 +542,148 @@ def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def build_parser() -> Parser:
+    """The whole command line; ``supervisor.clidoc`` renders completion and the man page
+    from it, so every option and positional carries a help line (a test checks)."""
     parser = Parser(prog="agentd", description="Keeps long-running LLM agent workers alive.")
     parser.add_argument("--version", action="version", version=f"agentd {__version__}")
-    parser.add_argument("--spool", help="spool folder (env AGENTD_SPOOL)")
-    parser.add_argument("--config", help="config file (env AGENTD_CONFIG)")
-    parser.add_argument("--log-format", choices=("json", "console"), default=None)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--spool", metavar="DIR", help="spool folder (env AGENTD_SPOOL)")
+    parser.add_argument("--config", metavar="FILE", help="config file (env AGENTD_CONFIG)")
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default=None,
+        metavar="FORMAT",
+        help="daemon log lines (default: console on a terminal, else json)",
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="command"
+    )
 
-    def command(name: str, handler: Handler, help_text: str) -> Parser:
+    def command(
+        name: str,
+        handler: Handler,
+        help_text: str,
+        *,
+        reads_spool: bool = True,
+        reads_config: bool = True,
+    ) -> Parser:
+        """A subcommand. ``reads_spool``: a spool the operator names must exist.
+        ``reads_config``: the config is loaded (and must be valid) before it runs."""
         p: Parser = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler)
+        p.set_defaults(handler=handler, reads_spool=reads_spool, reads_config=reads_config)
         return p
 
-    p = command("start", cmd_start, "run the supervisor in the foreground")
-    p.add_argument("--detach", action="store_true", help="run in the background")
+    def task_arg(p: Parser, *, optional: bool = False) -> None:
+        if optional:
+            p.add_argument("task", nargs="?", metavar="TASK", help="one task (default: all)")
+        else:
+            p.add_argument("task", metavar="TASK", help="the task id")
+
+    def json_flag(p: Parser, what: str) -> None:
+        p.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+    p = command("start", cmd_start, "run the supervisor in the foreground", reads_spool=False)
+    p.add_argument("--detach", action="store_true", help="run in the background once ready")
     command("stop", cmd_stop, "stop the running supervisor gracefully")
-    p = command("submit", cmd_submit, "submit a task; prints its id")
-    p.add_argument("--prompt")
-    p.add_argument("--prompt-file")
-    p.add_argument("--name")
-    p.add_argument("--model")
-    p.add_argument("--script")
-    p.add_argument("--tools", help="comma-separated tool names (default: all)")
-    p.add_argument("--system")
-    p.add_argument("--max-turns", type=int, default=100)
-    p.add_argument("--workspace")
+    p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
+    p.add_argument("--prompt", metavar="TEXT", help="the task's first user message")
+    p.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
+    p.add_argument("--name", metavar="ID", help="the task id (default: generated)")
+    p.add_argument("--model", metavar="NAME", help="model name, or 'scripted' (default: config)")
+    p.add_argument(
+        "--script", metavar="FILE", help="run on the scripted model with FILE's responses"
+    )
+    p.add_argument("--tools", metavar="LIST", help="comma-separated tool names (default: all)")
+    p.add_argument("--system", metavar="TEXT", help="the system prompt")
+    p.add_argument(
+        "--max-turns", type=int, default=100, metavar="N", help="stop after N turns (default 100)"
+    )
+    p.add_argument(
+        "--workspace", metavar="DIR", help="the task's working folder (default: in the spool)"
+    )
     p = command("status", cmd_status, "show the supervisor and every task")
-    p.add_argument("task", nargs="?")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--watch", action="store_true")
+    task_arg(p, optional=True)
+    json_flag(p, "the supervisor and the tasks")
+    p.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
     p = command("dangling", cmd_dangling, "list held dangling calls")
-    p.add_argument("task", nargs="?")
-    p.add_argument("--json", action="store_true")
+    task_arg(p, optional=True)
+    json_flag(p, "the held calls")
     p = command("approve-dangling", cmd_approve, "decide a held call (default: re-run it)")
-    p.add_argument("task")
-    p.add_argument("call_id", nargs="?")
-    p.add_argument("--all", action="store_true")
+    task_arg(p)
+    p.add_argument("call_id", nargs="?", metavar="CALL_ID", help="the held call (or --all)")
+    p.add_argument("--all", action="store_true", help="decide every held call of the task")
     p.add_argument("--skip", action="store_true", help="do not run it; the model gets an error")
-    p.add_argument("--reason")
-    p.add_argument("--result", help="do not run it; record this verified outcome")
-    p.add_argument("--result-file")
+    p.add_argument("--reason", metavar="TEXT", help="with --skip: why, for the model")
+    p.add_argument("--result", metavar="TEXT", help="do not run it; record this verified outcome")
+    p.add_argument("--result-file", metavar="FILE", help="as --result, read from FILE")
     p = command("logs", cmd_logs, "a task's lifecycle events and transcript summary")
-    p.add_argument("task")
-    p.add_argument("--follow", action="store_true")
+    task_arg(p)
+    p.add_argument("--follow", action="store_true", help="keep printing new events until Ctrl-C")
     p = command("cancel", cmd_cancel, "stop a task for good")
-    p.add_argument("task")
+    task_arg(p)
     p = command("retry", cmd_retry, "give a failed task a fresh restart budget")
-    p.add_argument("task")
+    task_arg(p)
     p = command("history", cmd_history, "a task's checkpoints, one row per turn")
-    p.add_argument("task")
-    p.add_argument("--json", action="store_true")
+    task_arg(p)
+    json_flag(p, "the rows")
     p = command("rewind", cmd_rewind, "put a task back to the scene after a turn")
-    p.add_argument("task")
-    p.add_argument("--to", type=int, required=True, metavar="TURN")
+    task_arg(p)
+    p.add_argument("--to", type=int, required=True, metavar="TURN", help="the turn to go back to")
     p.add_argument("--restore-workspace", action="store_true", help="also restore files (git)")
     p.add_argument("--yes", action="store_true", help="rewind past calls it cannot undo")
     p = command("fork", cmd_fork, "a new task starting from the scene after a turn")
-    p.add_argument("task")
-    p.add_argument("--at", type=int, required=True, metavar="TURN")
-    p.add_argument("--name")
-    p.add_argument("--prompt", help="an extra user message for the fork")
-    p = command("demo", cmd_demo, "self-contained demonstration on the scripted model")
+    task_arg(p)
+    p.add_argument("--at", type=int, required=True, metavar="TURN", help="the turn to start from")
+    p.add_argument("--name", metavar="ID", help="the new task's id (default: generated)")
+    p.add_argument("--prompt", metavar="TEXT", help="an extra user message for the fork")
+    p = command(
+        "demo", cmd_demo, "self-contained demonstration on the scripted model", reads_spool=False
+    )
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
-    p = command("init", cmd_init, "write a commented default config")
-    p.add_argument("path", nargs="?", default="agentd.toml")
-    p.add_argument("--force", action="store_true")
-    p = command("config", cmd_config_check, "validate the configuration")
-    p.add_argument("action", choices=("check",))
+    p = command(
+        "init", cmd_init, "write a commented default config", reads_spool=False, reads_config=False
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        metavar="PATH",
+        help="where (default: $XDG_CONFIG_HOME/agentd/agentd.toml)",
+    )
+    p.add_argument("--system", action="store_true", help="write /etc/agentd/agentd.toml")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p = command("config", cmd_config_check, "validate the configuration", reads_spool=False)
+    p.add_argument(
+        "action", choices=("check",), metavar="check", help="validate and report the file read"
+    )
+    p.add_argument(
+        "file", nargs="?", metavar="FILE", help="the file to check (default: the one found)"
+    )
+    p = command("unit", cmd_unit, "print a systemd unit for this installation", reads_spool=False)
+    p.add_argument("--user", action="store_true", help="a unit for ~/.config/systemd/user/")
+    p = command(
+        "completion",
+        cmd_completion,
+        "print a shell completion script",
+        reads_spool=False,
+        reads_config=False,
+    )
+    p.add_argument(
+        "shell", choices=("bash", "zsh", "fish"), metavar="SHELL", help="bash, zsh or fish"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        config = load_config(Path(args.config) if args.config else None)
+        config = (
+            load_config(Path(args.config) if args.config else None)
+            if args.reads_config
+            else Config()
+        )
         spool = resolve_spool(args, config)
+        if args.reads_spool:
+            check_named_spool(args)
         handler: Handler = args.handler
         return handler(args, config, spool)
     except AgentdError as exc:

@@ -52,18 +52,22 @@ class SupervisorLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            pid = running_pid(self.spool)
-            raise LockBusyError(
-                f"agentd is already running on {self.spool.root} (pid {pid}); "
-                "use `agentd stop` first or pick another --spool.",
-                pid,
-            ) from None
+            raise already_running(self.spool, running_pid(self.spool)) from None
         self.fd = fd
 
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def already_running(spool: Spool, pid: int | None) -> LockBusyError:
+    """The one refusal of a second supervisor on a spool, from ``start`` and ``--detach``."""
+    return LockBusyError(
+        f"agentd is already running on {spool.root} (pid {pid}); "
+        "use `agentd stop` first or pick another --spool.",
+        pid,
+    )
 
 
 def supervisor_info(spool: Spool) -> dict[str, Any] | None:

@@ -99,6 +99,7 @@ class Demo:
 
     def start_daemon(self) -> None:
         self.config.write_text(DEMO_CONFIG)
+        self.spool.ensure()  # `status` refuses a named spool that does not exist yet
         log = open(self.root / "daemon.log", "wb")  # noqa: SIM115  (lives as long as the daemon)
         cmd = [sys.executable, "-m", "supervisor", "--spool", str(self.spool.root)]
         cmd += ["--config", str(self.config), "--log-format", "json", "start"]
@@ -221,5 +222,38 @@ def run_demo(*, keep: bool = False) -> int:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     print(f"demo {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s"
-          + (f"; spool kept in {root}" if keep else ""))  # fmt: skip
+          + (f"; spool kept in {demo.spool.root}" if keep else ""))  # fmt: skip
+    print("\ntry next:")
+    for command, why in next_commands(demo.spool.root if keep else None):
+        print(f"  {command}\n      {why}")
     return 0 if ok else 1
+
+
+def next_commands(kept: Path | None) -> list[tuple[str, str]]:
+    """Three commands to run after the demo: on its spool when it was kept, else the
+    way to keep it and the first steps with a daemon of one's own."""
+    agentd = _agentd_as_typed()
+    if kept is not None:
+        on = f"{agentd} --spool {kept}"
+        return [
+            (f"{on} history demo", "every turn: its time, tokens and tool calls with outcomes"),
+            (f"{on} logs demo", "the lifecycle: the two kill -9s, the restarts, the hold"),
+            (f"{on} fork demo --at 12 --name demo-b", "a new task from the scene after turn 12"),
+        ]
+    return [
+        (f"{agentd} demo --keep", "the same demo, keeping its spool to look into"),
+        (f"{agentd} start --detach", "a daemon of your own (spool: ~/.local/state/agentd)"),
+        (f'{agentd} submit --prompt "Summarise the files in this folder" --workspace .',
+         "a task on the Anthropic API (ANTHROPIC_API_KEY from the environment)"),
+    ]  # fmt: skip
+
+
+def _agentd_as_typed() -> str:
+    """``agentd`` when that is the one on PATH, else this environment's script as a path
+    from the current folder (``.venv/bin/agentd`` after ``make demo``)."""
+    script = Path(sys.executable).with_name("agentd")
+    if shutil.which("agentd") == str(script):
+        return "agentd"
+    if script.is_relative_to(Path.cwd()):
+        return str(script.relative_to(Path.cwd()))
+    return str(script)

@@ -101,7 +101,7 @@ def submit(
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad."""
     # Imported here: `agentd status` and the daemon import this module and need neither.
-    from worker.models.scripted import validate_script  # noqa: PLC0415
+    from worker.models.scripted import parse_script  # noqa: PLC0415
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415
 
     task_id = validate_task_id(name) if name is not None else new_task_id()
@@ -111,16 +111,18 @@ def submit(
         raise UsageError("--max-turns must be at least 1.")
     tool_names = normalize_tools(tools)
     try:
-        ToolRegistry.standard(config.tools.modules).narrowed(tool_names)
+        ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(tool_names)
     except TaskSpecError as exc:
         raise UsageError(str(exc)) from None
     script_bytes: bytes | None = None
     if script is not None:
         try:
             script_bytes = script.read_bytes()
-            validate_script(json.loads(script_bytes), str(script))
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read the script {script}: {exc}") from None
+            parse_script(script_bytes, str(script))
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --script {script}: {exc.strerror or exc}; check the path."
+            ) from None
         except TaskSpecError as exc:
             raise UsageError(str(exc)) from None
     if workspace is not None:

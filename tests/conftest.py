@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from supervisor.logging import reset as reset_logging
+from worker import config
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +16,15 @@ def _reset_logging() -> Iterator[None]:
     reset_logging()
     yield
     reset_logging()
+
+
+@pytest.fixture(autouse=True)
+def _no_discovered_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test reads the config of the person or machine running it: config discovery
+    (``$XDG_CONFIG_HOME``, then ``SYSTEM_CONFIG``) finds two empty places unless the
+    test puts a file there. Processes the test starts inherit ``XDG_CONFIG_HOME``."""
+    empty = tmp_path_factory.mktemp("no-config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(empty / "xdg"))
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", empty / "etc" / "agentd.toml")

@@ -74,7 +74,9 @@ def run(task_path: Path, config_path: Path | None) -> int:
             return EXIT_CONFIG
         try:
             spec = task.load_spec()
-            tools = ToolRegistry.standard(config.tools.modules).narrowed(spec.tools)
+            tools = ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(
+                spec.tools
+            )
             workspace = task.workspace_for(spec)
             workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
             if spec.workspace is None and workspace.is_symlink():

@@ -3,11 +3,12 @@
 Keys and defaults are documented in ``config/agentd.toml``; the names are part of the
 public contract (DESIGN.md section 2). Durations are seconds (floats).
 
-``load_config()`` finds the file (an explicit path, else ``$AGENTD_CONFIG``, else none:
-the defaults), parses it and validates every value. Anything wrong raises
-``ConfigError`` (exit 78) with one line that names the file, the key and what is
-allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file that ``agentd init``
-writes; ``config/agentd.toml`` is a copy of it (a test keeps the two equal).
+``load_config()`` finds the file (DESIGN.md section 2: an explicit path, else
+``$AGENTD_CONFIG``, else the first that exists of ``user_config_path()`` and
+``SYSTEM_CONFIG``, else none: the defaults), parses it and validates every value.
+Anything wrong raises ``ConfigError`` (exit 78) with one line that names the file, the
+key and what is allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file that
+``agentd init`` writes; ``config/agentd.toml`` is a copy of it (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from worker.tools.sandbox import SandboxMode
 
 #: The environment variable that names the config file when no path is given.
 CONFIG_ENV = "AGENTD_CONFIG"
+
+#: The machine-wide config file, read when no other is named or found in the user's
+#: config folder; ``agentd init --system`` writes it. Looked up at each call, so a test
+#: can point it elsewhere.
+SYSTEM_CONFIG = Path("/etc/agentd/agentd.toml")
 
 #: What ``[tools.policy]`` may say about a tool's dangling calls on resume.
 TOOL_POLICIES = ("rerun", "hold")
@@ -91,20 +97,39 @@ class Config:
 # -- loading ---------------------------------------------------------------------------
 
 
+def user_config_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$XDG_CONFIG_HOME/agentd/agentd.toml`` (``~/.config/agentd/agentd.toml``): the
+    file ``agentd init`` writes and discovery looks at first."""
+    base = environ.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(base):  # the XDG spec: a relative value is to be ignored
+        base = str(Path(environ.get("HOME") or Path.home()) / ".config")
+    return Path(base) / "agentd" / "agentd.toml"
+
+
+def discovered_config(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The config file nobody named: the first that exists of the user's and the
+    machine's (``SYSTEM_CONFIG``), or None for the built-in defaults."""
+    for candidate in (user_config_path(environ), SYSTEM_CONFIG):
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> Config:
     """Read and validate the config file; the defaults when there is none.
 
     The file is ``path`` when given, else ``$AGENTD_CONFIG`` when set and non-empty,
-    else there is no file and ``Config()`` is returned. A file that was named but does
-    not exist is an error, not a silent fallback to the defaults.
+    else ``discovered_config()``; with none of them ``Config()`` is returned. A file
+    that was named but does not exist is an error, not a silent fallback to the
+    defaults. ``Config.source`` says which file was read, so that the daemon hands its
+    workers the very same one.
     """
+    how = ""
     if path is None:
-        named = environ.get(CONFIG_ENV, "")
-        if not named:
+        if named := environ.get(CONFIG_ENV, ""):
+            path, how = Path(named), f" (named by ${CONFIG_ENV})"
+        elif (path := discovered_config(environ)) is None:
             return Config()
-        path, how = Path(named), f" (named by ${CONFIG_ENV})"
-    else:
-        how = ""
     try:
         with path.open("rb") as f:
             document = tomllib.load(f)
@@ -358,7 +383,10 @@ def default_config_document() -> dict[str, Any]:
 _COMMENTS: dict[str, str] = {
     "": """\
 agentd configuration. Every key may be left out: it then takes the default shown here.
-Durations are seconds and may be fractional. Check a file with `agentd config check`.""",
+Durations are seconds and may be fractional. Check a file with `agentd config check`.
+Unless --config or $AGENTD_CONFIG names a file, agentd reads the first that exists of
+$XDG_CONFIG_HOME/agentd/agentd.toml (~/.config/agentd/agentd.toml, written by
+`agentd init`) and /etc/agentd/agentd.toml (`agentd init --system`).""",
     "spool": """\
 Where tasks and their journals live. Default, in order: $STATE_DIRECTORY (which
 systemd sets from StateDirectory=), then this key, then $XDG_STATE_HOME/agentd

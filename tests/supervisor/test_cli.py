@@ -143,14 +143,15 @@ BAD_IDS = ["..", ".", "a/b", "A", "x" * 65, "a\0b", "", "-a", "a b", "../escape"
 
 @pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
 def test_bad_task_ids_are_refused_before_touching_the_filesystem(
-    agentd: Run, tmp_path: Path, bad: str
+    agentd: Run, spool: Spool, tmp_path: Path, bad: str
 ) -> None:
+    spool.ensure()
     before = tree(tmp_path)
     assert_error(agentd("submit", "--prompt", "x", f"--name={bad}"), 2, "invalid task id")
     commands = ["cancel", "logs", "retry", "history"] + (["status", "dangling"] if bad else [])
     for command in commands:
         assert_error(agentd(command, "--", bad), 2, "invalid task id")
-    assert tree(tmp_path) == before  # not even the spool folder was made
+    assert tree(tmp_path) == before  # not even a task folder was made
 
 
 @pytest.mark.parametrize("command", ["status", "dangling"])
@@ -278,7 +279,7 @@ def test_init_then_config_check(agentd: Run, tmp_path: Path) -> None:
     assert out.startswith(f"{path}: ok")
     # a second init does not overwrite what an operator may have edited
     path.write_text(path.read_text() + "\n# mine\n")
-    assert_error(agentd("init", str(path)), 3, "exists", "--force")
+    assert_error(agentd("init", str(path)), 1, "exists", "--force")
     assert path.read_text().endswith("# mine\n")
     assert agentd("init", str(path), "--force")[0] == 0
     assert not path.read_text().endswith("# mine\n")
@@ -340,14 +341,17 @@ def test_status_json_has_the_documented_field_names(agentd: Run, spool: Spool) -
 
 
 def test_status_of_an_empty_spool(agentd: Run, spool: Spool) -> None:
+    spool.ensure()
+    before = tree(spool.root)
     code, out, err = agentd("status")
     assert (code, err) == (0, "")
     assert "no tasks" in out
     assert json.loads(agentd("status", "--json")[1])["tasks"] == []
-    assert not spool.root.exists()  # looking does not create anything
+    assert tree(spool.root) == before  # looking does not create anything
 
 
 def test_stop_with_the_daemon_down_is_not_an_error(agentd: Run, spool: Spool) -> None:
+    spool.ensure()
     assert agentd("stop") == (0, f"agentd is not running on {spool.root}\n", "")
 
 
@@ -485,7 +489,9 @@ def test_init_onto_a_folder_is_a_one_line_error(agentd: Run, tmp_path: Path) -> 
 # -- as a process -----------------------------------------------------------------------------
 
 
-def run_agentd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_agentd(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
     base.pop("STATE_DIRECTORY", None)
     return subprocess.run(
@@ -494,7 +500,7 @@ def run_agentd(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         env={**base, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
         check=False,
     )
 
@@ -506,7 +512,7 @@ def test_the_installed_command_exit_codes_and_one_line_errors(tmp_path: Path) ->
     cases = [
         (["--spool", spool, "status", "--bogus"], 2, "--bogus"),
         (["--spool", spool, "submit", "--prompt", "x", "--name", "a/b"], 2, "invalid task id"),
-        (["--spool", spool, "status", "nope"], 3, "no task 'nope'"),
+        (["--spool", spool, "status", "nope"], 1, f"no spool at {spool} (named by --spool)"),
         (["--spool", spool, "--config", str(bad_config), "status"], 78, "crash_loop_limit"),
     ]
     for args, code, words in cases:
@@ -516,6 +522,9 @@ def test_the_installed_command_exit_codes_and_one_line_errors(tmp_path: Path) ->
         assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert not Path(spool).exists()
+    Spool(Path(spool)).ensure()
+    done = run_agentd("--spool", spool, "status", "nope")
+    assert (done.returncode, done.stdout) == (3, "") and "no task 'nope'" in done.stderr
 
 
 def test_the_installed_command_submits_and_reports_with_the_daemon_down(tmp_path: Path) -> None:

@@ -1,16 +1,25 @@
-"""The systemd unit: what DESIGN.md section 7 promises, checked by systemd-analyze itself."""
+"""The systemd units: what DESIGN.md section 7 promises, checked by systemd-analyze itself.
+
+Two sources: the checked-in ``systemd/agentd.service`` and what ``agentd unit [--user]``
+prints for this installation (``supervisor/unit.py``). The printed system unit keeps
+every directive of the checked-in one, and both pass the same checks.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from supervisor.unit import Installation, home_warnings
+from tests.supervisor.test_cli import AGENTD, run_agentd
 from worker.config import RestartConfig
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "agentd.service"
@@ -40,8 +49,32 @@ def _seconds(value: str) -> float:
     return float(match[1]) * units[match[2]]
 
 
-def test_unit_keeps_the_service_contract() -> None:
-    unit = _directives(UNIT.read_text())
+def agentd_unit(
+    *args: str, options: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> str:
+    """What the installed ``agentd OPTIONS unit ARGS`` prints (and nothing on stderr)."""
+    done = run_agentd(*options, "unit", *args, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return done.stdout
+
+
+def _checked_in() -> str:
+    return UNIT.read_text()
+
+
+def _generated() -> str:
+    return agentd_unit()
+
+
+SYSTEM_UNITS = [
+    pytest.param(_checked_in, INSTALLED_AGENTD, id="systemd/agentd.service"),
+    pytest.param(_generated, str(AGENTD), id="agentd unit"),
+]
+
+
+@pytest.mark.parametrize(("source", "agentd"), SYSTEM_UNITS)
+def test_unit_keeps_the_service_contract(source: Callable[[], str], agentd: str) -> None:
+    unit = _directives(source())
 
     def one(key: str) -> str:
         assert len(unit[key]) == 1, f"{key}= should appear once, found {unit[key]}"
@@ -59,7 +92,7 @@ def test_unit_keeps_the_service_contract() -> None:
     assert one("User") == "agentd"
     assert one("Environment") == "AGENTD_CONFIG=/etc/agentd/agentd.toml"
     assert one("EnvironmentFile") == "-/etc/agentd/env"
-    assert one("ExecStart").split() == [INSTALLED_AGENTD, "start", "--log-format", "json"]
+    assert one("ExecStart").split() == [agentd, "start", "--log-format", "json"]
     # systemd must not SIGKILL the supervisor while it gives workers their grace period.
     assert _seconds(one("TimeoutStopSec")) >= RestartConfig().stop_grace + 15
     # Workers talk to the API: the network stays reachable.
@@ -97,10 +130,10 @@ def test_unit_verifies_clean(tmp_path: Path) -> None:
     assert (result.stdout + result.stderr).strip() == ""
 
 
-@needs_systemd_analyze
-def test_unit_exposure_is_low(capsys: pytest.CaptureFixture[str]) -> None:
+def _exposure(unit: Path) -> float:
+    """``systemd-analyze security --offline=true``'s overall exposure of ``unit``."""
     result = subprocess.run(
-        [str(SYSTEMD_ANALYZE), "security", "--offline=true", "--no-pager", str(UNIT)],
+        [str(SYSTEMD_ANALYZE), "security", "--offline=true", "--no-pager", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -110,10 +143,109 @@ def test_unit_exposure_is_low(capsys: pytest.CaptureFixture[str]) -> None:
     assert result.returncode == 0, result.stderr
     match = re.search(r"Overall exposure level for agentd\.service: (\d+(?:\.\d+)?)", result.stdout)
     assert match, f"no exposure figure in systemd-analyze output:\n{result.stdout}"
-    exposure = float(match[1])
+    failed = [line for line in result.stdout.splitlines() if line.startswith("✗")]
+    assert float(match[1]) <= MAX_EXPOSURE, "\n".join(failed)
+    return float(match[1])
+
+
+@needs_systemd_analyze
+def test_unit_exposure_is_low(capsys: pytest.CaptureFixture[str]) -> None:
+    exposure = _exposure(UNIT)
     with capsys.disabled():
         print(
             f"\nsystemd-analyze security agentd.service: exposure {exposure} (max {MAX_EXPOSURE})"
         )
-    failed = [line for line in result.stdout.splitlines() if line.startswith("✗")]
-    assert exposure <= MAX_EXPOSURE, "\n".join(failed)
+
+
+# -- agentd unit ---------------------------------------------------------------------------
+
+
+def _verify(unit: Path, *, user: bool = False, runtime: Path | None = None) -> str:
+    """``systemd-analyze verify``'s findings (a user unit needs a runtime folder)."""
+    env = dict(os.environ)
+    if runtime is not None:
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+    result = subprocess.run(
+        [str(SYSTEMD_ANALYZE), *(["--user"] if user else []), "verify", str(unit)],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return (result.stdout + result.stderr).strip()
+
+
+def test_the_printed_system_unit_keeps_every_directive_of_the_checked_in_one() -> None:
+    """``agentd unit`` and ``systemd/agentd.service`` are one unit: the printed one names
+    this installation's ``agentd`` and may add directives, never drop or change one."""
+    checked_in = _directives(UNIT.read_text())
+    printed = _directives(agentd_unit().replace(str(AGENTD), INSTALLED_AGENTD))
+    for key, values in checked_in.items():
+        assert printed.get(key) == values, (key, values, printed.get(key))
+    assert printed["LoadCredential"] == ["anthropic_api_key:/etc/agentd/anthropic_api_key"]
+    assert printed["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+
+
+@needs_systemd_analyze
+def test_the_printed_system_unit_verifies_with_this_venvs_real_path(tmp_path: Path) -> None:
+    text = agentd_unit()
+    assert f"ExecStart={AGENTD} start" in text  # the real path, no stand-in
+    unit = tmp_path / "agentd.service"
+    unit.write_text(text)
+    assert _verify(unit) == ""
+
+
+@needs_systemd_analyze
+def test_the_printed_system_unit_exposure_is_low(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unit = tmp_path / "agentd.service"
+    unit.write_text(agentd_unit())
+    exposure = _exposure(unit)
+    with capsys.disabled():
+        print(f"\nsystemd-analyze security of `agentd unit`: exposure {exposure}")
+    assert exposure <= MAX_EXPOSURE
+
+
+@needs_systemd_analyze
+def test_a_named_spool_and_config_go_into_the_system_unit(tmp_path: Path) -> None:
+    spool, config = tmp_path / "my spool", tmp_path / "agentd.toml"
+    config.write_text("max_workers = 2\n")
+    text = agentd_unit(options=(f"--spool={spool}", f"--config={config}"))
+    unit = _directives(text)
+    assert unit["ExecStart"] == [f'{AGENTD} start --log-format json --spool "{spool}"']
+    assert unit["ReadWritePaths"] == [f'"{spool}"']
+    assert unit["Environment"] == [f"AGENTD_CONFIG={config}"]
+    path = tmp_path / "agentd.service"
+    path.write_text(text)
+    assert _verify(path) == ""
+
+
+@needs_systemd_analyze
+def test_the_user_unit_uses_the_users_paths_and_verifies(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".config" / "agentd").mkdir(parents=True)
+    (home / ".config" / "agentd" / "agentd.toml").write_text("max_workers = 2\n")
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": "", "XDG_STATE_HOME": ""}
+    text = agentd_unit("--user", env=env)
+    unit = _directives(text)
+    assert unit["ExecStart"] == [f"{AGENTD} start --log-format json --spool %h/.local/state/agentd"]
+    assert unit["Environment"] == ["AGENTD_CONFIG=%h/.config/agentd/agentd.toml"]
+    assert unit["WantedBy"] == ["default.target"]
+    assert unit["LoadCredential"] == ["anthropic_api_key:%E/agentd/anthropic_api_key"]
+    # what a user manager cannot do, or what would hide the user's own spool
+    for key in ("User", "Group", "ProtectHome", "ProtectSystem", "StateDirectory"):
+        assert key not in unit, key
+    for key in ("Type", "WatchdogSec", "RestartPreventExitStatus", "KillMode", "TimeoutStopSec"):
+        assert unit[key] == _directives(UNIT.read_text())[key], key
+    assert "SystemCallFilter" in unit and "NoNewPrivileges" in unit
+    path = tmp_path / "user" / "agentd.service"
+    path.parent.mkdir()
+    path.write_text(text)
+    assert _verify(path, user=True, runtime=tmp_path / "run") == ""
+
+
+def test_the_system_unit_warns_about_paths_protecthome_hides() -> None:
+    install = Installation(("/home/ann/venv/bin/agentd",), Path("/etc/agentd/agentd.toml"), None)
+    (warning,) = home_warnings(install)
+    assert "/home/ann/venv/bin/agentd" in warning and "ProtectHome=yes" in warning
+    assert home_warnings(Installation(("/opt/agentd/venv/bin/agentd",), None, None)) == []

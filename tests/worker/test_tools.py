@@ -464,7 +464,9 @@ def test_unknown_tool_names_are_refused() -> None:
 
 
 def test_unknown_module_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"tools\.modules: cannot import 'no_such_agentd_tools'"):
+    with pytest.raises(
+        ConfigError, match=r"tools\.modules\[0\]: cannot import 'no_such_agentd_tools'"
+    ):
         ToolRegistry.standard(["no_such_agentd_tools"])
 
 

@@ -92,17 +92,38 @@ def load_script(path: Path) -> list[JSON]:
     try:
         # never through a symlink: a task's script is a file of its own folder
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
-            data = json.loads(f.read())
+            raw = f.read()
     except FileNotFoundError:
         raise TaskSpecError(f"{path}: the task has no script; submit it with --script.") from None
     except OSError as exc:
         raise TaskSpecError(f"{path}: cannot read the script ({exc.strerror}).") from None
-    except ValueError as exc:
-        raise TaskSpecError(f"{path}: not valid JSON ({exc}); fix the script.") from None
-    return _validate(data, str(path))
+    return parse_script(raw, str(path))
+
+
+def parse_script(raw: bytes, where: str) -> list[JSON]:
+    """The responses of a script file's bytes; ``where`` (its path) names it in errors.
+
+    A JSON error says where it is (line and column, as an editor counts them) and what
+    the file should be, since the decoder's own words ("Expecting ',' delimiter") leave
+    an operator to guess which file and which place.
+    """
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TaskSpecError(
+            f"{where}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); "
+            'a script is a JSON object {"responses": [...]} (see "The scripted model" in '
+            "the README)."
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise TaskSpecError(
+            f"{where}: byte {exc.start}: not UTF-8 text; save the script as UTF-8 JSON."
+        ) from None
+    return _validate(data, where)
 
 
 def validate_script(data: Any, where: str) -> list[JSON]:
+    """The responses of an already decoded script (``parse_script`` decodes first)."""
     return _validate(data, where)
 
 

@@ -16,6 +16,7 @@ that the call already took effect, and None when it cannot tell.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import types
 import typing
@@ -190,20 +191,42 @@ class ToolRegistry:
         return ToolRegistry(self._tools[n] for n in names)
 
     @classmethod
-    def standard(cls, modules: Iterable[str] = ()) -> ToolRegistry:
-        """The built-in tools plus every ``Tool`` defined in the user modules."""
+    def standard(cls, modules: Iterable[str] = (), *, source: Path | None = None) -> ToolRegistry:
+        """The built-in tools plus every ``Tool`` defined in the user modules; ``source``
+        is the config file that lists them, named in the error when one fails."""
         from worker.tools import builtin  # noqa: PLC0415  (builtin imports this module)
 
         registry = cls(builtin.BUILTIN_TOOLS)
-        for module_name in modules:
+        for i, module_name in enumerate(modules):
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:
-                raise ConfigError(
-                    f"tools.modules: cannot import {module_name!r} ({type(exc).__name__}: "
-                    f"{exc}); check the module name and that it is on PYTHONPATH."
+                raise _module_error(
+                    source, i, module_name, f"{type(exc).__name__}: {exc}"
                 ) from None
             for value in vars(module).values():
                 if isinstance(value, Tool):
                     registry.add(value)
         return registry
+
+
+def find_tool_modules(modules: Iterable[str], *, source: Path | None = None) -> None:
+    """Fail as ``standard`` would when a module of ``[tools] modules`` cannot be found,
+    without running it: ``agentd start`` checks its config this way, so a misspelt
+    module is exit 78 at start rather than a failed task at the first submit, while the
+    user's code runs only in workers (and in ``agentd config check``, which imports)."""
+    for i, module_name in enumerate(modules):
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except Exception as exc:  # a parent package that fails to import, say
+            raise _module_error(source, i, module_name, f"{type(exc).__name__}: {exc}") from None
+        if not found:
+            raise _module_error(source, i, module_name, "no such module")
+
+
+def _module_error(source: Path | None, index: int, name: str, why: str) -> ConfigError:
+    where = f"{source}: " if source is not None else ""
+    return ConfigError(
+        f"{where}tools.modules[{index}]: cannot import {name!r} ({why}); check the module "
+        "name and that it is installed in agentd's environment or on PYTHONPATH."
+    )

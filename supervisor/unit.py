@@ -1,0 +1,275 @@
+"""``agentd unit [--user]``: a systemd unit for this installation (DESIGN.md section 2).
+
+One template makes both units, so the system unit and the user unit cannot drift apart
+in what they share (``Type=notify``, the watchdog, the restart policy, exit 78, the stop
+grace, the seccomp filters):
+
+- the *system* unit (``/etc/systemd/system/agentd.service``) runs as user ``agentd``
+  with the spool in ``StateDirectory=agentd`` (``/var/lib/agentd``) and the hardening of
+  ``systemd/agentd.service`` (``systemd-analyze security`` exposure 1.2);
+- the *user* unit (``~/.config/systemd/user/agentd.service``) runs under the user's own
+  manager. It keeps the seccomp-based settings, which need no privilege, and drops what
+  a user manager cannot do or what would hide the user's own files: ``User=``,
+  ``ProtectHome=``, the mount-namespace ``Protect*``/``Private*`` settings. A user
+  manager's ``StateDirectory=`` is below ``$XDG_CONFIG_HOME`` on systemd before 253, so
+  the user unit names its spool instead.
+
+The paths are this installation's: the ``agentd`` script next to ``sys.executable``
+(the venv or pipx environment agentd runs from), the config and the spool the caller
+resolved. Everything written into the unit is escaped for systemd (``%`` and ``$``,
+quotes around a path with spaces); paths under the user's home become ``%h/...``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.config import RestartConfig
+
+#: Where the system unit finds the API key: systemd reads it as root and hands it to the
+#: service as the credential ``anthropic_api_key`` ($CREDENTIALS_DIRECTORY).
+SYSTEM_CREDENTIAL = "/etc/agentd/anthropic_api_key"
+USER_CREDENTIAL = "%E/agentd/anthropic_api_key"  # %E: the user's $XDG_CONFIG_HOME
+CREDENTIAL_NAME = "anthropic_api_key"
+
+#: Folders that ProtectHome=yes hides from the system unit.
+_HOME_FOLDERS = ("/home", "/root", "/run/user")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """What a unit needs to know about where agentd lives on this machine."""
+
+    command: tuple[str, ...]  # argv that runs agentd: its script, or python -m supervisor
+    config: Path | None  # the config file the daemon reads (None: discovery/defaults)
+    spool: Path | None  # None: the system unit's StateDirectory
+    home: Path | None = None  # the user's home, written as %h in a user unit
+
+
+def agentd_command(executable: str = sys.executable) -> tuple[str, ...]:
+    """The ``agentd`` script of the environment this Python runs from.
+
+    Not resolved through symlinks: a venv's ``bin/python`` is a symlink to the base
+    interpreter, whose folder has no ``agentd``.
+    """
+    script = Path(executable).with_name("agentd")
+    if script.is_file():
+        return (str(script),)
+    return (executable, "-m", "supervisor")
+
+
+def home_warnings(install: Installation) -> list[str]:
+    """What the system unit names below a home folder, which ``ProtectHome=yes`` hides
+    from the service: it would fail at start, so the CLI says so before it is installed."""
+    named = {"agentd": Path(install.command[0]), "config": install.config}
+    named["spool"] = install.spool
+    return [
+        f"{what} {path} is below a home folder, which ProtectHome=yes hides from the "
+        "service; install agentd outside /home (e.g. in /opt/agentd/venv) or use --user."
+        for what, path in named.items()
+        if path is not None and any(path.is_relative_to(h) for h in _HOME_FOLDERS)
+    ]
+
+
+# -- the template ------------------------------------------------------------------------
+
+_SYSTEM_HEADER = """\
+# agentd: supervisor for long-running LLM agent workers (system unit).
+# Written by `agentd unit`. Install:
+#
+#   useradd --system --home-dir /var/lib/agentd --shell /usr/sbin/nologin agentd
+#   agentd init --system                           # /etc/agentd/agentd.toml, no secrets in it
+#   install -m 0600 /dev/null {credential}   # then write the API key into it
+#   agentd unit | sudo tee /etc/systemd/system/agentd.service
+#   systemctl enable --now agentd
+#
+# The spool is {spool}. Run the operator CLI as the same user, so that what it writes
+# stays readable by the daemon:
+#   sudo -u agentd {command} --spool {spool} status
+#
+# Workers and every tool they run (run_command's shell too) inherit this sandbox: they
+# can write only under the spool (a task's default workspace is there), see no /home,
+# and reach the network only over IPv4/IPv6. If tasks need a workspace elsewhere, add it
+# to ReadWritePaths= (`systemctl edit agentd`); ProtectHome=yes hides /home, so a
+# workspace there also needs ProtectHome=read-only or tmpfs plus BindPaths=. If tools run
+# JIT runtimes (node, java), they need MemoryDenyWriteExecute=no.
+"""
+
+_USER_HEADER = """\
+# agentd: supervisor for long-running LLM agent workers (user unit).
+# Written by `agentd unit --user`. Install:
+#
+#   agentd unit --user > ~/.config/systemd/user/agentd.service
+#   install -m 0600 /dev/null {credential}   # then write the API key into it
+#   systemctl --user daemon-reload && systemctl --user enable --now agentd
+#   loginctl enable-linger "$USER"    # keep it running while you are logged out
+#
+# The spool is {spool}; the config {config}.
+"""
+
+# Settings both units share. {placeholders} are filled by _render.
+_SERVICE = """\
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start}
+ExecReload=/bin/kill -HUP $MAINPID
+{environment}\
+# The API key, read by systemd and handed over as $CREDENTIALS_DIRECTORY/{name}.
+LoadCredential={name}:{credential}
+{environment_file}
+# Liveness: the supervisor sends WATCHDOG=1 from its main loop every WatchdogSec/2.
+WatchdogSec=30
+# A crash restarts the supervisor; exit 78 (configuration error) waits for a fix.
+Restart=on-failure
+RestartSec=2
+RestartPreventExitStatus=78
+# On SIGTERM the supervisor stops its workers at a safe point, as `agentd stop` does
+# (SIGTERM, restart.stop_grace = {stop_grace:g} s by default, then SIGKILL). KillMode=mixed sends
+# SIGTERM to the supervisor only; whatever is left once it has exited (or once
+# TimeoutStopSec runs out) gets SIGKILL. Keep TimeoutStopSec well above stop_grace.
+KillMode=mixed
+TimeoutStopSec=45
+
+{identity}\
+UMask=0077
+
+# Hardening. `systemd-analyze security` rates this unit; the test suite keeps the system
+# unit's exposure at 2.0 or lower.
+NoNewPrivileges=yes
+{namespaces}\
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+{ipc}\
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged
+SystemCallErrorNumber=EPERM
+"""
+
+_UNIT = """\
+[Unit]
+Description=agentd, supervisor for long-running LLM agent workers
+"""
+
+_SYSTEM_ENVIRONMENT_FILE = """\
+# Other variables (ANTHROPIC_BASE_URL, ...). Read by systemd as root, so 0600.
+EnvironmentFile=-/etc/agentd/env
+"""
+
+_SYSTEM_IDENTITY = """\
+User=agentd
+Group=agentd
+StateDirectory=agentd
+StateDirectoryMode=0700
+"""
+
+# What only a system manager can set up: capabilities, mount namespaces, device and
+# kernel protections. A user manager lacks the privilege (or hides the user's own home).
+_SYSTEM_NAMESPACES = """\
+CapabilityBoundingSet=
+AmbientCapabilities=
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+PrivateUsers=yes
+PrivateIPC=yes
+DevicePolicy=closed
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+# Not ProcSubset=pid: psutil reads /proc/stat (boot time) to date the worker processes
+# it checks, and tools such as ps or free need the rest of /proc as well.
+"""
+
+_SYSTEM_IPC = """\
+RemoveIPC=yes
+KeyringMode=private
+PrivateMounts=yes
+"""
+
+
+def render(install: Installation, *, user: bool) -> str:
+    """The system unit, or with ``user`` the user unit, for ``install``."""
+    home = install.home if user else None
+    spool = _path(install.spool, home) if install.spool is not None else "/var/lib/agentd"
+    config = _path(install.config, home) if install.config is not None else None
+    argv = [_path(Path(install.command[0]), home), *install.command[1:]]
+    argv += ["start", "--log-format", "json"]
+    if install.spool is not None:
+        argv += ["--spool", spool]
+    fill = {
+        "exec_start": " ".join(_exec_arg(a) for a in argv),
+        "environment": _assignment("AGENTD_CONFIG", config) if config else "",
+        "name": CREDENTIAL_NAME,
+        "stop_grace": RestartConfig().stop_grace,
+    }
+    if user:
+        if install.spool is None:
+            raise ValueError("a user unit needs the spool it serves")
+        fill |= {
+            "credential": USER_CREDENTIAL,
+            "environment_file": "",
+            "identity": "",
+            "namespaces": "",
+            "ipc": "",
+        }
+        header = _USER_HEADER.format(
+            credential=USER_CREDENTIAL.replace("%E", "~/.config"),
+            spool=spool.replace("%h", "~"),
+            config=config.replace("%h", "~")
+            if config
+            else "none yet (built-in defaults) until `agentd init` writes one",
+        )
+        head, tail = _UNIT, "[Install]\nWantedBy=default.target\n"
+    else:
+        identity = _SYSTEM_IDENTITY
+        if install.spool is not None:  # a spool outside the StateDirectory must be writable
+            identity += f"ReadWritePaths={_exec_arg(spool)}\n"
+        fill |= {
+            "credential": SYSTEM_CREDENTIAL,
+            "environment_file": _SYSTEM_ENVIRONMENT_FILE,
+            "identity": identity,
+            "namespaces": _SYSTEM_NAMESPACES,
+            "ipc": _SYSTEM_IPC,
+        }
+        header = _SYSTEM_HEADER.format(
+            credential=SYSTEM_CREDENTIAL, spool=spool, command=install.command[0]
+        )
+        head = _UNIT + "Wants=network-online.target\nAfter=network-online.target\n"
+        tail = "[Install]\nWantedBy=multi-user.target\n"
+    return "\n".join([header, head, _SERVICE.format(**fill), tail])
+
+
+def _path(path: Path, home: Path | None) -> str:
+    """``path`` with systemd's specifiers escaped; below ``home`` it is ``%h/...``."""
+    if home is not None and path.is_relative_to(home) and path != home:
+        return "%h/" + str(path.relative_to(home)).replace("%", "%%")
+    return str(path).replace("%", "%%")
+
+
+def _exec_arg(value: str) -> str:
+    """One ExecStart= argument: ``$`` escaped, quoted when it holds a blank or a quote."""
+    value = value.replace("$", "$$")
+    if any(c in value for c in " \t\"'\\"):
+        value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return value
+
+
+def _assignment(name: str, value: str) -> str:
+    """An ``Environment=`` line (no ``$`` expansion there, so only quoting)."""
+    text = f"{name}={value}"
+    if any(c in text for c in " \t\"'\\"):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"Environment={text}\n"
