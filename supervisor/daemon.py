@@ -44,6 +44,7 @@ from supervisor.control import (
     take_request,
 )
 from supervisor.forkserver import ForkServer, become_subreaper
+from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
@@ -615,17 +616,21 @@ class Supervisor:
             self.emit("forkserver_ready", pid=server.pid)
 
     def check_liveness(self, wall: float, mono: float) -> None:
-        """Kill hung workers, stop stalled ones. A heartbeat is read only once a verdict on
-        it could be due (``WorkerProcess.beat_due``): when the last beat read will be older
-        than the timeout, when the phase read will pass its deadline, or, since a phase
-        that began after the read has a whole deadline ahead of it, one shortest deadline
-        after the read. The verdicts fall on the same ticks as if every tick read them."""
-        hb = self.config.heartbeat
-        deadlines = self.config.deadlines
-        shortest = min(deadlines.model_call, deadlines.tool_call + TOOL_DEADLINE_SLACK)
-        for slot in self.slots.values():
+        """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the
+        monotonic clock; ``wall`` only carries a heartbeat of an earlier release over to
+        it). A heartbeat is read only once a verdict on it could be due
+        (``WorkerProcess.beat_due``, from the last verdict's ``Alive.until``): the
+        verdicts fall on the same ticks as if every tick read them. A worker that has
+        ended is settled as an exit before any verdict (``WorkerProcess.exited``)."""
+        limits = self.liveness_limits()
+        for slot in list(self.slots.values()):
             worker = slot.worker
-            if worker is None:
+            if worker is None or (worker.term_deadline is None and worker.kill_reason):
+                continue
+            if worker.term_deadline is None and mono < worker.beat_due:
+                continue
+            if worker.exited():
+                self._on_exit(slot)
                 continue
             if worker.term_deadline is not None:
                 if mono >= worker.term_deadline:
@@ -633,35 +638,32 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            if worker.kill_reason is not None or wall < worker.beat_due:
-                continue
-            beat = tasks.read_heartbeat(slot.task)
-            spawned_wall = wall - (mono - worker.started)
-            fresh = beat is not None and beat.get("pid") == worker.pid
-            last = float(beat["at"]) if fresh and beat else spawned_wall
-            if wall - last > hb.timeout:
+            data = tasks.read_heartbeat(slot.task)
+            fresh = data is not None and data.get("pid") == worker.pid
+            beat = Beat.of(data, wall, mono) if fresh and data is not None else None
+            verdict = judge(beat, worker.started, mono, limits)
+            if isinstance(verdict, Alive):
+                worker.beat_due = verdict.until
+            elif isinstance(verdict, Hung):
                 worker.kill_reason = "hung"
-                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=wall - last)
+                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=verdict.age)
                 worker.signal_group(signal.SIGKILL)
-                continue
-            worker.beat_due = min(last + hb.timeout, wall + min(hb.timeout, shortest))
-            if not fresh or beat is None:
-                continue
-            phase = str(beat.get("phase", "idle"))
-            limit = deadlines.model_call
-            if phase != "model":
-                # A tool is told the deadline (ToolContext.timeout) and may keep it itself,
-                # as run_command does: let it record its timed-out result first, or a
-                # tool that behaved is restarted at random (and its command killed by TERM).
-                limit = deadlines.tool_call + TOOL_DEADLINE_SLACK
-            started = float(beat.get("phase_started", wall))
-            if phase != "idle":
-                worker.beat_due = min(worker.beat_due, started + limit)
-            if phase != "idle" and wall - started > limit:
+            else:
                 worker.kill_reason = "stalled"
                 worker.term_deadline = mono + self.config.restart.stop_grace
-                self.emit("worker_stalled", slot, level="error", pid=worker.pid, phase=phase)
+                self.emit(
+                    "worker_stalled", slot, level="error", pid=worker.pid, phase=verdict.phase
+                )
                 worker.signal_group(signal.SIGTERM)
+
+    def liveness_limits(self) -> Limits:
+        hb, deadlines = self.config.heartbeat, self.config.deadlines
+        return Limits(
+            interval=hb.interval,
+            timeout=hb.timeout,
+            model_call=deadlines.model_call,
+            tool_call=deadlines.tool_call + TOOL_DEADLINE_SLACK,
+        )
 
     # -- status -------------------------------------------------------------------------
 
