@@ -75,12 +75,16 @@ class Daemon:
         ]
 
     def start(
-        self, env: dict[str, str] | None = None, *, timeout: float = 15.0
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        timeout: float = 15.0,
+        args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start ``agentd start`` in its own session; return once it serves."""
+        """Start ``agentd start ARGS`` in its own session; return once it serves."""
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                self.command("--log-format", "json", "start"),
+                self.command("--log-format", "json", "start", *args),
                 cwd=REPO,
                 env=worker_env(env),
                 stdin=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 from types import MappingProxyType
@@ -95,16 +95,26 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.env
     else there is no file and ``Config()`` is returned. A file that was named but does
     not exist is an error, not a silent fallback to the defaults.
     """
+    return read_config(path, environ=environ)[0]
+
+
+def read_config(
+    path: Path | None = None, *, environ: Mapping[str, str] = os.environ
+) -> tuple[Config, bytes | None]:
+    """``load_config``, and the bytes it parsed (None: no file, the defaults). The daemon
+    hands workers a copy of exactly the bytes it accepted, so that an edit of the file
+    it has not (or could not) reload never reaches a worker."""
     if path is None:
         named = environ.get(CONFIG_ENV, "")
         if not named:
-            return Config()
+            return Config(), None
         path, how = Path(named), f" (named by ${CONFIG_ENV})"
     else:
         how = ""
     try:
         with path.open("rb") as f:
-            document = tomllib.load(f)
+            data = f.read()
+        document = tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: config file not found{how}; create it with `agentd init` "
@@ -118,7 +128,26 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.env
         raise ConfigError(f"{path}: is not UTF-8 text; save it as UTF-8.") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: is not valid TOML: {e}.") from None
-    return _parse(document, path, environ)
+    return _parse(document, path, environ), data
+
+
+def config_changes(old: Config, new: Config) -> list[str]:
+    """The dotted keys whose values differ between two configs (``source`` aside), in the
+    order of the fields: what a reload changes."""
+    changed = []
+    for f in fields(Config):
+        if f.name == "source":
+            continue
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if is_dataclass(before) and is_dataclass(after):
+            changed += [
+                f"{f.name}.{sub.name}"
+                for sub in fields(before)
+                if getattr(before, sub.name) != getattr(after, sub.name)
+            ]
+        elif before != after:
+            changed.append(f.name)
+    return changed
 
 
 def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Config:
