@@ -28,6 +28,8 @@ CAMPAIGN = (
     ("8", "tests.chaos.api_faults"),
     ("10", "tests.faults.fuzz"),
     ("11", "tests.faults.security"),
+    ("17", "tests.chaos.signals"),
+    ("19", "tests.chaos.clock"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 
