@@ -126,6 +126,11 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import logging as agentd_logging  # noqa: PLC0415
     from supervisor.daemon import Supervisor  # noqa: PLC0415
 
+    if args.log_file:
+        try:
+            agentd_logging.log_to_file(Path(args.log_file))
+        except OSError as exc:
+            raise AgentdError(f"cannot open --log-file {args.log_file}: {exc}") from None
     agentd_logging.configure(args.log_format)
     # The file this process read, found or named, is the one its workers read.
     supervisor = Supervisor(spool, config, config.source)
@@ -140,10 +145,13 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     cmd = [sys.executable, "-m", "supervisor", "--spool", str(spool.root)]
     if args.config:
         cmd += ["--config", str(args.config)]
-    cmd += ["--log-format", args.log_format or "json", "start"]
+    log_file = Path(args.log_file).absolute() if args.log_file else spool.root / "supervisor.log"
+    cmd += ["--log-format", args.log_format or "json", "start", "--log-file", str(log_file)]
     import subprocess  # noqa: PLC0415  (only --detach starts a process)
 
-    log = os.open(spool.root / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # The daemon opens the file again itself (to reopen it on SIGHUP); this one catches
+    # whatever it says before it can.
+    log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )
@@ -151,15 +159,13 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AgentdError(
-                f"agentd exited at start (code {proc.returncode}); see {spool.root}/supervisor.log."
-            )
+            raise AgentdError(f"agentd exited at start (code {proc.returncode}); see {log_file}.")
         info = supervisor_info(spool) or {}
         if info.get("pid") == proc.pid and running_pid(spool) == proc.pid:
             print(f"agentd started (pid {proc.pid}) on {spool.root}")
             return 0
         time.sleep(0.05)
-    raise AgentdError(f"agentd did not become ready in 15 s; see {spool.root}/supervisor.log.")
+    raise AgentdError(f"agentd did not become ready in 15 s; see {log_file}.")
 
 
 def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -584,6 +590,11 @@ def build_parser() -> Parser:
 
     p = command("start", cmd_start, "run the supervisor in the foreground", reads_spool=False)
     p.add_argument("--detach", action="store_true", help="run in the background once ready")
+    p.add_argument(
+        "--log-file",
+        help="append the daemon's log to this file, reopened on SIGHUP (--detach: "
+        "SPOOL/supervisor.log)",
+    )
     command("stop", cmd_stop, "stop the running supervisor gracefully")
     p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
     p.add_argument("--prompt", metavar="TEXT", help="the task's first user message")

@@ -12,6 +12,13 @@ What drives it:
   worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
   so an idle daemon costs next to nothing however many workers it watches.
 
+Signals (DESIGN.md section 7): TERM and INT stop gracefully; HUP reopens the log file
+and reloads the config (``reload``); USR1 logs a one-line summary of the daemon
+(``supervisor_status``); USR2 is logged and otherwise ignored; PIPE stays ignored, as
+Python leaves it (a write to a closed pipe raises instead). None of them ends the daemon.
+The fork server and the workers each run in a session of their own, so a signal sent to
+the daemon's process group (``kill -HUP -PGID``) never reaches them.
+
 Task records (``state.json``) are written only here while the daemon runs. The restart
 decision is ``supervisor.policy.decide``; this module only carries it out.
 """
@@ -34,6 +41,7 @@ from typing import Any
 
 import structlog
 
+from supervisor import logging as agentd_logging
 from supervisor import tasks
 from supervisor.control import (
     CANCEL_REQUEST,
@@ -44,6 +52,7 @@ from supervisor.control import (
     take_request,
 )
 from supervisor.forkserver import ForkServer, become_subreaper
+from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
 from supervisor.workers import (
@@ -57,9 +66,9 @@ from supervisor.workers import (
     trim_output,
 )
 from worker import __version__
-from worker.config import Config
-from worker.durable import atomic_write_json, private_dir, read_json
-from worker.errors import SpoolError
+from worker.config import Config, config_changes, read_config
+from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
+from worker.errors import ConfigError, SpoolError, StorageError
 from worker.events import append_event, utc_now
 from worker.lock import is_locked
 from worker.loop import (
@@ -80,6 +89,13 @@ TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call
 INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
 FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
+#: In the spool: a copy of the config file as the daemon last accepted it, which workers
+#: read. An edit of the operator's file reaches them only through a reload that accepts it.
+WORKER_CONFIG = "config.toml"
+#: Keys a reload applies at once: the daemon reads them at each decision.
+LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.")
+#: Keys a worker reads when it starts: workers started after the reload have them.
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
 
 @dataclass
@@ -119,6 +135,7 @@ class Supervisor:
         self.spool = spool
         self.config = config
         self.config_path = config_path
+        self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
         self.notifier = notifier or Notifier()
         self.rng = rng or random.Random()  # noqa: S311  (restart jitter)
         self.clock = clock
@@ -178,6 +195,10 @@ class Supervisor:
         private_dir(self.spool.root / "inbox")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGUSR1, self.log_status)
+        loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
+        self._accept_config_file(at_start=True)
         self.emit("supervisor_started", pid=os.getpid(), spool=str(self.spool.root))
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
@@ -242,6 +263,88 @@ class Supervisor:
         self._unwatch_forkserver()
         if self.forkserver is not None:
             self.forkserver.stop()
+
+    # -- signals ------------------------------------------------------------------------
+
+    @property
+    def config_file(self) -> Path | None:
+        """The file the daemon's config was read from, which HUP reads again (None: no
+        file, the defaults)."""
+        return self.config_path or self.config.source
+
+    def reload(self) -> None:
+        """SIGHUP: reopen the log file (for logrotate), then read the config file again.
+
+        A file that does not validate, or a copy for workers that cannot be written, is
+        refused: ``config_reload_failed`` with the one-line reason, and the config in use
+        stays. A good one is applied: ``config_reloaded`` lists the keys that changed, as
+        ``applied`` (at once: max_workers, heartbeat.timeout, deadlines, restart), ``new_workers``
+        (read by workers started from now on: heartbeat.interval, model, tools) and
+        ``restart_needed`` (anything else, the spool first: the daemon serves the spool it
+        started on). A lower max_workers stops no running worker; it starts no more
+        until the count is under it."""
+        try:
+            reopened = agentd_logging.reopen_log_file()
+        except OSError as exc:
+            self.emit("log_reopen_failed", level="warning", error=str(exc))
+        else:
+            if reopened is not None:
+                self.emit("log_reopened", path=str(reopened))
+        before = self.config
+        if not self._accept_config_file(at_start=False):
+            return
+        changed = config_changes(before, self.config)
+        applied = [key for key in changed if key.startswith(LIVE_KEYS)]
+        new_workers = [key for key in changed if key.startswith(WORKER_KEYS)]
+        restart = [key for key in changed if key not in applied and key not in new_workers]
+        self.emit(
+            "config_reloaded",
+            file=str(self.config_file) if self.config_file else None,
+            changed=changed,
+            applied=applied,
+            new_workers=new_workers,
+            restart_needed=restart,
+        )
+        for slot in self.slots.values():
+            if slot.worker is not None:
+                slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
+        self._wake.set()
+
+    def _accept_config_file(self, *, at_start: bool) -> bool:
+        """Read the config file and, when it validates, make it the daemon's and copy its
+        bytes to ``WORKER_CONFIG`` for workers. At start the config the command line read
+        a moment ago is in use already: a file changed since is refused as at a reload,
+        and workers are given the file itself (as without the copy)."""
+        try:
+            config, data = read_config(self.config_file)
+            if data is not None:
+                atomic_write(self.spool.root / WORKER_CONFIG, data)
+        except (ConfigError, StorageError, OSError) as exc:  # OSError: syncing the folder
+            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=at_start)
+            return False
+        self.config = config
+        self.worker_config = self.spool.root / WORKER_CONFIG if data is not None else None
+        return True
+
+    def log_status(self) -> None:
+        """SIGUSR1: one line that says what the daemon is doing, in its own log."""
+        counts: dict[str, int] = {}
+        for slot in self.slots.values():
+            counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
+        server = self.forkserver
+        self.emit(
+            "supervisor_status",
+            pid=os.getpid(),
+            tasks={state: counts[state] for state in tasks.STATES if counts.get(state)},
+            workers=self.running_count(),
+            max_workers=self.config.max_workers,
+            forkserver="off" if server is None else "ready" if server.ready else "starting",
+            config=str(self.config_file) if self.config_file else None,
+            stopping=self.stopping,
+        )
+
+    def _ignored(self, sig: int) -> None:
+        self.emit("signal_ignored", signal=signal.Signals(sig).name, pid=os.getpid())
 
     def running_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.worker is not None or s.starting)
@@ -381,7 +484,7 @@ class Supervisor:
         server = self.forkserver
         size = journal_size(slot.task)
         if server is not None and server.request(
-            slot.task.path, self.config_path, self._worker_env, slot.task.output
+            slot.task.path, self.worker_config, self._worker_env, slot.task.output
         ):
             slot.starting = True
             self._starting.append(Starting(slot, size, self.clock()))
@@ -391,7 +494,7 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.config_path, self._worker_env)
+            worker = spawn(slot.task, self.worker_config, self._worker_env)
         except OSError as exc:
             self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
@@ -568,12 +671,11 @@ class Supervisor:
     # -- liveness -----------------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
-        period = min(self.config.heartbeat.interval, 0.5)
         watchdog = self.notifier.watchdog_interval()
         next_dog = 0.0
         next_trim = 0.0
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
             self.check_liveness(time.time(), now)
             if watchdog and now >= next_dog:
@@ -615,17 +717,21 @@ class Supervisor:
             self.emit("forkserver_ready", pid=server.pid)
 
     def check_liveness(self, wall: float, mono: float) -> None:
-        """Kill hung workers, stop stalled ones. A heartbeat is read only once a verdict on
-        it could be due (``WorkerProcess.beat_due``): when the last beat read will be older
-        than the timeout, when the phase read will pass its deadline, or, since a phase
-        that began after the read has a whole deadline ahead of it, one shortest deadline
-        after the read. The verdicts fall on the same ticks as if every tick read them."""
-        hb = self.config.heartbeat
-        deadlines = self.config.deadlines
-        shortest = min(deadlines.model_call, deadlines.tool_call + TOOL_DEADLINE_SLACK)
-        for slot in self.slots.values():
+        """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the
+        monotonic clock; ``wall`` only carries a heartbeat of an earlier release over to
+        it). A heartbeat is read only once a verdict on it could be due
+        (``WorkerProcess.beat_due``, from the last verdict's ``Alive.until``): the
+        verdicts fall on the same ticks as if every tick read them. A worker that has
+        ended is settled as an exit before any verdict (``WorkerProcess.exited``)."""
+        limits = self.liveness_limits()
+        for slot in list(self.slots.values()):
             worker = slot.worker
-            if worker is None:
+            if worker is None or (worker.term_deadline is None and worker.kill_reason):
+                continue
+            if worker.term_deadline is None and mono < worker.beat_due:
+                continue
+            if worker.exited():
+                self._on_exit(slot)
                 continue
             if worker.term_deadline is not None:
                 if mono >= worker.term_deadline:
@@ -633,35 +739,32 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            if worker.kill_reason is not None or wall < worker.beat_due:
-                continue
-            beat = tasks.read_heartbeat(slot.task)
-            spawned_wall = wall - (mono - worker.started)
-            fresh = beat is not None and beat.get("pid") == worker.pid
-            last = float(beat["at"]) if fresh and beat else spawned_wall
-            if wall - last > hb.timeout:
+            data = tasks.read_heartbeat(slot.task)
+            fresh = data is not None and data.get("pid") == worker.pid
+            beat = Beat.of(data, wall, mono) if fresh and data is not None else None
+            verdict = judge(beat, worker.started, mono, limits)
+            if isinstance(verdict, Alive):
+                worker.beat_due = verdict.until
+            elif isinstance(verdict, Hung):
                 worker.kill_reason = "hung"
-                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=wall - last)
+                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=verdict.age)
                 worker.signal_group(signal.SIGKILL)
-                continue
-            worker.beat_due = min(last + hb.timeout, wall + min(hb.timeout, shortest))
-            if not fresh or beat is None:
-                continue
-            phase = str(beat.get("phase", "idle"))
-            limit = deadlines.model_call
-            if phase != "model":
-                # A tool is told the deadline (ToolContext.timeout) and may keep it itself,
-                # as run_command does: let it record its timed-out result first, or a
-                # tool that behaved is restarted at random (and its command killed by TERM).
-                limit = deadlines.tool_call + TOOL_DEADLINE_SLACK
-            started = float(beat.get("phase_started", wall))
-            if phase != "idle":
-                worker.beat_due = min(worker.beat_due, started + limit)
-            if phase != "idle" and wall - started > limit:
+            else:
                 worker.kill_reason = "stalled"
                 worker.term_deadline = mono + self.config.restart.stop_grace
-                self.emit("worker_stalled", slot, level="error", pid=worker.pid, phase=phase)
+                self.emit(
+                    "worker_stalled", slot, level="error", pid=worker.pid, phase=verdict.phase
+                )
                 worker.signal_group(signal.SIGTERM)
+
+    def liveness_limits(self) -> Limits:
+        hb, deadlines = self.config.heartbeat, self.config.deadlines
+        return Limits(
+            interval=hb.interval,
+            timeout=hb.timeout,
+            model_call=deadlines.model_call,
+            tool_call=deadlines.tool_call + TOOL_DEADLINE_SLACK,
+        )
 
     # -- status -------------------------------------------------------------------------
 

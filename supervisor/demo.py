@@ -38,13 +38,18 @@ stop_grace = 3.0
 """
 
 
-def demo_script(ledger: Path, turns: int = TURNS) -> dict[str, Any]:
+#: The file the demo's unsafe "charge" appends to, in the task's workspace (the only place a
+#: sandboxed run_command may write).
+LEDGER = "ledger.txt"
+
+
+def demo_script(turns: int = TURNS) -> dict[str, Any]:
     """A long scripted task: every effect class, one slow unsafe call at turn 20."""
     responses: list[dict[str, Any]] = []
     for i in range(1, turns):
         kind = i % 5
         if i == 20:
-            charge = f"echo charged >> '{ledger}'; sleep 3; echo ok"
+            charge = f"echo charged >> {LEDGER}; sleep 3; echo ok"
             block = {"name": "run_command", "input": {"command": charge, "timeout": 30}}
         elif kind == 0:
             block = {"name": "write_file", "input": {"path": f"notes/{i}.md", "content": f"#{i}"}}
@@ -121,11 +126,11 @@ class Demo:
         self.start_daemon()
         self.say("1. daemon started; submitting a 30-turn task that uses every kind of tool")
         script = self.root / "script.json"
-        ledger = self.root / "ledger.txt"
-        script.write_text(json.dumps(demo_script(ledger)))
+        script.write_text(json.dumps(demo_script()))
         task_id = self.cli("submit", "--name", "demo", "--prompt", "Work through the steps.",
                            "--script", str(script)).strip()  # fmt: skip
         task = self.spool.task(task_id)
+        ledger = task.path / "workspace" / LEDGER
 
         self.wait_for("turn 8", lambda: self.status(task_id)["turn"] >= 8)
         row = self.status(task_id)

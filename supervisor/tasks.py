@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.liveness import Beat
 from worker.config import Config
 from worker.durable import (
     atomic_write,
@@ -209,6 +210,11 @@ def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
     return None
 
 
+#: Numbers a heartbeat may carry besides ``at`` (a worker of an earlier release wrote no
+#: monotonic stamps and no interval: ``supervisor.liveness.Beat.of`` falls back for it).
+OPTIONAL_BEAT_TIMES = ("phase_started", "at_mono", "phase_started_mono", "interval")
+
+
 def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
     def number(value: Any) -> bool:
         return (
@@ -221,7 +227,7 @@ def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
     usage = beat.get("usage", {})
     return (
         number(beat.get("at"))
-        and number(beat.get("phase_started", 0))
+        and all(number(beat.get(key, 0)) for key in OPTIONAL_BEAT_TIMES)
         and whole(beat.get("turn", 0))
         and whole(beat.get("pid", 0))
         and isinstance(beat.get("phase", ""), str)
@@ -232,6 +238,12 @@ def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def beat_age(beat: dict[str, Any]) -> float:
+    """Seconds since the worker wrote ``beat`` (a ``read_heartbeat`` result), now."""
+    mono = time.monotonic()
+    return Beat.of(beat, time.time(), mono).age(mono)
 
 
 def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
@@ -258,9 +270,10 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
     return rows
 
 
-def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
-    """One task as `agentd status --json` shows it (DESIGN.md section 3)."""
-    now = time.time() if now is None else now
+def status_row(task: TaskDir) -> dict[str, Any]:
+    """One task as `agentd status --json` shows it (DESIGN.md section 3). The heartbeat's
+    age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
+    never shows an age below 0 or an hour off."""
     record = TaskRecord.load(task)
     beat = read_heartbeat(task)
     spec_error = None
@@ -294,7 +307,7 @@ def status_row(task: TaskDir, now: float | None = None) -> dict[str, Any]:
         "turn": turn,
         "restarts": record.restarts,
         "last_exit": record.last_exit,
-        "heartbeat_age": round(now - float(beat["at"]), 3) if running and beat else None,
+        "heartbeat_age": round(beat_age(beat), 3) if running and beat else None,
         "phase": beat.get("phase") if running and beat else None,
         # how its last worker ran run_command (worker.tools.sandbox): a fact about that
         # worker, so it stays shown after the worker ends, unlike the phase

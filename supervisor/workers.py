@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -45,7 +46,7 @@ class WorkerProcess:
     journal_size: int = 0
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
-    beat_due: float = 0.0  # wall time before which no liveness verdict can fall due
+    beat_due: float = 0.0  # monotonic time before which no liveness verdict can fall due
 
     def exit_status(self, reaped: dict[int, int]) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
@@ -66,6 +67,16 @@ class WorkerProcess:
             if isinstance(data, dict) and data.get("pid") == self.pid:
                 return int(data["code"]), None
         return None, "unknown"
+
+    def exited(self) -> bool:
+        """Whether the process has ended, its exit handled or not (its pidfd is readable).
+        A daemon that was stopped (SIGSTOP) wakes with exits and due verdicts at once: a
+        worker that ended meanwhile is an exit to settle, never a hang to punish."""
+        if self.pidfd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -21,6 +21,7 @@ import ctypes
 import io
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -35,9 +36,18 @@ import psutil
 
 from supervisor import cli, tasks
 from supervisor.control import ring, running_pid, supervisor_info
-from tests.support import REPO, poll_for, scripted_task, worker_env
+from tests.support import (
+    REPO,
+    journal_records,
+    poll_for,
+    reply,
+    scripted_task,
+    text,
+    tool_use,
+    worker_env,
+)
 from worker.config import load_config
-from worker.events import read_events
+from worker.events import read_events, read_events_from
 from worker.spool import Spool, TaskDir
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
@@ -75,12 +85,16 @@ class Daemon:
         ]
 
     def start(
-        self, env: dict[str, str] | None = None, *, timeout: float = 15.0
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        timeout: float = 15.0,
+        args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start ``agentd start`` in its own session; return once it serves."""
+        """Start ``agentd start ARGS`` in its own session; return once it serves."""
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                self.command("--log-format", "json", "start"),
+                self.command("--log-format", "json", "start", *args),
                 cwd=REPO,
                 env=worker_env(env),
                 stdin=subprocess.DEVNULL,
@@ -204,6 +218,76 @@ class Daemon:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
         kill_spool_processes(self.spool.root)
+
+
+class EventTail:
+    """The daemon's log, read as it grows (from where the last read ended): what a
+    campaign that sends hundreds of signals waits on without rereading the whole file.
+    ``seen`` records, for each event, the monotonic time this process first read it (the
+    daemon's own timestamps are wall time, which a clock campaign moves)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.path = daemon.log_path
+        self.offset = 0
+        self.events: list[dict[str, Any]] = []
+        self.seen: list[float] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        """The events that arrived since the last read."""
+        new, self.offset = read_events_from(self.path, self.offset)
+        self.events += new
+        self.seen += [time.monotonic()] * len(new)
+        return new
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        self.read()
+        return [e for e in self.events if e.get("event") == name]
+
+    def wait(self, name: str, count: int, timeout: float) -> list[dict[str, Any]] | None:
+        """The events ``name`` once there are ``count`` of them, or None at the deadline."""
+        with contextlib.suppress(AssertionError):
+            return poll_for(lambda: (found := self.named(name))[count - 1 :] and found, timeout)
+        return None
+
+
+class Workload:
+    """Scripted tasks that call ``write_file`` every turn, kept at a level of unfinished
+    ones as others end: the running tasks a campaign's faults fall on."""
+
+    def __init__(self, daemon: Daemon, rng: random.Random, turns: tuple[int, int]) -> None:
+        self.daemon = daemon
+        self.rng = rng
+        self.range = turns
+        self.turns: dict[str, int] = {}  # task -> its script's length
+
+    def top_up(self, level: int, delay: float = 0.1) -> None:
+        unfinished = [t for t in self.turns if self.daemon.row(t)["state"] != "done"]
+        for _ in range(level - len(unfinished)):
+            n = self.rng.randint(*self.range)
+            steps = [
+                reply(
+                    text(f"{i}"), tool_use("write_file", path=f"{i}.txt", content="x"), delay=delay
+                )
+                for i in range(1, n)
+            ]
+            name = f"w{len(self.turns)}"
+            self.turns[self.daemon.submit([*steps, reply(text("done"))], name=name)] = n
+
+    def ended(self) -> bool:
+        return all(self.daemon.row(t)["state"] in tasks.FINAL_STATES for t in self.turns)
+
+    def completed(self) -> list[str]:
+        """The tasks that ended ``done`` with every turn of their script recorded once."""
+        return [
+            t
+            for t, n in self.turns.items()
+            if self.daemon.row(t)["state"] == "done"
+            and [r["turn"] for r in journal_records(self.daemon.task(t)) if r["k"] == "turn"]
+            == list(range(1, n + 1))
+        ]
+
+    def restarts(self) -> int:
+        return sum(int(self.daemon.row(t)["restarts"]) for t in self.turns)
 
 
 # -- processes ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 from types import MappingProxyType
@@ -124,15 +124,25 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.env
     defaults. ``Config.source`` says which file was read, so that the daemon hands its
     workers the very same one.
     """
+    return read_config(path, environ=environ)[0]
+
+
+def read_config(
+    path: Path | None = None, *, environ: Mapping[str, str] = os.environ
+) -> tuple[Config, bytes | None]:
+    """``load_config``, and the bytes it parsed (None: no file, the defaults). The daemon
+    hands workers a copy of exactly the bytes it accepted, so that an edit of the file
+    it has not (or could not) reload never reaches a worker."""
     how = ""
     if path is None:
         if named := environ.get(CONFIG_ENV, ""):
             path, how = Path(named), f" (named by ${CONFIG_ENV})"
         elif (path := discovered_config(environ)) is None:
-            return Config()
+            return Config(), None
     try:
         with path.open("rb") as f:
-            document = tomllib.load(f)
+            data = f.read()
+        document = tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: config file not found{how}; create it with `agentd init` "
@@ -146,7 +156,26 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.env
         raise ConfigError(f"{path}: is not UTF-8 text; save it as UTF-8.") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: is not valid TOML: {e}.") from None
-    return _parse(document, path, environ)
+    return _parse(document, path, environ), data
+
+
+def config_changes(old: Config, new: Config) -> list[str]:
+    """The dotted keys whose values differ between two configs (``source`` aside), in the
+    order of the fields: what a reload changes."""
+    changed = []
+    for f in fields(Config):
+        if f.name == "source":
+            continue
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if is_dataclass(before) and is_dataclass(after):
+            changed += [
+                f"{f.name}.{sub.name}"
+                for sub in fields(before)
+                if getattr(before, sub.name) != getattr(after, sub.name)
+            ]
+        elif before != after:
+            changed.append(f.name)
+    return changed
 
 
 def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Config:

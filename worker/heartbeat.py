@@ -2,9 +2,14 @@
 
 A daemon thread rewrites ``heartbeat.json`` every ``interval`` seconds with the worker's
 pid, the time, its turn, usage and phase (``idle``, ``model``, ``tool:NAME``) and when the
-phase started. The supervisor judges liveness by the age of ``at`` and progress by the
-age of ``phase_started`` against the deadline of the phase. The file is replaced
-atomically without fsync: it describes the present, a crash makes it moot.
+phase started, and its ``interval``. The supervisor judges liveness by the age of the beat
+and progress by the age of the phase against the deadline of the phase. The file is
+replaced atomically without fsync: it describes the present, a crash makes it moot.
+
+Each instant is stamped twice: ``at`` and ``phase_started`` in wall time, for people to
+read, and ``at_mono`` and ``phase_started_mono`` on ``CLOCK_MONOTONIC``, which is
+system-wide on Linux and never stepped, for verdicts (``supervisor/liveness.py``): a wall
+clock stepped by an hour must neither kill every worker as hung nor hide a stopped one.
 
 The loop only updates the fields (``update``, ``phase``: a dict update under a lock); the
 thread alone writes, every ``interval``, so the loop never waits on the file and the
@@ -33,7 +38,7 @@ class Heartbeat:
         self.path = path
         self.interval = interval
         self._lock = threading.Lock()
-        self._fields: dict[str, Any] = {"turn": 0, "phase": "idle", "phase_started": time.time()}
+        self._fields: dict[str, Any] = {"turn": 0, "interval": interval, **_phase("idle")}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -47,11 +52,12 @@ class Heartbeat:
             self._fields.update(fields)
 
     def phase(self, phase: str) -> None:
-        self.update(phase=phase, phase_started=time.time())
+        self.update(**_phase(phase))
 
     def beat(self) -> None:
         with self._lock:
-            data = {"pid": os.getpid(), "at": time.time(), **self._fields}
+            now = {"at": time.time(), "at_mono": time.monotonic()}
+            data = {"pid": os.getpid(), **now, **self._fields}
         with contextlib.suppress(StorageError):  # a missed beat is the signal
             atomic_write_json(self.path, data, durable=False)
 
@@ -63,3 +69,8 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=1)
+
+
+def _phase(phase: str) -> dict[str, Any]:
+    """The fields that say ``phase`` begins now, on both clocks."""
+    return {"phase": phase, "phase_started": time.time(), "phase_started_mono": time.monotonic()}

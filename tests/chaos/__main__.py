@@ -29,6 +29,8 @@ CAMPAIGN = (
     ("10", "tests.faults.fuzz"),
     ("11", "tests.faults.security"),
     ("14", "tests.chaos.tampering"),
+    ("17", "tests.chaos.signals"),
+    ("19", "tests.chaos.clock"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 

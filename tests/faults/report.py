@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import argparse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -51,3 +52,17 @@ def print_figures(figures: Iterable[Figure]) -> None:
 
 def violations(figures: Iterable[Figure]) -> list[Figure]:
     return [f for f in figures if f.violation]
+
+
+def campaign_main(
+    run: Callable[..., list[Figure]], prog: str, doc: str, argv: list[str] | None = None
+) -> int:
+    """The command line of a campaign module whose ``run(quick, *, seed)`` gives its
+    figures: ``[--full] [--seed N]``, the table printed, exit 1 on any violation."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    figures = run(quick=not args.full, seed=args.seed)
+    print_figures(figures)
+    return 1 if violations(figures) else 0

@@ -17,10 +17,12 @@ from worker.config import (
     ModelConfig,
     RestartConfig,
     ToolsConfig,
+    config_changes,
     config_document,
     default_config_document,
     default_config_text,
     load_config,
+    read_config,
 )
 from worker.errors import ConfigError
 from worker.tools.sandbox import SandboxMode
@@ -424,3 +426,16 @@ def test_a_non_default_config_round_trips_through_its_document(tmp_path: Path) -
     loaded = load_config(path, environ={})
 
     assert _without_source(loaded) == config
+
+
+def test_config_changes_names_every_key_that_differs_and_nothing_else(tmp_path: Path) -> None:
+    path = tmp_path / "agentd.toml"
+    path.write_text('max_workers = 3\n[tools.policy]\nrun_command = "rerun"\n')
+    new, data = read_config(path)
+    assert data == path.read_bytes()  # the bytes the daemon copies for its workers
+    assert config_changes(Config(), Config()) == []
+    assert config_changes(Config(), new) == ["max_workers", "tools.policy"]
+    assert (
+        config_changes(new, dataclasses.replace(new, source=None)) == []
+    )  # where it came from: no key
+    assert read_config(None, environ={}) == (Config(), None)

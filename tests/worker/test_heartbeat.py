@@ -61,3 +61,19 @@ def test_the_thread_beats_every_interval_and_stops_at_once(
     count = len(writes)
     time.sleep(0.15)
     assert len(writes) == count
+
+
+def test_each_instant_is_stamped_on_the_monotonic_clock_too(
+    tmp_path: Path, writes: list[dict[str, object]]
+) -> None:
+    """Verdicts compare monotonic stamps (supervisor/liveness.py); wall time is display."""
+    before = time.monotonic()
+    beat = Heartbeat(tmp_path / "heartbeat.json", interval=0.2)
+    beat.phase("model")
+    beat.start()
+    beat.stop()
+    after = time.monotonic()
+    (last,) = writes
+    assert before <= float(last["phase_started_mono"]) <= float(last["at_mono"]) <= after  # type: ignore[arg-type]
+    assert abs(float(last["at"]) - time.time()) < 5  # type: ignore[arg-type]
+    assert last["interval"] == 0.2

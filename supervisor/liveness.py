@@ -1,0 +1,130 @@
+"""Liveness verdicts: is a worker hung, stalled, or alive until when. Pure functions.
+
+A verdict compares times on one clock, ``CLOCK_MONOTONIC``, which on Linux is system-wide
+(every process reads the same clock) and is never stepped: an NTP correction, an operator's
+``date -s`` or a VM resumed with a new wall time moves the wall clock only. A worker's
+heartbeat (``worker/heartbeat.py``) carries both clocks for each instant it records: ``at``
+and ``phase_started`` (wall time, for display) and ``at_mono`` and ``phase_started_mono``
+(monotonic, for verdicts).
+
+A heartbeat without the monotonic fields comes from a worker of an earlier release that
+this daemon adopted; its wall times are carried over to the monotonic clock at the
+moment of reading (``Beat.of``), which is what judging by the wall clock amounts to, for
+the life of that worker.
+
+``judge`` is the whole policy: the daemon (``Supervisor.check_liveness``) reads the beat,
+calls it and carries out its verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the verdict enforces, from ``[heartbeat]`` and ``[deadlines]``."""
+
+    interval: float  # heartbeat.interval: how often a worker started now beats
+    timeout: float  # heartbeat.timeout
+    model_call: float  # deadlines.model_call
+    tool_call: float  # deadlines.tool_call plus the slack a tool gets to record its timeout
+
+    @property
+    def shortest(self) -> float:
+        return min(self.timeout, self.model_call, self.tool_call)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat, its instants on the monotonic clock."""
+
+    at: float
+    phase: str
+    phase_started: float
+    interval: float | None = None  # the worker's own beat interval (None: not recorded)
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any], wall: float, mono: float) -> Beat:
+        """The beat a worker wrote (``tasks.read_heartbeat``'s shape), read at wall time
+        ``wall`` and monotonic time ``mono``."""
+        at_wall = float(data["at"])
+        started_wall = float(data.get("phase_started", at_wall))
+        at = data.get("at_mono")
+        started = data.get("phase_started_mono")
+        interval = data.get("interval")
+        return cls(
+            at=float(at) if at is not None else mono - (wall - at_wall),
+            phase=str(data.get("phase", "idle")),
+            phase_started=float(started) if started is not None else mono - (wall - started_wall),
+            interval=float(interval) if interval is not None else None,
+        )
+
+    def age(self, mono: float) -> float:
+        """Seconds since the beat was written; never negative (a beat read just as it is
+        written, or a pre-monotonic beat across a wall-clock step)."""
+        return max(0.0, mono - self.at)
+
+
+@dataclass(frozen=True)
+class Alive:
+    """No verdict before ``until`` (monotonic): the next read of the heartbeat is then."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Hung:
+    """The heartbeat went silent: the worker cannot checkpoint; kill it at once."""
+
+    age: float
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """The current model or tool call ran past its deadline: TERM, grace, KILL."""
+
+    phase: str
+    age: float
+
+
+Verdict = Alive | Hung | Stalled
+
+
+def phase_limit(phase: str, limits: Limits) -> float | None:
+    """The deadline of a phase: ``model`` has the model call's, a tool its own plus slack
+    (a tool is told its deadline and may keep it itself, as run_command does: it records
+    its timed-out result first), ``idle`` none."""
+    if phase == "idle":
+        return None
+    return limits.model_call if phase == "model" else limits.tool_call
+
+
+def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verdict:
+    """The verdict on a worker started at ``spawned`` whose last beat is ``beat`` (None
+    when it has not beaten yet), at ``now``; every time is monotonic.
+
+    A worker that beats more slowly than ``heartbeat.interval`` says (one started before a
+    reload shortened it) gets the difference added to the timeout: it is judged by the
+    margin the config allows over its own interval, never by one it cannot meet.
+
+    ``Alive.until`` is the earliest instant a verdict could fall due: the beat passing the
+    timeout, the phase passing its deadline, or, since a phase that begins after this
+    read has a whole deadline ahead of it, one shortest limit from now."""
+    last = beat.at if beat is not None else spawned
+    timeout = limits.timeout
+    if beat is not None and beat.interval is not None:
+        timeout += max(0.0, beat.interval - limits.interval)
+    if now - last > timeout:
+        return Hung(now - last)
+    until = min(last + timeout, now + limits.shortest)
+    if beat is None:
+        return Alive(until)
+    limit = phase_limit(beat.phase, limits)
+    if limit is None:
+        return Alive(until)
+    if now - beat.phase_started > limit:
+        return Stalled(beat.phase, now - beat.phase_started)
+    return Alive(min(until, beat.phase_started + limit))

@@ -1,0 +1,142 @@
+"""Liveness verdicts on the monotonic clock (``supervisor.liveness``), with injected time.
+
+The verdict is a pure function of the beat, the worker's start, now and the limits; the
+wall clock reaches it only through ``Beat.of``, and only for a heartbeat of an earlier
+release (no monotonic stamps). The daemon's side, that an ended worker is an exit and not
+a hang, runs ``Supervisor.check_liveness`` on a real process that has exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor import tasks
+from supervisor.daemon import Supervisor
+from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge
+from supervisor.workers import WorkerProcess
+from tests.support import make_spool, poll_for, scripted_task, text
+from worker.config import Config, HeartbeatConfig
+from worker.events import read_events
+
+LIMITS = Limits(interval=0.5, timeout=2.0, model_call=10.0, tool_call=6.0)
+HOUR = 3600.0
+
+
+def beat(at: float, phase: str = "idle", started: float | None = None, **more: float) -> Beat:
+    return Beat(at=at, phase=phase, phase_started=at if started is None else started, **more)
+
+
+def written(wall: float, mono: float, **fields: object) -> dict[str, object]:
+    """A heartbeat as a worker of this release writes it at (wall, mono)."""
+    return {
+        "pid": 1,
+        "at": wall,
+        "at_mono": mono,
+        "turn": 0,
+        "phase": "model",
+        "phase_started": wall,
+        "phase_started_mono": mono,
+        **fields,
+    }
+
+
+def test_a_fresh_beat_is_alive_until_the_timeout_or_the_shortest_limit() -> None:
+    assert judge(beat(100.0), spawned=90.0, now=100.5, limits=LIMITS) == Alive(102.0)
+    assert judge(None, spawned=100.0, now=100.1, limits=LIMITS) == Alive(102.0)
+
+
+def test_a_silent_heartbeat_is_hung_once_past_the_timeout() -> None:
+    assert judge(beat(100.0), spawned=90.0, now=102.0, limits=LIMITS) == Alive(102.0)
+    assert judge(beat(100.0), spawned=90.0, now=102.01, limits=LIMITS) == Hung(age=102.01 - 100.0)
+    assert isinstance(judge(None, spawned=100.0, now=102.5, limits=LIMITS), Hung)
+
+
+def test_a_phase_past_its_deadline_is_stalled_and_its_deadline_bounds_alive() -> None:
+    live = beat(200.0, phase="model", started=195.0)
+    assert judge(live, spawned=0.0, now=200.5, limits=LIMITS) == Alive(202.0)
+    near = beat(200.0, phase="tool:run_command", started=195.0)
+    assert judge(near, spawned=0.0, now=200.5, limits=LIMITS) == Alive(201.0)
+    assert judge(near, spawned=0.0, now=201.5, limits=LIMITS) == Stalled("tool:run_command", 6.5)
+    assert judge(beat(200.0, started=0.0), spawned=0.0, now=201.5, limits=LIMITS) == Alive(202.0)
+
+
+def test_a_worker_beating_slower_than_the_config_gets_the_difference() -> None:
+    """A reload that shortens heartbeat.interval and timeout never kills a worker started
+    under the old, slower interval as hung."""
+    slow = beat(100.0, interval=1.5)
+    assert judge(slow, spawned=0.0, now=103.0, limits=LIMITS) == Alive(103.0)
+    assert isinstance(judge(slow, spawned=0.0, now=103.1, limits=LIMITS), Hung)
+    fast = beat(100.0, interval=0.1)  # faster than the config: no discount
+    assert isinstance(judge(fast, spawned=0.0, now=102.1, limits=LIMITS), Hung)
+
+
+@given(step=st.floats(-2 * HOUR, 2 * HOUR), age=st.floats(0.0, 20.0))
+def test_a_stepped_wall_clock_changes_no_verdict(step: float, age: float) -> None:
+    """The beat was written at mono 1000 (wall 5e8); it is read `age` seconds later, with
+    the wall clock stepped by `step` in between: the verdict is that of no step."""
+    data = written(5e8, 1000.0)
+    mono = 1000.0 + age
+    stepped = judge(Beat.of(data, 5e8 + age + step, mono), 900.0, mono, LIMITS)
+    assert stepped == judge(Beat.of(data, 5e8 + age, mono), 900.0, mono, LIMITS)
+    assert math.isclose(Beat.of(data, 5e8 + age + step, mono).age(mono), age, abs_tol=1e-9)
+
+
+def test_a_beat_of_an_earlier_release_is_judged_by_the_wall_clock() -> None:
+    """No monotonic stamps (a worker adopted from the previous release): its wall times
+    are carried over to the monotonic clock as they read now."""
+    old = {"pid": 1, "at": 5e8, "turn": 0, "phase": "model", "phase_started": 5e8 - 4}
+    got = Beat.of(old, wall=5e8 + 1.0, mono=50.0)
+    assert got == Beat(at=49.0, phase="model", phase_started=45.0, interval=None)
+    assert judge(got, spawned=0.0, now=50.0, limits=LIMITS) == Alive(51.0)
+    assert Beat.of(old, wall=5e8 - HOUR, mono=50.0).age(50.0) == 0.0  # never below 0
+
+
+def test_status_heartbeat_age_follows_the_monotonic_clock(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    task = scripted_task(spool, [{"content": [text("hi")]}], config=Config())
+    record = tasks.TaskRecord.load(task)
+    record.state = "running"
+    record.save(task)
+    for step in (HOUR, -HOUR):  # the wall stamp an hour off either way
+        beat_file = written(time.time() + step, time.monotonic() - 1.0)
+        task.heartbeat.write_text(json.dumps(beat_file))
+        age = tasks.status_row(task)["heartbeat_age"]
+        assert 1.0 <= age < 5.0, f"wall stepped {step:+.0f} s: heartbeat_age {age}"
+    legacy = {"pid": 1, "at": time.time() + HOUR, "turn": 0, "phase": "idle"}
+    task.heartbeat.write_text(json.dumps(legacy))
+    assert tasks.status_row(task)["heartbeat_age"] == 0.0  # clamped, never negative
+
+
+def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Path) -> None:
+    """A daemon stopped (SIGSTOP) past the heartbeat timeout wakes with a verdict due on a
+    worker that exited meanwhile: its exit is handled, and no `worker_hung` logged."""
+    spool = make_spool(tmp_path)
+    task = scripted_task(spool, [{"content": [text("hi")]}], config=Config())
+    config = Config(heartbeat=HeartbeatConfig(interval=0.1, timeout=0.5))
+
+    async def scenario() -> list[str]:
+        supervisor = Supervisor(spool, config, preload=False)
+        supervisor.rescan()
+        slot = supervisor.slots[task.id]
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        worker = WorkerProcess(task, proc.pid, os.pidfd_open(proc.pid), proc)
+        supervisor._attach(slot, worker)
+        poll_for(worker.exited, 10, what="the stand-in worker to exit")
+        (task.exit).write_text(json.dumps({"pid": proc.pid, "code": 0, "reason": "end_turn"}))
+        supervisor.check_liveness(time.time(), time.monotonic() + 60.0)  # long past due
+        assert slot.worker is None
+        return [e["event"] for e in read_events(slot.task.events)]
+
+    events = asyncio.run(scenario())
+    assert "worker_hung" not in events
+    assert events[-2:] == ["worker_exited", "task_done"]
