@@ -30,7 +30,7 @@ from supervisor.control import (
     running_pid,
     supervisor_info,
 )
-from worker import __version__
+from worker import __version__, credentials
 from worker.config import Config, load_config
 from worker.errors import AgentdError, LockBusyError, StateConflictError, UsageError
 from worker.events import read_events
@@ -81,6 +81,10 @@ def out(obj: Any) -> None:
 def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.detach:
         return _detach(args, spool)
+    # First of all: a key in this process's environment is moved out of it (the process
+    # executes itself again, same pid, the key handed over through a pipe), so that no
+    # tool can read it from /proc/PID/environ; then the daemon holds it in memory only.
+    credentials.take_over()
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
