@@ -28,6 +28,7 @@ CAMPAIGN = (
     ("8", "tests.chaos.api_faults"),
     ("10", "tests.faults.fuzz"),
     ("11", "tests.faults.security"),
+    ("13", "tests.chaos.secrets"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 
