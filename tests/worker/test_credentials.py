@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon import Daemon, subreaper
 from tests.support import (
     REPO,
     journal_records,
     make_spool,
     of_kind,
+    poll_for,
     reply,
     run_worker,
     scripted_task,
@@ -199,3 +201,29 @@ def test_a_tool_result_that_holds_the_key_is_redacted_before_it_is_recorded(
     assert REDACTED in result["content"]
     assert CANARY[::-1] in result["content"]  # the tool did read it: redaction is literal
     assert CANARY.encode() not in task.journal.read_bytes()
+
+
+def test_fresh_and_forked_workers_are_non_dumpable(tmp_path: Path) -> None:
+    """Both ways a daemon starts a worker: fresh (queued before the fork server is ready)
+    and forked from the fork server, which must hand its non-dumpable state down."""
+    config = '[heartbeat]\ninterval = 0.2\n[tools]\nmodules = ["tests.faults.tools"]\n'
+    daemon = Daemon(tmp_path, config)
+    script = [reply(tool_use("dumpable")), reply(text("done"))]
+    daemon.spool.ensure()
+    with subreaper():
+        try:
+            daemon.submit(script, name="fresh")
+            daemon.start()
+            daemon.wait_row("fresh", lambda r: r["state"] == "done", 30)
+            poll_for(
+                lambda: any(e["event"] == "forkserver_ready" for e in daemon.log_events()),
+                60,
+                what="the fork server",
+            )
+            daemon.submit(script, name="forked")
+            daemon.wait_state("forked", "done", timeout=30)
+        finally:
+            daemon.cleanup()
+    for name in ("fresh", "forked"):
+        (result,) = of_kind(journal_records(daemon.task(name)), "result")
+        assert result["content"] == "0", name
