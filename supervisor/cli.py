@@ -112,11 +112,20 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     cmd += ["--log-format", args.log_format or "json", "start"]
     import subprocess  # noqa: PLC0415  (only --detach starts a process)
 
+    secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
     log = os.open(spool.root / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-    )
-    os.close(log)
+    try:
+        proc = credentials.start_process(
+            cmd,
+            secrets,
+            os.environ,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:

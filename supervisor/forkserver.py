@@ -9,7 +9,7 @@ Workers forked by the server are re-parented to the supervisor, which must there
 a child subreaper (``become_subreaper``) and reap them itself.
 
 The server is executed with the workers' environment, which holds no secret; the daemon's
-secrets reach it through a handover pipe (``worker.credentials.handing_over``).
+secrets reach it through a handover pipe (``worker.credentials.start_process``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from worker.credentials import Credentials, handing_over
+from worker.credentials import Credentials, start_process
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -63,16 +63,15 @@ class ForkServer:
             return
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            with handing_over(self.credentials, self.env) as (env, pass_fds):
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "worker.forkserver"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=fd,
-                    env=env,
-                    pass_fds=pass_fds,
-                    start_new_session=True,  # no terminal signals: it ends when stdin closes
-                )
+            self.proc = start_process(
+                [sys.executable, "-m", "worker.forkserver"],
+                self.credentials,
+                self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                start_new_session=True,  # no terminal signals: it ends when stdin closes
+            )
         finally:
             os.close(fd)
         self.ready = False

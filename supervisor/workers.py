@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from worker.credentials import Credentials, handing_over
+from worker.credentials import Credentials, start_process
 from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
 from worker.journal import scan
@@ -97,17 +97,16 @@ def spawn(
         cmd += ["--config", str(config_path)]
     out = open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        with handing_over(credentials or Credentials(), env) as (child_env, pass_fds):
-            popen = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                env=child_env,
-                pass_fds=pass_fds,
-                start_new_session=True,
-                close_fds=True,
-            )
+        popen = start_process(
+            cmd,
+            credentials or Credentials(),
+            env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            close_fds=True,
+        )
     finally:
         os.close(out)
     return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)

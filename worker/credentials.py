@@ -16,9 +16,10 @@ has started (DESIGN.md section 5):
   again, once (same pid, so systemd still knows its main process), with those removed and
   the secrets handed over through an inherited pipe that the new image reads and closes
   at once. From then on the secrets live in memory (``held``) only.
-* A child gets them the same way (``handing_over``): the daemon starts the fork server and
-  fresh workers with an environment without secrets (``without_credentials``) and a pipe
-  that holds them. A worker forked from the fork server inherits them in memory.
+* A child gets them the same way (``start_process``): the daemon (and ``agentd start
+  --detach``, the daemon) starts the fork server and fresh workers with an environment
+  without secrets (``without_credentials``) and a pipe that holds them
+  (``handing_over``). A worker forked from the fork server inherits them in memory.
 * Every such process is non-dumpable (``PR_SET_DUMPABLE`` 0), so a tool running as the
   same user can neither read its ``/proc/PID/environ`` or memory nor attach to it. Root
   can still read the memory of any process; that is what the sandbox is for.
@@ -35,12 +36,15 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from worker.errors import ConfigError
+
+if TYPE_CHECKING:
+    import subprocess
 
 API_KEY = "ANTHROPIC_API_KEY"
 AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105  (a variable's name, not a token)
@@ -228,6 +232,17 @@ def handing_over(
         yield {**env, HANDOVER: str(fd)}, (fd,)
     finally:
         os.close(fd)
+
+
+def start_process(
+    command: Sequence[str], credentials: Credentials, env: Mapping[str, str], **options: Any
+) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(command, **options)`` with ``env`` less every secret in it, and
+    ``credentials`` handed over through a pipe: how agentd starts its own processes."""
+    import subprocess  # noqa: PLC0415  (only the commands that start processes pay for it)
+
+    with handing_over(credentials, without_credentials(env)) as (child_env, pass_fds):
+        return subprocess.Popen(command, env=child_env, pass_fds=pass_fds, **options)
 
 
 def receive(environ: MutableMapping[str, str]) -> Credentials | None:

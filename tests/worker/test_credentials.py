@@ -121,9 +121,10 @@ def test_an_unusable_key_file_is_a_one_line_config_error(tmp_path: Path, content
         credentials.gather({f"{API_KEY}_FILE": str(tmp_path / "missing")})
 
 
-def test_a_daemon_started_with_a_bad_key_file_exits_78(tmp_path: Path) -> None:
+@pytest.mark.parametrize("detach", [[], ["--detach"]])
+def test_a_daemon_started_with_a_bad_key_file_exits_78(tmp_path: Path, detach: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor", "--spool", str(tmp_path / "spool"), "start"],
+        [sys.executable, "-m", "supervisor", "--spool", str(tmp_path / "spool"), "start", *detach],
         cwd=REPO,
         env=worker_env({f"{API_KEY}_FILE": str(tmp_path / "missing")}),
         capture_output=True,
