@@ -31,7 +31,7 @@ from supervisor.control import (
     running_pid,
     supervisor_info,
 )
-from worker import __version__
+from worker import __version__, credentials
 from worker.config import Config, load_config
 from worker.errors import (
     AgentdError,
@@ -115,6 +115,10 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     find_tool_modules(config.tools.modules, source=config.source)
     if args.detach:
         return _detach(args, spool)
+    # First of all: a key in this process's environment is moved out of it (the process
+    # executes itself again, same pid, the key handed over through a pipe), so that no
+    # tool can read it from /proc/PID/environ; then the daemon holds it in memory only.
+    credentials.take_over()
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
@@ -151,11 +155,20 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
 
     # The daemon opens the file again itself (to reopen it on SIGHUP); this one catches
     # whatever it says before it can.
+    secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
     log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-    )
-    os.close(log)
+    try:
+        proc = credentials.start_process(
+            cmd,
+            secrets,
+            os.environ,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -65,7 +65,7 @@ from supervisor.workers import (
     spawn,
     trim_output,
 )
-from worker import __version__
+from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
 from worker.errors import ConfigError, SpoolError, StorageError
@@ -147,12 +147,18 @@ class Supervisor:
         self._lock = SupervisorLock(spool)
         self._last_status = ""
         self._reaped: dict[int, int] = {}  # wait statuses reaped before their pidfd fired
+        # Workers get no secret in their environment, only through a pipe (worker.credentials)
         self._worker_env = {
-            **{k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT},
+            **credentials.without_credentials(
+                {k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT}
+            ),
             "PYTHONUNBUFFERED": "1",
         }
+        self._credentials = credentials.held()
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env) if preload else None
+            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            if preload
+            else None
         )
         self._starting: deque[Starting] = deque()  # in the order the server answers
         self._forkserver_fd: int | None = None  # watched while answers are awaited
@@ -494,7 +500,7 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.worker_config, self._worker_env)
+            worker = spawn(slot.task, self.worker_config, self._worker_env, self._credentials)
         except OSError as exc:
             self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)

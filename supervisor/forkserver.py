@@ -7,6 +7,9 @@ interpreter), so a broken fork server costs speed, never a task.
 
 Workers forked by the server are re-parented to the supervisor, which must therefore be
 a child subreaper (``become_subreaper``) and reap them itself.
+
+The server is executed with the workers' environment, which holds no secret; the daemon's
+secrets reach it through a handover pipe (``worker.credentials.start_process``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from worker.credentials import Credentials, start_process
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -36,9 +41,12 @@ def become_subreaper() -> bool:
 
 
 class ForkServer:
-    def __init__(self, log: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, log: Path, env: Mapping[str, str], credentials: Credentials | None = None
+    ) -> None:
         self.log = log
         self.env = dict(env)
+        self.credentials = credentials or Credentials()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready = False
         self._buffer = b""
@@ -55,12 +63,13 @@ class ForkServer:
             return
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            self.proc = subprocess.Popen(
+            self.proc = start_process(
                 [sys.executable, "-m", "worker.forkserver"],
+                self.credentials,
+                self.env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=fd,
-                env=self.env,
                 start_new_session=True,  # no terminal signals: it ends when stdin closes
             )
         finally:

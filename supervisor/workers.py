@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from worker.credentials import Credentials, start_process
 from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
 from worker.journal import scan
@@ -92,21 +93,28 @@ class WorkerProcess:
             self.pidfd = -1
 
 
-def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> WorkerProcess:
+def spawn(
+    task: TaskDir,
+    config_path: Path | None,
+    env: dict[str, str],
+    credentials: Credentials | None = None,
+) -> WorkerProcess:
     """Start a worker for ``task`` in a fresh interpreter (the fork server's path is the
-    daemon's ``_start``, which asks it without waiting)."""
+    daemon's ``_start``, which asks it without waiting). ``env`` holds no secret: the
+    worker gets ``credentials`` through a handover pipe."""
     size = journal_size(task)
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
     out = open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        popen = subprocess.Popen(
+        popen = start_process(
             cmd,
+            credentials or Credentials(),
+            env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
-            env=env,
             start_new_session=True,
             close_fds=True,
         )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from supervisor.logging import reset as reset_logging
-from worker import config
+from worker import config, credentials
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +28,11 @@ def _no_discovered_config(
     empty = tmp_path_factory.mktemp("no-config")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(empty / "xdg"))
     monkeypatch.setattr(config, "SYSTEM_CONFIG", empty / "etc" / "agentd.toml")
+
+
+@pytest.fixture(autouse=True)
+def _reset_credentials() -> Iterator[None]:
+    """Every test starts and ends holding no secret (the holder is process-wide)."""
+    credentials.hold(credentials.Credentials())
+    yield
+    credentials.hold(credentials.Credentials())

@@ -2,6 +2,10 @@
 
 Exit codes are listed in docs/ARCHITECTURE.md (0 done, 3 failed, 4 held, 5 stopped,
 6 locked, 7 storage fault, 78 configuration error; anything else is a crash).
+
+Started as a process of its own, the worker first takes over its secrets
+(``worker.credentials.take_over``: handed over by the daemon through a pipe, never in its
+environment); forked from the fork server, it holds them already.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from worker import credentials
 from worker.config import load_config
 from worker.errors import (
     AgentdError,
@@ -48,7 +53,10 @@ def make_model(task: TaskDir, spec: TaskSpec) -> Model:
 
     from worker.models.messages_api import MessagesAPIModel  # noqa: PLC0415
 
-    return MessagesAPIModel()
+    held = credentials.held()
+    return MessagesAPIModel(
+        api_key=held.get(credentials.API_KEY), auth_token=held.get(credentials.AUTH_TOKEN)
+    )
 
 
 def run(task_path: Path, config_path: Path | None) -> int:
@@ -136,5 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def process_main() -> int:
+    """``python -m worker``: ``main`` in a process of its own, once its secrets are held."""
+    try:
+        credentials.take_over()
+    except ConfigError as exc:
+        print(f"agentd worker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(process_main())

@@ -3,8 +3,9 @@
 ``TASK/events.jsonl`` holds one redacted JSON object a line. Both the worker and the
 supervisor append to it (each event is one ``write`` with ``O_APPEND``), so ``agentd
 logs`` tells one story per task. ``Redactor`` is what keeps API keys and credentials
-out of every log line and event file (DESIGN.md section 4); ``supervisor.logging`` puts
-the same instance in the structlog chain.
+out of every log line and event file (DESIGN.md section 4) and, through
+``clean_secrets``, the key out of every tool result before it is recorded or sent
+(section 5); ``supervisor.logging`` puts the same instance in the structlog chain.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from worker import credentials
 
 
 def utc_now() -> str:
@@ -37,7 +40,8 @@ _SECRET_KEY = re.compile(
 _ANTHROPIC_KEY = re.compile(r"sk-ant-[A-Za-z0-9_-]+")
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 # The literal values of secret-named environment variables ($ANTHROPIC_API_KEY, say, or
-# $GITHUB_TOKEN) are redacted too, unless too short to be real secrets: redacting every
+# $GITHUB_TOKEN) and of the secrets the process holds (worker.credentials: the key is in
+# no environment) are redacted too, unless too short to be real secrets: redacting every
 # "x" would make logs unreadable and protect nothing.
 _MIN_LITERAL_SECRET = 8
 _MAX_DEPTH = 16
@@ -49,10 +53,17 @@ class Redactor:
     The value of a secret-named key becomes ``[redacted]``; inside every other string,
     each substring shaped like a secret does (the rest of the message stays readable).
     Containers are copied, never changed in place: they may belong to the caller.
+
+    ``environ``: where secret-named variables are read (default: this process's);
+    ``secrets``: the secret values to replace wherever they appear (default: those the
+    process holds at the time of each call, ``worker.credentials.held``).
     """
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, environ: Mapping[str, str] | None = None, secrets: Collection[str] | None = None
+    ) -> None:
         self._environ = os.environ if environ is None else environ
+        self._secrets = secrets
 
     def __call__(self, logger: Any, method_name: str, event_dict: Any) -> Any:
         """The structlog processor interface."""
@@ -66,12 +77,22 @@ class Redactor:
         """``text`` with every secret-shaped substring replaced."""
         return self._text(text, self._literals())
 
+    def clean_secrets(self, text: str) -> str:
+        """``text`` with every known secret value replaced, and nothing else: for a tool's
+        output, which is the model's view of the world (a file that says "Basic idea" or
+        holds an example key keeps it; only values known to be secrets go)."""
+        return _replace_literals(text, self._literals())
+
     def _literals(self) -> list[str]:
-        return [
+        known = credentials.held().secrets() if self._secrets is None else self._secrets
+        found = {
             value
             for name, value in self._environ.items()
             if len(value) >= _MIN_LITERAL_SECRET and _is_secret_key(name)
-        ]
+        }
+        found.update(v for v in known if len(v) >= _MIN_LITERAL_SECRET)
+        # longest first: a secret that contains another is replaced whole
+        return sorted(found, key=len, reverse=True)
 
     def _mapping(
         self, mapping: Mapping[Any, Any], literals: list[str], depth: int
@@ -103,16 +124,21 @@ class Redactor:
         return value if clean == text else clean
 
     def _text(self, text: str, literals: list[str]) -> str:
-        for literal in literals:
-            if literal in text:
-                text = text.replace(literal, REDACTED)
+        text = _replace_literals(text, literals)
         if "sk-ant-" in text:
             text = _ANTHROPIC_KEY.sub(REDACTED, text)
         return _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
 
 
-#: The redaction processor, reading secrets' values from this process's environment.
+#: The redaction processor, with the secrets this process holds and those of its environment.
 redact = Redactor()
+
+
+def _replace_literals(text: str, literals: list[str]) -> str:
+    for literal in literals:
+        if literal in text:
+            text = text.replace(literal, REDACTED)
+    return text
 
 
 def _is_secret_key(name: str) -> bool:

@@ -14,6 +14,10 @@ intermediate child forks the worker and exits at once, so the worker is re-paren
 the supervisor, which declares itself a child subreaper. The supervisor therefore
 reaps its workers and reads their exit status directly, however they were started.
 
+The server takes over the daemon's secrets at start (``worker.credentials``: through a
+pipe, never in its environment, which is what every forked worker's ``/proc/PID/environ``
+shows) and is non-dumpable, as its workers are; they inherit the secrets in memory.
+
 The server is single-threaded and keeps no client: the two it builds while preloading
 (``warm_sdk``) open no socket and are closed before the first fork, so a child inherits
 no lock held by another thread and no open connection. It exits when its
@@ -29,6 +33,8 @@ import os
 import signal
 import sys
 from typing import Any
+
+from worker.credentials import take_over
 
 
 def preload() -> None:
@@ -183,6 +189,7 @@ def reap(middle: int, *, wait: bool = True) -> bool:
 
 
 def serve() -> int:
+    take_over()
     preload()
     os.write(1, b'{"ready": true}\n')
     middles: list[int] = []  # intermediate children not reaped yet: off the reply's path

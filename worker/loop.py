@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from worker import vcs
+from worker import credentials, vcs
 from worker.config import Config
 from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
 from worker.errors import (
@@ -38,7 +38,7 @@ from worker.errors import (
     StorageError,
     TaskSpecError,
 )
-from worker.events import append_event, utc_now
+from worker.events import append_event, redact, utc_now
 from worker.heartbeat import Heartbeat
 from worker.journal import Journal
 from worker.models.base import JSON, Model, ModelRequest
@@ -101,6 +101,16 @@ def tool_environment(environ: Mapping[str, str], task: TaskDir, workspace: str) 
     return env
 
 
+def without_secrets(record: JSON) -> JSON:
+    """``record`` as it may be recorded and sent to the model: a result's content (a tool's
+    output, a reconcile answer, an operator's) with every secret the worker knows of
+    replaced, so a tool that found the key cannot hand it on (DESIGN.md section 5)."""
+    content = record.get("content")
+    if record.get("k") != "result" or not isinstance(content, str):
+        return record
+    return {**record, "content": redact.clean_secrets(content)}
+
+
 def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
     """Checkpoint files with git when the workspace is the user's (given with
     --workspace) and inside a repository, or is a repository of its own."""
@@ -138,7 +148,7 @@ class AgentLoop:
             config.tools.network,
             spool=task.root,
             config=config.source,
-            environ=os.environ,
+            secret_files=credentials.held().files,
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
         )
         self.stop_requested = False
@@ -203,7 +213,7 @@ class AgentLoop:
     def _record(self, *records: JSON, sync: bool = True, hold: bool = False) -> None:
         """Append ``records`` (durable when this returns, unless ``sync`` is False) and
         fold them in; with ``hold``, they ride on the next record's write instead."""
-        stamped = [{**r, "at": utc_now()} for r in records]
+        stamped = [{**without_secrets(r), "at": utc_now()} for r in records]
         if hold:
             self._journal.hold(stamped)
         else:

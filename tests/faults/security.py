@@ -4,11 +4,14 @@
   start --detach, a hold, approve-dangling, status, logs, history, stop), its tools
   writing files, folders and a shell's output. Then every folder of the spool must be
   0700 and every file 0600.
-* Canary: ``ANTHROPIC_API_KEY=sk-ant-canary-...`` is in the environment of every process
-  of that run. It must appear in no byte of any file of the spool (the daemon's log is
-  one), in no CLI output, and not in the recorded result of a ``run_command`` ``env``.
-  Whether a tool can read it from its worker's ``/proc/PPID/environ`` is reported apart,
-  for information (a shell tool can read whatever its user can).
+* Canary: ``ANTHROPIC_API_KEY=sk-ant-canary-...`` is in the environment the daemon and
+  every CLI command of that run are started with. It must appear in no byte of any file of
+  the spool (the daemon's log is one), in no CLI output, and not in the recorded result of
+  a ``run_command`` ``env``. A worker started with it in its environment, whose tool
+  copies ``/proc/$PPID/environ`` (its worker's) and every ``/proc/*/environ`` it can read
+  into files of its workspace (files a tool writes are not redacted, so this shows what it
+  reached), must not have reached it either (class 13, ``tests/chaos/secrets.py``, hunts
+  for it through every channel).
 * Symlinks planted in the spool: a task folder that is a symlink, and tasks whose
   journal, spec, script, state, heartbeat, snapshot, exit, events, log, lock, decision
   file, decisions folder or workspace is a symlink to a file or folder outside. The daemon
@@ -245,19 +248,29 @@ def modes_and_canary(root: Path, env: Env, umask: int, found: Findings) -> None:
 
 
 def proc_environ_probe(root: Path, env: Env, found: Findings) -> None:
-    """For information: can a shell tool read the key from its worker's environment?"""
+    """Can a shell tool read the key from its worker's (or any) ``/proc/PID/environ``?"""
     spool = Spool(root / "probe-spool").ensure()
     task = scripted_task(
         spool,
         [
-            reply(tool_use("run_command", command="tr '\\0' '\\n' < /proc/$PPID/environ")),
+            reply(
+                tool_use(
+                    "run_command",
+                    command="tr '\\0' '\\n' < /proc/$PPID/environ > ppid.txt; "
+                    "cat /proc/[0-9]*/environ > all.txt 2>/dev/null; wc -c ppid.txt",
+                )
+            ),
             reply(text("ok")),
         ],
         name="probe",
     )
     run_worker(task, env={"ANTHROPIC_API_KEY": env.canary})
-    if grep_files(task.path, [env.canary]):
-        found.proc_leak.append("a run_command tool read the key from /proc/$PPID/environ")
+    if not (task.path / "workspace" / "ppid.txt").exists():
+        found.problems.append("the /proc probe did not run")
+    found.proc_leak += [
+        f"a run_command tool read the key from /proc: {hit}"
+        for hit in grep_files(task.path, [env.canary])
+    ]
 
 
 # -- symlinks planted in the spool ----------------------------------------------------------
@@ -551,7 +564,9 @@ def run(quick: bool) -> list[Figure]:
         Figure(FAULT, "wrong modes", len(f.wrong_modes), violation=bool(f.wrong_modes)),
         Figure(FAULT, "tool environments checked", f.env_checked, violation=not f.env_checked),
         Figure(FAULT, "canary leaks", len(f.leaks), violation=bool(f.leaks)),
-        Figure(FAULT, "canary readable via /proc/PPID/environ (info)", int(bool(f.proc_leak))),
+        Figure(
+            FAULT, "canary read via /proc/*/environ", len(f.proc_leak), violation=bool(f.proc_leak)
+        ),
         Figure(FAULT, "symlinks planted in the spool", f.planted),
         Figure(FAULT, "symlinks followed", len(f.followed), violation=bool(f.followed)),
         Figure(FAULT, "tool escapes tried", f.escapes),
@@ -562,7 +577,7 @@ def run(quick: bool) -> list[Figure]:
     ]
     for name, items in (
         ("wrong mode", f.wrong_modes),
-        ("leak", f.leaks),
+        ("leak", [*f.leaks, *f.proc_leak]),
         ("followed", f.followed),
         ("escape", f.escapes_followed),
         ("id accepted", f.ids_accepted),

@@ -92,6 +92,8 @@ def test_unit_keeps_the_service_contract(source: Callable[[], str], agentd: str)
     assert one("User") == "agentd"
     assert one("Environment") == "AGENTD_CONFIG=/etc/agentd/agentd.toml"
     assert one("EnvironmentFile") == "-/etc/agentd/env"
+    # The key is a credential (worker/credentials.py reads it), in no environment.
+    assert one("LoadCredential") == "anthropic_api_key:/etc/agentd/anthropic_api_key"
     assert one("ExecStart").split() == [agentd, "start", "--log-format", "json"]
     # systemd must not SIGKILL the supervisor while it gives workers their grace period.
     assert _seconds(one("TimeoutStopSec")) >= RestartConfig().stop_grace + 15

@@ -62,7 +62,7 @@ def config(tmp_path: Path) -> Path:
 
 
 def sandboxed(spool: Spool, config: Path, *, network: bool = True) -> Sandbox:
-    return sandbox_for(SandboxMode.REQUIRED, network, spool=spool.root, config=config, environ={})
+    return sandbox_for(SandboxMode.REQUIRED, network, spool=spool.root, config=config)
 
 
 def sh(sandbox: Sandbox, workspace: Path, command: str, timeout: float = 20.0) -> str:
@@ -231,15 +231,13 @@ def test_a_spool_inside_the_workspace_stays_hidden(tmp_path: Path) -> None:
     spool = Spool(repo / ".spool").ensure()
     (spool.root / "supervisor.json").write_text(SECRET)
     (repo / "readme").write_text("hello")
-    sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None, environ={})
+    sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None)
     out = sh(sandbox, repo, "cat readme; ls -a .spool; cat .spool/supervisor.json; true")
     assert "hello" in out and SECRET not in out
 
 
 def test_a_config_in_a_top_level_folder_hides_the_file_only(tmp_path: Path) -> None:
-    sandbox = sandbox_for(
-        SandboxMode.AUTO, True, spool=tmp_path, config=Path("/etc/agentd.toml"), environ={}
-    )
+    sandbox = sandbox_for(SandboxMode.AUTO, True, spool=tmp_path, config=Path("/etc/agentd.toml"))
     assert Path("/etc") not in sandbox.hidden
     assert Path("/etc/agentd.toml") in sandbox.hidden
     named = sandbox_for(
@@ -247,7 +245,7 @@ def test_a_config_in_a_top_level_folder_hides_the_file_only(tmp_path: Path) -> N
         True,
         spool=tmp_path,
         config=None,
-        environ={"CREDENTIALS_DIRECTORY": "/run/credentials/agentd.service"},
+        secret_files=("/run/credentials/agentd.service",),
     )
     assert Path("/run/credentials/agentd.service") in named.hidden
 

@@ -1,8 +1,9 @@
 """The ``anthropic`` model backend: the official SDK's Messages API, streamed.
 
 The SDK is imported lazily (it costs about a second), on the first call, so a worker that
-resumes into a hold or a finished task never pays for it. The SDK reads
-``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` itself; nothing is passed unless given.
+resumes into a hold or a finished task never pays for it. The key and auth token are given
+explicitly (a worker holds them in memory, never in its environment: worker.credentials);
+what is not given, the SDK reads from the environment (``ANTHROPIC_BASE_URL`` among them).
 
 The SDK's own retries are off: every fault comes back at once as a ``worker.errors``
 exception and ``worker.models.retry.call_with_retries`` decides. Retryable: 408, 409, 429,
@@ -23,6 +24,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from worker import credentials
 from worker.errors import ModelError, RetryableModelError
 from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 from worker.models.retry import ThrottledError
@@ -35,7 +37,10 @@ if TYPE_CHECKING:
 
 RETRY_TASK = "run `agentd retry TASK`"
 _RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
-_SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+NO_KEY = (
+    "set ANTHROPIC_API_KEY for the daemon (in its environment, in the file "
+    "ANTHROPIC_API_KEY_FILE names, or as the systemd credential anthropic_api_key)"
+)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -55,7 +60,8 @@ def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
 class MessagesAPIModel:
     """``Model`` on the Anthropic Messages API.
 
-    ``api_key``/``base_url``: explicit values, else the SDK's environment defaults.
+    ``api_key``/``auth_token``/``base_url``: explicit values, else the SDK's environment
+    defaults.
     ``timeout``: seconds the connection may stay silent (connect, read between stream
     events, write) before the call is abandoned as retryable; None keeps the SDK default
     (10 minutes). The whole call is bounded by the supervisor's progress deadline.
@@ -65,12 +71,14 @@ class MessagesAPIModel:
         self,
         *,
         api_key: str | None = None,
+        auth_token: str | None = None,
         base_url: str | None = None,
         timeout: float | None = None,
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive, not {timeout}")
         self._api_key = api_key
+        self._auth_token = auth_token
         self._base_url = base_url
         self._timeout = timeout
         self._client: anthropic.Anthropic | None = None
@@ -104,8 +112,7 @@ class MessagesAPIModel:
             raise self._retryable(f"The Anthropic API sent an unusable response ({exc})") from None
         except anthropic.CredentialsError as exc:
             raise self._error(
-                f"The Anthropic SDK could not load credentials ({exc}); set ANTHROPIC_API_KEY "
-                f"and {RETRY_TASK}."
+                f"The Anthropic SDK could not load credentials ({exc}); {NO_KEY} and {RETRY_TASK}."
             ) from None
         except httpx2.TimeoutException:
             raise self._retryable(f"The Anthropic API stream stalled{self._after()}") from None
@@ -128,6 +135,8 @@ class MessagesAPIModel:
         options: dict[str, Any] = {"max_retries": 0}
         if self._api_key is not None:
             options["api_key"] = self._api_key
+        if self._auth_token is not None:
+            options["auth_token"] = self._auth_token
         if self._base_url is not None:
             options["base_url"] = self._base_url
         if self._timeout is not None:
@@ -136,10 +145,7 @@ class MessagesAPIModel:
         client = anthropic.Anthropic(**options)
         if client.api_key is None and client.auth_token is None and client.credentials is None:
             client.close()
-            raise ModelError(
-                "No Anthropic API key is set; set ANTHROPIC_API_KEY in the supervisor's "
-                f"environment (workers inherit it) and {RETRY_TASK}."
-            )
+            raise ModelError(f"No Anthropic API key is set; {NO_KEY}, and {RETRY_TASK}.")
         self._client = client
         return client
 
@@ -239,7 +245,12 @@ class MessagesAPIModel:
         return f" (silent for {self._timeout:g} s)" if self._timeout is not None else ""
 
     def _secrets(self) -> list[str]:
-        found = [self._api_key, *(os.environ.get(name) for name in _SECRET_ENV)]
+        found = [
+            self._api_key,
+            self._auth_token,
+            *credentials.held().secrets(),
+            *(os.environ.get(name) for name in credentials.CREDENTIAL_NAMES),
+        ]
         if self._client is not None:
             found += [self._client.api_key, self._client.auth_token]
         return sorted({s for s in found if s and len(s) >= 4}, key=len, reverse=True)

@@ -43,7 +43,7 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -217,19 +217,18 @@ def sandbox_for(
     *,
     spool: Path,
     config: Path | None,
-    environ: Mapping[str, str],
+    secret_files: Sequence[str] = (),
     on_verdict: Callable[[str], None] | None = None,
 ) -> Sandbox:
     """The sandbox of one worker: what it hides is the spool, the config file and its
     folder (when the folder is one of its own, not ``/`` or a top-level folder such as
-    ``/etc``), and the API key's file or systemd credentials folder when named."""
+    ``/etc``), and the files the secrets were read from (``Credentials.files``: the API
+    key's file, systemd's credentials folder)."""
     hidden = [spool]
     if config is not None:
         hidden.append(config)
         folder = Path(os.path.realpath(config)).parent
         if _depth(folder) > 2:
             hidden.append(folder)
-    for name in ("ANTHROPIC_API_KEY_FILE", "CREDENTIALS_DIRECTORY"):
-        if environ.get(name):
-            hidden.append(Path(environ[name]))
+    hidden += [Path(name) for name in secret_files]
     return Sandbox(mode, network, tuple(hidden), on_verdict=on_verdict)

@@ -1,0 +1,281 @@
+"""Where the API key comes from, and how it travels between agentd's processes.
+
+A tool runs as the worker's user (as root, when agentd does), so it can read every
+process environment that user can: ``/proc/PID/environ`` shows the block a process was
+given when it was executed, whatever it did to ``os.environ`` afterwards, and a forked
+child shows its parent's. The key therefore sits in no process environment once agentd
+has started (DESIGN.md section 5):
+
+* Sources, for each secret (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``), the first
+  that is set: the variable itself; ``NAME_FILE``, a file holding it; the systemd
+  credential (``LoadCredential=anthropic_api_key:...`` in the unit, read from
+  ``$CREDENTIALS_DIRECTORY``). ``gather`` reads them.
+* ``take_over`` is the first thing every agentd process does (the daemon, the fork
+  server, ``python -m worker``). A process that finds a secret, or where one can be read
+  (``NAME_FILE``, ``CREDENTIALS_DIRECTORY``), in its own environment executes itself
+  again, once (same pid, so systemd still knows its main process), with those removed and
+  the secrets handed over through an inherited pipe that the new image reads and closes
+  at once. From then on the secrets live in memory (``held``) only.
+* A child gets them the same way (``start_process``): the daemon (and ``agentd start
+  --detach``, the daemon) starts the fork server and fresh workers with an environment
+  without secrets (``without_credentials``) and a pipe that holds them
+  (``handing_over``). A worker forked from the fork server inherits them in memory.
+* Every such process is non-dumpable (``PR_SET_DUMPABLE`` 0), so a tool running as the
+  same user can neither read its ``/proc/PID/environ`` or memory nor attach to it. Root
+  can still read the memory of any process; that is what the sandbox is for.
+
+The worker passes the key to the SDK explicitly, and its redactor (``worker.events``)
+replaces every held secret in logs, events and tool results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from worker.errors import ConfigError
+
+if TYPE_CHECKING:
+    import subprocess
+
+API_KEY = "ANTHROPIC_API_KEY"
+AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105  (a variable's name, not a token)
+#: Each secret by its environment name, with the name of its systemd credential.
+CREDENTIAL_NAMES: Mapping[str, str] = {
+    API_KEY: "anthropic_api_key",
+    AUTH_TOKEN: "anthropic_auth_token",
+}
+#: The environment variable that names the descriptor of a handover pipe.
+HANDOVER = "AGENTD_CREDENTIALS_FD"
+FILE_SUFFIX = "_FILE"
+#: A secret longer than this is refused: the handover pipe must hold all of them at once
+#: (a pipe holds 64 KiB before a write blocks), and no key is anywhere near it.
+MAX_SECRET = 16 * 1024
+PR_SET_DUMPABLE = 4
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The secrets a process holds, by environment name. Its repr never shows them."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+    #: The files the values were read from (a key file, systemd's credentials folder):
+    #: what a sandboxed tool must not see, once no environment names them any more.
+    files: tuple[str, ...] = ()
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    def secrets(self) -> frozenset[str]:
+        """The secret values, for redaction."""
+        return frozenset(v for v in self.values.values() if v)
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def __repr__(self) -> str:
+        return f"Credentials({', '.join(sorted(self.values))})"
+
+    def encode(self) -> bytes:
+        return json.dumps({"values": dict(self.values), "files": list(self.files)}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Credentials:
+        try:
+            document = json.loads(data)
+        except ValueError:
+            document = None
+        values = document.get("values") if isinstance(document, dict) else None
+        files = document.get("files") if isinstance(document, dict) else None
+        if (
+            not isinstance(values, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items())
+            or not isinstance(files, list)
+            or not all(isinstance(f, str) for f in files)
+        ):
+            raise ConfigError(
+                f"the credentials handed over through ${HANDOVER} are not agentd's; "
+                f"unset {HANDOVER} and start agentd again."
+            )
+        return cls(values, tuple(files))
+
+
+# -- the sources ---------------------------------------------------------------------------
+
+
+def gather(environ: Mapping[str, str]) -> Credentials:
+    """Every secret from its first source that is set (see the module docstring)."""
+    found: dict[str, str] = {}
+    files: list[str] = []
+    for name, credential in CREDENTIAL_NAMES.items():
+        if value := environ.get(name):
+            found[name] = _checked(value, f"${name}")
+        elif file := environ.get(name + FILE_SUFFIX):
+            found[name] = _read_secret(Path(file), f"{name}{FILE_SUFFIX}={file}")
+            files.append(os.path.abspath(file))
+        elif directory := environ.get("CREDENTIALS_DIRECTORY"):
+            path = Path(directory) / credential
+            if path.exists():
+                found[name] = _read_secret(path, f"the systemd credential {credential}")
+                files.append(os.path.abspath(directory))
+    return Credentials(found, tuple(dict.fromkeys(files)))
+
+
+def _read_secret(path: Path, origin: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SECRET + 1)
+        text = data.decode().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ConfigError(f"cannot read {origin}: {why}; fix the file or unset it.") from None
+    if not text:
+        raise ConfigError(f"{origin} is empty; put the key in it or unset it.")
+    return _checked(text, origin)
+
+
+def _checked(value: str, origin: str) -> str:
+    if len(value.encode()) > MAX_SECRET:
+        raise ConfigError(f"{origin} is longer than {MAX_SECRET} bytes; it holds no key.")
+    return value
+
+
+#: What no process environment keeps: the secrets, and where they can be read (a tool
+#: that reads a daemon's /proc/PID/environ would otherwise learn which file to read).
+HIDDEN = frozenset(
+    {"CREDENTIALS_DIRECTORY", *CREDENTIAL_NAMES, *(n + FILE_SUFFIX for n in CREDENTIAL_NAMES)}
+)
+
+
+def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without secrets, pointers to them or a handover: what a child process
+    may be executed with."""
+    return {k: v for k, v in environ.items() if k not in HIDDEN and k != HANDOVER}
+
+
+# -- what this process holds ---------------------------------------------------------------
+
+_held = Credentials()
+
+
+def held() -> Credentials:
+    """The secrets this process holds (none until ``take_over`` or ``hold``)."""
+    return _held
+
+
+def hold(credentials: Credentials) -> None:
+    global _held  # noqa: PLW0603  (the one process-wide holder of secrets)
+    _held = credentials
+
+
+def take_over(environ: MutableMapping[str, str] | None = None) -> Credentials:
+    """Become the holder of this process's secrets: the first call of every agentd
+    process. Takes what a parent handed over, or gathers the sources; when a secret sits in
+    this process's own environment (or a pointer to one: ``HIDDEN``), executes the process
+    again without it (and does not return)."""
+    environ = os.environ if environ is None else environ
+    make_undumpable()
+    handed = receive(environ)
+    if handed is None:
+        handed = gather(environ)
+        if HIDDEN & environ.keys():
+            _execute_again(handed, environ)
+    hold(handed)
+    return handed
+
+
+def make_undumpable() -> bool:
+    """``PR_SET_DUMPABLE`` 0: ``/proc/PID/environ``, ``mem`` and ptrace of this process are
+    closed to everyone but root. Kept across fork, reset by exec (a tool's process is an
+    ordinary one). False where the call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _execute_again(credentials: Credentials, environ: Mapping[str, str]) -> NoReturn:
+    env = without_credentials(environ)
+    env[HANDOVER] = str(_pipe_holding(credentials))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os.execve(sys.executable, sys.orig_argv, env)  # noqa: S606  (this very program again)
+
+
+# -- the handover --------------------------------------------------------------------------
+
+
+def _pipe_holding(credentials: Credentials) -> int:
+    """The read end of a pipe that holds ``credentials`` and is closed for writing, made
+    inheritable (the write end is closed before anyone else can have it)."""
+    data = credentials.encode()
+    read_end, write_end = os.pipe()
+    try:
+        while data:
+            data = data[os.write(write_end, data) :]
+    finally:
+        os.close(write_end)
+    os.set_inheritable(read_end, True)
+    return read_end
+
+
+@contextlib.contextmanager
+def handing_over(
+    credentials: Credentials, env: Mapping[str, str]
+) -> Iterator[tuple[dict[str, str], tuple[int, ...]]]:
+    """The environment and the descriptors to pass (``pass_fds``) to start a child that is
+    to receive ``credentials``; the parent's end is closed when the block ends."""
+    if not credentials:
+        yield dict(env), ()
+        return
+    fd = _pipe_holding(credentials)
+    try:
+        yield {**env, HANDOVER: str(fd)}, (fd,)
+    finally:
+        os.close(fd)
+
+
+def start_process(
+    command: Sequence[str], credentials: Credentials, env: Mapping[str, str], **options: Any
+) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(command, **options)`` with ``env`` less every secret in it, and
+    ``credentials`` handed over through a pipe: how agentd starts its own processes."""
+    import subprocess  # noqa: PLC0415  (only the commands that start processes pay for it)
+
+    with handing_over(credentials, without_credentials(env)) as (child_env, pass_fds):
+        return subprocess.Popen(command, env=child_env, pass_fds=pass_fds, **options)
+
+
+def receive(environ: MutableMapping[str, str]) -> Credentials | None:
+    """What a parent handed over through the pipe ``$AGENTD_CREDENTIALS_FD`` names (read
+    and closed here), or None when it handed over nothing."""
+    value = environ.pop(HANDOVER, None)
+    if value is None:
+        return None
+    try:
+        fd = int(value)
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(f"descriptor {fd} is not a pipe")
+    except (ValueError, OSError) as exc:
+        raise ConfigError(
+            f"{HANDOVER}={value} names no handover pipe ({exc}); unset it and start again."
+        ) from None
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > 4 * MAX_SECRET:
+                break
+    finally:
+        os.close(fd)
+    return Credentials.decode(b"".join(chunks))
