@@ -6,7 +6,9 @@ What drives it:
   in ``SPOOL/inbox``, which inotify reports at once (watchfiles where inotify cannot be
   had); a rescan every
   ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
-* worker exits, seen through each worker's pidfd the moment they happen;
+* worker exits, seen through each worker's pidfd the moment they happen; each is followed
+  by a sweep that kills whatever the worker's tools left that outlived it
+  (``_sweep_strays``: every child of the daemon, a subreaper, that it did not start);
 * a tick every ``min(heartbeat.interval, 0.5)`` seconds that checks liveness (heartbeat
   age) and progress (phase age against its deadline), and feeds the systemd watchdog. A
   worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
@@ -51,7 +53,7 @@ from supervisor.control import (
     pause_holder_alive,
     take_request,
 )
-from supervisor.forkserver import ForkServer, become_subreaper
+from supervisor.forkserver import ForkServer
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide
@@ -61,12 +63,13 @@ from supervisor.workers import (
     journal_progress,
     journal_size,
     process_started,
-    reap_orphans,
     spawn,
+    sweep_strays,
     trim_output,
 )
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
+from worker.descendants import become_subreaper
 from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
 from worker.errors import ConfigError, SpoolError, StorageError
 from worker.events import append_event, utc_now
@@ -88,6 +91,8 @@ CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
 FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
+STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
+STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
@@ -146,7 +151,6 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._lock = SupervisorLock(spool)
         self._last_status = ""
-        self._reaped: dict[int, int] = {}  # wait statuses reaped before their pidfd fired
         # Workers get no secret in their environment, only through a pipe (worker.credentials)
         self._worker_env = {
             **credentials.without_credentials(
@@ -162,6 +166,9 @@ class Supervisor:
         )
         self._starting: deque[Starting] = deque()  # in the order the server answers
         self._forkserver_fd: int | None = None  # watched while answers are awaited
+        self._sweep_due = False  # a sweep of strays waits for the fork server's answers
+        self._resweep: asyncio.TimerHandle | None = None
+        self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
 
     # -- events -------------------------------------------------------------------------
 
@@ -211,7 +218,9 @@ class Supervisor:
         # watcher task set up its inotify watch.)
         watcher = asyncio.create_task(self._watch_inbox())
         await asyncio.sleep(0)
-        if self.forkserver is not None and become_subreaper():
+        # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
+        # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
+        if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two; fresh starts until then
         self.rescan()
         info = {
@@ -269,6 +278,7 @@ class Supervisor:
         self._unwatch_forkserver()
         if self.forkserver is not None:
             self.forkserver.stop()
+        await self._sweep_until_none()
 
     # -- signals ------------------------------------------------------------------------
 
@@ -554,6 +564,8 @@ class Supervisor:
             self._started(pending.slot, worker)
         if not self._starting:
             self._unwatch_forkserver()
+            if self._sweep_due:
+                self._sweep_strays()
         self._wake.set()
 
     def _forkserver_failed(self, why: str) -> None:
@@ -569,6 +581,8 @@ class Supervisor:
         for item in pending:
             item.slot.starting = False
             self._start_fresh(item.slot)
+        if self._sweep_due:
+            self._sweep_strays()
 
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
@@ -581,10 +595,11 @@ class Supervisor:
         if worker is None:
             return
         asyncio.get_running_loop().remove_reader(worker.pidfd)
-        code, sig = worker.exit_status(self._reaped)
+        code, sig = worker.exit_status()
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
+        self._sweep_strays()  # nor what its tools started outside its group
         beat = tasks.read_heartbeat(slot.task) or {}
         turn = int(beat.get("turn", 0))
         last_exit: dict[str, Any] = {"code": code, "signal": sig}
@@ -698,15 +713,58 @@ class Supervisor:
                 self._wake.set()
 
     def _reap(self) -> None:
-        if self._starting:  # a worker whose pid is still to come must not be reaped unseen
-            return
         with contextlib.suppress(ChildProcessError):
             if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                return  # no child has ended: spare the scan of every process
-        keep = {s.worker.pid for s in self.slots.values() if s.worker is not None}
+                return  # no child has ended: spare the sweep
+        self._sweep_strays()
+
+    # -- strays -------------------------------------------------------------------------
+
+    def own_children(self) -> set[int]:
+        """The children this daemon started on purpose and watches: its live workers and
+        the fork server. Any other child is a stray, killed by ``_sweep_strays``; a
+        process the daemon starts for itself must be named here."""
+        own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         if self.forkserver is not None and self.forkserver.pid is not None:
-            keep.add(self.forkserver.pid)
-        reap_orphans(keep, self._reaped)
+            own.add(self.forkserver.pid)
+        return own
+
+    def _sweep_strays(self) -> None:
+        """Kill (and reap) every child that is not ``own_children``: what the tools of a
+        worker that died left behind, re-parented to the daemon, the subreaper. Runs on
+        each worker exit, and again every ``STRAY_RESWEEP`` while it finds strays (their
+        own children come next). A worker the fork server forked and has not named yet
+        cannot be told from a stray: no sweep runs until its answer is in."""
+        if self._starting:
+            self._sweep_due = True
+            return
+        self._sweep_due = False
+        if self._strays_killed(sweep_strays(self.own_children())) and self._resweep is None:
+            loop = asyncio.get_running_loop()
+            self._resweep = loop.call_later(STRAY_RESWEEP, self._resweep_now)
+
+    def _resweep_now(self) -> None:
+        self._resweep = None
+        self._sweep_strays()
+
+    def _strays_killed(self, killed: list[int]) -> bool:
+        """Log the strays a sweep killed (each once: one that is still dying is killed
+        again by the next sweep); whether there were any."""
+        new = [pid for pid in killed if pid not in self._strays]
+        if new:
+            self.emit("strays_killed", pids=new)
+        self._strays = set(killed)
+        return bool(killed)
+
+    async def _sweep_until_none(self) -> None:
+        """At a stop, once the workers are gone: sweep until no stray is left, so none
+        outlives the daemon (a worker the fork server never named is one too now: nothing
+        would watch it), for ``STRAY_PATIENCE`` at most."""
+        deadline = self.clock() + STRAY_PATIENCE
+        while self._strays_killed(sweep_strays(self.own_children())):
+            if self.clock() >= deadline:
+                return
+            await asyncio.sleep(STRAY_RESWEEP)
 
     def _tend_forkserver(self) -> None:
         server = self.forkserver

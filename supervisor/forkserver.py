@@ -6,7 +6,7 @@ answering, ``spawn`` returns None and the caller starts the worker the slow way 
 interpreter), so a broken fork server costs speed, never a task.
 
 Workers forked by the server are re-parented to the supervisor, which must therefore be
-a child subreaper (``become_subreaper``) and reap them itself.
+a child subreaper (``worker.descendants.become_subreaper``) and reap them itself.
 
 The server is executed with the workers' environment, which holds no secret; the daemon's
 secrets reach it through a handover pipe (``worker.credentials.start_process``).
@@ -15,7 +15,6 @@ secrets reach it through a handover pipe (``worker.credentials.start_process``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -27,17 +26,6 @@ from pathlib import Path
 from typing import IO
 
 from worker.credentials import Credentials, start_process
-
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Make orphaned descendants (forked workers) children of this process."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 class ForkServer:
@@ -161,3 +149,7 @@ class ForkServer:
                     stream.close()
         with contextlib.suppress(OSError):
             proc.kill()
+        # Reaped here, as the daemon's other own children are: a child of the daemon it
+        # no longer names is a stray (``Supervisor.own_children``). SIGKILL takes ms.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)

@@ -1,9 +1,13 @@
 """Worker processes: starting them, watching them die, and killing what they leave.
 
 Each worker runs in its own session, so its process group holds it and every process a
-tool started; killing the group leaves nothing acting for a worker that is gone. Exits
-are seen through a pidfd (readable the moment the process ends), for children and for
-workers adopted from an earlier daemon alike.
+tool started that stayed in the group; killing the group leaves nothing acting for a
+worker that is gone. A process that left the group (``setsid``) stays the worker's
+descendant, the worker being a subreaper, and the worker kills it when it ends; if the
+worker is killed first, such processes pass to the daemon, which kills every child it
+did not start on purpose (``sweep_strays``). Exits are seen through a pidfd (readable the
+moment the process ends, after the kernel has re-parented the dead worker's children),
+for children and for workers adopted from an earlier daemon alike.
 
 Workers start from the fork server when it is ready (a warm process with the SDK
 imported: supervisor/forkserver.py) and from a fresh interpreter otherwise. Either way
@@ -22,12 +26,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from worker.credentials import Credentials, start_process
+from worker.descendants import children, reap
 from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
 from worker.journal import scan
@@ -49,17 +55,13 @@ class WorkerProcess:
     term_deadline: float | None = None
     beat_due: float = 0.0  # monotonic time before which no liveness verdict can fall due
 
-    def exit_status(self, reaped: dict[int, int]) -> tuple[int | None, str | None]:
+    def exit_status(self) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
-        child. ``reaped`` holds wait statuses the orphan reaper already collected."""
-        status = reaped.pop(self.pid, None)
-        if status is None and self.popen is not None:
+        child (no one else reaps a live worker: ``sweep_strays`` spares it)."""
+        if self.popen is not None:
             code = self.popen.wait()
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
-        if status is None:
-            with contextlib.suppress(ChildProcessError):
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                status = status if pid else None
+        status = reap(self.pid)
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
@@ -191,18 +193,28 @@ def adopt(task: TaskDir) -> WorkerProcess | None:
     return WorkerProcess(task, pid, pidfd, None, journal_size=journal_size(task))
 
 
-def reap_orphans(keep: set[int], reaped: dict[int, int]) -> None:
-    """Reap exited children that are not ``keep`` (a tool's process re-parented to the
-    subreaper when its worker died). A worker reaped here by chance has its status kept
-    in ``reaped`` for ``WorkerProcess.exit_status``."""
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children():
-            if child.pid in keep:
-                continue
-            with contextlib.suppress(ChildProcessError):
-                pid, status = os.waitpid(child.pid, os.WNOHANG)
-                if pid:
-                    reaped[pid] = status
+def sweep_strays(keep: Collection[int]) -> list[int]:
+    """Kill every child of this process that is not in ``keep`` (the children the daemon
+    started on purpose: ``Supervisor.own_children``), and reap those that have ended.
+
+    Such a child is a stray: a process a tool started that outlived its worker (the
+    worker, a subreaper, kills what it leaves when it ends: ``worker.descendants``; one
+    killed outright leaves them to the daemon), or a worker whose fork server died before
+    naming it. Returns the pids killed: their own children come to this process in turn,
+    so sweep again until it returns none.
+
+    The daemon's own list of children is exact (``descendants.children``: only the
+    daemon reaps them), and reading it costs a file per thread, not a scan of /proc."""
+    killed: list[int] = []
+    for pid in children(os.getpid()):
+        if pid in keep:
+            continue
+        if reap(pid) is not None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
 
 
 def trim_output(task: TaskDir, limit: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from worker import credentials
 from worker.config import load_config
+from worker.descendants import contained
 from worker.errors import (
     AgentdError,
     ConfigError,
@@ -73,7 +74,7 @@ def run(task_path: Path, config_path: Path | None) -> int:
         write_exit(task, outcome)
         print(f"agentd worker: {outcome.reason}", file=sys.stderr)
         return EXIT_FAILED
-    with lock:
+    with lock, contained(task.events, task=task.id):  # no tool process outlives it
         try:
             config = load_config(config_path)
         except ConfigError as exc:

@@ -28,6 +28,7 @@ CAMPAIGN = (
     ("8", "tests.chaos.api_faults"),
     ("10", "tests.faults.fuzz"),
     ("11", "tests.faults.security"),
+    ("12", "tests.chaos.escape"),
     ("13", "tests.chaos.secrets"),
     ("14", "tests.chaos.tampering"),
     ("17", "tests.chaos.signals"),

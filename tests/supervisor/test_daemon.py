@@ -67,9 +67,11 @@ def config_text(
     tool_call: float = 120.0,
     stop_grace: float = STOP_GRACE,
     modules: bool = True,
+    sandbox: str = "auto",
     extra: str = "",
 ) -> str:
-    tools = '[tools]\nmodules = ["tests.crash_tools"]\n' if modules else ""
+    tools = f'[tools]\nsandbox = "{sandbox}"\n'
+    tools += 'modules = ["tests.crash_tools"]\n' if modules else ""
     return (
         f"max_workers = {max_workers}\n"
         f"[heartbeat]\ninterval = {HEARTBEAT_INTERVAL}\ntimeout = {HEARTBEAT_TIMEOUT}\n"
@@ -374,6 +376,48 @@ def test_cancel_of_a_running_task_ends_it_and_its_process_group(shared: Daemon) 
     assert len(shared.events(task_id, "task_cancelled")) == 1
     code, out, err = shared.cli("cancel", task_id)
     assert code == 3 and err.count("\n") == 1 and "already cancelled" in err
+
+
+def test_what_a_killed_worker_left_outside_its_group_dies_and_nothing_else(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # Run bare: what the daemon's sweep must catch is what no sandbox's PID namespace took
+    # with it (and the pids the tree writes are the host's).
+    shared = make_daemon(sandbox="off")
+    shared.start()
+    # A tree out of the worker's group that ignores SIGTERM: a setsid shell with two
+    # children. Its shell comes to the daemon when the worker dies, and its children when
+    # the daemon kills the shell: each sweep is followed by another one.
+    tree = (
+        "setsid sh -c 'trap \"\" TERM; sleep 300 & sleep 300 & echo $$ > tree.pid; wait' "
+        ">/dev/null 2>&1 </dev/null &\nsleep 60"
+    )
+    task_id = shared.submit(
+        [reply(tool_use("run_command", command=tree, timeout=120)), reply(text("Never."))],
+        name="strays",
+    )
+    bystander = shared.submit(
+        [reply(tool_use("run_command", command="sleep 60", timeout=120)), reply(text("Hm."))],
+        name="bystander",
+    )
+    other = shared.wait_row(bystander, lambda r: r["phase"] == "tool:run_command")["pid"]
+    pid = shared.wait_row(task_id, lambda r: r["phase"] == "tool:run_command")["pid"]
+    pid_file = shared.task(task_id).path / "workspace" / "tree.pid"
+    poll_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 10)
+    shell = int(pid_file.read_text())
+    poll_for(lambda: len(psutil.Process(shell).children()) == 2, 10)
+    strays = [shell, *(c.pid for c in psutil.Process(shell).children())]
+    assert os.getpgid(shell) != pid  # out of the worker's group: the group kill misses it
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    poll_for(lambda: not any(alive(p) for p in strays), 1.0, what="every stray to be dead")
+    print(f"\nstrays dead {time.monotonic() - killed:.3f} s after the kill -9 of their worker")
+    shared.wait_state(task_id, "held")  # the unsafe call the kill cut short
+    assert alive(other) and shared.row(bystander)["pid"] == other  # the sweep spared it
+    logged = {p for e in shared.log_events() if e["event"] == "strays_killed" for p in e["pids"]}
+    assert set(strays) <= logged
+    code, _, _ = shared.cli("cancel", bystander)
+    assert code == 0
 
 
 def test_a_second_daemon_on_the_same_spool_refuses_naming_the_running_pid(

@@ -1,0 +1,134 @@
+"""The processes below this one: a subreaper keeps them, and they die before it does.
+
+A tool's command may leave processes behind that left its process group: ``setsid``, a
+double fork, ``nohup ... &``, a daemon that ignores SIGTERM. Killing the worker's group
+does not reach them, and when their parent exits the kernel hands them to the nearest
+*child subreaper* above them (``PR_SET_CHILD_SUBREAPER``), or to PID 1.
+
+So a worker makes itself a subreaper (``contained``): whatever its tools leave stays its
+descendant while it lives, and when it leaves the block (done, failed, held, stopped at a
+safe point, a storage fault, a crash that raised) it kills every descendant it still has
+(``kill_all``) before it releases its task's lock. A background process may live from
+one call to the next (a server a later call talks to), never past its worker. A worker
+killed outright cannot do this; its descendants then pass to the daemon, itself a
+subreaper for that reason, which kills every child it did not start on purpose
+(``supervisor.workers.sweep_strays``, built on ``children`` here).
+
+Children are read from ``/proc/PID/task/TID/children`` (one small file per thread, not a
+scan of every process on the machine), with psutil where the kernel lacks that file. The
+kernel lists a child until its parent reaps it, so the list of this process's own
+children, which only this process reaps, is exact; a deeper list may miss a process
+whose sibling is reaped meanwhile, which the next round of ``kill_all`` finds again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from worker.events import append_event
+
+PR_SET_CHILD_SUBREAPER = 36
+#: How long ``kill_all`` keeps killing: a process in uninterruptible sleep may take a
+#: while to die; what is left after this passes to the daemon with the worker's exit.
+KILL_PATIENCE = 2.0
+_ROUND = 0.005  # seconds between rounds while killed processes are still dying
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants; False if refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (zombies included: a child is listed until
+    its parent reaps it); none once ``pid`` is gone."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(child) for child in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended
+            return _children_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _children_by_scan(pid: int) -> list[int]:
+    import psutil  # noqa: PLC0415  (a kernel without the children files only)
+
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process(pid).children()]
+    return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        below = [child for parent in parents for child in children(parent)]
+        found += below
+        parents = below
+    return found
+
+
+def reap(pid: int) -> int | None:
+    """Reap child ``pid`` if it has ended: its wait status, or None (still running, or
+    not a child of this process)."""
+    with contextlib.suppress(ChildProcessError):
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        return status if reaped else None
+    return None
+
+
+def kill_all(patience: float = KILL_PATIENCE) -> list[int]:
+    """SIGKILL every descendant of this process and reap its children, round after round
+    until none is left (a killed process's children come to this subreaper, and one
+    that forks while it is killed adds more) or ``patience`` runs out. Returns the pids
+    killed (a child that had ended already is only reaped)."""
+    me = os.getpid()
+    killed: dict[int, None] = {}  # in the order killed, each once
+    deadline = time.monotonic() + patience
+    while True:
+        for pid in children(me):
+            reap(pid)
+        found = descendants(me)
+        if not found or time.monotonic() >= deadline:
+            return list(killed)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed[pid] = None
+        time.sleep(_ROUND)
+
+
+@contextlib.contextmanager
+def contained(events: Path | None = None, **fields: Any) -> Iterator[None]:
+    """Inside the block this process is a child subreaper; leaving it, however, kills
+    every process still below it, and says so (``processes_killed``, with ``fields``) in
+    the ``events`` file of its task."""
+    become_subreaper()
+    try:
+        yield
+    finally:
+        killed = kill_all()
+        if killed and events is not None:
+            append_event(events, "processes_killed", pid=os.getpid(), pids=killed, **fields)
