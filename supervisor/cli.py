@@ -108,7 +108,16 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     cmd += ["--log-format", args.log_format or "json", "start"]
     import subprocess  # noqa: PLC0415  (only --detach starts a process)
 
-    log = os.open(spool.root / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # The daemon's log is a file in the spool, so it shares the spool's disk: a full or
+    # read-only one must not stop the daemon. Its writes cannot raise (``LogSink`` keeps
+    # refused lines until the disk takes them), and a log that cannot even be opened
+    # leaves the daemon without one rather than without a start.
+    path = spool.root / "supervisor.log"
+    try:
+        log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        print(f"agentd: cannot open {path} ({exc.strerror}); the daemon logs nowhere.")
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )

@@ -8,6 +8,12 @@ Every event goes through the same processor chain::
 ``redact`` (from ``worker.events``, the one redactor) removes API keys and credentials
 anywhere in the event (DESIGN.md section 4: the key never appears in the logs).
 
+Lines are written by a ``LogSink``, never by the stream's own ``write``: a log on a full,
+failing or read-only disk (the daemon's log may live in its spool) must not raise out of
+a logging call and take the daemon down. A line the stream refuses is kept, with the
+ones after it (at most ``LOG_BACKLOG``, older ones dropped and counted:
+``dropped_lines``), and written before the next line once the stream takes writes again.
+
 The configuration is global state: ``configure()`` sets it, ``reset()`` puts the
 structlog defaults back (the test suite does so around every test).
 """
@@ -15,7 +21,10 @@ structlog defaults back (the test suite does so around every test).
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
+from collections import deque
 from typing import Any, Literal, TextIO, cast
 
 import structlog
@@ -33,9 +42,11 @@ from worker.events import (
 __all__ = [
     "EVENTS_FILE",
     "REDACTED",
+    "LogSink",
     "Redactor",
     "TaskEventLog",
     "configure",
+    "dropped_lines",
     "get_logger",
     "read_events",
     "read_events_from",
@@ -47,6 +58,69 @@ LogFormat = Literal["json", "console"]
 
 #: The name of each task's event file inside its spool folder.
 EVENTS_FILE = "events.jsonl"
+
+#: Lines kept while the log's stream refuses writes; older ones are dropped past this.
+LOG_BACKLOG = 1000
+
+
+class LogSink:
+    """Writes log lines to a stream; a write that fails never raises.
+
+    A file stream is written with ``os.write`` on its descriptor (a buffered stream that
+    failed to flush would keep failing, and raise, on every later write); any other
+    stream (a test's StringIO) through ``write``. A refused line, or the rest of one a
+    short write cut, waits in order for the next line, which writes it first."""
+
+    def __init__(self, stream: TextIO, backlog: int = LOG_BACKLOG) -> None:
+        self.stream = stream
+        self.dropped = 0
+        self._fd: int | None
+        try:
+            self._fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # no descriptor: a StringIO
+            self._fd = None
+        self._kept: deque[bytes] = deque()
+        self._backlog = backlog
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            if len(self._kept) >= self._backlog:
+                self._kept.popleft()
+                self.dropped += 1
+            self._kept.append((line + "\n").encode("utf-8", "replace"))
+            while self._kept:
+                try:
+                    written = self._put(self._kept[0])
+                except (OSError, ValueError):  # a full disk, a closed stream: later
+                    return
+                if written < len(self._kept[0]):
+                    self._kept[0] = self._kept[0][written:]
+                else:
+                    self._kept.popleft()
+
+    def _put(self, data: bytes) -> int:
+        if self._fd is not None:
+            return os.write(self._fd, data)
+        self.stream.write(data.decode("utf-8", "replace"))
+        self.stream.flush()
+        return len(data)
+
+
+class _SinkLogger:
+    """The structlog logger of a ``LogSink``: every level writes the rendered line."""
+
+    def __init__(self, sink: LogSink) -> None:
+        self._sink = sink
+
+    def msg(self, message: str) -> None:
+        self._sink.write(message)
+
+    log = debug = info = warn = warning = err = error = critical = exception = msg
+    fatal = failure = msg
+
+
+_sink: LogSink | None = None
 
 
 # -- configuration ---------------------------------------------------------------------
@@ -68,6 +142,8 @@ def configure(
     tty = _isatty(out)
     if fmt is None:
         fmt = "console" if tty else "json"
+    global _sink  # noqa: PLW0603  (the one piece of global state: this module's)
+    _sink = sink = LogSink(out)
     processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -86,15 +162,22 @@ def configure(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=lambda *_: _SinkLogger(sink),
         cache_logger_on_first_use=False,  # so reset() and reconfiguring reach every logger
     )
 
 
 def reset() -> None:
     """Back to structlog's defaults, with no bound context variables."""
+    global _sink  # noqa: PLW0603
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+    _sink = None
+
+
+def dropped_lines() -> int:
+    """Log lines given up since ``configure`` (a stream that refused them too long)."""
+    return _sink.dropped if _sink is not None else 0
 
 
 def get_logger(**initial_values: Any) -> FilteringBoundLogger:

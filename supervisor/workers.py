@@ -88,7 +88,7 @@ def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> Worke
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
-    out = open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    out = open_output(task)
     try:
         popen = subprocess.Popen(
             cmd,
@@ -102,6 +102,16 @@ def spawn(task: TaskDir, config_path: Path | None, env: dict[str, str]) -> Worke
     finally:
         os.close(out)
     return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)
+
+
+def open_output(task: TaskDir) -> int:
+    """A descriptor for a new worker's stdout and stderr: its ``worker.log``, which the
+    worker bounds itself (``worker.output``), or /dev/null when a full or read-only spool
+    refuses the file (the worker still runs, and its exit code tells the storage fault)."""
+    try:
+        return open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
 def journal_size(task: TaskDir) -> int:
@@ -184,22 +194,3 @@ def reap_orphans(keep: set[int], reaped: dict[int, int]) -> None:
                 pid, status = os.waitpid(child.pid, os.WNOHANG)
                 if pid:
                     reaped[pid] = status
-
-
-def trim_output(task: TaskDir, limit: int) -> None:
-    """Keep a worker's captured output under ``limit``: the older part moves to .1."""
-    try:
-        size = task.output.stat().st_size
-    except OSError:
-        return
-    if size <= limit:
-        return
-    with contextlib.suppress(OSError):
-        with open(task.output, "rb") as f:
-            f.seek(max(0, size - limit // 2))
-            tail = f.read()
-        old = task.output.with_name(task.output.name + ".1")
-        fd = open_private(old, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        with os.fdopen(fd, "wb") as f:
-            f.write(tail)
-        os.truncate(task.output, 0)
