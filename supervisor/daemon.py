@@ -475,7 +475,7 @@ class Supervisor:
                 self._start_fresh(pending.slot)
                 continue
             worker = WorkerProcess(
-                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size
+                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size, forked=True
             )
             self._started(pending.slot, worker)
         if not self._starting:

@@ -33,6 +33,7 @@ from worker.lock import holder_pid, is_locked
 from worker.spool import TaskDir
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
+REPARENT_WAIT = 0.2  # seconds a forked worker's exit may wait for it to become our child
 
 
 @dataclass
@@ -46,6 +47,7 @@ class WorkerProcess:
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
     beat_due: float = 0.0  # wall time before which no liveness verdict can fall due
+    forked: bool = False  # by the fork server: our child once its intermediate parent exits
 
     def exit_status(self, reaped: dict[int, int]) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
@@ -55,9 +57,7 @@ class WorkerProcess:
             code = self.popen.wait()
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
         if status is None:
-            with contextlib.suppress(ChildProcessError):
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                status = status if pid else None
+            status = self._wait()
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
@@ -66,6 +66,23 @@ class WorkerProcess:
             if isinstance(data, dict) and data.get("pid") == self.pid:
                 return int(data["code"]), None
         return None, "unknown"
+
+    def _wait(self) -> int | None:
+        """Reap the worker if it is our child. One the fork server forked is ours only
+        once its intermediate parent has exited, microseconds after the fork; a worker that
+        ends at once (a full disk stops it in milliseconds) can be faster than that, so it
+        is waited for up to ``REPARENT_WAIT``: an exit status read as "unknown" would be
+        taken for a crash when exit.json could not be written either."""
+        deadline = time.monotonic() + (REPARENT_WAIT if self.forked else 0.0)
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.001)
+                continue
+            return status if pid else None
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -124,7 +124,7 @@ def storage_fault(exc: BaseException) -> StorageError | None:
             where = f" on {current.filename}" if current.filename else ""
             return StorageError(
                 f"a write{where} failed ({name}: {current.strerror}); nothing recorded was "
-                "changed. Free space or fix the disk: the task resumes by itself.",
+                "changed. Free space or fix the disk: agentd goes on by itself once it can write.",
                 current.errno,
             )
         current = current.__cause__ or current.__context__
