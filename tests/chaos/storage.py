@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import os
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.daemon import Daemon, alive, subreaper
 from tests.faults.report import Figure, print_figures, violations
+from tests.mounts import MountRefused, fill, read_only, tmpfs
 from tests.support import poll_for, reply, text, tool_use
 from worker.journal import read_file
 from worker.models.base import JSON
@@ -101,77 +99,6 @@ def script(turns: int, delay: float) -> list[JSON]:
         )
         steps.append(reply(text(f"Step {i}."), call, delay=delay))
     return [*steps, reply(text("All done."), delay=delay)]
-
-
-# -- mounts -----------------------------------------------------------------------------------
-
-
-def mount(*args: str) -> str | None:
-    """Run mount(8); None when it worked, else why not (one line)."""
-    done = subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30, check=False)
-    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[0]
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size_mb: int) -> Iterator[None]:
-    path.mkdir(parents=True, exist_ok=True)
-    refused = mount("-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path))
-    if refused is not None:
-        raise MountRefused(refused)
-    try:
-        yield
-    finally:
-        for _ in range(10):  # the bind mount of the read-only phase, then the tmpfs
-            if not os.path.ismount(path):
-                break
-            done = subprocess.run(["umount", str(path)], capture_output=True, check=False)
-            if done.returncode != 0:  # busy: detach it now, it goes once unused
-                subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-class MountRefused(Exception):
-    pass
-
-
-def fill(path: Path) -> int:
-    """Write ``path`` until the disk refuses more; the bytes it took."""
-    chunk = b"\0" * (1 << 20)
-    written = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while True:
-            try:
-                n = os.write(fd, chunk)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 1:
-                    return written
-                chunk = chunk[: len(chunk) // 2]  # fill the last pages too
-                continue
-            written += n
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[str]:
-    """The spool read-only inside the block; yields how (``remount`` or ``bind``)."""
-    if mount("-o", "remount,ro", str(path)) is None:
-        try:
-            yield "remount"
-        finally:
-            mount("-o", "remount,rw", str(path))
-        return
-    refused = mount("--bind", str(path), str(path))
-    if refused is None:
-        refused = mount("-o", "remount,bind,ro", str(path))
-    if refused is not None:
-        raise MountRefused(f"a read-only spool: {refused}")
-    try:
-        yield "bind (remount busy)"
-    finally:
-        mount("-o", "remount,bind,rw", str(path))
 
 
 # -- the run ------------------------------------------------------------------------------------
