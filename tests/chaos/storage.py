@@ -51,7 +51,7 @@ from tests.support import poll_for, reply, text, tool_use
 from worker.journal import read_file
 from worker.models.base import JSON
 
-FAULT = "16 storage"
+FAULT = "storage"
 STALE_AFTER = 5.0  # seconds after a fault clears by which every status row must be true
 HEARTBEAT_TIMEOUT = 3.0
 ENDED = ("done", "failed", "cancelled")

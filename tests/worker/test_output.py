@@ -8,7 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import REPO, make_spool, reply, scripted_task, text, tool_use, worker_env
+from tests.support import (
+    REPO,
+    finish,
+    make_spool,
+    reply,
+    scripted_task,
+    start_worker,
+    text,
+    tool_use,
+    worker_env,
+)
 from worker.config import Config, load_config
 from worker.output import OUTPUT_LIMIT
 from worker.spool import TaskDir
@@ -54,15 +64,7 @@ def test_a_worker_run_by_hand_keeps_its_own_output(tmp_path: Path) -> None:
     """Only a worker whose output is its worker.log is taken over: by hand (or from a
     test that reads a pipe) it prints where it was told to."""
     task = scripted_task(make_spool(tmp_path), [reply(text("Done."))], config=Config())
-    done = subprocess.run(
-        [sys.executable, "-m", "worker", str(task.path)],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0
-    assert f"task {task.id} done" in done.stderr
+    code, err = finish(start_worker(task))
+    assert code == 0
+    assert f"task {task.id} done" in err
     assert not task.output.exists()
