@@ -154,9 +154,16 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     import subprocess  # noqa: PLC0415  (only --detach starts a process)
 
     # The daemon opens the file again itself (to reopen it on SIGHUP); this one catches
-    # whatever it says before it can.
+    # whatever it says before it can. The log shares a disk with the spool, by default: a
+    # full or read-only one must not stop the daemon. Its writes cannot raise (``LogSink``
+    # keeps refused lines until the disk takes them), and a log that cannot even be opened
+    # leaves the daemon without one rather than without a start.
     secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
-    log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        print(f"agentd: cannot open {log_file} ({exc.strerror}); the daemon logs nowhere.")
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
         proc = credentials.start_process(
             cmd,

@@ -23,7 +23,7 @@ from typing import Any
 
 from supervisor.tasks import TaskRecord
 from worker.durable import atomic_write, open_private, private_dir, read_json
-from worker.errors import LockBusyError, StateConflictError
+from worker.errors import LockBusyError, StateConflictError, storage_fault
 from worker.events import utc_now
 from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir
@@ -115,9 +115,17 @@ def request(task: TaskDir, name: str, body: str | None = None) -> None:
 
 
 def take_request(task: TaskDir, name: str) -> bool:
+    """Consume the request file ``name`` of ``task``: True if there was one. A request
+    that a storage fault keeps from being removed (a read-only spool refuses even the
+    unlink of a file that is not there) waits for the disk, like any other write."""
+    path = task.path / name
     try:
-        (task.path / name).unlink()
+        path.unlink()
     except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if storage_fault(exc) is None:
+            raise
         return False
     return True
 

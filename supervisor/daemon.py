@@ -23,6 +23,14 @@ the daemon's process group (``kill -HUP -PGID``) never reaches them.
 
 Task records (``state.json``) are written only here while the daemon runs. The restart
 decision is ``supervisor.policy.decide``; this module only carries it out.
+
+Storage faults (DESIGN.md invariant 8) are waits on both sides. A worker's exit 7 puts
+its task in ``backoff`` with reason ``storage_fault: ...`` on the schedule of
+``policy.wait_for_storage``, outside the crash history. What the daemon itself cannot
+write (records, event lines, ``supervisor.json``) waits in a ``WriteBacklog`` that each
+tick retries; ``storage_fault`` is logged when the first write is refused and
+``storage_recovered`` when the last kept one is written, and then every task that waits
+on storage is retried at once.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import structlog
 
 from supervisor import logging as agentd_logging
 from supervisor import tasks
+from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.control import (
     CANCEL_REQUEST,
     REQUEUE_REQUEST,
@@ -55,8 +64,9 @@ from supervisor.control import (
 )
 from supervisor.forkserver import ForkServer
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
+from supervisor.logging import dropped_lines
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.policy import Crash, GiveUp, decide
+from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -65,14 +75,13 @@ from supervisor.workers import (
     process_started,
     spawn,
     sweep_strays,
-    trim_output,
 )
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
 from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
 from worker.errors import ConfigError, SpoolError, StorageError
-from worker.events import append_event, utc_now
+from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
 from worker.loop import (
     EXIT_CONFIG,
@@ -86,7 +95,6 @@ from worker.loop import (
 from worker.spool import Spool, TaskDir
 
 RESCAN_INTERVAL = 5.0
-OUTPUT_LIMIT = 1024 * 1024
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
@@ -114,6 +122,7 @@ class TaskSlot:
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
+    storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
 
 
 @dataclass
@@ -165,6 +174,7 @@ class Supervisor:
             else None
         )
         self._starting: deque[Starting] = deque()  # in the order the server answers
+        self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
         self._forkserver_fd: int | None = None  # watched while answers are awaited
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
@@ -177,7 +187,9 @@ class Supervisor:
     ) -> None:
         if slot is not None:
             kw = {"task": slot.task.id, **kw}
-            append_event(slot.task.events, event, level, **kw)
+            line, log = event_line(event, level, **kw), TaskEventLog(slot.task.events)
+            with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
+                self.backlog.append(lambda: log.append(line))
         getattr(self.log, level)(event, **kw)
 
     def _save(
@@ -187,10 +199,31 @@ class Supervisor:
             slot.record.state = state
         for key, value in changes.items():
             setattr(slot.record, key, value)
-        try:
-            slot.record.save(slot.task, durable=durable)
+        record, task = slot.record, slot.task
+        try:  # refused by a storage fault: kept, and rewritten as it is then (``backlog``)
+            self.backlog.replace(("record", task.id), lambda: record.save(task, durable=durable))
         except SpoolError as exc:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
+
+    def _storage_fault(self, fault: StorageError) -> None:
+        """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
+        self.log.warning("storage_fault", error=str(fault), spool=str(self.spool.root))
+
+    def _storage_recovered(self, recovery: Recovery) -> None:
+        """Every kept write is written: the disk takes writes again. The tasks that wait on
+        storage are retried now, not at the end of their backoff."""
+        self.log.info(
+            "storage_recovered",
+            rewritten=recovery.rewritten,
+            dropped=recovery.dropped,
+            log_lines_dropped=dropped_lines(),
+            seconds=round(recovery.seconds, 3),
+        )
+        now = self.clock()
+        for slot in self.slots.values():
+            if slot.storage_waits and slot.record.state == "backoff":
+                slot.due = min(slot.due, now)
+        self._wake.set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -230,7 +263,9 @@ class Supervisor:
             "spool": str(self.spool.root),
             "ready": True,
         }
-        atomic_write_json(self.spool.root / "supervisor.json", info)
+        self.backlog.replace(
+            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
+        )
         self.notifier.ready()
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
@@ -559,7 +594,7 @@ class Supervisor:
                 self._start_fresh(pending.slot)
                 continue
             worker = WorkerProcess(
-                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size
+                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size, forked=True
             )
             self._started(pending.slot, worker)
         if not self._starting:
@@ -607,10 +642,12 @@ class Supervisor:
         self._settle_exit(slot, worker, code, turn, last_exit)
         self._wake.set()
 
-    def _exit_reason(self, slot: TaskSlot) -> str | None:
+    def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
+        """The reason in the worker's last words; with ``pid``, only if that worker wrote
+        them (one that could not write leaves an earlier worker's)."""
         with contextlib.suppress(OSError, ValueError):
             data = read_json(slot.task.exit)
-            if isinstance(data, dict):
+            if isinstance(data, dict) and (pid is None or data.get("pid") == pid):
                 return str(data.get("reason"))
         return None
 
@@ -624,6 +661,8 @@ class Supervisor:
     ) -> None:
         slot.record.last_exit = last_exit
         slot.record.pid = None
+        if code != EXIT_STORAGE:
+            slot.storage_waits = 0
         if worker.kill_reason == "cancel":
             self._save(slot, "cancelled", reason="cancelled by operator")
             self.emit("task_cancelled", slot)
@@ -642,8 +681,28 @@ class Supervisor:
         elif code == EXIT_LOCKED:
             slot.waiting_lock = True
             self._save(slot, "queued")
+        elif code == EXIT_STORAGE:
+            self._storage_wait(slot, worker)
         else:
             self._crashed(slot, worker, code, turn)
+
+    def _storage_wait(self, slot: TaskSlot, worker: WorkerProcess) -> None:
+        """Exit 7: the worker met a storage fault (a full, failing or read-only disk). A
+        wait, not a crash: nothing goes into the crash history and no restart is counted;
+        the task is retried on ``wait_for_storage``'s schedule (or at once when the
+        daemon's own writes recover) until the fault clears."""
+        if self.stopping:
+            self._save(slot, "queued")
+            return
+        slot.storage_waits = 1 if journal_progress(worker).grew else slot.storage_waits + 1
+        move = wait_for_storage(slot.storage_waits, self.config.restart, self.rng)
+        why = self._exit_reason(slot, worker.pid) or "the worker could not write to the spool"
+        slot.due = self.clock() + move.delay
+        self._save(slot, "backoff", reason=f"storage_fault: {why}")
+        if slot.storage_waits == 1:
+            self.emit("storage_fault", slot, level="warning", error=why)
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="storage_fault")
+        asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 
     def _crashed(self, slot: TaskSlot, worker: WorkerProcess, code: int | None, turn: int) -> None:
         if self.stopping:
@@ -661,17 +720,16 @@ class Supervisor:
             self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
             self.emit("task_failed", slot, level="error", reason=move.reason)
             return
-        reason = "storage fault" if code == EXIT_STORAGE else None
         slot.record.restarts += 1
         slot.due = self.clock() + move.delay
         if move.delay == 0 and self._restart_now(slot):
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
-            slot.record.reason = reason
+            slot.record.reason = None
             self.emit("restart_scheduled", slot, delay=0.0, turn=turn)
             self._start(slot)
             return
-        self._save(slot, "backoff" if move.delay > 0 else "queued", reason=reason)
+        self._save(slot, "backoff" if move.delay > 0 else "queued", reason=None)
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
@@ -694,7 +752,7 @@ class Supervisor:
     async def _tick_forever(self) -> None:
         watchdog = self.notifier.watchdog_interval()
         next_dog = 0.0
-        next_trim = 0.0
+        next_reap = 0.0
         while True:
             await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
@@ -702,12 +760,10 @@ class Supervisor:
             if watchdog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + watchdog
-            if now >= next_trim:
-                next_trim = now + 5.0
-                for slot in self.slots.values():
-                    if slot.worker is not None:
-                        trim_output(slot.task, OUTPUT_LIMIT)
+            if now >= next_reap:
+                next_reap = now + 5.0
                 self._reap()
+            self.backlog.retry()  # nothing to do unless a storage fault refused a write
             self._tend_forkserver()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()

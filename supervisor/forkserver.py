@@ -49,7 +49,10 @@ class ForkServer:
         """Start the server (non-blocking: it becomes ready in a second or two)."""
         if self.proc is not None or time.monotonic() < self._next_start:
             return
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:  # a full or read-only spool: the server's complaints go unheard
+            fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
             self.proc = start_process(
                 [sys.executable, "-m", "worker.forkserver"],

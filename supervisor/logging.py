@@ -8,6 +8,12 @@ Every event goes through the same processor chain::
 ``redact`` (from ``worker.events``, the one redactor) removes API keys and credentials
 anywhere in the event (DESIGN.md section 4: the key never appears in the logs).
 
+Lines are written by a ``LogSink``, never by the stream's own ``write``: a log on a full,
+failing or read-only disk (the daemon's log may live in its spool) must not raise out of
+a logging call and take the daemon down. A line the stream refuses is kept, with the
+ones after it (at most ``LOG_BACKLOG``, older ones dropped and counted:
+``dropped_lines``), and written before the next line once the stream takes writes again.
+
 The configuration is global state: ``configure()`` sets it, ``reset()`` puts the
 structlog defaults back (the test suite does so around every test).
 
@@ -23,6 +29,8 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal, TextIO, cast
 
@@ -42,9 +50,11 @@ from worker.events import (
 __all__ = [
     "EVENTS_FILE",
     "REDACTED",
+    "LogSink",
     "Redactor",
     "TaskEventLog",
     "configure",
+    "dropped_lines",
     "get_logger",
     "log_to_file",
     "read_events",
@@ -61,6 +71,69 @@ EVENTS_FILE = "events.jsonl"
 
 #: The file this process's stdout and stderr were sent to (``log_to_file``), if any.
 _log_file: Path | None = None
+
+#: Lines kept while the log's stream refuses writes; older ones are dropped past this.
+LOG_BACKLOG = 1000
+
+
+class LogSink:
+    """Writes log lines to a stream; a write that fails never raises.
+
+    A file stream is written with ``os.write`` on its descriptor (a buffered stream that
+    failed to flush would keep failing, and raise, on every later write); any other
+    stream (a test's StringIO) through ``write``. A refused line, or the rest of one a
+    short write cut, waits in order for the next line, which writes it first."""
+
+    def __init__(self, stream: TextIO, backlog: int = LOG_BACKLOG) -> None:
+        self.stream = stream
+        self.dropped = 0
+        self._fd: int | None
+        try:
+            self._fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # no descriptor: a StringIO
+            self._fd = None
+        self._kept: deque[bytes] = deque()
+        self._backlog = backlog
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            if len(self._kept) >= self._backlog:
+                self._kept.popleft()
+                self.dropped += 1
+            self._kept.append((line + "\n").encode("utf-8", "replace"))
+            while self._kept:
+                try:
+                    written = self._put(self._kept[0])
+                except (OSError, ValueError):  # a full disk, a closed stream: later
+                    return
+                if written < len(self._kept[0]):
+                    self._kept[0] = self._kept[0][written:]
+                else:
+                    self._kept.popleft()
+
+    def _put(self, data: bytes) -> int:
+        if self._fd is not None:
+            return os.write(self._fd, data)
+        self.stream.write(data.decode("utf-8", "replace"))
+        self.stream.flush()
+        return len(data)
+
+
+class _SinkLogger:
+    """The structlog logger of a ``LogSink``: every level writes the rendered line."""
+
+    def __init__(self, sink: LogSink) -> None:
+        self._sink = sink
+
+    def msg(self, message: str) -> None:
+        self._sink.write(message)
+
+    log = debug = info = warn = warning = err = error = critical = exception = msg
+    fatal = failure = msg
+
+
+_sink: LogSink | None = None
 
 
 # -- configuration ---------------------------------------------------------------------
@@ -82,6 +155,8 @@ def configure(
     tty = _isatty(out)
     if fmt is None:
         fmt = "console" if tty else "json"
+    global _sink  # noqa: PLW0603  (the one piece of global state: this module's)
+    _sink = sink = LogSink(out)
     processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -100,7 +175,7 @@ def configure(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=lambda *_: _SinkLogger(sink),
         cache_logger_on_first_use=False,  # so reset() and reconfiguring reach every logger
     )
 
@@ -108,10 +183,11 @@ def configure(
 def reset() -> None:
     """Back to structlog's defaults, with no bound context variables and no log file to
     reopen (the descriptors stay where they are)."""
-    global _log_file  # noqa: PLW0603  (this module is where global state lives)
+    global _log_file, _sink  # noqa: PLW0603  (this module is where global state lives)
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     _log_file = None
+    _sink = None
 
 
 def log_to_file(path: Path) -> None:
@@ -141,6 +217,11 @@ def _redirect_output(path: Path) -> None:
         os.dup2(fd, 2)
     finally:
         os.close(fd)
+
+
+def dropped_lines() -> int:
+    """Log lines given up since ``configure`` (a stream that refused them too long)."""
+    return _sink.dropped if _sink is not None else 0
 
 
 def get_logger(**initial_values: Any) -> FilteringBoundLogger:

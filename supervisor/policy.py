@@ -9,6 +9,14 @@ started) and asks. The rules (DESIGN.md section 7):
 * repeated crashes without progress back off exponentially from ``backoff_initial``,
   capped at ``backoff_max``, with +-20% jitter so a fleet does not restart in lockstep;
 * the same turn crashing ``crash_loop_limit`` times gives up with ``crash_loop``.
+
+A storage fault (the worker's exit 7: a full, failing or read-only disk) is no crash and
+has a decision of its own, ``wait_for_storage(waits, policy, rng)``: it is never recorded
+in the crash history, so it can neither make a crash loop nor spend the restart budget.
+The task waits in ``backoff`` and is retried ``STORAGE_BACKOFF`` seconds after the first
+fault of a run, doubling to ``backoff_max``, with the same jitter: a disk that fills is
+polled closely at first and gently later, and it is never given up on (the daemon also
+retries at once when its own writes succeed again).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 from worker.config import RestartConfig
 
 JITTER = 0.2
+STORAGE_BACKOFF = 0.5  # seconds before the first retry after a storage fault
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,22 @@ def decide(
         if crash.progressed:
             break
         stalled += 1
-    base = min(policy.backoff_max, policy.backoff_initial * 2 ** (stalled - 1))
+    return _backoff(policy.backoff_initial, stalled, policy, rng)
+
+
+def wait_for_storage(
+    waits: int, policy: RestartConfig, rng: random.Random | None = None
+) -> Restart:
+    """The delay before retrying a task whose worker met a storage fault ``waits`` times
+    in a row (the first fault of a run is 1): never a GiveUp, whatever the count."""
+    return _backoff(STORAGE_BACKOFF, max(1, waits), policy, rng)
+
+
+def _backoff(
+    initial: float, attempt: int, policy: RestartConfig, rng: random.Random | None
+) -> Restart:
+    """``initial`` doubled for each ``attempt`` after the first, capped at ``backoff_max``,
+    with +-``JITTER``."""
+    base = min(policy.backoff_max, initial * 2 ** min(attempt - 1, 64))
     jitter = 1.0 + JITTER * (2 * (rng or random.Random()).random() - 1)  # noqa: S311  (jitter, not crypto)
     return Restart(min(policy.backoff_max, base * jitter))

@@ -41,6 +41,7 @@ from worker.lock import holder_pid, is_locked
 from worker.spool import TaskDir
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
+REPARENT_WAIT = 0.2  # seconds a forked worker's exit may wait for it to become our child
 
 
 @dataclass
@@ -54,6 +55,7 @@ class WorkerProcess:
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
     beat_due: float = 0.0  # monotonic time before which no liveness verdict can fall due
+    forked: bool = False  # by the fork server: our child once its intermediate parent exits
 
     def exit_status(self) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
@@ -61,7 +63,7 @@ class WorkerProcess:
         if self.popen is not None:
             code = self.popen.wait()
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
-        status = reap(self.pid)
+        status = self._wait()
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
@@ -80,6 +82,23 @@ class WorkerProcess:
         poller = select.poll()
         poller.register(self.pidfd, select.POLLIN)
         return bool(poller.poll(0))
+
+    def _wait(self) -> int | None:
+        """Reap the worker if it is our child. One the fork server forked is ours only
+        once its intermediate parent has exited, microseconds after the fork; a worker that
+        ends at once (a full disk stops it in milliseconds) can be faster than that, so it
+        is waited for up to ``REPARENT_WAIT``: an exit status read as "unknown" would be
+        taken for a crash when exit.json could not be written either."""
+        deadline = time.monotonic() + (REPARENT_WAIT if self.forked else 0.0)
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.001)
+                continue
+            return status if pid else None
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -108,7 +127,7 @@ def spawn(
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
-    out = open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    out = open_output(task)
     try:
         popen = start_process(
             cmd,
@@ -123,6 +142,16 @@ def spawn(
     finally:
         os.close(out)
     return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)
+
+
+def open_output(task: TaskDir) -> int:
+    """A descriptor for a new worker's stdout and stderr: its ``worker.log``, which the
+    worker bounds itself (``worker.output``), or /dev/null when a full or read-only spool
+    refuses the file (the worker still runs, and its exit code tells the storage fault)."""
+    try:
+        return open_private(task.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
 def journal_size(task: TaskDir) -> int:
@@ -215,22 +244,3 @@ def sweep_strays(keep: Collection[int]) -> list[int]:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     return killed
-
-
-def trim_output(task: TaskDir, limit: int) -> None:
-    """Keep a worker's captured output under ``limit``: the older part moves to .1."""
-    try:
-        size = task.output.stat().st_size
-    except OSError:
-        return
-    if size <= limit:
-        return
-    with contextlib.suppress(OSError):
-        with open(task.output, "rb") as f:
-            f.seek(max(0, size - limit // 2))
-            tail = f.read()
-        old = task.output.with_name(task.output.name + ".1")
-        fd = open_private(old, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        with os.fdopen(fd, "wb") as f:
-            f.write(tail)
-        os.truncate(task.output, 0)

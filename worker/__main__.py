@@ -6,11 +6,20 @@ Exit codes are listed in docs/ARCHITECTURE.md (0 done, 3 failed, 4 held, 5 stopp
 Started as a process of its own, the worker first takes over its secrets
 (``worker.credentials.take_over``: handed over by the daemon through a pipe, never in its
 environment); forked from the fork server, it holds them already.
+
+A storage fault (ENOSPC, EIO, EDQUOT, a read-only spool: ``worker.errors.storage_fault``)
+ends the worker with exit 7 wherever it strikes: taking the lock, making the workspace,
+recording a step (``AgentLoop.run``), writing the heartbeat (its thread calls
+``storage_exit``), or anything else that escapes (``main``). The daemon treats exit 7 as
+a wait, never as a crash, so a full disk can neither fail a task nor spend its restart
+budget. The worker's own output goes through a pipe (``worker.output``), so printing on
+a full disk cannot fail either.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -26,6 +35,7 @@ from worker.errors import (
     LockBusyError,
     StorageError,
     TaskSpecError,
+    storage_fault,
 )
 from worker.heartbeat import Heartbeat
 from worker.lock import TaskLock
@@ -36,11 +46,19 @@ from worker.loop import (
     EXIT_STORAGE,
     AgentLoop,
     Outcome,
+    storage_outcome,
     write_exit,
 )
 from worker.models.base import Model
+from worker.output import BoundedOutput
 from worker.spool import TaskDir, TaskSpec
 from worker.tools.registry import ToolRegistry
+
+
+def say(line: str) -> None:
+    """One line on stderr (``worker.log``); a line that cannot be written is dropped."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def make_model(task: TaskDir, spec: TaskSpec) -> Model:
@@ -60,26 +78,28 @@ def make_model(task: TaskDir, spec: TaskSpec) -> Model:
     )
 
 
-def run(task_path: Path, config_path: Path | None) -> int:
+def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None = None) -> int:
     task = TaskDir(task_path.parent.parent, task_path.name)
     try:
         lock = TaskLock(task.lock).acquire(wait=1.0)
     except LockBusyError as exc:
-        print(f"agentd worker: {exc}", file=sys.stderr)
+        say(f"agentd worker: {exc}")
         return EXIT_LOCKED
     except OSError as exc:  # no such task folder, or its lock is not a file of ours
+        if storage_fault(exc) is not None:
+            raise
         outcome = Outcome(
             "failed", f"cannot take the lock {task.lock}: {exc.strerror}", EXIT_FAILED
         )
         write_exit(task, outcome)
-        print(f"agentd worker: {outcome.reason}", file=sys.stderr)
+        say(f"agentd worker: {outcome.reason}")
         return EXIT_FAILED
     with lock, contained(task.events, task=task.id):  # no tool process outlives it
         try:
             config = load_config(config_path)
         except ConfigError as exc:
             write_exit(task, Outcome("failed", str(exc), EXIT_CONFIG))
-            print(f"agentd worker: {exc}", file=sys.stderr)
+            say(f"agentd worker: {exc}")
             return EXIT_CONFIG
         try:
             spec = task.load_spec()
@@ -95,11 +115,18 @@ def run(task_path: Path, config_path: Path | None) -> int:
                 )
             model = make_model(task, spec)
         except AgentdError as exc:
+            if storage_fault(exc) is not None:
+                raise
             outcome = Outcome("failed", str(exc), EXIT_FAILED)
             write_exit(task, outcome)
-            print(f"agentd worker: {exc}", file=sys.stderr)
+            say(f"agentd worker: {exc}")
             return outcome.exit_code
-        heartbeat = Heartbeat(task.heartbeat, config.heartbeat.interval)
+        heartbeat = Heartbeat(
+            task.heartbeat,
+            config.heartbeat.interval,
+            patience=config.heartbeat.timeout / 2,
+            on_fault=lambda fault: storage_exit(task, fault, output),
+        )
         loop = AgentLoop(task, spec, config, model, tools, heartbeat)
         loop.install_signal_handlers()
         try:
@@ -114,8 +141,8 @@ def run(task_path: Path, config_path: Path | None) -> int:
                 "restore the task folder from a backup or fork the task from an earlier turn."
             )
             outcome = Outcome("failed", reason, EXIT_FAILED)
-        except StorageError as exc:  # nothing was changed: resume later
-            outcome = Outcome("stopped", str(exc), EXIT_STORAGE)
+        except (AgentdError, OSError) as exc:  # a storage fault: resume later
+            outcome = storage_outcome(exc)
         else:
             heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
             heartbeat.start()
@@ -124,7 +151,7 @@ def run(task_path: Path, config_path: Path | None) -> int:
             heartbeat.stop()
             loop.close()
         write_exit(task, outcome)
-        print(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}", file=sys.stderr)
+        say(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}")
         return outcome.exit_code
 
 
@@ -136,13 +163,41 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)
     task_dir = args.task_dir.absolute()
     if ".." in task_dir.parts or task_dir.parent.name != "tasks":
-        print(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)", file=sys.stderr)
+        say(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)")
         return 2
     try:
-        return run(task_dir, args.config)
+        task = TaskDir(task_dir.parent.parent, task_dir.name)
     except InvalidIdError as exc:
-        print(f"agentd worker: {exc}", file=sys.stderr)
+        say(f"agentd worker: {exc}")
         return 2
+    output = BoundedOutput.install(task.output)
+    try:
+        return run(task_dir, args.config, output)
+    except (AgentdError, OSError) as exc:  # whatever raised it, a storage fault is a wait
+        fault = storage_fault(exc)
+        if fault is None:
+            raise
+        return stopped_by_storage(task, fault)
+    finally:
+        if output is not None:
+            output.close()
+
+
+def stopped_by_storage(task: TaskDir, fault: StorageError) -> int:
+    """The worker's last words on a storage fault (best effort: the disk may take none)."""
+    write_exit(task, Outcome("stopped", str(fault), EXIT_STORAGE))
+    say(f"agentd worker: task {task.id} stopped: {fault}")
+    return EXIT_STORAGE
+
+
+def storage_exit(task: TaskDir, fault: StorageError, output: BoundedOutput | None) -> None:
+    """End the worker at once with the storage code, from the heartbeat's thread: beats
+    that cannot be written would soon look like a hang. Like a kill, this loses nothing
+    recorded (what was written is in the page cache); unlike a kill, it is not a crash."""
+    code = stopped_by_storage(task, fault)
+    if output is not None:
+        output.close()
+    os._exit(code)
 
 
 def process_main() -> int:

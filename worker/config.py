@@ -438,7 +438,10 @@ restarts with resume.""",
     "restart.backoff_initial": """\
 A crash after progress restarts at once; repeated crashes wait an exponential
 backoff with jitter that starts at this many seconds...""",
-    "restart.backoff_max": "...and never exceeds this many seconds.",
+    "restart.backoff_max": """\
+...and never exceeds this many seconds. A storage fault (a full, failing or read-only
+disk) is no crash: its task waits 0.5 s, doubling up to this same cap, for as long as
+the fault lasts, and is retried at once when the daemon's own writes succeed again.""",
     "restart.crash_loop_limit": """\
 The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.""",
     "restart.stop_grace": """\

@@ -58,7 +58,8 @@ def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
     reason = errno.errorcode.get(exc.errno or 0, "error") if exc.errno else "error"
     return StorageError(
         f"{what} {path} failed ({reason}: {exc.strerror}); nothing recorded was changed. "
-        "Free space or fix the disk, then the task resumes from what is on disk."
+        "Free space or fix the disk, then the task resumes from what is on disk.",
+        exc.errno,
     )
 
 

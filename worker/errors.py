@@ -17,10 +17,22 @@ every message is one full sentence that says what is wrong and what to do next::
     └── ModelError                   exit 1  the model backend failed
         └── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
 
+A *storage fault* (``storage_fault``) is a StorageError or OSError whose errno is one of
+``STORAGE_ERRNOS``: the disk is full, failing or read-only. It is a wait, never a verdict
+on the task (DESIGN.md invariant 8): a worker exits with the storage code and the daemon
+retries once the fault may have cleared. Any other StorageError (a record over the size
+limit, a permission refused) is an error that a retry will not fix by itself.
+
 The supervisor imports this module; it never defines a second tree.
 """
 
 from __future__ import annotations
+
+import errno as errnos
+
+#: The errnos of a disk that is full, failing or read-only: faults that clear by themselves
+#: or by an operator's hand (space freed, a disk remounted), never the task's fault.
+STORAGE_ERRNOS = frozenset({errnos.ENOSPC, errnos.EDQUOT, errnos.EIO, errnos.EROFS})
 
 
 class AgentdError(Exception):
@@ -65,7 +77,16 @@ class JournalCorruptError(SpoolError):
 
 
 class StorageError(SpoolError):
-    pass
+    """A write or sync failed; ``errno`` is the OSError's (None when no syscall failed)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def fault(self) -> bool:
+        """Whether this is a storage fault (``STORAGE_ERRNOS``): a wait, not an error."""
+        return self.errno in STORAGE_ERRNOS
 
 
 class LockBusyError(SpoolError):
@@ -84,3 +105,27 @@ class ModelError(AgentdError):
 
 class RetryableModelError(ModelError):
     """A model call failed in a way that a later attempt may not (429, 5xx, 529, cut stream)."""
+
+
+def storage_fault(exc: BaseException) -> StorageError | None:
+    """The storage fault behind ``exc`` (itself, or what caused it), or None.
+
+    The one place that tells a full, failing or read-only disk from every other error,
+    whatever raised it: a StorageError of ours, or a bare OSError from any write (the
+    events file, a folder, the lock). An OSError is named as a StorageError."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StorageError) and current.fault:
+            return current
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            name = errnos.errorcode.get(current.errno, "error")
+            where = f" on {current.filename}" if current.filename else ""
+            return StorageError(
+                f"a write{where} failed ({name}: {current.strerror}); nothing recorded was "
+                "changed. Free space or fix the disk: agentd goes on by itself once it can write.",
+                current.errno,
+            )
+        current = current.__cause__ or current.__context__
+    return None

@@ -217,10 +217,16 @@ def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int
     return events, offset + end
 
 
+def event_line(event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
+    """An event as it is written: its name, the time now, its level and its fields."""
+    return {"event": event, "timestamp": utc_now(), "level": level, **fields}
+
+
 def append_event(path: Path, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
     """Append one event line to a task's events file; a failure to log never stops the
-    caller. Returns the event as written (before redaction)."""
-    line: dict[str, Any] = {"event": event, "timestamp": utc_now(), "level": level, **fields}
+    caller (a worker's events are advisory; the daemon keeps the ones a full disk refused:
+    ``supervisor.backlog``). Returns the event as written (before redaction)."""
+    line = event_line(event, level, **fields)
     with contextlib.suppress(OSError):
         TaskEventLog(path).append(line)
     return line

@@ -132,7 +132,11 @@ def _become_worker(request: dict[str, Any]) -> None:
     """In the grandchild: set up the process as ``python -m worker`` would be, run it."""
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    out = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    try:
+        out = os.open(request["output"], flags, 0o600)
+    except OSError:  # a full or read-only spool: the worker runs (and says so by its exit code)
+        out = os.open(os.devnull, os.O_WRONLY)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out, 1)
@@ -166,8 +170,11 @@ def spawn(request: dict[str, Any]) -> tuple[int, int]:
             os.close(read_end)
             pid = os.fork()
             if pid == 0:
-                os.close(write_end)
-                _become_worker(request)
+                try:
+                    os.close(write_end)
+                    _become_worker(request)
+                finally:
+                    os._exit(1)  # never the intermediate child's 0: that would read as done
             os.write(write_end, f"{pid}\n".encode())
         finally:
             os._exit(0)

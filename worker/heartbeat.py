@@ -18,14 +18,20 @@ doubled the cost of a turn's sync). The turn and phase it shows are at most ``in
 old; ``phase_started`` is the phase's own start time, so a deadline is judged from when
 the phase began, not from when the beat was written. A crashed worker's turn is read
 from its journal, not from here.
+
+A beat that cannot be written because of a storage fault (a full or read-only disk) would
+soon look like a hang to the supervisor, which would kill the worker and count a crash.
+So once beats have failed for ``patience`` seconds (the worker gives half the heartbeat
+timeout), the thread calls ``on_fault`` with the error, once, and the worker exits with
+the storage code, which the supervisor treats as a wait.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +40,21 @@ from worker.errors import StorageError
 
 
 class Heartbeat:
-    def __init__(self, path: Path, interval: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        interval: float,
+        *,
+        patience: float | None = None,
+        on_fault: Callable[[StorageError], None] | None = None,
+    ) -> None:
         self.path = path
         self.interval = interval
+        self.patience = patience
+        self.on_fault = on_fault
         self._lock = threading.Lock()
         self._fields: dict[str, Any] = {"turn": 0, "interval": interval, **_phase("idle")}
+        self._written = time.monotonic()  # when a beat was last written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -54,20 +70,30 @@ class Heartbeat:
     def phase(self, phase: str) -> None:
         self.update(**_phase(phase))
 
-    def beat(self) -> None:
+    def beat(self) -> StorageError | None:
+        """Write a beat now; the error when it could not be (a missed beat is the signal)."""
         with self._lock:
             now = {"at": time.time(), "at_mono": time.monotonic()}
             data = {"pid": os.getpid(), **now, **self._fields}
-        with contextlib.suppress(StorageError):  # a missed beat is the signal
+        try:
             atomic_write_json(self.path, data, durable=False)
+        except StorageError as exc:
+            return exc
+        self._written = time.monotonic()
+        return None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.beat()
+            failure = self.beat()
+            if failure is None or not failure.fault or self.on_fault is None:
+                continue
+            if self.patience is not None and time.monotonic() - self._written >= self.patience:
+                self.on_fault(failure)
+                return
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=1)
 
 

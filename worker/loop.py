@@ -37,6 +37,7 @@ from worker.errors import (
     ModelError,
     StorageError,
     TaskSpecError,
+    storage_fault,
 )
 from worker.events import append_event, redact, utc_now
 from worker.heartbeat import Heartbeat
@@ -54,7 +55,8 @@ EXIT_FAILED = 3
 EXIT_HELD = 4
 EXIT_STOPPED = 5
 EXIT_LOCKED = 6
-EXIT_STORAGE = 7
+EXIT_STORAGE = 7  # a storage fault: a wait, never counted as a crash
+EXIT_ERROR = 1  # an error a restart may fix: the daemon counts it as a crash
 EXIT_CONFIG = 78
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
@@ -82,6 +84,18 @@ class Outcome:
     state: str  # done, failed, held, stopped
     reason: str
     exit_code: int
+
+
+def storage_outcome(exc: BaseException) -> Outcome:
+    """How a worker ends on ``exc``, a write's error: a storage fault is a wait (exit 7,
+    nothing recorded was changed); any other error is re-raised, except a StorageError of
+    ours, which is a crash with a one-line reason (a restart re-reads what is on disk)."""
+    fault = storage_fault(exc)
+    if fault is not None:
+        return Outcome("stopped", str(fault), EXIT_STORAGE)
+    if isinstance(exc, StorageError):
+        return Outcome("stopped", str(exc), EXIT_ERROR)
+    raise exc
 
 
 class StopRequested(BaseException):
@@ -280,8 +294,8 @@ class AgentLoop:
             return self._loop()
         except StopRequested:
             return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
-        except StorageError as exc:
-            return Outcome("stopped", str(exc), EXIT_STORAGE)
+        except (StorageError, OSError) as exc:
+            return storage_outcome(exc)
         except JournalCorruptError as exc:
             return Outcome("failed", str(exc), EXIT_FAILED)
         except (ModelError, TaskSpecError) as exc:
@@ -601,5 +615,5 @@ def write_exit(task: TaskDir, outcome: Outcome) -> None:
         "pid": os.getpid(),
         "at": utc_now(),
     }
-    with contextlib.suppress(StorageError):
+    with contextlib.suppress(StorageError, OSError):  # a full disk: the exit code says it
         atomic_write_json(task.exit, data)

@@ -15,14 +15,17 @@ import structlog
 
 from supervisor.logging import (
     REDACTED,
+    LogSink,
     Redactor,
     TaskEventLog,
     configure,
+    dropped_lines,
     get_logger,
     read_events,
     read_events_from,
     reset,
 )
+from tests.mounts import fill, small_disk
 
 # Canaries: if one of these shows up in any output, a secret leaked.
 ANTHROPIC_CANARY = "sk-ant-api03-CANARY0123456789abcdefghijklmnopqrstuvwxyz_-ABCDEFGH"
@@ -258,3 +261,50 @@ def test_lines_are_compact_json(tmp_path: Path) -> None:
     TaskEventLog(path).append({"event": "x", "path": Path("a/b"), "n": 1})
 
     assert re.fullmatch(r'\{"event":"x","path":"a/b","n":1\}\n', path.read_text())
+
+
+# -- a log on a full disk ----------------------------------------------------------------
+
+PAGE = 4096  # a line this long needs a page of its own on the tmpfs
+
+
+def test_a_log_on_a_full_disk_never_raises_and_catches_up_when_space_returns(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk", size_mb=1) as disk, open(disk / "daemon.log", "w") as out:
+        configure("json", out)
+        log = get_logger()
+        log.info("before")
+        filler = disk / "fill"
+        fill(filler)
+        for n in range(3):  # each longer than a page: the disk has none to give
+            log.warning("while_full", n=n, pad="x" * PAGE)  # the daemon would die if it raised
+        assert '"n": 1' not in (disk / "daemon.log").read_text()  # (0 fills the last page)
+        filler.unlink()
+        log.info("after")
+        events = [
+            json.loads(line)["event"] for line in (disk / "daemon.log").read_text().splitlines()
+        ]
+    assert events == ["before", "while_full", "while_full", "while_full", "after"]
+    assert dropped_lines() == 0
+
+
+def test_lines_kept_past_the_backlog_are_dropped_and_counted(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", size_mb=1) as disk, open(disk / "daemon.log", "w") as out:
+        sink = LogSink(out, backlog=2)
+        filler = disk / "fill"
+        fill(filler)
+        for n in range(5):
+            sink.write(f"line {n} " + "x" * PAGE)
+        filler.unlink()
+        sink.write("line 5")
+        lines = [line[:6] for line in (disk / "daemon.log").read_text().splitlines()]
+    assert lines == ["line 4", "line 5"]
+    assert sink.dropped == 4
+
+
+def test_a_closed_stream_does_not_raise() -> None:
+    stream = io.StringIO()
+    configure("json", stream)
+    stream.close()
+    get_logger().info("into_the_void")

@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.policy import JITTER, Crash, GiveUp, Restart, decide
+from supervisor.policy import (
+    JITTER,
+    STORAGE_BACKOFF,
+    Crash,
+    GiveUp,
+    Restart,
+    decide,
+    wait_for_storage,
+)
 from worker.config import RestartConfig
 
 POLICY = RestartConfig(backoff_initial=1.0, backoff_max=60.0, crash_loop_limit=5, stop_grace=10)
@@ -178,3 +186,31 @@ def test_properties(
     assert isinstance(move, Restart)
     assert 0.0 <= move.delay <= cap
     assert (move.delay == 0.0) == crashes[-1].progressed
+
+
+# -- storage faults: a wait of their own ------------------------------------------------------
+
+
+@pytest.mark.parametrize("waits", [1, 2, 3, 4, 5])
+def test_a_storage_wait_starts_at_half_a_second_and_doubles(waits: int) -> None:
+    move = wait_for_storage(waits, POLICY, random.Random(waits))
+    assert move == Restart(STORAGE_BACKOFF * 2 ** (waits - 1) * jitter_of(waits))
+
+
+def test_a_storage_wait_is_capped_at_backoff_max_and_never_gives_up() -> None:
+    for waits in (20, 1000, 10**9):
+        move = wait_for_storage(waits, POLICY, random.Random(0))
+        assert isinstance(move, Restart)
+        assert move.delay <= POLICY.backoff_max
+
+
+@given(
+    waits=st.integers(min_value=0, max_value=10**6),
+    seed=st.integers(min_value=0, max_value=2**32),
+    cap=st.floats(min_value=0.01, max_value=100.0),
+)
+def test_storage_wait_properties(waits: int, seed: int, cap: float) -> None:
+    policy = RestartConfig(backoff_initial=1.0, backoff_max=cap, crash_loop_limit=1)
+    move = wait_for_storage(waits, policy, random.Random(seed))
+    assert isinstance(move, Restart)  # whatever the count, and a crash_loop_limit of 1
+    assert 0.0 < move.delay <= cap
