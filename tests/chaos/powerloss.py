@@ -21,7 +21,7 @@ Figures: synced records lost and tasks failed for losing only unsynced bytes, bo
 the invariants of ``common.check_task`` after each resume; the variants in which a whole
 frame follows the damage are counted apart (format 1 of the journal refused them all).
 Quick mode: every variant of a 4-turn task reading 5,000 bytes; full mode: every variant
-of three tasks (8, 6 and 6 turns reading 5,000, 9,000 and 2,500 bytes), so the page
+of four tasks (8, 6, 6 and 6 turns reading 5,000, 9,000, 2,500 and 13,000 bytes), so the page
 boundaries fall at other places in the records.
 """
 
@@ -62,7 +62,7 @@ from worker.spool import TaskDir
 FAULT = "power loss"
 #: (turns, bytes of the file read back): quick mode's task, and full mode's.
 QUICK = ((4, 5000),)
-FULL = ((8, 5000), (6, 9000), (6, 2500))
+FULL = ((8, 5000), (6, 9000), (6, 2500), (6, 13000))
 
 
 def big_file(size: int) -> str:

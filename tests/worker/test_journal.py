@@ -540,6 +540,8 @@ def test_a_lost_unsynced_page_before_a_kept_frame_is_a_torn_tail(
     assert scan(lost[durable:], base=durable).records == []  # damage first...
     assert FRAMINGS[2].frame_at(lost, len(data) - len(encode({"k": "intent", "call_id": "b"})))
     path.write_bytes(lost)  # ...and a whole frame after it
+    assert read_file(path).good_end == durable  # status and history read it, and cut nothing
+    assert path.read_bytes() == lost
     journal, replay = Journal.open(path)
     with journal:
         assert _payloads(replay) == _records(3)
