@@ -625,6 +625,10 @@ def test_a_power_loss_loses_only_unsynced_records_and_never_fails_the_open(
         journal.append([], sync=False)  # waits for a background sync still running
         data, durable = path.read_bytes(), max(sizes)
         journal.close()
+    starts = [0, *(end for _, end in scan(data).records)][1:-1]
+    marks = [m for m in _marks(data) if m is not None]
+    assert marks == sorted(marks), "durable marks only grow"
+    assert all(m <= start for m, start in zip(marks, starts, strict=True))
     pages = unsynced_pages(len(data), durable)
     lost = after_power_loss(data, durable, (fates * 4)[: len(pages)])
     kept = [r for r, end in scan(data).records if end <= durable]
