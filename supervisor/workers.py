@@ -186,7 +186,12 @@ def journal_progress(worker: WorkerProcess) -> Progress:
     except OSError:
         return Progress(False)
     try:
-        found = [record for record, _ in scan(tail, name=str(worker.task.journal)).records]
+        found = [
+            record
+            for record, _ in scan(
+                tail, name=str(worker.task.journal), base=worker.journal_size
+            ).records
+        ]
     except JournalCorruptError:
         found = []
     if not found:  # not aligned on a frame (a torn tail was cut first): judge by size

@@ -2,27 +2,47 @@
 
 Format (version ``JOURNAL_VERSION``)::
 
-    frame   = length:u32le  crc:u32le  payload[length]
-    crc     = crc32(length:u32le || payload)
-    payload = UTF-8 JSON object with a "k" (kind) field; the first is
-              {"k": "header", "v": JOURNAL_VERSION}
+    journal = header frame, then frames
+    header  = a version-1 frame of {"k": "header", "v": VERSION, ...}
+    frame   = length:u32le  crc:u32le  durable:u64le  payload[length]
+    crc     = crc32(length:u32le || durable:u64le || payload)
+    payload = UTF-8 JSON object with a "k" (kind) field
 
-Reading classifies the bytes after the last good frame. A frame that is short, has a
-zero or overlong length, fails its checksum or is not a JSON object is *damage*. When a
-well-formed frame can be found anywhere after the damage, the damage is in the middle
-of the journal: ``JournalCorruptError``, and nothing after it is ever skipped to. When
-none can, it is a torn tail (an append the machine did not finish) and ``Journal.open``
-cuts it before anything new is appended.
+Version 1 (journals of earlier releases) has no ``durable`` field: a frame is
+``length:u32le crc:u32le payload`` with ``crc = crc32(length:u32le || payload)``. The
+header is a version-1 frame in every version, so any release reads which version a journal
+is (an older one refuses a newer journal in one line rather than taking its frames for a
+torn tail), and its ``v`` names the framing of every frame after it. A journal keeps the
+version it was created with: records appended to a version-1 journal are version-1 frames.
+
+``durable`` is the frame's *durable mark*: the journal size that had been made durable
+(by an fdatasync that returned, or by the fsync after a cut) before the frame was written.
+It never covers the frame itself, nor anything written in the same write (that write's
+sync makes them durable; the next frame's mark says so), and it only grows.
+
+Reading classifies the bytes after the last good frame, at offset D. A frame that is
+short, has a zero or overlong length, fails its checksum or is not a JSON object is
+*damage*. Then every whole frame after D is looked at:
+
+* one whose durable mark is past D proves that the damaged bytes had been synced before
+  it was written: no crash or power loss can lose synced bytes, so the damage is
+  corruption in the middle of the journal: ``JournalCorruptError``, and nothing after it
+  is ever skipped to. A version-1 frame has no mark and counts as proof (the rule of
+  version 1: any whole frame after damage is corruption);
+* when no frame proves it, nothing from D on was known durable: the bytes are a torn
+  tail (an append the machine did not finish, or a power loss that kept a later unsynced
+  page and lost an earlier one), and ``Journal.open`` cuts them (truncate + fsync) before
+  anything new is appended. Damage to the last synced write is cut the same way when no
+  frame was written after its sync, since no byte on disk says it was synced.
 
 Each ``append`` is one ``write`` of whole frames, followed by ``fdatasync`` unless the
 caller defers it: a deferred record becomes durable with the next synced append, with
 ``sync()``, with ``close()``, or in the background (``sync_in_background``: the sync runs
 on the journal's one sync thread while the worker waits on the model, and the next append
-waits for it first). A killed
-process loses nothing written (the page cache survives it); only a machine crash can
-lose a deferred record, and only until its sync. After a failed write or sync the journal
-refuses further appends (the sync is never retried on the same data); the worker stops
-and the next open reads what the disk really holds.
+waits for it first). A killed process loses nothing written (the page cache survives it);
+only a machine crash can lose a deferred record, and only until its sync. After a failed
+write or sync the journal refuses further appends (the sync is never retried on the same
+data); the worker stops and the next open reads what the disk really holds.
 """
 
 from __future__ import annotations
@@ -34,7 +54,7 @@ import queue
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,43 +62,88 @@ from typing import Any
 from worker.durable import dump_json, fsync_dir, open_private, storage_error
 from worker.errors import JournalCorruptError, SpoolError, StorageError
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
 MAX_RECORD = 64 * 1024 * 1024
-_HEAD = struct.Struct("<II")
 
 Record = dict[str, Any]
 
 
-def encode(record: Record) -> bytes:
+@dataclass(frozen=True)
+class Framing:
+    """How the frames of one journal version are laid out: with a durable mark or not."""
+
+    version: int
+    marked: bool
+
+    @property
+    def head(self) -> struct.Struct:
+        return _MARKED_HEAD if self.marked else _PLAIN_HEAD
+
+    def _crc(self, length: int, durable: int, payload: bytes) -> int:
+        covered = _LENGTH_MARK.pack(length, durable) if self.marked else _LENGTH.pack(length)
+        return zlib.crc32(payload, zlib.crc32(covered))
+
+    def frame(self, payload: bytes, durable: int) -> bytes:
+        length = len(payload)
+        crc = self._crc(length, durable, payload)
+        if self.marked:
+            return _MARKED_HEAD.pack(length, crc, durable) + payload
+        return _PLAIN_HEAD.pack(length, crc) + payload
+
+    def frame_at(self, data: bytes | memoryview, pos: int) -> tuple[Record, int, int | None] | None:
+        """The record starting at ``pos``, the offset after it and its durable mark (None
+        when this framing has none), or None if no valid frame starts there."""
+        head = self.head
+        if pos + head.size > len(data):
+            return None
+        fields = head.unpack_from(data, pos)
+        length, crc = fields[0], fields[1]
+        durable = fields[2] if self.marked else 0
+        end = pos + head.size + length
+        if length == 0 or length > MAX_RECORD or end > len(data):
+            return None
+        payload = bytes(data[pos + head.size : end])
+        if self._crc(length, durable, payload) != crc:
+            return None
+        try:
+            record = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+            return None
+        return record, end, (durable if self.marked else None)
+
+
+_LENGTH = struct.Struct("<I")
+_LENGTH_MARK = struct.Struct("<IQ")
+_PLAIN_HEAD = struct.Struct("<II")
+_MARKED_HEAD = struct.Struct("<IIQ")
+
+#: Every framing this release reads, by version; the newest is the one new journals get.
+FRAMINGS = {1: Framing(1, marked=False), 2: Framing(2, marked=True)}
+#: The header record's framing, in every version.
+HEADER_FRAMING = FRAMINGS[1]
+
+
+def encode(record: Record, durable: int = 0, *, version: int = JOURNAL_VERSION) -> bytes:
+    """``record`` as a frame of journal ``version`` carrying the durable mark ``durable``
+    (a header record is always a version-1 frame)."""
     payload = dump_json(record)
-    length = len(payload)
-    if length > MAX_RECORD:
+    if len(payload) > MAX_RECORD:
         raise StorageError(
-            f"a journal record of {length} bytes is over the {MAX_RECORD}-byte limit; "
+            f"a journal record of {len(payload)} bytes is over the {MAX_RECORD}-byte limit; "
             "shorten the tool result or message that produced it."
         )
-    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<I", length)))
-    return _HEAD.pack(length, crc) + payload
+    framing = HEADER_FRAMING if record.get("k") == "header" else FRAMINGS[version]
+    return framing.frame(payload, durable)
 
 
-def _frame_at(data: bytes | memoryview, pos: int) -> tuple[Record, int] | None:
-    """The record starting at ``pos`` and the offset after it, or None if it is not valid."""
-    if pos + _HEAD.size > len(data):
-        return None
-    length, crc = _HEAD.unpack_from(data, pos)
-    end = pos + _HEAD.size + length
-    if length == 0 or length > MAX_RECORD or end > len(data):
-        return None
-    payload = bytes(data[pos + _HEAD.size : end])
-    if zlib.crc32(payload, zlib.crc32(struct.pack("<I", length))) != crc:
-        return None
-    try:
-        record = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("k"), str):
-        return None
-    return record, end
+def _framing_at(data: bytes | memoryview, pos: int) -> Framing | None:
+    """The framing of the whole frame at ``pos`` (newest first), or None if there is none."""
+    for version in sorted(FRAMINGS, reverse=True):
+        if FRAMINGS[version].frame_at(data, pos) is not None:
+            return FRAMINGS[version]
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,28 +153,65 @@ class Scan:
     records: list[tuple[Record, int]]
     good_end: int
     size: int
+    version: int | None = None  # the framing of the records (None: no record was found)
+    durable: int = 0  # the last good record's durable mark (0 for version-1 frames)
 
     @property
     def torn(self) -> bool:
         return self.good_end < self.size
 
 
-def scan(data: bytes | memoryview, start: int = 0, *, name: str = "journal") -> Scan:
-    """Parse frames from ``start``; raise ``JournalCorruptError`` on damage before the tail."""
+def scan(data: bytes | memoryview, start: int = 0, *, name: str = "journal", base: int = 0) -> Scan:
+    """Parse frames from ``start``; raise ``JournalCorruptError`` on damage that a later
+    frame's durable mark shows was synced. ``base`` is the journal offset of ``data[0]``
+    (durable marks are journal offsets)."""
     records: list[tuple[Record, int]] = []
+    durable = 0
     pos = start
-    while (found := _frame_at(data, pos)) is not None:
-        record, pos = found
+    framing = _framing_at(data, pos)
+    while framing is not None and (found := framing.frame_at(data, pos)) is not None:
+        record, pos, mark = found
         records.append((record, pos))
+        durable = mark if mark is not None else durable
+        if record["k"] == "header":  # it names the framing of what follows it
+            version = record.get("v")
+            if version not in FRAMINGS:  # a newer agentd's: ``_check_header`` says so
+                return Scan(records, pos, len(data))
+            framing = FRAMINGS[version]
     if pos < len(data):
-        for probe in range(pos + 1, len(data) - _HEAD.size):
-            if _frame_at(data, probe) is not None:
-                raise JournalCorruptError(
-                    f"{name} is damaged at byte {pos} with intact records after it; "
-                    "agentd will not skip recorded work. Restore the task folder from a "
-                    "backup or fork the task from an earlier turn."
-                )
-    return Scan(records, pos, len(data))
+        candidates = [framing] if framing is not None else list(FRAMINGS.values())
+        proof = _durable_after(data, pos, base, candidates)
+        if proof is not None:
+            raise JournalCorruptError(
+                f"{name} is damaged at byte {base + pos} with intact records after it "
+                f"(the record at byte {base + proof} was written after the damaged bytes were "
+                "synced); agentd will not skip recorded work. Restore the task folder from a "
+                "backup or fork the task from an earlier turn."
+            )
+    return Scan(records, pos, len(data), framing.version if framing else None, durable)
+
+
+def _durable_after(
+    data: bytes | memoryview, damage: int, base: int, framings: Sequence[Framing]
+) -> int | None:
+    """The offset (in ``data``) of the first whole frame after ``damage`` whose durable mark
+    covers the damaged bytes, or None when every frame after it was written before they
+    were synced (or there is none)."""
+    smallest = min(f.head.size for f in framings)
+    probe = damage + 1
+    while probe + smallest < len(data):
+        found = None
+        for framing in framings:
+            if (found := framing.frame_at(data, probe)) is not None:
+                break
+        if found is None:
+            probe += 1
+            continue
+        _, end, mark = found
+        if mark is None or mark > base + damage:
+            return probe
+        probe = end
+    return None
 
 
 def read_file(path: Path, start: int = 0) -> Scan:
@@ -136,20 +238,23 @@ def _check_header(path: Path, result: Scan, start: int) -> None:
     head = result.records[0][0]
     if head.get("k") != "header":
         raise JournalCorruptError(f"{path} does not start with a journal header; it is not ours.")
-    if head.get("v") != JOURNAL_VERSION:
+    if head.get("v") not in FRAMINGS:
         raise JournalCorruptError(
             f"{path} is journal format {head.get('v')!r}, this agentd reads format "
-            f"{JOURNAL_VERSION}; run the agentd version that wrote it."
+            f"{JOURNAL_VERSION} and earlier; run the agentd version that wrote it."
         )
 
 
 class Journal:
     """An open journal, positioned at its end, ready to append."""
 
-    def __init__(self, path: Path, fd: int, size: int) -> None:
+    def __init__(self, path: Path, fd: int, size: int, *, version: int, durable: int) -> None:
         self.path = path
         self._fd = fd
         self.size = size
+        self.version = version  # the framing of every record appended
+        self._durable = durable  # the size known durable: the mark new frames carry
+        self._syncing = durable  # the size the background sync in flight makes durable
         self._broken: StorageError | None = None
         self._dirty = False  # bytes written since the last fdatasync
         self._held = b""  # encoded records the next write carries (``hold``)
@@ -168,7 +273,7 @@ class Journal:
             with os.fdopen(os.dup(fd), "rb") as f:
                 f.seek(start)
                 data = f.read()
-            result = scan(data, 0, name=str(path))
+            result = scan(data, 0, name=str(path), base=start)
             if start and result.torn and not result.records:
                 # Nothing whole starts at ``start``: it is not a record boundary (a
                 # stale or damaged snapshot), so the bytes after it are not known to
@@ -177,7 +282,12 @@ class Journal:
                     f"{path}: no record starts at byte {start}; read the journal from its start."
                 )
             _check_header(path, result, start)
-            journal = cls(path, fd, start + result.good_end)
+            version = result.version or JOURNAL_VERSION  # a new journal gets the newest
+            # What the last frame found says was durable; the bytes after that are the
+            # dead writer's and become durable with this one's first sync.
+            journal = cls(
+                path, fd, start + result.good_end, version=version, durable=result.durable
+            )
             if result.torn:
                 journal._cut(start + result.good_end)
             if created or journal.size == 0:
@@ -192,25 +302,32 @@ class Journal:
         return journal, [record for record, _ in result.records]
 
     def _cut(self, size: int) -> None:
+        """Truncate a torn tail and make the cut durable: the journal's whole remaining
+        size is durable from then on (and later frames' marks say so)."""
         try:
             os.ftruncate(self._fd, size)
             os.fsync(self._fd)
         except OSError as exc:
             raise storage_error("cutting the torn tail of", self.path, exc) from exc
+        self._durable = self._syncing = size
+
+    def _encode(self, records: Iterable[Record]) -> bytes:
+        return b"".join(encode(r, self._durable, version=self.version) for r in records)
 
     def hold(self, records: Iterable[Record]) -> None:
         """Keep ``records`` in memory, to be written in the same write as the next append
         (or by ``sync``, ``sync_in_background`` or ``close``). A kill loses them: only for
         records whose loss is harmless, like a turn none of whose tools has started (the
-        model is asked again)."""
-        self._held += b"".join(encode(r) for r in records)
+        model is asked again). Their durable mark is the one of now: it can only be lower
+        than the one of the write that carries them, never claim too much."""
+        self._held += self._encode(records)
 
     def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
         """Append the held records and ``records`` as one write; with ``sync``, durable
         (with every deferred record before them) when this returns. Returns the journal
         size after them."""
         self._join()
-        data = self._held + b"".join(encode(r) for r in records)
+        data = self._held + self._encode(records)
         self._held = b""
         if data:
             self._write(data)
@@ -241,6 +358,7 @@ class Journal:
         if not self._dirty:
             return
         self._dirty = False
+        self._syncing = self.size
         if self._syncer is None:
             self._syncer = _SyncThread(self._fd)
         self._syncer.request()
@@ -252,15 +370,18 @@ class Journal:
             self._broken = storage_error("syncing", self.path, exc)
             raise self._broken from exc
         self._dirty = False
+        self._durable = self._syncing = self.size
 
     def _join(self) -> None:
-        """Wait for a background sync; raise if it (or anything before) failed."""
+        """Wait for a background sync; raise if it (or anything before) failed. Once it
+        has succeeded, what it covered is durable and the next frames' marks say so."""
         if self._syncer is not None:
             failure = self._syncer.wait()
             if failure is not None:
                 self._broken = storage_error("syncing", self.path, failure)
         if self._broken is not None:
             raise self._broken
+        self._durable = self._syncing
 
     def close(self) -> None:
         """Sync what is still deferred (best effort: a failure was already reported or

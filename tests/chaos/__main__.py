@@ -31,6 +31,7 @@ CAMPAIGN = (
     ("12", "tests.chaos.escape"),
     ("13", "tests.chaos.secrets"),
     ("14", "tests.chaos.tampering"),
+    ("15", "tests.chaos.powerloss"),
     ("16", "tests.chaos.storage"),
     ("17", "tests.chaos.signals"),
     ("19", "tests.chaos.clock"),

@@ -214,7 +214,7 @@ def recovery_starts(setup: Setup, root: Path) -> list[Start]:
     """The task stopped before each journal append, effect-undone and torn variants."""
     starts: list[Start] = []
     for i, state in sorted(setup.states.items()):
-        record = json.loads(setup.frames[i][8:])
+        record = setup.records[i]
         kind = str(record.get("k"))
         if kind == "intent":
             kind += f" of {record['tool']}"
@@ -241,7 +241,7 @@ def held_starts(setup: Setup, root: Path, quick: bool) -> tuple[list[Start], lis
     starts: list[Start] = []
     problems: list[tuple[str, str]] = []
     for i, state in sorted(setup.states.items()):
-        record = json.loads(setup.frames[i][8:])
+        record = setup.records[i]
         if record.get("k") != "result":
             continue
         _, block = _call_of(state, record)

@@ -10,6 +10,7 @@ one file per idempotency key, so a body found twice is a keyed effect repeated.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import re
@@ -473,6 +474,45 @@ def stop_before_record(task: TaskDir, index: int) -> None:
         pass
     finally:
         loop.close()
+
+
+# -- what a power loss leaves ------------------------------------------------------------
+
+#: The unit the kernel writes back: each page of a file is persisted, or not, on its own.
+PAGE = 4096
+
+
+class Fate(enum.Enum):
+    """What a power loss did to one page written since the file's last sync."""
+
+    KEEP = "keep"  # written back before the power went
+    ZERO = "zero"  # its blocks were allocated but never written: it reads as zeros
+    DROP = (
+        "drop"  # never reached the disk: the file ends before it (a hole if a later page made it)
+    )
+
+
+def unsynced_pages(size: int, synced: int) -> range:
+    """The pages of a file of ``size`` bytes that hold bytes written after ``synced``."""
+    return range(synced // PAGE, -(-size // PAGE)) if size > synced else range(0)
+
+
+def after_power_loss(data: bytes, synced: int, fates: Sequence[Fate]) -> bytes:
+    """The file a power loss may leave of ``data``, whose first ``synced`` bytes had been
+    made durable: those are kept, and each later page meets its fate in ``fates`` (one per
+    page of ``unsynced_pages``), independently of the others."""
+    pages = unsynced_pages(len(data), synced)
+    if len(fates) != len(pages):
+        raise ValueError(f"{len(pages)} unsynced pages, {len(fates)} fates")
+    out = bytearray(data)
+    size = synced
+    for page, fate in zip(pages, fates, strict=True):
+        lo, hi = max(synced, page * PAGE), min(len(data), (page + 1) * PAGE)
+        if fate is not Fate.KEEP:
+            out[lo:hi] = bytes(hi - lo)
+        if fate is not Fate.DROP:
+            size = hi
+    return bytes(out[:size])
 
 
 # -- checks -------------------------------------------------------------------------------

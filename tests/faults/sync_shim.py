@@ -10,7 +10,9 @@ sync; this shim does, in the worker process itself:
 * ``FAULTS_BG_SYNC=K:EIO`` (or ENOSPC; ``K+:EIO``: the K-th and every later one): the
   sync fails with that error, without syncing;
 * ``FAULTS_BG_LOG=FILE``: one line per fdatasync of any thread and per write to the
-  journal: ``THREAD CALL PATH RESULT``, for the never-retried check.
+  journal: ``THREAD CALL PATH RESULT``, for the never-retried check;
+* ``FAULTS_JOURNAL_KILL=N``: SIGKILL the worker on entry to the N-th write or fdatasync
+  of the journal, of whichever thread (the power-loss campaign stops a task there).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ def _path(fd: int) -> str:
         return "?"
 
 
-def install(spec: str, log_path: str | None) -> None:
+def install(spec: str, log_path: str | None, journal_kill: int = 0) -> None:
     when, _, action = spec.partition(":")
     persistent = when.endswith("+")
     target = int(when.rstrip("+") or 0)
     lock = threading.Lock()
     count = 0
+    journal_calls = 0
     real_sync: Callable[[int], None] = os.fdatasync
     real_write: Callable[[int, Any], int] = os.write
 
@@ -48,8 +51,19 @@ def install(spec: str, log_path: str | None) -> None:
             with open(log_path, "a") as f:
                 f.write(line + "\n")
 
+    def journal_call(path: str) -> None:
+        nonlocal journal_calls
+        if not path.endswith("/journal"):
+            return
+        with lock:
+            journal_calls += 1
+            hit = journal_calls == journal_kill
+        if hit:
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def fdatasync(fd: int) -> None:
         nonlocal count
+        journal_call(_path(fd))
         thread = threading.current_thread().name
         hit = False
         if thread == BACKGROUND:
@@ -71,6 +85,7 @@ def install(spec: str, log_path: str | None) -> None:
 
     def write(fd: int, data: Any) -> int:
         path = _path(fd)
+        journal_call(path)
         if path.endswith("/journal"):
             log(f"{threading.current_thread().name} write {path} {len(data)}")
         return real_write(fd, data)
@@ -80,7 +95,11 @@ def install(spec: str, log_path: str | None) -> None:
 
 
 def main() -> None:
-    install(os.environ.get("FAULTS_BG_SYNC", ""), os.environ.get("FAULTS_BG_LOG"))
+    install(
+        os.environ.get("FAULTS_BG_SYNC", ""),
+        os.environ.get("FAULTS_BG_LOG"),
+        int(os.environ.get("FAULTS_JOURNAL_KILL", "0")),
+    )
     sys.argv = ["worker", *sys.argv[1:]]
     runpy.run_module("worker", run_name="__main__", alter_sys=True)
 

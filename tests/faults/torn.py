@@ -30,6 +30,7 @@ from tests.faults.common import (
     EXIT_DONE,
     EXIT_FAILED,
     EXIT_HELD,
+    JSON,
     PROBLEMS,
     Plan,
     check_task,
@@ -45,11 +46,11 @@ from tests.faults.common import (
 )
 from tests.faults.report import Figure
 from worker.errors import AgentdError
-from worker.journal import read_file, scan
+from worker.journal import FRAMINGS, JOURNAL_VERSION, read_file, scan
 from worker.spool import TaskDir
 
 FAULT = "torn journals"
-HEAD = 8  # the frame header: length and checksum
+HEAD = FRAMINGS[JOURNAL_VERSION].head.size  # a frame header: length, checksum, durable mark
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Result:
 class Setup:
     plan: Plan
     frames: list[bytes]  # the clean run's frames
+    records: list[JSON]  # and the record each one holds
     states: dict[int, TaskDir]  # record index -> the task stopped before that record
     finished: TaskDir  # the clean run, done
 
@@ -83,9 +85,10 @@ def prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
     finished = clone_task(pristine, root / "finished")
     stop_before_record(finished, 10**6)  # never stops: runs to the end in-process
     data = finished.journal.read_bytes()
-    frames, pos = [], 0
-    for _, end in scan(data).records:
+    frames, found, pos = [], [], 0
+    for record, end in scan(data).records:
         frames.append(data[pos:end])
+        found.append(record)
         pos = end
     states = {}
     for i in sorted(tails):
@@ -94,7 +97,7 @@ def prepare(root: Path, plan: Plan, tails: set[int]) -> Setup:
         if len(records(state)) != i:
             raise RuntimeError(f"stopping before record {i} left {len(records(state))} records")
         states[i] = state
-    return Setup(plan, frames, states, finished)
+    return Setup(plan, frames, found, states, finished)
 
 
 def _tail_case(setup: Setup, root: Path, case: Case, n: int) -> Result:

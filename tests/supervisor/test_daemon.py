@@ -453,12 +453,15 @@ def spec_bytes(task_id: str) -> bytes:
 def test_garbage_task_folders_fail_with_a_reason_and_the_daemon_keeps_serving(
     shared: Daemon,
 ) -> None:
-    from worker.journal import encode
+    from worker.journal import JOURNAL_VERSION, encode
 
     script = json.dumps({"responses": steps(2)}).encode()
-    header = encode({"k": "header", "v": 1, "task": "bad-journal"})
-    turn = encode({"k": "turn", "turn": 1, "message": {"role": "assistant", "content": []}})
-    damaged = header + b"\xff" * 12 + turn  # damage followed by a whole frame: corruption
+    header = encode({"k": "header", "v": JOURNAL_VERSION, "task": "bad-journal"})
+    turn = encode(
+        {"k": "turn", "turn": 1, "message": {"role": "assistant", "content": []}},
+        durable=len(header) + 12,  # written once the 12 bytes before it were synced
+    )
+    damaged = header + b"\xff" * 12 + turn  # damage to synced bytes: corruption
     write_task_folder(shared.spool, "bad-spec", {"spec.json": b"{not json", "script.json": script})
     write_task_folder(
         shared.spool,

@@ -1,8 +1,11 @@
-"""The journal: framing, torn-tail cuts, corruption refusal, storage faults, modes."""
+"""The journal: framing, durable marks, torn-tail cuts (a crash's or a power loss's),
+corruption refusal, the version-1 format, storage faults, modes."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import stat
 import threading
@@ -10,10 +13,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
+from tests.faults.common import (
+    EXIT_DONE,
+    PAGE,
+    Fate,
+    after_power_loss,
+    run_worker,
+    unsynced_pages,
+)
+from tests.support import scripted_task
 from worker import journal as journal_module
 from worker.errors import JournalCorruptError, StorageError
-from worker.journal import JOURNAL_VERSION, Journal, encode, iter_records, read_file, scan
+from worker.journal import (
+    FRAMINGS,
+    JOURNAL_VERSION,
+    Journal,
+    encode,
+    iter_records,
+    read_file,
+    scan,
+)
+from worker.spool import Spool
+
+FIXTURES = Path(__file__).parent / "fixtures"
+V1_JOURNAL = FIXTURES / "journal-v1"  # a finished 4-turn task, written by the format-1 code
 
 
 @pytest.fixture
@@ -425,3 +451,249 @@ def test_held_records_are_lost_by_a_kill_and_nothing_else_is(tmp_path: Path) -> 
     journal.hold([{"k": "turn", "turn": 2}])
     os.close(journal._fd)  # the process dies: what was written stays, what was held is gone
     assert [r["k"] for r in iter_records(path)] == ["header", "result"]
+
+
+# -- durable marks and power loss -------------------------------------------------------
+
+
+def _marks(data: bytes) -> list[int | None]:
+    """The durable mark of every frame of a journal (None: the header, which has none)."""
+    marks: list[int | None] = []
+    pos = 0
+    for record, end in scan(data).records:
+        framing = FRAMINGS[1] if record["k"] == "header" else FRAMINGS[JOURNAL_VERSION]
+        found = framing.frame_at(data, pos)
+        assert found is not None
+        marks.append(found[2])
+        pos = end
+    return marks
+
+
+@contextlib.contextmanager
+def observed_syncs() -> Iterator[list[int]]:
+    """The file size at every fdatasync that returned (any thread): what was durable."""
+    sizes: list[int] = []
+    real = os.fdatasync
+
+    def observed(fd: int) -> None:
+        size = os.fstat(fd).st_size
+        real(fd)
+        sizes.append(size)
+
+    os.fdatasync = observed
+    try:
+        yield sizes
+    finally:
+        os.fdatasync = real
+
+
+@pytest.fixture
+def synced() -> Iterator[list[int]]:
+    with observed_syncs() as sizes:
+        yield sizes
+
+
+def _big(name: str, size: int = PAGE) -> dict[str, object]:
+    return {"k": "result", "call_id": name, "content": "r" * size}
+
+
+def test_marks_claim_only_what_was_synced_before_the_write(
+    tmp_path: Path, synced: list[int]
+) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    header_end = journal.size
+    with journal:
+        journal.hold([{"k": "turn", "turn": 1}])
+        after_intent = journal.append([{"k": "intent", "call_id": "a"}])  # one write, one sync
+        after_result = journal.append([_big("a", 10)], sync=False)
+        journal.sync_in_background()
+        journal.append([{"k": "intent", "call_id": "b"}], sync=False)  # waits for it first
+        journal.append([{"k": "user", "content": []}])
+    assert synced[:2] == [header_end, after_intent]
+    assert _marks(path.read_bytes()) == [
+        None,  # the header: a version-1 frame
+        header_end,  # the turn and its intent: their own sync is not theirs to claim
+        header_end,
+        after_intent,  # the result, written after the intent's sync
+        after_result,  # the background sync had returned before this write
+        after_result,  # not synced before it
+    ]
+
+
+def test_a_lost_unsynced_page_before_a_kept_frame_is_a_torn_tail(
+    tmp_path: Path, synced: list[int]
+) -> None:
+    """The power-loss case of a tool turn: a result written without a sync, the next
+    intent written after it, and only the page holding the intent reached the disk."""
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(3))
+    journal, _ = Journal.open(path)
+    with journal:
+        journal.append([_big("a", 2 * PAGE)], sync=False)
+        journal.append([{"k": "intent", "call_id": "b"}], sync=False)
+        data = path.read_bytes()
+    durable = max(synced[:-1])  # the last fdatasync is close()'s, after the power loss
+    assert durable == ends[-1]
+    pages = unsynced_pages(len(data), durable)
+    lost = after_power_loss(data, durable, [Fate.ZERO] * (len(pages) - 1) + [Fate.KEEP])
+    assert scan(lost[durable:], base=durable).records == []  # damage first...
+    assert FRAMINGS[2].frame_at(lost, len(data) - len(encode({"k": "intent", "call_id": "b"})))
+    path.write_bytes(lost)  # ...and a whole frame after it
+    assert read_file(path).good_end == durable  # status and history read it, and cut nothing
+    assert path.read_bytes() == lost
+    journal, replay = Journal.open(path)
+    with journal:
+        assert _payloads(replay) == _records(3)
+        assert path.stat().st_size == durable, "the unsynced bytes are cut"
+        assert journal.append([{"k": "user", "content": []}]) > durable
+    assert _marks(path.read_bytes())[-1] == durable, "the cut was synced: the next mark says so"
+
+
+def test_damage_before_a_durable_mark_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    with journal:
+        start = journal.size
+        journal.append([_big("a", 2 * PAGE)])  # synced: the next frame's mark covers it
+        journal.append([{"k": "intent", "call_id": "b"}], sync=False)
+    data = bytearray(path.read_bytes())
+    data[start + 100 : start + 100 + PAGE] = bytes(PAGE)  # a synced page zeroed
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError, match=f"damaged at byte {start} with intact"):
+        Journal.open(path)
+    assert path.read_bytes() == bytes(data), "a refused journal is never changed"
+
+
+def test_a_crash_loses_nothing_written_and_the_next_writer_claims_only_its_syncs(
+    tmp_path: Path, synced: list[int]
+) -> None:
+    """A killed writer's unsynced bytes are in the page cache: the next open reads them
+    whole, and they become durable with its first sync, not before."""
+    path = tmp_path / "journal"
+    journal, _ = Journal.open(path)
+    journal.append([_big("a", 10)], sync=False)
+    os.close(journal._fd)  # killed before any sync of its result
+    crashed_size = path.stat().st_size
+    again, replay = Journal.open(path)
+    with again:
+        assert [r["k"] for r in replay] == ["header", "result"]
+        after_intent = again.append([{"k": "intent", "call_id": "b"}])
+        again.append([{"k": "user", "content": []}])
+    assert after_intent > crashed_size
+    assert _marks(path.read_bytes())[-3:] == [synced[0], synced[0], after_intent]
+
+
+_SIZES = st.sampled_from([1, 200, PAGE - 100, PAGE + 300, 2 * PAGE]) | st.integers(1, 9000)
+_OPS = st.tuples(st.sampled_from(["sync", "defer", "background", "hold"]), _SIZES)
+_UNSYNCED = st.tuples(st.sampled_from(["defer", "hold"]), _SIZES)
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    ops=st.builds(
+        lambda head, tail: head + tail,  # anything, then the unsynced writes a power loss hits
+        st.lists(_OPS, max_size=8),
+        st.lists(_UNSYNCED, min_size=1, max_size=4),
+    ),
+    fates=st.lists(st.sampled_from(list(Fate)), min_size=12, max_size=12),
+)
+@example(ops=[("defer", 2 * PAGE), ("defer", 200)], fates=[Fate.ZERO] + [Fate.KEEP] * 11)
+def test_a_power_loss_loses_only_unsynced_records_and_never_fails_the_open(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops: list[tuple[str, int]],
+    fates: list[Fate],
+) -> None:
+    """Any mix of synced, deferred, background-synced and held appends, then a power loss
+    that keeps every synced byte and keeps, zeroes or drops each later page: the journal
+    opens, every record synced is there, and the cut is at or after the synced size."""
+    path = tmp_path_factory.mktemp("power") / "journal"
+    with observed_syncs() as sizes:
+        journal, _ = Journal.open(path)
+        for n, (how, size) in enumerate(ops):
+            record = {"k": "result", "call_id": str(n), "content": "x" * size}
+            if how == "hold":
+                journal.hold([record])
+            else:
+                journal.append([record], sync=how == "sync")
+            if how == "background":
+                journal.sync_in_background()
+        journal.append([], sync=False)  # waits for a background sync still running
+        data, durable = path.read_bytes(), max(sizes)
+        journal.close()
+    starts = [0, *(end for _, end in scan(data).records)][1:-1]
+    marks = [m for m in _marks(data) if m is not None]
+    assert marks == sorted(marks), "durable marks only grow"
+    assert all(m <= start for m, start in zip(marks, starts, strict=True))
+    pages = unsynced_pages(len(data), durable)
+    lost = after_power_loss(data, durable, (fates * 4)[: len(pages)])
+    kept = [r for r, end in scan(data).records if end <= durable]
+    path.write_bytes(lost)
+    again, replay = Journal.open(path)
+    again.close()
+    assert replay[: len(kept)] == kept
+    assert path.stat().st_size >= durable
+
+
+# -- the version-1 format ----------------------------------------------------------------
+
+
+def test_a_version_1_journal_opens_and_keeps_its_format(tmp_path: Path) -> None:
+    original = V1_JOURNAL.read_bytes()
+    found = scan(original)
+    assert found.version == 1 and not found.torn
+    assert [r["k"] for r, _ in found.records][-2:] == ["turn", "end"]
+    path = tmp_path / "journal"
+    path.write_bytes(original)
+    journal, replay = Journal.open(path)
+    with journal:
+        assert journal.version == 1
+        assert replay == [r for r, _ in found.records]
+        journal.append([{"k": "user", "content": []}])
+    data = path.read_bytes()
+    assert data[: len(original)] == original
+    assert data[len(original) :] == encode({"k": "user", "content": []}, version=1)
+
+
+def test_a_version_1_journal_keeps_the_version_1_rules(tmp_path: Path) -> None:
+    """No marks: a torn tail is cut as before, and any whole frame after damage is
+    corruption, as the release that wrote it would decide."""
+    original = V1_JOURNAL.read_bytes()
+    ends = [end for _, end in scan(original).records]
+    path = tmp_path / "journal"
+    path.write_bytes(original[:-5])
+    journal, replay = Journal.open(path)
+    journal.close()
+    assert replay[-1]["k"] == "turn" and path.stat().st_size == ends[-2]
+    damaged = bytearray(original)
+    damaged[ends[-3] + 20] ^= 0x04  # the last turn, followed by the end record
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(JournalCorruptError, match=f"damaged at byte {ends[-3]}"):
+        Journal.open(path)
+    assert path.read_bytes() == bytes(damaged)
+
+
+def test_a_version_1_task_resumes_on_a_real_worker(tmp_path: Path) -> None:
+    """The fixture's task stopped after its second turn (as the earlier release left it),
+    resumed by this release's worker: nothing before is changed, the new records are
+    version-1 frames, and the task finishes."""
+    original = V1_JOURNAL.read_bytes()
+    found = scan(original).records
+    second = max(i for i, (r, _) in enumerate(found) if r["k"] == "turn" and r["turn"] == 2)
+    stop = next(end for r, end in found[second + 1 :] if r["k"] == "result")
+    script = json.loads((FIXTURES / "journal-v1.script.json").read_text())
+    task = scripted_task(Spool(tmp_path / "spool").ensure(), script["responses"], name="t1")
+    task.journal.write_bytes(original[:stop])
+    done = run_worker(task)
+    assert done.code == EXIT_DONE, done.stderr
+    data = task.journal.read_bytes()
+    assert data[:stop] == original[:stop]
+    after = scan(data)
+    assert after.version == 1 and not after.torn
+    assert [r["k"] for r, _ in after.records][-1] == "end"
+    turns = [r["turn"] for r, _ in after.records if r["k"] == "turn"]
+    assert turns == [1, 2, 3, 4]
