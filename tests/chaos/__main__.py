@@ -28,6 +28,7 @@ CAMPAIGN = (
     ("8", "tests.chaos.api_faults"),
     ("10", "tests.faults.fuzz"),
     ("11", "tests.faults.security"),
+    ("18", "tests.chaos.operator"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 
