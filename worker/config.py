@@ -359,8 +359,11 @@ backoff with jitter that starts at this many seconds...""",
     "restart.crash_loop_limit": """\
 The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.""",
     "restart.stop_grace": """\
-Seconds a worker gets between SIGTERM and SIGKILL (stall, cancel, `agentd stop`).
-Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
+Seconds between SIGTERM and SIGKILL of a worker (stall, cancel, rewind, `agentd stop`).
+For a rewind and a stop only the worker gets SIGTERM and stops at its next safe point
+(a model call at once, a tool call once its result is recorded); a tool call still
+running after this long is killed and is dangling on resume (an unsafe one holds the
+task). Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
     "model": "Model calls. `agentd submit --model` overrides the name for one task.",
     "model.name": "The model name sent to the Messages API.",
     "model.max_tokens": "The max_tokens of every model call.",
