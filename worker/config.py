@@ -32,6 +32,9 @@ from worker.errors import ConfigError
 
 #: The environment variable that names the config file when no path is given.
 CONFIG_ENV = "AGENTD_CONFIG"
+#: A config file is read up to this many bytes and one more, never further: a wrong path
+#: (``/dev/zero``, a log) is refused in one line instead of being read into memory.
+CONFIG_FILE_LIMIT = 1024 * 1024
 
 #: What ``[tools.policy]`` may say about a tool's dangling calls on resume.
 TOOL_POLICIES = ("rerun", "hold")
@@ -104,7 +107,13 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.env
         how = ""
     try:
         with path.open("rb") as f:
-            document = tomllib.load(f)
+            data = f.read(CONFIG_FILE_LIMIT + 1)
+        if len(data) > CONFIG_FILE_LIMIT:
+            raise ConfigError(
+                f"{path}: is larger than the 1 MiB a config file may have{how}; "
+                "name the config file."
+            )
+        document = tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: config file not found{how}; create it with `agentd init` "

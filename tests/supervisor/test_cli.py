@@ -531,6 +531,13 @@ def test_every_file_the_cli_reads_has_a_size_cap(
         assert agentd(*command, str(big))[0] == 0
 
 
+def test_a_config_file_over_its_cap_exits_78_in_one_line(agentd: Run, tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * 1024 * 1024 + "\n")
+    for path in ("/dev/zero", str(big)):
+        assert_error(agentd("--config", path, "status"), 78, path, "larger than")
+
+
 # -- OS-level failures: one line, never a traceback -------------------------------------------
 
 
