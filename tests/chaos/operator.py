@@ -22,7 +22,10 @@ against a real daemon (``tests.daemon.Daemon``) and its real workers on the scri
   milliseconds apart, half with the daemon up and half with it down (then started again).
   A decision race has exactly one winner (exit 0) and one loser (exit 3, one line): when
   the cancel wins the task ends ``cancelled`` with the call run once, when the decision
-  wins it ends ``done`` with the call run twice (the re-run decided). A rewind race ends
+  wins it ends ``done`` with the call run twice (the re-run decided). A cancel that
+  reaches the lock only after the decided call's result is recorded finds no contended
+  call and stops the running task like any cancel: both exit 0, one after the other
+  (its record is stamped after the result), and that is counted apart. A rewind race ends
   with the task ``cancelled`` whenever the cancel exited 0, and a refused rewind left no
   rewind record. A cancelled task never records anything again: not while the daemon
   runs on, not after it is started again.
@@ -40,6 +43,7 @@ violation; ``tests/test_chaos_operator.py`` runs the quick mode in ``make test``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -103,7 +107,7 @@ class Plan:
     def of(cls, quick: bool) -> Plan:
         if quick:
             return cls(refused_tasks=2, tool_seconds=6.0, decision_races=3, rewind_races=2)
-        return cls(refused_tasks=6, tool_seconds=10.0, decision_races=15, rewind_races=8)
+        return cls(refused_tasks=6, tool_seconds=6.0, decision_races=15, rewind_races=8)
 
 
 # -- scripts and commands -------------------------------------------------------------------
@@ -247,8 +251,8 @@ def changes_left(daemon: Daemon, task_id: str) -> list[str]:
 
 @dataclass
 class Tally:
-    refused_given: int = 0
-    refused_while_running: int = 0
+    refused_given: int = 0  # each while the tool it would disturb ran
+    void: int = 0  # trials whose tool ended before their commands: not judged
     refused_accepted: int = 0
     refused_not_one_line: int = 0
     changed_by_refused: int = 0
@@ -259,7 +263,9 @@ class Tally:
     cut_reported: int = 0
     decision_races: int = 0
     rewind_races: int = 0
+    rewinds_first: int = 0  # rewind races the rewind won (the cancel came after it)
     two_winners: int = 0
+    decided_then_cancelled: int = 0  # both exit 0, one after the other (``in_sequence``)
     no_winner: int = 0
     cancel_won: int = 0
     decision_won: int = 0
@@ -274,38 +280,41 @@ class Tally:
 
 
 def refused(daemon: Daemon, plan: Plan, tally: Tally, root: Path) -> None:
-    """Every refused command, several at once, while each task's tool runs."""
+    """Every refused command, four at a time, while a task's tool runs; task by task, so
+    the tool outlasts the commands (a trial where it did not is void, and not judged)."""
     big = root / "big-result.txt"
     big.write_bytes(b"x" * (tasks.RESULT_FILE_LIMIT + 1))
-    names = [f"refused-{i}" for i in range(plan.refused_tasks)]
-    for name in names:
+    known = set(daemon.spool.task_ids())
+    judged = []
+    for i in range(plan.refused_tasks):
+        name = f"refused-{i}"
+        known.add(name)
         daemon.submit(running_script(plan.tool_seconds), name=name)
-    for name in names:
         wait_tool(daemon, name)
-    before = set(daemon.spool.task_ids())
-    work = [
-        (name, command)
-        for name in names
-        for command in refused_commands(name, first_call(daemon, name), big)
-    ]
+        call_id = first_call(daemon, name)
+        commands = refused_commands(name, call_id, big)
 
-    def give(item: tuple[str, tuple[str, ...]]) -> tuple[Result, bool]:
-        name, command = item
-        result = agentd(daemon, *command)
-        return result, call_result(daemon, name, first_call(daemon, name)) is None
+        def give(command: tuple[str, ...], name: str = name, call_id: str = call_id) -> Result:
+            result = agentd(daemon, *command)
+            if call_result(daemon, name, call_id) is not None:  # the tool ended first
+                return Result(-1, result.out, result.err, result.ended)
+            return result
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(give, work))
-    for (_, command), (result, while_running) in zip(work, results, strict=True):
-        tally.refused_given += 1
-        tally.refused_while_running += while_running
-        if result.code == 0:
-            tally.refused_accepted += 1
-            tally.note(f"accepted: {' '.join(command)}")
-        elif not result.one_line_error or result.out:
-            tally.refused_not_one_line += 1
-            tally.note(f"{' '.join(command)}: {result.err!r}")
-    for name in names:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(give, commands))
+        if any(r.code == -1 for r in results):
+            tally.void += 1
+            continue
+        judged.append(name)
+        for command, result in zip(commands, results, strict=True):
+            tally.refused_given += 1
+            if result.code == 0:
+                tally.refused_accepted += 1
+                tally.note(f"accepted: {' '.join(command)}")
+            elif not result.one_line_error or result.out:
+                tally.refused_not_one_line += 1
+                tally.note(f"{' '.join(command)}: {result.err!r}")
+    for name in judged:
         row = daemon.wait_state(name, "done", "failed", "held", "cancelled", timeout=60)
         result = call_result(daemon, name, first_call(daemon, name)) or {}
         finished = workspace_file(daemon, name, "out.txt") == "start\nfinished\n"
@@ -316,9 +325,9 @@ def refused(daemon: Daemon, plan: Plan, tally: Tally, root: Path) -> None:
         if row["state"] != "done" or left:
             tally.changed_by_refused += 1
             tally.note(f"{name}: {row['state']}, {left}")
-    if set(daemon.spool.task_ids()) != before:
+    if set(daemon.spool.task_ids()) != known:
         tally.changed_by_refused += 1
-        tally.note(f"refused forks made {set(daemon.spool.task_ids()) - before}")
+        tally.note(f"refused forks made {set(daemon.spool.task_ids()) - known}")
 
 
 def accepted(daemon: Daemon, tally: Tally) -> None:
@@ -417,7 +426,9 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
         if kind == "decision":
             tally.decision_races += 1
             winners = (cancel.code == 0) + (other.code == 0)
-            if winners == 2:
+            if winners == 2 and in_sequence(daemon, name):
+                tally.decided_then_cancelled += 1
+            elif winners == 2:
                 tally.two_winners += 1
                 tally.note(f"{name}: both won ({row['state']})")
             elif winners == 0:
@@ -433,6 +444,7 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
                 tally.note(f"{name}: {runs(daemon, name)} runs")
         else:
             tally.rewind_races += 1
+            tally.rewinds_first += other.code == 0
             rewound = "rewind" in kinds(daemon, name)
             if other.code != 0 and rewound:
                 tally.changed_by_refused += 1
@@ -440,6 +452,21 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
         if cancel.code == 0 and row["state"] != "cancelled":
             tally.cancel_not_in_force += 1
             tally.note(f"{name}: cancel exited 0, task {row['state']}")
+
+
+def in_sequence(daemon: Daemon, name: str) -> bool:
+    """Whether the decided call's result was recorded before the cancel was: the decision
+    was carried out in full, and the cancel then stopped a running task (no contention:
+    ``tasks.record_cancel`` loses only while a decided call is not carried out)."""
+    task = daemon.task(name)
+    call_id = first_call(daemon, name)
+    results = [r for r in of_kind(journal_records(task), "result") if r["call_id"] == call_id]
+    try:
+        cancelled_at = json.loads(task.cancellation.read_text())["cancelled_at"]
+    except (OSError, ValueError, KeyError):
+        return False
+    # both stamps are ISO 8601 UTC to the millisecond: a tie is not counted as a sequence
+    return bool(results) and str(results[0]["at"]) < str(cancelled_at)
 
 
 def ran_again(daemon: Daemon, names: list[str], restart: bool) -> int:
@@ -468,7 +495,8 @@ def figures_of(tally: Tally) -> list[Figure]:
         return Figure(FAULT, name, value, value != 0)
 
     return [
-        Figure(FAULT, "refused commands given while a tool ran", tally.refused_while_running),
+        Figure(FAULT, "refused commands given while a tool ran", tally.refused_given),
+        Figure(FAULT, "trials void (the tool ended before the commands)", tally.void),
         v("refused commands that exited 0", tally.refused_accepted),
         v("refused commands without a one-line error", tally.refused_not_one_line),
         v("tasks changed by a refused command", tally.changed_by_refused),
@@ -482,8 +510,18 @@ def figures_of(tally: Tally) -> list[Figure]:
             "decision races (cancel won / decision won)",
             f"{tally.decision_races} ({tally.cancel_won} / {tally.decision_won})",
         ),
-        Figure(FAULT, "rewind races", tally.rewind_races),
+        Figure(
+            FAULT,
+            "rewind races (cancel first / rewind first)",
+            f"{tally.rewind_races} ({tally.rewind_races - tally.rewinds_first} / "
+            f"{tally.rewinds_first})",
+        ),
         v("races with two winners", tally.two_winners),
+        Figure(
+            FAULT,
+            "decision carried out, then the task cancelled (not a race)",
+            tally.decided_then_cancelled,
+        ),
         v("races with no winner", tally.no_winner),
         v("cancels exited 0 whose task did not end cancelled", tally.cancel_not_in_force),
         v("cancelled tasks that ran again", tally.cancelled_ran_again),
