@@ -305,14 +305,19 @@ class Supervisor:
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
-        lock (one an earlier daemon started, recorded or not), or resume it."""
-        if slot.record.state in tasks.FINAL_STATES:
+        lock (one an earlier daemon started, recorded or not), or resume it. A worker that
+        outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
+        stopped (``_apply_requests``): a cancelled task runs nothing more."""
+        final = slot.record.state in tasks.FINAL_STATES
+        if final and not slot.task.cancellation.exists():
             return
         worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
             self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
             self.emit("worker_adopted", slot, pid=worker.pid)
+        elif final:
+            return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")

@@ -29,8 +29,8 @@ from tests.chaos.operator import (
     wait_tool,
     workspace_file,
 )
-from tests.daemon import Daemon, subreaper
-from tests.support import journal_records, of_kind, reply, text, tool_use
+from tests.daemon import Daemon, alive, group_alive, subreaper
+from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -132,6 +132,25 @@ def test_cancel_is_final_with_the_daemon_down_and_the_next_start_runs_nothing(
     assert row["state"] == "cancelled", row
     assert daemon.task(name).journal.read_bytes() == journal
     assert runs(daemon, name) == 1 and daemon.events(name, "dangling_decided") == []
+
+
+def test_a_worker_that_outlived_its_daemon_is_stopped_when_its_task_is_cancelled(
+    daemon: Daemon,
+) -> None:
+    name = "orphan"
+    command = "sleep 4; echo after >> late.txt"
+    daemon.submit([reply(tool_use("run_command", command=command, timeout=60))], name=name)
+    row = daemon.wait_row(name, lambda r: r["phase"] == "tool:run_command")
+    daemon.kill()  # kill -9: its worker, in a session of its own, runs on
+    try:
+        result = agentd(daemon, "cancel", name)
+        assert (result.code, result.out) == (0, f"{name}: cancelled\n"), result
+    finally:
+        daemon.start()
+    daemon.wait_row(name, lambda r: r["state"] == "cancelled" and not alive(row["pid"]))
+    assert daemon.events(name, "worker_adopted")
+    poll_for(lambda: not group_alive(row["pid"]), 5, what="the worker's group to be gone")
+    assert workspace_file(daemon, name, "late.txt") == ""  # its tool was stopped with it
 
 
 @pytest.mark.parametrize("up", [True, False], ids=["daemon-up", "daemon-down"])
