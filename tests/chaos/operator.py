@@ -29,6 +29,9 @@ against a real daemon (``tests.daemon.Daemon``) and its real workers on the scri
   with the task ``cancelled`` whenever the cancel exited 0, and a refused rewind left no
   rewind record. A cancelled task never records anything again: not while the daemon
   runs on, not after it is started again.
+* orphans: tasks whose workers outlive a ``kill -9`` of the daemon (each in a session of
+  its own) are cancelled while no daemon runs; the next daemon adopts each worker and
+  stops it, so the rest of its tool (``sleep 3; echo after``) never runs.
 
 Violations (all must be 0): refused commands that exited 0, tasks changed by a refused
 command, calls cut off by a refused command, accepted rewinds that cut off a call that
@@ -59,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import tasks
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon, alive, subreaper
 from tests.faults.report import Figure, print_figures, violations
 from tests.support import (
     REPO,
@@ -102,12 +105,15 @@ class Plan:
     tool_seconds: float  # how long that tool runs
     decision_races: int  # of each: daemon up, daemon down
     rewind_races: int
+    orphans: int  # workers left by a kill -9 of the daemon, then cancelled
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls(refused_tasks=2, tool_seconds=6.0, decision_races=3, rewind_races=2)
-        return cls(refused_tasks=6, tool_seconds=6.0, decision_races=15, rewind_races=8)
+            return cls(
+                refused_tasks=2, tool_seconds=6.0, decision_races=3, rewind_races=2, orphans=2
+            )
+        return cls(refused_tasks=6, tool_seconds=6.0, decision_races=15, rewind_races=8, orphans=6)
 
 
 # -- scripts and commands -------------------------------------------------------------------
@@ -266,6 +272,7 @@ class Tally:
     rewinds_first: int = 0  # rewind races the rewind won (the cancel came after it)
     two_winners: int = 0
     decided_then_cancelled: int = 0  # both exit 0, one after the other (``in_sequence``)
+    orphans: int = 0  # workers that outlived the daemon, their task cancelled meanwhile
     no_winner: int = 0
     cancel_won: int = 0
     decision_won: int = 0
@@ -490,6 +497,37 @@ def ran_again(daemon: Daemon, names: list[str], restart: bool) -> int:
     )
 
 
+def orphans(daemon: Daemon, tally: Tally, count: int) -> None:
+    """Tasks whose workers outlive a ``kill -9`` of the daemon, cancelled while no daemon
+    runs: the next daemon must stop them before their tools go on (``late.txt``)."""
+    names = [f"orphan-{i}" for i in range(count)]
+    command = "sleep 3; echo after >> late.txt"
+    for name in names:
+        daemon.submit([reply(tool_use("run_command", command=command, timeout=60))], name=name)
+    pids = {n: daemon.wait_row(n, lambda r: r["phase"] == "tool:run_command")["pid"] for n in names}
+    daemon.kill()
+    try:
+        results = {n: agentd(daemon, "cancel", n) for n in names}
+    finally:
+        daemon.start()
+    for name in names:
+        tally.orphans += 1
+        try:
+            poll_for(lambda n=name: not alive(pids[n]), 10, what=f"{name}'s worker to end")
+        except AssertionError:
+            tally.cancelled_ran_again += 1
+            tally.note(f"{name}: its worker runs on after the cancel")
+    time.sleep(3.5)  # past the tools' sleep: a tool that survived the cancel has written
+    for name in names:
+        row = daemon.row(name)
+        if results[name].code != 0 or row["state"] != "cancelled":
+            tally.cancel_not_in_force += 1
+            tally.note(f"{name}: cancel {results[name].code}, task {row['state']}")
+        if workspace_file(daemon, name, "late.txt"):
+            tally.cancelled_ran_again += 1
+            tally.note(f"{name}: its tool went on after the cancel")
+
+
 def figures_of(tally: Tally) -> list[Figure]:
     def v(name: str, value: int) -> Figure:
         return Figure(FAULT, name, value, value != 0)
@@ -516,6 +554,7 @@ def figures_of(tally: Tally) -> list[Figure]:
             f"{tally.rewind_races} ({tally.rewind_races - tally.rewinds_first} / "
             f"{tally.rewinds_first})",
         ),
+        Figure(FAULT, "orphaned workers whose task was cancelled", tally.orphans),
         v("races with two winners", tally.two_winners),
         Figure(
             FAULT,
@@ -544,6 +583,8 @@ def campaign(root: Path, plan: Plan, rng: random.Random) -> list[Figure]:
             judge(daemon, tally, outcomes)
             names = [name for name, *_ in outcomes]
             tally.cancelled_ran_again += ran_again(daemon, names, restart=not up)
+        say("cancels of workers that outlived the daemon ...")
+        orphans(daemon, tally, plan.orphans)
     finally:
         daemon.cleanup()
     figures = figures_of(tally)
