@@ -22,9 +22,9 @@ from typing import Any
 
 from supervisor import tasks
 from supervisor.control import (
-    CANCEL_REQUEST,
     RETRY_REQUEST,
     already_running,
+    cancel,
     change_record,
     offline,
     ring,
@@ -88,18 +88,12 @@ def check_named_spool(args: argparse.Namespace) -> None:
         )
 
 
-def text_or_file(text: str | None, path: str | None, option: str) -> str | None:
-    """The value of ``--OPTION TEXT`` or the contents of ``--OPTION-file F``."""
+def text_or_file(text: str | None, path: str | None, option: str, limit: int) -> str | None:
+    """The value of ``--OPTION TEXT`` or the contents of ``--OPTION-file F`` (at most
+    ``limit`` bytes: see ``tasks.PROMPT_FILE_LIMIT``)."""
     if path is None:
         return text
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read --{option}-file {path}: {exc.strerror or exc}; check the path."
-        ) from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--{option}-file {path} is not UTF-8 text; save it as UTF-8.") from None
+    return tasks.read_text_input(Path(path), limit, f"--{option}-file")
 
 
 def out(obj: Any) -> None:
@@ -206,7 +200,7 @@ def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-file FILE.")
-    prompt = text_or_file(args.prompt, args.prompt_file, "prompt") or ""
+    prompt = text_or_file(args.prompt, args.prompt_file, "prompt", tasks.PROMPT_FILE_LIMIT) or ""
     task = tasks.submit(
         spool,
         config,
@@ -330,12 +324,13 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         raise UsageError("give either a CALL_ID or --all.")
     if args.result is not None and args.result_file is not None:
         raise UsageError("give --result or --result-file, not both.")
-    result = text_or_file(args.result, args.result_file, "result")
+    result = text_or_file(args.result, args.result_file, "result", tasks.RESULT_FILE_LIMIT)
     if args.skip and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
     if args.reason is not None and not args.skip:
         raise UsageError("--reason goes with --skip.")
     action = "skip" if args.skip else "result" if result is not None else "rerun"
+    tasks.refuse_if_cancelled(task, "decision")  # checked again as each decision is written
     calls = (
         [validate_call_id(args.call_id)]
         if args.call_id
@@ -386,30 +381,26 @@ def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     task = tasks.existing_task(spool, args.task)
-    record = tasks.TaskRecord.load(task)
-    if record.state in tasks.FINAL_STATES:
-        raise StateConflictError(f"task {task.id} is already {record.state}; nothing to cancel.")
-
-    def apply(r: tasks.TaskRecord) -> None:
-        r.state, r.reason = "cancelled", "cancelled by operator"
-
-    change_record(spool, task, CANCEL_REQUEST, apply)
-    print(f"{task.id}: cancel requested" if running_pid(spool) else f"{task.id}: cancelled")
+    done = cancel(spool, task, wait=config.restart.stop_grace + 5)
+    print(f"{task.id}: cancelled" if done else f"{task.id}: cancel requested")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     task = tasks.existing_task(spool, args.task)
-    record = tasks.TaskRecord.load(task)
-    if record.state != "failed":
-        raise StateConflictError(
-            f"task {task.id} is {record.state}; only a failed task can be retried."
-        )
 
     def apply(r: tasks.TaskRecord) -> None:
         r.state, r.reason, r.crashes = "queued", None, []
 
-    change_record(spool, task, RETRY_REQUEST, apply)
+    with tasks.operator_lock(task):
+        tasks.refuse_if_cancelled(task, "retry")
+        record = tasks.TaskRecord.load(task)
+        if record.state != "failed":
+            raise StateConflictError(
+                f"task {task.id} is {record.state}; only a failed task can be retried."
+            )
+        tasks.drop_moot_cancel(task, record)
+        change_record(spool, task, RETRY_REQUEST, apply)
     print(f"{task.id}: queued for retry")
     return 0
 
@@ -459,6 +450,12 @@ def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     for call in report.irreversible:
         print(
             f"not undone: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
+        )
+    for call in report.cut_off:
+        print(
+            f"cut off: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']} "
+            f"was still running after restart.stop_grace ({config.restart.stop_grace:g} s) "
+            "and was killed; its outcome is unknown"
         )
     print(f"{report.task}: rewound to turn {report.to}; later turns kept in the history")
     print(f"workspace: {report.workspace}")

@@ -4,11 +4,16 @@
   command while no daemon runs) is the only writer of task records (``state.json``).
 * ``ring``: CLI commands drop a file in ``SPOOL/inbox`` after a change; the daemon
   watches that folder and acts within milliseconds.
-* Requests: small files in a task folder (``cancel.request``, ``retry.request``,
-  ``requeue.request``) that the daemon applies and removes. ``change_record`` applies a
-  change directly when no daemon runs, and leaves a request when one does.
+* Requests: small files in a task folder (``retry.request``, ``requeue.request``) that
+  the daemon applies and removes. ``change_record`` applies a change directly when no
+  daemon runs, and leaves a request when one does. A cancel is not a request but a
+  record that stays (``TaskDir.cancellation``, ``supervisor.tasks.cancel``).
 * ``paused``: stops a task's worker at a safe point and holds its lock for the length of
-  an operation (rewind), so no worker writes the journal meanwhile.
+  an operation (rewind), so no worker writes the journal meanwhile. The daemon waits
+  ``restart.stop_grace`` for the safe point (a model call is abandoned at once, a running
+  tool call is waited for until its result is recorded), then kills the worker;
+  ``Pause.cut_off`` tells the operation which it was. Callers check everything they can
+  before they pause: a refused command never stops a worker.
 """
 
 from __future__ import annotations
@@ -18,17 +23,18 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor import tasks
 from supervisor.tasks import TaskRecord
 from worker.durable import atomic_write, open_private, private_dir, read_json
 from worker.errors import LockBusyError, StateConflictError, storage_fault
-from worker.events import utc_now
+from worker.events import read_events_from, utc_now
 from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir
 
-CANCEL_REQUEST = "cancel.request"
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
 PAUSE_REQUEST = "pause.request"
@@ -146,6 +152,39 @@ def change_record(
     return False
 
 
+def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
+    """Cancel ``task`` for good: True once it is cancelled, False while a running daemon
+    has not applied it within ``wait`` seconds (it will: the record is durable).
+
+    Under the task's operator lock, held until the outcome is known: of a cancel and a
+    decision, the first wins (``tasks.record_cancel``), and no rewind or retry slips in
+    between. A task that ended ``done`` or ``failed`` before the daemon could apply the
+    cancel was not cancelled: the record is withdrawn and StateConflictError says so."""
+    with tasks.operator_lock(task, wait=max(tasks.OPERATOR_WAIT, wait)):
+        tasks.record_cancel(task)
+        with offline(spool) as alone:
+            if alone:
+                record = TaskRecord.load(task)
+                record.cancel()
+                record.save(task)
+                return True
+        ring(spool, task.id)
+        deadline = time.monotonic() + wait
+        while True:
+            record = TaskRecord.load(task)
+            if record.state == "cancelled":
+                return True
+            if record.state in tasks.FINAL_STATES:
+                tasks.drop_moot_cancel(task, record)
+                raise StateConflictError(
+                    f"task {task.id} ended {record.state} ({record.reason}) before the cancel "
+                    "took effect; nothing was cancelled."
+                )
+            if time.monotonic() >= deadline or running_pid(spool) is None:
+                return False
+            time.sleep(0.02)
+
+
 def pause_holder_alive(task: TaskDir) -> bool:
     """True while a live process has asked for ``task`` to stay paused."""
     try:
@@ -161,10 +200,22 @@ def pause_holder_alive(task: TaskDir) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Pause:
+    """How a pause began: ``cut_off`` when the worker did not reach a safe point within
+    ``restart.stop_grace`` and the daemon killed it (its running call has no result)."""
+
+    cut_off: bool
+
+
 @contextlib.contextmanager
-def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[None]:
+def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
     """Hold ``task``'s worker lock for the block; a running worker is first asked (through
     the daemon) to stop at a safe point. Raises StateConflictError if it does not."""
+    try:
+        seen = task.events.stat().st_size
+    except OSError:
+        seen = 0
     request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
     ring(spool, task.id)
     lock = TaskLock(task.lock)
@@ -177,7 +228,8 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[None]:
                 f"stop at a safe point within {wait:g} s; nothing was changed. "
                 + ("Try again." if running_pid(spool) else "Start the daemon or stop the worker.")
             ) from None
-        yield
+        events, _ = read_events_from(task.events, seen)
+        yield Pause(cut_off=any(e.get("event") == "worker_killed" for e in events))
     finally:
         lock.release()
         take_request(task, PAUSE_REQUEST)

@@ -55,7 +55,6 @@ from supervisor import logging as agentd_logging
 from supervisor import tasks
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.control import (
-    CANCEL_REQUEST,
     REQUEUE_REQUEST,
     RETRY_REQUEST,
     SupervisorLock,
@@ -460,14 +459,19 @@ class Supervisor:
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
-        lock (one an earlier daemon started, recorded or not), or resume it."""
-        if slot.record.state in tasks.FINAL_STATES:
+        lock (one an earlier daemon started, recorded or not), or resume it. A worker that
+        outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
+        stopped (``_apply_requests``): a cancelled task runs nothing more."""
+        final = slot.record.state in tasks.FINAL_STATES
+        if final and not slot.task.cancellation.exists():
             return
         worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
             self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
             self.emit("worker_adopted", slot, pid=worker.pid)
+        elif final:
+            return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
@@ -475,14 +479,8 @@ class Supervisor:
             self._save(slot, "queued")
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if take_request(slot.task, CANCEL_REQUEST):
-            if slot.worker is not None:
-                slot.worker.kill_reason = "cancel"
-                slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
-                slot.worker.signal_group(signal.SIGTERM)
-            elif slot.record.state not in tasks.FINAL_STATES:
-                self._save(slot, "cancelled", reason="cancelled by operator")
-                self.emit("task_cancelled", slot)
+        if slot.record.state not in tasks.FINAL_STATES and slot.task.cancellation.exists():
+            self._cancel(slot)
         if take_request(slot.task, RETRY_REQUEST) and slot.record.state == "failed":
             self._save(slot, "queued", reason=None, crashes=[])
             self.emit("task_retried", slot)
@@ -493,6 +491,20 @@ class Supervisor:
             slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
             slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
             slot.worker.signal_worker(signal.SIGTERM)
+
+    def _cancel(self, slot: TaskSlot) -> None:
+        """Apply an operator's cancel: a worker gets TERM (its group: the running tool
+        too), then KILL after the grace; a task without one is cancelled at once."""
+        worker = slot.worker
+        if worker is not None:
+            if worker.kill_reason != "cancel":
+                worker.kill_reason = "cancel"
+                worker.term_deadline = self.clock() + self.config.restart.stop_grace
+                worker.signal_group(signal.SIGTERM)
+        elif not slot.starting:  # one being started is cancelled as it arrives (_started)
+            slot.record.cancel()
+            self._save(slot)
+            self.emit("task_cancelled", slot)
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -557,6 +569,8 @@ class Supervisor:
         if self.stopping:  # asked before the stop, answered after it
             worker.kill_reason = "stop"
             worker.signal_worker(signal.SIGTERM)
+        elif slot.task.cancellation.exists():  # cancelled while it was being started
+            self._cancel(slot)
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
         pid_started = process_started(worker.pid)
@@ -726,11 +740,14 @@ class Supervisor:
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
             slot.record.reason = None
-            self.emit("restart_scheduled", slot, delay=0.0, turn=turn)
+            self.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=turn)
             self._start(slot)
             return
+        # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
+        # operator's pause, behind the tasks that were queued before it
+        queued = move.delay == 0
         self._save(slot, "backoff" if move.delay > 0 else "queued", reason=None)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), turn=turn)
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), queued=queued, turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 

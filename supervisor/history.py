@@ -8,8 +8,11 @@ neither, which is why rewind lists the calls it cannot undo before it acts.
 
 Both cut only at turn boundaries, so every tool_use keeps its one tool_result.
 
-* rewind queues the task, then appends one ``rewind`` record (one fdatasync): a kill at
-  any instant leaves the old scene or the new one, and a new scene is never left recorded
+* rewind checks everything it can (the turn, ``--yes``, a cancelled task) before it
+  pauses the task's worker, so a refused rewind never stops a running tool, and again
+  once the worker has stopped at its safe point (it may have moved on meanwhile). Then
+  it queues the task and appends one ``rewind`` record (one fdatasync): a kill at any
+  instant leaves the old scene or the new one, and a new scene is never left recorded
   ``done``. Later turns stay in the journal, marked rewound, for audit.
 * fork writes a new task whose journal starts with a ``base`` record holding the scene;
   its spec is written last, so a kill leaves either no fork or a whole one.
@@ -23,7 +26,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
-from supervisor.tasks import TaskRecord, create_task, existing_task, load_state
+from supervisor.tasks import (
+    TaskRecord,
+    create_task,
+    drop_moot_cancel,
+    existing_task,
+    load_state,
+    operator_lock,
+    refuse_if_cancelled,
+)
 from worker import vcs
 from worker.config import Config
 from worker.durable import atomic_write
@@ -169,10 +180,39 @@ def irreversible_calls(state: TaskState, turn: int) -> list[Call]:
 @dataclass(frozen=True)
 class RewindReport:
     task: str
-    from_turn: int
+    from_turn: int  # the live turn before the rewind
     to: int
     irreversible: list[dict[str, Any]]
     workspace: str
+    cut_off: list[dict[str, Any]]  # calls killed mid-way by the pause: outcome unknown
+
+
+def _call_row(call: Call) -> dict[str, Any]:
+    return {"turn": call.turn, "call_id": call.call_id, "tool": call.tool, "effect": call.effect}
+
+
+def _check_rewind(
+    task: TaskDir, state: TaskState, to: int, *, yes: bool, restore_workspace: bool
+) -> list[dict[str, Any]]:
+    """Every check of a rewind of ``state`` to ``to``; returns the calls it cannot undo."""
+    _check_turn(task, state, to, "rewind to")
+    undo = [_call_row(c) for c in irreversible_calls(state, to)]
+    if undo and not yes:
+        listing = "; ".join(f"turn {u['turn']} {u['tool']} ({u['effect']})" for u in undo)
+        raise UsageError(
+            f"rewinding task {task.id} to turn {to} cannot undo {len(undo)} call(s) with "
+            f"side effects: {listing}. Run again with --yes to rewind anyway."
+        )
+    if restore_workspace and not state.vcs.get(to, {}).get("snapshot"):
+        raise StateConflictError(
+            f"there is no workspace snapshot for turn {to} of task {task.id} (the "
+            "workspace is not under git); rewind without --restore-workspace."
+        )
+    return undo
+
+
+def _requeue(record: TaskRecord) -> None:
+    record.state, record.reason, record.crashes = "queued", None, []
 
 
 def rewind(
@@ -185,50 +225,53 @@ def rewind(
     yes: bool = False,
 ) -> RewindReport:
     task = existing_task(spool, task_id)
-    spec = task.load_spec()
+    checks = {"yes": yes, "restore_workspace": restore_workspace}
+    grace = config.restart.stop_grace
+    with operator_lock(task, wait=grace + 10):
+        refuse_if_cancelled(task, "rewind")
+        _check_rewind(task, load_state(task), to, **checks)  # before anything is paused
+        with paused(spool, task, wait=grace + 5) as pause:
+            state = load_state(task)  # the worker may have moved on before it stopped
+            undo = _check_rewind(task, state, to, **checks)
+            cut_off = [_call_row(c) for c in state.dangling()] if pause.cut_off else []
+            from_turn = state.turn
+            # The task is queued before its scene changes: a kill between the two leaves a
+            # queued task on its old scene (a worker ends it again at once), never a rewound
+            # task recorded `done`, which no daemon would ever resume.
+            drop_moot_cancel(task, TaskRecord.load(task))
+            change_record(spool, task, REQUEUE_REQUEST, _requeue)
+            journal, _ = Journal.open(task.journal, task=task.id)
+            with journal:
+                size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
+            state.apply({"k": "rewind", "to": to})
+            atomic_write(task.snapshot, snapshot_bytes(state, size))
+            workspace = _rewind_workspace(task, state, to, restore=restore_workspace)
 
-    def requeue(record: TaskRecord) -> None:
-        record.state, record.reason, record.crashes = "queued", None, []
-
-    with paused(spool, task, wait=config.restart.stop_grace + 5):
-        state = load_state(task)
-        _check_turn(task, state, to, "rewind to")
-        undo = [
-            {"turn": c.turn, "call_id": c.call_id, "tool": c.tool, "effect": c.effect}
-            for c in irreversible_calls(state, to)
-        ]
-        if undo and not yes:
-            listing = "; ".join(f"turn {u['turn']} {u['tool']} ({u['effect']})" for u in undo)
-            raise UsageError(
-                f"rewinding task {task.id} to turn {to} cannot undo {len(undo)} call(s) with "
-                f"side effects: {listing}. Run again with --yes to rewind anyway."
-            )
-        snapshot = state.vcs.get(to, {}).get("snapshot")
-        if restore_workspace and not snapshot:
-            raise StateConflictError(
-                f"there is no workspace snapshot for turn {to} of task {task.id} (the "
-                "workspace is not under git); rewind without --restore-workspace."
-            )
-        # The task is queued before its scene changes: a kill between the two leaves a
-        # queued task on its old scene (a worker ends it again at once), never a rewound
-        # task recorded `done`, which no daemon would ever resume.
-        change_record(spool, task, REQUEUE_REQUEST, requeue)
-        journal, _ = Journal.open(task.journal, task=task.id)
-        with journal:
-            size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
-        state.apply({"k": "rewind", "to": to})
-        atomic_write(task.snapshot, snapshot_bytes(state, size))
-        workspace = "files were not restored (the workspace is not under git)"
-        workspace_dir = task.workspace_for(spec)
-        if uses_vcs(workspace_dir, explicit=spec.workspace is not None):
-            workspace = "files were left as they are (add --restore-workspace to restore them)"
-        if restore_workspace and snapshot:
-            vcs.restore(workspace_dir, snapshot)
-            workspace = f"files restored to their state after turn {to} (git {snapshot[:12]})"
-
-    append_event(task.events, "task_rewound", task=task.id, to=to, from_turn=state.turn)
+    cut = [c["call_id"] for c in cut_off]
+    append_event(
+        task.events,
+        "task_rewound",
+        "warning" if cut else "info",
+        task=task.id,
+        to=to,
+        from_turn=from_turn,
+        cut_off=cut,
+    )
     ring(spool, task.id)
-    return RewindReport(task.id, max((r.turn for r in state.turns), default=0), to, undo, workspace)
+    return RewindReport(task.id, from_turn, to, undo, workspace, cut_off)
+
+
+def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool) -> str:
+    """Restore the workspace files of turn ``to`` when asked and possible; what was done."""
+    spec = task.load_spec()
+    workspace_dir = task.workspace_for(spec)
+    snapshot = state.vcs.get(to, {}).get("snapshot")
+    if restore and snapshot:
+        vcs.restore(workspace_dir, snapshot)
+        return f"files restored to their state after turn {to} (git {snapshot[:12]})"
+    if uses_vcs(workspace_dir, explicit=spec.workspace is not None):
+        return "files were left as they are (add --restore-workspace to restore them)"
+    return "files were not restored (the workspace is not under git)"
 
 
 # -- fork ---------------------------------------------------------------------------------

@@ -5,9 +5,14 @@
 * ``TaskRecord`` is the supervisor's own record of a task (``state.json``): its state,
   restarts, last exit and reason. Only the holder of the supervisor lock writes it: the
   running daemon, or a CLI command while no daemon runs.
-* Operator requests to a running daemon (cancel, retry) are small files in the task
-  folder that the daemon applies and removes; decisions on held calls are files written
-  exclusively, so of two operators deciding one call exactly one wins.
+* Operator requests to a running daemon (retry, requeue) are small files in the task
+  folder that the daemon applies and removes; decisions on held calls and a cancel are
+  files written exclusively, so of two operators deciding one call exactly one wins.
+* The commands that settle what becomes of a task (a decision, cancel, rewind, retry)
+  check and write under the task's operator lock, one at a time: each sees what the one
+  before it did. So a cancel and a decision that race have exactly one winner, and a
+  cancel is final: no decision, rewind or retry is taken after it.
+* Files an operator names (a prompt, a script, a supplied result) are read up to a cap.
 * ``status_row`` builds the JSON of DESIGN.md section 3 from the files alone, so status
   works whether or not the daemon runs.
 """
@@ -17,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,8 @@ from worker.durable import (
     write_exclusive,
 )
 from worker.errors import (
+    AgentdError,
+    LockBusyError,
     NotFoundError,
     SpoolError,
     StateConflictError,
@@ -43,11 +51,25 @@ from worker.errors import (
 )
 from worker.events import append_event, utc_now
 from worker.journal import read_file
+from worker.lock import TaskLock
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
+ENDED = ("done", "failed")  # final states a task reaches on its own
+CANCEL_REASON = "cancelled by operator"
+
+#: Caps on the files an operator names on the command line. Each is read up to its cap and
+#: one byte more, never further, so a wrong path (``/dev/zero``, a log) is refused in one
+#: line instead of being read into memory. A prompt and a supplied result become part of
+#: every later model request; a script is a test fixture of model replies.
+PROMPT_FILE_LIMIT = 1024 * 1024
+SCRIPT_FILE_LIMIT = 16 * 1024 * 1024
+RESULT_FILE_LIMIT = 1024 * 1024
+
+OPERATOR_LOCK = "operator.lock"  # in the task folder: see ``operator_lock``
+OPERATOR_WAIT = 30.0  # seconds a command waits for another one on the same task
 
 
 @dataclass
@@ -77,6 +99,9 @@ class TaskRecord:
         except TypeError:
             return cls(state="failed", reason=f"{task.state} is not a task record")
 
+    def cancel(self) -> None:
+        self.state, self.reason = "cancelled", CANCEL_REASON
+
     def save(self, task: TaskDir, *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsyncs, for a state
         that recovery never trusts anyway (``running``: the task lock decides)."""
@@ -85,6 +110,39 @@ class TaskRecord:
 
 
 # -- submission ---------------------------------------------------------------------------
+
+
+def read_input(path: Path, limit: int, option: str) -> bytes:
+    """The bytes of a file named by ``option``, at most ``limit`` of them; a UsageError in
+    one line when it is missing, unreadable or larger."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file; check the path.") from None
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {path}: cannot read it ({exc.strerror or exc}); check the path and its "
+            "permissions."
+        ) from None
+    if len(data) > limit:
+        raise UsageError(
+            f"{option} {path} is larger than the {_size(limit)} a {option} may have; "
+            "name the file you meant, or shorten it."
+        )
+    return data
+
+
+def read_text_input(path: Path, limit: int, option: str) -> str:
+    """``read_input`` as UTF-8 text."""
+    try:
+        return read_input(path, limit, option).decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path} is not UTF-8 text; save it as UTF-8.") from None
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
 
 
 def submit(
@@ -117,13 +175,9 @@ def submit(
         raise UsageError(str(exc)) from None
     script_bytes: bytes | None = None
     if script is not None:
+        script_bytes = read_input(script, SCRIPT_FILE_LIMIT, "--script")
         try:
-            script_bytes = script.read_bytes()
             parse_script(script_bytes, str(script))
-        except OSError as exc:
-            raise UsageError(
-                f"cannot read --script {script}: {exc.strerror or exc}; check the path."
-            ) from None
         except TaskSpecError as exc:
             raise UsageError(str(exc)) from None
     if workspace is not None:
@@ -343,6 +397,95 @@ def existing_task(spool: Spool, task_id: str) -> TaskDir:
     return task
 
 
+@contextlib.contextmanager
+def operator_lock(task: TaskDir, wait: float = OPERATOR_WAIT) -> Iterator[None]:
+    """Hold ``task``'s operator lock for the block (an flock: a killed command drops it).
+
+    Every command that settles what becomes of a task checks and writes under it, so it
+    sees what the command before it did: of a cancel and a decision that race, the first
+    to take the lock wins, and the other finds the cancel (or the decision) and exits 3."""
+    lock = TaskLock(task.path / OPERATOR_LOCK)
+    try:
+        lock.acquire(wait=wait)
+    except LockBusyError as exc:
+        raise StateConflictError(
+            f"another command on task {task.id} (pid {exc.holder_pid}) did not end within "
+            f"{wait:g} s; try again once it has."
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def cancelled(task: TaskDir, record: TaskRecord | None = None) -> bool:
+    """Whether an operator cancelled ``task`` (the daemon may not have applied it yet). A
+    cancel record of a task that ended ``done`` or ``failed`` before the daemon could
+    apply it is moot (``drop_moot_cancel``)."""
+    state = (record or TaskRecord.load(task)).state
+    return state == "cancelled" or (state not in ENDED and task.cancellation.exists())
+
+
+def refuse_if_cancelled(task: TaskDir, verb: str) -> None:
+    """A cancel is final: StateConflictError for any command that would revive the task."""
+    if cancelled(task):
+        raise StateConflictError(
+            f"task {task.id} was cancelled; a cancelled task takes no {verb}. "
+            f"`agentd fork {task.id} --at TURN` starts a new task from it."
+        )
+
+
+def record_cancel(task: TaskDir) -> None:
+    """Durably record the operator's cancel of ``task`` (``TaskDir.cancellation``, created
+    exclusively), for the daemon to apply; the caller holds the operator lock. Refused
+    when the task has ended, and when a call of it was decided and the decision is not
+    carried out yet: that decision won the race, and the cancel would cut it off."""
+    record = TaskRecord.load(task)
+    if cancelled(task, record):
+        raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
+    if record.state in FINAL_STATES:
+        raise StateConflictError(f"task {task.id} is already {record.state}; nothing to cancel.")
+    decided = _decided_calls(task)
+    if decided:
+        raise StateConflictError(
+            f"call {decided[0]} of task {task.id} was already decided and is not carried out "
+            "yet; cancel the task once its result is recorded (`agentd logs`)."
+        )
+    stamp = {"cancelled_at": utc_now(), "pid": os.getpid()}
+    if not write_exclusive(task.cancellation, json.dumps(stamp).encode()):
+        raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
+
+
+def drop_moot_cancel(task: TaskDir, record: TaskRecord) -> None:
+    """Remove the cancel record of a task that ended ``done`` or ``failed`` before it was
+    applied, so that a rewind or retry of it is not cancelled afterwards. Only under the
+    operator lock: no other command can be reading it then."""
+    if record.state in ENDED:
+        with contextlib.suppress(FileNotFoundError):
+            task.cancellation.unlink()
+
+
+def _decided_calls(task: TaskDir) -> list[str]:
+    """Calls of ``task`` whose operator decision is not carried out yet: held with a
+    decision for the held attempt, or being re-run on one (a dangling attempt right after
+    a decided one, not held again)."""
+    if not task.decisions.is_dir() or task.decisions.is_symlink():
+        return []
+    try:
+        state = load_state(task)
+        held = {h["call_id"]: h.get("attempt") for h in state.held}
+        found = []
+        for call in state.calls.values():
+            if not call.dangling or call.key is None:
+                continue
+            decided = call.attempt if held.get(call.call_id) == call.attempt else call.attempt - 1
+            if decided > 0 and _usable_decision(task.decision_file(call.key, decided)):
+                found.append(call.call_id)
+        return found
+    except (AgentdError, OSError, ValueError, KeyError, TypeError):
+        return []  # a journal no worker can replay: nothing of it will be carried out
+
+
 def decide(
     task: TaskDir,
     call_id: str,
@@ -351,7 +494,16 @@ def decide(
     reason: str | None = None,
     result: str | None = None,
 ) -> dict[str, Any]:
-    """Durably record an operator's decision on one held call of ``task``."""
+    """Durably record an operator's decision on one held call of ``task``; refused once
+    the task was cancelled (under the operator lock, so a racing cancel has one winner)."""
+    with operator_lock(task):
+        refuse_if_cancelled(task, "decision")
+        return _decide(task, call_id, action=action, reason=reason, result=result)
+
+
+def _decide(
+    task: TaskDir, call_id: str, *, action: str, reason: str | None, result: str | None
+) -> dict[str, Any]:
     record = TaskRecord.load(task)
     rows = {row["call_id"]: row for row in held_calls(task)}
     if call_id not in rows:

@@ -34,6 +34,9 @@ from worker.tools.sandbox import SandboxMode
 
 #: The environment variable that names the config file when no path is given.
 CONFIG_ENV = "AGENTD_CONFIG"
+#: A config file is read up to this many bytes and one more, never further: a wrong path
+#: (``/dev/zero``, a log) is refused in one line instead of being read into memory.
+CONFIG_FILE_LIMIT = 1024 * 1024
 
 #: The machine-wide config file, read when no other is named or found in the user's
 #: config folder; ``agentd init --system`` writes it. Looked up at each call, so a test
@@ -141,7 +144,12 @@ def read_config(
             return Config(), None
     try:
         with path.open("rb") as f:
-            data = f.read()
+            data = f.read(CONFIG_FILE_LIMIT + 1)
+        if len(data) > CONFIG_FILE_LIMIT:
+            raise ConfigError(
+                f"{path}: is larger than the 1 MiB a config file may have{how}; "
+                "name the config file."
+            )
         document = tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(
@@ -445,8 +453,11 @@ the fault lasts, and is retried at once when the daemon's own writes succeed aga
     "restart.crash_loop_limit": """\
 The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.""",
     "restart.stop_grace": """\
-Seconds a worker gets between SIGTERM and SIGKILL (stall, cancel, `agentd stop`).
-Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
+Seconds between SIGTERM and SIGKILL of a worker (stall, cancel, rewind, `agentd stop`).
+For a rewind and a stop only the worker gets SIGTERM and stops at its next safe point
+(a model call at once, a tool call once its result is recorded); a tool call still
+running after this long is killed and is dangling on resume (an unsafe one holds the
+task). Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
     "model": "Model calls. `agentd submit --model` overrides the name for one task.",
     "model.name": "The model name sent to the Messages API.",
     "model.max_tokens": "The max_tokens of every model call.",

@@ -553,8 +553,9 @@ class AgentLoop:
         return None
 
     def _load_decision(self, call: Call) -> None:
-        """Apply an operator's decision file for this attempt, if one was written."""
-        if call.key is None:
+        """Apply an operator's decision file for this attempt, if one was written (and
+        the task was not cancelled: a cancel is final, so the call stays held)."""
+        if call.key is None or self.task.cancellation.exists():
             return
         try:
             path = self.task.decision_file(call.key, call.attempt)

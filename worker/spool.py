@@ -187,6 +187,12 @@ class TaskDir:
     def decisions(self) -> Path:
         return self.path / "decisions"
 
+    @property
+    def cancellation(self) -> Path:
+        """The operator's cancel, once made: created exclusively, never removed (a cancel
+        is final, and no decision of the task is carried out after it)."""
+        return self.path / "cancelled.json"
+
     def decision_file(self, key: str, attempt: int) -> Path:
         """Where the decision on one attempt of a held call lives. Named by the call's
         idempotency key, which is unique per call, per branch and per task, so a decision

@@ -34,6 +34,7 @@ CAMPAIGN = (
     ("15", "tests.chaos.powerloss"),
     ("16", "tests.chaos.storage"),
     ("17", "tests.chaos.signals"),
+    ("18", "tests.chaos.operator"),
     ("19", "tests.chaos.clock"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)

@@ -197,7 +197,8 @@ def test_retry_of_a_task_that_did_not_fail_exits_3(agentd: Run, spool: Spool) ->
     task_id = submit(agentd, "--name", "fine")
     for state in ("queued", "done", "cancelled", "held"):
         set_state(spool.task(task_id), state)
-        err = assert_error(agentd("retry", task_id), 3, f"is {state}", "only a failed task")
+        words = ["was cancelled"] if state == "cancelled" else [f"is {state}", "only a failed"]
+        err = assert_error(agentd("retry", task_id), 3, *words)
         assert tasks.TaskRecord.load(spool.task(task_id)).state == state, err
 
 
@@ -462,6 +463,83 @@ def test_approve_dangling_of_a_call_that_is_not_held_exits_3(
     assert_error(agentd("approve-dangling", task.id, "toolu_other"), 3, "no held call")
     other = submit(agentd, "--name", "calm")
     assert_error(agentd("approve-dangling", other, "--all"), 3, "no held calls")
+
+
+def test_a_cancel_with_the_daemon_down_is_final(
+    agentd: Run, held: tuple[TaskDir, str], spool: Spool
+) -> None:
+    task, call_id = held
+    code, out, err = agentd("cancel", task.id)
+    assert (code, out, err) == (0, f"{task.id}: cancelled\n", "")
+    assert task.cancellation.exists()  # durable at once, for every later command
+    journal, record = task.journal.read_bytes(), task.state.read_bytes()
+    for args in (
+        ["approve-dangling", task.id, "--all"],
+        ["approve-dangling", task.id, call_id, "--skip"],
+        ["rewind", task.id, "--to", "0", "--yes"],
+        ["retry", task.id],
+    ):
+        assert_error(agentd(*args), 3, "was cancelled")
+    assert_error(agentd("cancel", task.id), 3, "already cancelled")
+    assert task.journal.read_bytes() == journal and task.state.read_bytes() == record
+    assert not task.decisions.exists() or list(task.decisions.iterdir()) == []
+    # even a decision file that reached the folder anyway is never carried out
+    row = tasks.held_calls(task)[0]
+    task.decisions.mkdir(mode=0o700, exist_ok=True)
+    decision = {"call_id": call_id, "attempt": row["attempt"], "action": "rerun"}
+    task.decision_file(row["idempotency_key"], row["attempt"]).write_text(json.dumps(decision))
+    loop = make_loop(task)
+    assert loop.run().state == "held"
+    loop.close()
+    state = tasks.load_state(task)
+    assert state.calls[call_id].attempt == row["attempt"] and state.calls[call_id].result is None
+
+
+def test_a_decided_call_wins_over_a_later_cancel(agentd: Run, held: tuple[TaskDir, str]) -> None:
+    task, call_id = held
+    assert agentd("approve-dangling", task.id, call_id, "--skip")[0] == 0
+    record = task.state.read_bytes()
+    assert_error(agentd("cancel", task.id), 3, "already decided", call_id)
+    assert not task.cancellation.exists() and task.state.read_bytes() == record
+
+
+@pytest.mark.parametrize(
+    ("option", "limit"),
+    [
+        ("--prompt-file", tasks.PROMPT_FILE_LIMIT),
+        ("--script", tasks.SCRIPT_FILE_LIMIT),
+        ("--result-file", tasks.RESULT_FILE_LIMIT),
+    ],
+)
+def test_every_file_the_cli_reads_has_a_size_cap(
+    agentd: Run, held: tuple[TaskDir, str], tmp_path: Path, option: str, limit: int
+) -> None:
+    task, call_id = held
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (limit + 1))
+    missing = str(tmp_path / "missing.txt")
+    if option == "--result-file":
+        command = ["approve-dangling", task.id, call_id, "--result-file"]
+    else:
+        command = ["submit", "--name", "capped", "--prompt", "x", option]
+        if option == "--prompt-file":
+            command.remove("--prompt")
+            command.remove("x")
+    for path in ("/dev/zero", str(big)):
+        assert_error(agentd(*command, path), 2, option, path, "larger than")
+    err = assert_error(agentd(*command, missing), 2, option, missing, "no such file")
+    assert "Errno" not in err
+    assert not task.decisions.exists() and not agentd.spool.task("capped").exists()
+    if option == "--prompt-file":  # a file of exactly the cap is taken
+        big.write_bytes(b"y" * limit)
+        assert agentd(*command, str(big))[0] == 0
+
+
+def test_a_config_file_over_its_cap_exits_78_in_one_line(agentd: Run, tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * 1024 * 1024 + "\n")
+    for path in ("/dev/zero", str(big)):
+        assert_error(agentd("--config", path, "status"), 78, path, "larger than")
 
 
 # -- OS-level failures: one line, never a traceback -------------------------------------------

@@ -277,7 +277,7 @@ def test_a_missing_input_file_is_one_line(
         argv += ["--prompt", "x"]
     code, out, err = run(argv, capsys)
     assert (code, out) == (2, "")
-    one_line(err, option, str(missing), "No such file or directory", "check the path")
+    one_line(err, option, str(missing), "no such file", "check the path")
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from tests.support import (
 )
 from worker.config import Config
 from worker.errors import StateConflictError, UsageError
+from worker.events import read_events
 from worker.journal import Journal
 from worker.lock import TaskLock
 from worker.models.messages_api import MessagesAPIModel
@@ -69,6 +70,10 @@ def spool(tmp_path: Path) -> Spool:
     return make_spool(tmp_path)
 
 
+def read_events_named(task: TaskDir, name: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(task.events) if e.get("event") == name]
+
+
 def _without_keys(messages: list[dict[str, Any]]) -> str:
     return re.sub(r"agentd-[0-9a-f]{32}", "KEY", json.dumps(messages))
 
@@ -90,6 +95,9 @@ def test_rewind_then_resume_replays_the_same_path(spool: Spool) -> None:
     assert tasks.load_state(task).turn == 6  # refused: nothing changed
     report = rewind(spool, CONFIG, task.id, 2, yes=True)
     assert {c["tool"] for c in report.irreversible} == {"append_file", "outbox_send"}
+    assert (report.from_turn, report.to, report.cut_off) == (6, 2, [])
+    (event,) = read_events_named(task, "task_rewound")
+    assert (event["from_turn"], event["to"], event["cut_off"]) == (6, 2, [])
     scene = tasks.load_state(task)
     assert scene.turn == 2
     assert scene.messages == before.messages[:5]  # prompt, (assistant, results) x 2
