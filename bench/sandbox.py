@@ -65,9 +65,7 @@ def _measure(workdir: Path, runs: int) -> list[Row]:
         if problem is not None:
             rows.append(Row(NAME, figure, "ms", None, note=f"not measured: {problem}"))
             continue
-        boxed = ctx(
-            sandbox_for(SandboxMode.REQUIRED, network, spool=spool, config=config, environ={})
-        )
+        boxed = ctx(sandbox_for(SandboxMode.REQUIRED, network, spool=spool, config=config))
         floor, agentd = _medians(bare, boxed, runs)
         rows.append(
             Row(

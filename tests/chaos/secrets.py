@@ -137,8 +137,11 @@ class EnvironSampler:
     """Reads ``/proc/PID/environ`` of a daemon and of all its descendants, every
     ``period`` seconds, in a thread: which held a needle (the canary, a key file's path)."""
 
-    def __init__(self, root: int, needles: list[bytes], period: float = 0.05) -> None:
+    def __init__(
+        self, root: int, needles: list[bytes], secret: bytes, period: float = 0.05
+    ) -> None:
         self.root, self.needles, self.period = root, needles, period
+        self.secret = secret  # the one needle a command line may not hold either
         self.seen: dict[int, Seen] = {}
         self.unreadable = 0
         self._stop = threading.Event()
@@ -182,7 +185,11 @@ class EnvironSampler:
                 continue
             seen = self.seen.setdefault(pid, Seen(cmdline))
             seen.cmdline = cmdline or seen.cmdline
-            seen.leaked |= any(n in environ or n in cmdline.encode() for n in self.needles)
+            # A key file's path may stand in bwrap's own command line (it mounts over the
+            # file to hide it): that process is outside the sandbox's PID namespace, so no
+            # sandboxed tool can read it. The key itself may be in no command line at all.
+            seen.leaked |= any(n in environ for n in self.needles)
+            seen.leaked |= self.secret in cmdline.encode()
 
 
 def kinds(sampler: EnvironSampler, daemon_pid: int, workers: set[int]) -> dict[int, str]:
@@ -292,7 +299,7 @@ def one_daemon(root: Path, key: Key, config: str, *, detach: bool, found: Findin
         names = [submit("fresh")]  # queued: started before the fork server is ready
         pid = start_daemon(daemon, env, detach)
         found.daemons += 1
-        sampler = stack.enter_context(EnvironSampler(pid, key.needles()))
+        sampler = stack.enter_context(EnvironSampler(pid, key.needles(), key.canary.encode()))
         if not poll_quietly(
             lambda: any(e.get("event") == "forkserver_ready" for e in daemon_events(daemon)), 60
         ):
