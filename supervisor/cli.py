@@ -492,6 +492,7 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import hooks  # noqa: PLC0415
     from worker import config as config_module  # noqa: PLC0415
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415
 
@@ -500,6 +501,7 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
         spool = resolve_spool(args, config)
     ToolRegistry.standard(config.tools.modules, source=config.source)  # imports each module
     source = config.source or "built-in defaults"
+    hooks.check_commands(config.hooks, source)
     sandbox = Sandbox(config.tools.sandbox, config.tools.network).verdict()
     if sandbox.startswith("refused"):
         raise ConfigError(
@@ -513,6 +515,8 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
     ]
     if config.tools.modules:
         facts.append(f"tool modules {', '.join(config.tools.modules)}")
+    if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
+        facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
         looked = f"{config_module.user_config_path()} or {config_module.SYSTEM_CONFIG}"
         facts.insert(0, f"no file at {looked}")

@@ -62,10 +62,12 @@ from supervisor.control import (
     take_request,
 )
 from supervisor.forkserver import ForkServer
+from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
+from supervisor.relay import DAEMON_MARK, EventRelay
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -79,7 +81,7 @@ from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
 from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
-from worker.errors import ConfigError, SpoolError, StorageError
+from worker.errors import AgentdError, ConfigError, SpoolError, StorageError
 from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
 from worker.loop import (
@@ -105,7 +107,12 @@ IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
-LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.")
+LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
+#: Worker exit codes that are a worker's own verdict; any other code, or a signal, is a
+#: crash, whose ``worker_exited`` is a warning (DESIGN.md section 8).
+VERDICT_EXITS = frozenset(
+    {EXIT_DONE, EXIT_FAILED, EXIT_CONFIG, EXIT_HELD, EXIT_STOPPED, EXIT_LOCKED, EXIT_STORAGE}
+)
 #: Keys a worker reads when it starts: workers started after the reload have them.
 WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
@@ -178,22 +185,58 @@ class Supervisor:
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
+        self.relay = EventRelay(self.log)  # the other processes' task events, into this log
+        self._scanned = False  # the first rescan is done: tasks found later are new
+        hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
+        self.hooks = HookRunner(hook_env, self._hook_failed)
 
     # -- events -------------------------------------------------------------------------
 
     def emit(
         self, event: str, slot: TaskSlot | None = None, level: str = "info", **kw: Any
     ) -> None:
+        """Log ``event``; a task's also goes to its events file, marked as the daemon's
+        (``relay.DAEMON_MARK``), after what other processes wrote there before it."""
         if slot is not None:
+            self.relay.pull(slot.task.id, slot.task.events)
             kw = {"task": slot.task.id, **kw}
-            line, log = event_line(event, level, **kw), TaskEventLog(slot.task.events)
+            mark, value = DAEMON_MARK
+            line = event_line(event, level, **kw, **{mark: value})
+            log = TaskEventLog(slot.task.events)
             with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
                 self.backlog.append(lambda: log.append(line))
         getattr(self.log, level)(event, **kw)
 
+    def _hook(self, slot: TaskSlot) -> None:
+        """Run the hook of the state ``slot`` has just reached, if one is set
+        (``supervisor.hooks``): started now, never waited for."""
+        key, event = HOOK_STATES[slot.record.state]
+        command = getattr(self.config.hooks, key)
+        if not command:
+            return
+        payload: dict[str, Any] = {
+            "event": event,
+            "task": slot.task.id,
+            "reason": slot.record.reason,
+            "node": node_name(),
+            "timestamp": utc_now(),
+        }
+        if slot.record.state == "held":
+            try:
+                payload["dangling"] = tasks.held_calls(slot.task)
+            except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
+                payload["dangling"] = []
+                self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
+        self.hooks.run(key, command, payload)
+
+    def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
+        slot = self.slots.get(task_id)
+        self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
+
     def _save(
         self, slot: TaskSlot, state: str | None = None, *, durable: bool = True, **changes: Any
     ) -> None:
+        arrived = state is not None and state != slot.record.state
         if state is not None:
             slot.record.state = state
         for key, value in changes.items():
@@ -203,6 +246,8 @@ class Supervisor:
             self.backlog.replace(("record", task.id), lambda: record.save(task, durable=durable))
         except SpoolError as exc:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
+        if arrived and state in HOOK_STATES:
+            self._hook(slot)
 
     def _storage_fault(self, fault: StorageError) -> None:
         """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
@@ -312,6 +357,7 @@ class Supervisor:
         self._unwatch_forkserver()
         if self.forkserver is not None:
             self.forkserver.stop()
+        await self.hooks.wait(HOOK_TIMEOUT)  # a failure's hook, say, still gets its call
         await self._sweep_until_none()
 
     # -- signals ------------------------------------------------------------------------
@@ -444,7 +490,8 @@ class Supervisor:
                 os.unlink(entry.path)
 
     def rescan(self) -> None:
-        """Bring every task folder into the daemon's view and apply pending requests."""
+        """Bring every task folder into the daemon's view, relay the events other
+        processes wrote (``supervisor.relay``) and apply pending requests."""
         for task_id in self.spool.task_ids():
             slot = self.slots.get(task_id)
             task = slot.task if slot is not None else self.spool.task(task_id)
@@ -452,10 +499,13 @@ class Supervisor:
                 continue
             if slot is None:
                 slot = self.slots[task.id] = TaskSlot(task, tasks.TaskRecord.load(task))
+                self.relay.track(task.id, task.events, from_end=not self._scanned)
                 self._recover(slot)
+            self.relay.pull(task.id, task.events)
             self._apply_requests(slot)
             if slot.record.state == "held" and tasks.pending_decisions(task):
                 self._save(slot, "queued", reason=None)
+        self._scanned = True
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
@@ -652,7 +702,10 @@ class Supervisor:
         beat = tasks.read_heartbeat(slot.task) or {}
         turn = int(beat.get("turn", 0))
         last_exit: dict[str, Any] = {"code": code, "signal": sig}
-        self.emit("worker_exited", slot, pid=worker.pid, turn=turn, code=code, signal=sig)
+        level = "info" if sig is None and code in VERDICT_EXITS else "warning"
+        self.emit(
+            "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
+        )
         self._settle_exit(slot, worker, code, turn, last_exit)
         self._wake.set()
 
@@ -687,9 +740,10 @@ class Supervisor:
             self._save(slot, "failed", reason=self._exit_reason(slot))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
         elif code == EXIT_HELD:
-            self._save(slot, "held", reason=self._exit_reason(slot))
-            if tasks.pending_decisions(slot.task):
+            if tasks.pending_decisions(slot.task):  # decided already: nobody to call
                 self._save(slot, "queued", reason=None)
+            else:
+                self._save(slot, "held", reason=self._exit_reason(slot))
         elif code == EXIT_STOPPED and worker.kill_reason == "stop":
             self._save(slot, "queued", reason=None)
         elif code == EXIT_LOCKED:
@@ -774,6 +828,9 @@ class Supervisor:
             await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
             self.check_liveness(time.time(), now)
+            for slot in self.slots.values():
+                if slot.worker is not None:
+                    self.relay.pull(slot.task.id, slot.task.events)
             if watchdog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + watchdog
@@ -794,10 +851,11 @@ class Supervisor:
     # -- strays -------------------------------------------------------------------------
 
     def own_children(self) -> set[int]:
-        """The children this daemon started on purpose and watches: its live workers and
-        the fork server. Any other child is a stray, killed by ``_sweep_strays``; a
-        process the daemon starts for itself must be named here."""
+        """The children this daemon started on purpose and watches: its live workers, the
+        fork server and the hooks that run. Any other child is a stray, killed by
+        ``_sweep_strays``; a process the daemon starts for itself must be named here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
+        own |= self.hooks.pids()
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
@@ -884,13 +942,13 @@ class Supervisor:
                 worker.beat_due = verdict.until
             elif isinstance(verdict, Hung):
                 worker.kill_reason = "hung"
-                self.emit("worker_hung", slot, level="error", pid=worker.pid, age=verdict.age)
+                self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
                 worker.signal_group(signal.SIGKILL)
             else:
                 worker.kill_reason = "stalled"
                 worker.term_deadline = mono + self.config.restart.stop_grace
                 self.emit(
-                    "worker_stalled", slot, level="error", pid=worker.pid, phase=verdict.phase
+                    "worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase
                 )
                 worker.signal_group(signal.SIGTERM)
 

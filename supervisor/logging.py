@@ -14,6 +14,11 @@ a logging call and take the daemon down. A line the stream refuses is kept, with
 ones after it (at most ``LOG_BACKLOG``, older ones dropped and counted:
 ``dropped_lines``), and written before the next line once the stream takes writes again.
 
+Under systemd (``JOURNAL_STREAM`` set, and no ``--log-file``) each line starts with its
+syslog priority, ``<4>`` for a warning (sd-daemon(3)), so that ``journalctl -p warning``
+finds holds and failures; never otherwise, where ``<4>`` would only be noise. Console
+output has colour on a TTY unless ``NO_COLOR`` is set (no-color.org).
+
 The configuration is global state: ``configure()`` sets it, ``reset()`` puts the
 structlog defaults back (the test suite does so around every test).
 
@@ -120,17 +125,36 @@ class LogSink:
         return len(data)
 
 
+#: The syslog priority of each structlog method (sd-daemon(3): SD_ERR, SD_WARNING, ...).
+PRIORITIES = {
+    "critical": 2,
+    "fatal": 2,
+    "error": 3,
+    "err": 3,
+    "exception": 3,
+    "failure": 3,
+    "warning": 4,
+    "warn": 4,
+    "info": 6,
+    "msg": 6,
+    "log": 6,
+    "debug": 7,
+}
+
+
 class _SinkLogger:
-    """The structlog logger of a ``LogSink``: every level writes the rendered line."""
+    """The structlog logger of a ``LogSink``: every level writes the rendered line, with
+    its syslog priority in front when ``priorities`` (the stream is the journal's)."""
 
-    def __init__(self, sink: LogSink) -> None:
+    def __init__(self, sink: LogSink, *, priorities: bool) -> None:
         self._sink = sink
+        self._priorities = priorities
 
-    def msg(self, message: str) -> None:
-        self._sink.write(message)
-
-    log = debug = info = warn = warning = err = error = critical = exception = msg
-    fatal = failure = msg
+    def __getattr__(self, method: str) -> Any:
+        if method not in PRIORITIES:
+            raise AttributeError(method)
+        prefix = f"<{PRIORITIES[method]}>" if self._priorities else ""
+        return lambda message: self._sink.write(prefix + message)
 
 
 _sink: LogSink | None = None
@@ -148,8 +172,10 @@ def configure(
     """Configure structlog for this process.
 
     ``fmt`` None picks console output on a TTY and JSON lines otherwise; ``stream`` is
-    sys.stderr by default. Task events reach each task's events file through
-    ``worker.events.append_event``, called by whoever emits them.
+    sys.stderr by default. Console colours need a TTY and no ``NO_COLOR``; priority
+    prefixes need ``JOURNAL_STREAM`` and no log file (``log_to_file``). Task events
+    reach each task's events file through ``worker.events.append_event``, called by
+    whoever emits them.
     """
     out = sys.stderr if stream is None else stream
     tty = _isatty(out)
@@ -157,6 +183,7 @@ def configure(
         fmt = "console" if tty else "json"
     global _sink  # noqa: PLW0603  (the one piece of global state: this module's)
     _sink = sink = LogSink(out)
+    priorities = bool(os.environ.get("JOURNAL_STREAM")) and _log_file is None
     processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -169,13 +196,14 @@ def configure(
     else:
         processors.append(
             structlog.dev.ConsoleRenderer(
-                colors=tty, exception_formatter=structlog.dev.plain_traceback
+                colors=tty and not os.environ.get("NO_COLOR"),
+                exception_formatter=structlog.dev.plain_traceback,
             )
         )
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=lambda *_: _SinkLogger(sink),
+        logger_factory=lambda *_: _SinkLogger(sink, priorities=priorities),
         cache_logger_on_first_use=False,  # so reset() and reconfiguring reach every logger
     )
 

@@ -31,6 +31,14 @@ def _no_discovered_config(
 
 
 @pytest.fixture(autouse=True)
+def _not_under_journald(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test logs as a service of systemd's (priority prefixes, ``<6>``) unless it sets
+    ``JOURNAL_STREAM`` itself, whatever the environment the suite runs in."""
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _reset_credentials() -> Iterator[None]:
     """Every test starts and ends holding no secret (the holder is process-wide)."""
     credentials.hold(credentials.Credentials())

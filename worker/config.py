@@ -86,6 +86,16 @@ class ToolsConfig:
 
 
 @dataclass(frozen=True)
+class HooksConfig:
+    """Commands the daemon runs on a task's hold, failure or end (``supervisor.hooks``):
+    each an argv list, empty for none."""
+
+    on_held: tuple[str, ...] = ()
+    on_failed: tuple[str, ...] = ()
+    on_done: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     spool: Path | None = None
     max_workers: int = 8
@@ -94,6 +104,7 @@ class Config:
     restart: RestartConfig = RestartConfig()
     model: ModelConfig = ModelConfig()
     tools: ToolsConfig = ToolsConfig()
+    hooks: HooksConfig = HooksConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -231,6 +242,11 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         policy=_policy(t.table("policy", known_keys=False)),
     )
 
+    t = top.table("hooks")
+    hooks = HooksConfig(
+        on_held=_argv(t, "on_held"), on_failed=_argv(t, "on_failed"), on_done=_argv(t, "on_done")
+    )
+
     return Config(
         spool=spool,
         max_workers=max_workers,
@@ -239,6 +255,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         restart=restart,
         model=model,
         tools=tools,
+        hooks=hooks,
         source=source,
     )
 
@@ -352,6 +369,20 @@ def _modules(tools: _Table) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _argv(hooks: _Table, key: str) -> tuple[str, ...]:
+    """A command as an argv list (no shell: run ``["sh", "-c", "..."]`` for one)."""
+    value = hooks.value(key)
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(arg, str) and arg and "\0" not in arg for arg in value
+    ):
+        hooks.fail(
+            key,
+            'must be a command as an array of strings, such as ["/usr/local/bin/page-me"], '
+            f"or [] for none, got {_show(value)}",
+        )
+    return tuple(value)
+
+
 def _policy(policy: _Table) -> Mapping[str, str]:
     for tool in policy.data:
         if not _TOOL_NAME.fullmatch(tool):
@@ -407,6 +438,7 @@ def config_document(config: Config) -> dict[str, Any]:
         "network": config.tools.network,
         "policy": dict(config.tools.policy),
     }
+    doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     return doc
 
 
@@ -480,10 +512,21 @@ What a dangling call of a tool (started, never recorded as finished) gets on res
 "rerun" runs it again, "hold" waits for an operator (`agentd dangling`,
 `agentd approve-dangling`). A tool not listed follows its effect class: read_only,
 idempotent and keyed tools rerun, unsafe tools hold.""",
+    "hooks": """\
+Commands the daemon runs (as itself, in no sandbox, without the API key) when a task
+is held for an operator, fails or is done: an argv list, with the event as one JSON
+object on stdin ("event", "task", "reason", "node", and "dangling" for a hold) and
+AGENTD_EVENT, AGENTD_TASK in the environment. One that fails or runs past 10 s is
+killed and logged as hook_failed; the daemon never waits for a hook. Checked to exist
+by `agentd config check`.""",
+    "hooks.on_held": "Run when a task is held: a dangling call waits for a decision.",
+    "hooks.on_failed": "Run when a task fails (given up after crashes, or failed by its worker).",
+    "hooks.on_done": "Run when a task is done.",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
+    "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
 }
 
 
@@ -502,6 +545,8 @@ def _render_table(name: str, table: Mapping[str, Any]) -> str:
             subtables.append(_render_table(dotted, value))
         else:
             keys.append(_comment(dotted) + tomli_w.dumps({key: value}))
+    if keys and name in _EXAMPLES:
+        head += "\n"
     return "\n".join([head + "\n".join(keys), *subtables])
 
 

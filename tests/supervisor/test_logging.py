@@ -308,3 +308,38 @@ def test_a_closed_stream_does_not_raise() -> None:
     configure("json", stream)
     stream.close()
     get_logger().info("into_the_void")
+
+
+def test_lines_carry_their_syslog_priority_under_journald_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain, journal = io.StringIO(), io.StringIO()
+    configure("json", plain)
+    get_logger().warning("dangling_held", task="t1")
+
+    monkeypatch.setenv("JOURNAL_STREAM", "8:123456")
+    configure("json", journal)
+    log = get_logger()
+    log.debug("ignored")  # filtered out: no line at all
+    log.info("task_done", task="t1")
+    log.warning("dangling_held", task="t1")
+    log.error("task_failed", task="t1")
+
+    assert plain.getvalue().startswith("{")
+    lines = journal.getvalue().splitlines()
+    assert [line[:4] for line in lines] == ["<6>{", "<4>{", "<3>{"]
+    assert [json.loads(line[3:])["event"] for line in lines] == [
+        "task_done",
+        "dangling_held",
+        "task_failed",
+    ]
+
+
+def test_no_color_turns_colours_off_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    tty = _Tty()
+    configure("console", tty)
+    get_logger().warning("dangling_held", task="t1")
+
+    assert "dangling_held" in tty.getvalue()
+    assert "\x1b[" not in tty.getvalue()

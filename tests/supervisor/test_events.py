@@ -1,0 +1,244 @@
+"""Task events in the daemon's own stream (DESIGN.md section 8): whichever process made
+them, each once and in order, at its level, with journald priorities under systemd; the
+hooks a real daemon runs; and the README's list of event names, kept in step with the
+code."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from supervisor.relay import DAEMON_MARK, EventRelay
+from tests.daemon import Daemon, subreaper
+from tests.supervisor.test_daemon import charge_script, config_text, steps
+from tests.support import REPO, poll_for
+from worker.events import append_event
+from worker.loop import EXIT_HELD
+
+# -- the relay ------------------------------------------------------------------------------
+
+
+def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons(
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "events.jsonl"
+    append_event(events, "task_submitted", task="t1")
+    relay = EventRelay(structlog.get_logger())
+    with capture_logs() as seen:
+        relay.track("t1", events, from_end=False)
+        relay.pull("t1", events)
+        mark, value = DAEMON_MARK
+        append_event(events, "worker_spawned", task="t1", pid=1, **{mark: value})
+        append_event(events, "task_resumed", task="t1", pid=1, turn=2)
+        append_event(events, "dangling_held", "warning", task="t1", pid=1, call_id="c1")
+        relay.pull("t1", events)
+        relay.pull("t1", events)  # nothing new: nothing logged
+    assert [(e["event"], e["log_level"]) for e in seen] == [
+        ("task_submitted", "info"),
+        ("task_resumed", "info"),
+        ("dangling_held", "warning"),
+    ]
+    assert seen[2]["call_id"] == "c1" and seen[2]["pid"] == 1
+
+
+def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    append_event(events, "task_submitted", task="t1")
+    relay = EventRelay(structlog.get_logger())
+    with capture_logs() as seen:
+        relay.track("t1", events, from_end=True)
+        relay.pull("t1", events)
+        append_event(events, "task_resumed", task="t1")
+        relay.pull("t1", events)
+    assert [e["event"] for e in seen] == ["task_resumed"]
+
+
+# -- the README's names -----------------------------------------------------------------------
+
+#: Calls that name an event, and the position of the name among their arguments.
+EMITTERS = {"emit": 0, "_event": 0, "append_event": 1, "event_line": 0}
+LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
+
+
+def emitted_names() -> set[str]:
+    """Every literal event name passed to an emitter, or to a log method of a logger named
+    ``log``, in worker/ and supervisor/."""
+    names: set[str] = set()
+    for root in ("worker", "supervisor"):
+        for path in (REPO / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in EMITTERS:
+                    index = EMITTERS[called]
+                elif called in LOG_METHODS and isinstance(func, ast.Attribute):
+                    owner = func.value
+                    owner_name = getattr(owner, "attr", None) or getattr(owner, "id", None)
+                    if owner_name not in ("log", "_log"):
+                        continue
+                    index = 0
+                else:
+                    continue
+                if len(node.args) > index:
+                    arg = node.args[index]
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        names.add(arg.value)
+    return names
+
+
+def readme_names() -> set[str]:
+    """The names in the README's paragraph of event names (the one that starts "Logs are
+    JSON lines")."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("Logs are JSON lines on stderr")
+    paragraph = text[start : text.index("\n\n", start)]
+    return set(re.findall(r"`([a-z]+(?:_[a-z]+)+)`", paragraph))
+
+
+def test_the_readme_lists_every_event_name_the_code_emits_and_no_other() -> None:
+    emitted, listed = emitted_names(), readme_names()
+    assert {"dangling_held", "task_submitted", "hook_failed", "model_retry"} <= emitted
+    assert emitted - listed == set(), "emitted but not in the README"
+    assert listed - emitted == set(), "in the README but never emitted"
+
+
+# -- a real daemon ------------------------------------------------------------------------------
+
+#: A hook that writes what it was given (stdin, environment) to the file named by $1.
+RECORD_HOOK = (
+    "import json, os, sys; json.dump({'stdin': json.load(sys.stdin), "
+    "'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _subreaper() -> Iterator[None]:
+    with subreaper():
+        yield
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
+    made: list[Daemon] = []
+    yield made
+    for daemon in made:
+        daemon.cleanup()
+
+
+def hooks_table(**hooks: list[str]) -> str:
+    return "[hooks]\n" + "".join(f"{key} = {json.dumps(cmd)}\n" for key, cmd in hooks.items())
+
+
+def hold(daemon: Daemon, name: str) -> dict[str, Any]:
+    """Submit a task whose unsafe call is cut short by a kill -9: it is held."""
+    daemon.submit(charge_script(), name=name)
+    charged = daemon.task(name).path / "workspace" / "charged"
+    row = daemon.wait_row(
+        name,
+        lambda r: r["phase"] == "tool:run_command" and charged.exists(),
+        what="the charge to be under way",
+    )
+    os.kill(row["pid"], signal.SIGKILL)
+    return daemon.wait_state(name, "held")
+
+
+def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_json(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    out = tmp_path / "hook.json"
+    hook = [sys.executable, "-c", RECORD_HOOK, str(out)]
+    daemon = Daemon(tmp_path / "d", config_text(extra=hooks_table(on_held=hook)))
+    daemons.append(daemon)
+    daemon.start(env={"ANTHROPIC_API_KEY": "sk-ant-api03-hook-canary-0123456789abcdef"})
+    row = hold(daemon, "held-1")
+
+    def relayed(name: str) -> list[dict[str, Any]]:
+        return [e for e in daemon.log_events() if e["event"] == name and e.get("task") == "held-1"]
+
+    (held,) = poll_for(lambda: relayed("dangling_held"), 10, what="the hold in the daemon log")
+    assert held["level"] == "warning"
+    assert held["call_id"] == row["dangling"][0]["call_id"]
+    assert len(relayed("task_submitted")) == 1  # made by the submitting command
+    killed, holding = relayed("worker_exited")  # the kill -9, then the resumed worker's hold
+    assert killed["signal"] == "SIGKILL" and killed["level"] == "warning"
+    assert holding["code"] == EXIT_HELD and holding["level"] == "info"
+    # once each, in the order of the task's own file
+    names = [e["event"] for e in daemon.log_events() if e.get("task") == "held-1"]
+    assert names == [e["event"] for e in daemon.events("held-1")]
+    assert all(e.get("by") == "daemon" for e in daemon.events("held-1", "worker_exited"))
+
+    seen = poll_for(lambda: out.exists() and json.loads(out.read_text()), 10, what="the hook")
+    event = seen["stdin"]
+    assert event["event"] == "dangling_held" and event["task"] == "held-1"
+    assert event["reason"] == row["reason"] and event["node"]
+    (call,) = event["dangling"]
+    assert call["call_id"] == row["dangling"][0]["call_id"] and call["tool"] == "run_command"
+    assert (seen["env"]["AGENTD_EVENT"], seen["env"]["AGENTD_TASK"]) == ("dangling_held", "held-1")
+    assert "ANTHROPIC_API_KEY" not in seen["env"]
+    assert "sk-ant-api03-hook-canary" not in json.dumps(seen)
+    assert all(not line.startswith("<") for line in daemon.log_path.read_text().splitlines())
+
+
+def test_a_hook_that_hangs_is_cut_at_10_s_while_the_daemon_serves_on(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    pidfile = tmp_path / "hook.pid"
+    hang = ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]
+    daemon = Daemon(tmp_path / "d", config_text(extra=hooks_table(on_done=hang)))
+    daemons.append(daemon)
+    daemon.start()
+    first = daemon.submit(steps(2), name="first")
+    daemon.wait_state(first, "done")
+    poll_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, what="the hook")
+    # The hook hangs; the daemon runs a whole task meanwhile (its own hook hangs too).
+    second = daemon.submit(steps(3), name="second")
+    daemon.wait_state(second, "done", timeout=8)
+    assert not [e for e in daemon.log_events() if e["event"] == "hook_failed"]
+
+    def cut() -> list[dict[str, Any]]:
+        return [e for e in daemon.log_events() if e["event"] == "hook_failed"]
+
+    failed = poll_for(lambda: len(cut()) == 2 and cut(), 15, what="both hooks cut")
+    assert {e["task"] for e in failed} == {first, second}
+    assert all(e["level"] == "warning" and e["why"] == "killed after 10 s" for e in failed)
+    assert all(e["hook"] == "on_done" for e in failed)
+    assert len(daemon.events(first, "hook_failed")) == 1  # in the task's events too
+    assert not os.path.exists(f"/proc/{pidfile.read_text().strip()}/cmdline") or (
+        b"sleep" not in Path(f"/proc/{pidfile.read_text().strip()}/cmdline").read_bytes()
+    )
+    code, _, _ = daemon.stop()
+    assert code == 0
+
+
+def test_priority_prefixes_appear_under_journald_only(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    daemon = Daemon(tmp_path / "d", config_text(extra=hooks_table(on_done=["false"])))
+    daemons.append(daemon)
+    daemon.start(env={"JOURNAL_STREAM": "8:4242"})
+    task = daemon.submit(steps(2), name="journal")
+    daemon.wait_state(task, "done")
+
+    def lines() -> list[str]:
+        return daemon.log_path.read_text().splitlines()
+
+    poll_for(lambda: any('"hook_failed"' in line for line in lines()), 10, what="hook_failed")
+    prefixed = [re.fullmatch(r"<([0-7])>(\{.*\})", line) for line in lines()]
+    assert all(prefixed), [line for line, m in zip(lines(), prefixed, strict=True) if not m]
+    by_event = {json.loads(m.group(2))["event"]: int(m.group(1)) for m in prefixed if m}
+    assert by_event["supervisor_ready"] == 6
+    assert by_event["task_submitted"] == 6  # relayed lines carry theirs too
+    assert by_event["hook_failed"] == 4
