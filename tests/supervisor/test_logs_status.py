@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor import tasks
+from supervisor.views import END_GRACE, log_line
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
@@ -151,6 +153,51 @@ def test_logs_follow_returns_by_itself_when_the_task_ends(daemon: Daemon) -> Non
     assert (proc.returncode, err) == (0, "")
     names = [line.split()[2] for line in out.splitlines()]
     assert names.count("turn") == 6 and names[-1] == "task_done", out
+
+
+#: An unsafe call killed mid-way the first time (so the task holds), quick when re-run.
+CHARGE = "if [ -e charged ]; then echo second run; else touch charged; exec sleep 30; fi"
+
+
+def test_logs_follow_keeps_going_while_held_and_ends_after_the_decision(daemon: Daemon) -> None:
+    task_id = daemon.submit(
+        [
+            reply(text("Charging."), tool_use("run_command", command=CHARGE, timeout=60)),
+            reply(text("Charged.")),
+        ],
+        name="charge",
+    )
+    charged = daemon.task(task_id).path / "workspace" / "charged"
+    row = daemon.wait_row(
+        task_id,
+        lambda r: r["phase"] == "tool:run_command" and charged.exists(),
+        what="the charge to be under way",
+    )
+    os.kill(row["pid"], signal.SIGKILL)
+    assert daemon.wait_state(task_id, "held", "done", "failed")["state"] == "held"
+    with subprocess.Popen(
+        daemon.command("logs", task_id, "--follow"),
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=END_GRACE + 1)  # held is not an end state
+            decided = daemon.run_cli("approve-dangling", task_id, "--all")
+            assert decided.returncode == 0, decided
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert (proc.returncode, err) == (0, "")
+    out_lines = out.splitlines()
+    names = [line.split()[2] for line in out_lines]
+    assert names.index("dangling_held") < names.index("dangling_decided") < len(names) - 1
+    assert names[-1] == "task_done", out
+    first_turn = next(line for line in out_lines if " turn turn=1 " in line)
+    assert "tools=run_command:rerun" in first_turn, first_turn
 
 
 def test_logs_follow_of_a_finished_task_returns_at_once(daemon: Daemon, finished: str) -> None:
@@ -296,3 +343,26 @@ def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason
     assert sum("REASON" in line for line in screen) == 1, "each redraw replaces the last"
     row = next(line for line in screen if line.startswith(long_reason + " "))
     assert len(row) == 120 and row.endswith("…"), row
+
+
+# -- the text form ----------------------------------------------------------------------
+
+
+def test_a_log_line_quotes_spaces_rounds_floats_and_leaves_out_nulls() -> None:
+    event = {
+        "event": "restart_scheduled",
+        "timestamp": "2026-12-01T09:00:00.000Z",
+        "level": "warning",
+        "task": "t1",
+        "reason": "prompt is too long",
+        "delay": 0.4667203114903304,
+        "code": None,
+        "last_exit": {"code": None, "signal": "SIGKILL"},
+        "pids": [12, 13],
+        "retried": True,
+        "why": 'say "hi"',
+    }
+    assert log_line(event) == (
+        '2026-12-01T09:00:00.000Z warning restart_scheduled reason="prompt is too long" '
+        'delay=0.467 last_exit.signal=SIGKILL pids=12,13 retried=true why="say \\"hi\\""'
+    )
