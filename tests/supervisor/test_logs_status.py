@@ -133,9 +133,9 @@ def test_logs_json_is_one_object_a_line_with_the_events_as_stored(
     assert lines(daemon.run_cli("logs", finished, "--json", "-n", "2")) == out[-2:]
 
 
-def test_logs_follow_returns_by_itself_when_the_task_ends(daemon: Daemon) -> None:
-    task_id = daemon.submit(twenty_turns(delay=0.1)[-6:], name="followed")
-    proc = subprocess.Popen(
+def follow(daemon: Daemon, task_id: str) -> subprocess.Popen[str]:
+    """``agentd logs TASK --follow`` as its own process, its output captured."""
+    return subprocess.Popen(
         daemon.command("logs", task_id, "--follow"),
         cwd=REPO,
         env=worker_env(),
@@ -143,13 +143,17 @@ def test_logs_follow_returns_by_itself_when_the_task_ends(daemon: Daemon) -> Non
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
-        daemon.wait_state(task_id, "running", "done", timeout=30)
-        assert proc.poll() is None or daemon.row(task_id)["state"] == "done"
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
+
+
+def test_logs_follow_returns_by_itself_when_the_task_ends(daemon: Daemon) -> None:
+    task_id = daemon.submit(twenty_turns(delay=0.1)[-6:], name="followed")
+    with follow(daemon, task_id) as proc:
+        try:
+            daemon.wait_state(task_id, "running", "done", timeout=30)
+            assert proc.poll() is None or daemon.row(task_id)["state"] == "done"
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
     assert (proc.returncode, err) == (0, "")
     names = [line.split()[2] for line in out.splitlines()]
     assert names.count("turn") == 6 and names[-1] == "task_done", out
@@ -175,14 +179,7 @@ def test_logs_follow_keeps_going_while_held_and_ends_after_the_decision(daemon: 
     )
     os.kill(row["pid"], signal.SIGKILL)
     assert daemon.wait_state(task_id, "held", "done", "failed")["state"] == "held"
-    with subprocess.Popen(
-        daemon.command("logs", task_id, "--follow"),
-        cwd=REPO,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
+    with follow(daemon, task_id) as proc:
         try:
             with pytest.raises(subprocess.TimeoutExpired):
                 proc.wait(timeout=END_GRACE + 1)  # held is not an end state
