@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -40,7 +42,6 @@ from worker.errors import (
     StateConflictError,
     UsageError,
 )
-from worker.events import read_events
 from worker.spool import Spool, default_spool, validate_call_id
 from worker.tools.sandbox import Sandbox
 
@@ -238,59 +239,46 @@ def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def _age(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+def table_width() -> int | None:
+    """The width the status table is cut to: ``$COLUMNS`` when set, else the terminal's when
+    stdout is one; None (cut nothing) when it goes to a pipe or a file, as ``ps`` does."""
+    if os.environ.get("COLUMNS", "").strip().isdigit() or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
 
 
-def render_status(doc: dict[str, Any]) -> str:
-    sup = doc["supervisor"]
-    lines = [
-        f"agentd running (pid {sup['pid']}) on {sup['spool']}"
-        if sup["running"]
-        else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
-    ]
-    rows = [("TASK", "STATE", "TURN", "RESTARTS", "PID", "HEARTBEAT", "PHASE", "REASON")]
-    for t in doc["tasks"]:
-        reason = t["reason"] or ""
-        if not reason and (t["sandbox"] or "").startswith("refused"):
-            reason = f"run_command {t['sandbox']}"
-        if t["dangling"]:
-            reason = f"{len(t['dangling'])} held call(s): agentd dangling {t['id']}"
-        rows.append(
-            (
-                t["id"],
-                t["state"],
-                str(t["turn"]),
-                str(t["restarts"]),
-                str(t["pid"] or "-"),
-                _age(t["heartbeat_age"]),
-                t["phase"] or "-",
-                reason[:80],
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        lines.append(
-            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
-        )
-    if not doc["tasks"]:
-        lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
-    return "\n".join(line.rstrip() for line in lines)
+#: Clear the screen and move home: how ``status --watch`` redraws on a terminal.
+REDRAW = "\033[H\033[J"
 
 
 def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.views import render_status  # noqa: PLC0415
+
+    if args.interval is not None and not args.watch:
+        raise UsageError("--interval goes with --watch.")
+    interval = 2.0 if args.interval is None else args.interval
+    if not (interval > 0 and math.isfinite(interval)):
+        raise UsageError(f"--interval must be a positive number of seconds, not {interval:g}.")
+    # On a terminal each snapshot replaces the last; elsewhere (a pipe, a file) they follow
+    # one another, a blank line apart, with no escape codes at all.
+    redraw = args.watch and sys.stdout.isatty()
+    first = True
     while True:
         doc = status_document(spool, args.task)
         if args.json:
-            out(doc)
+            text = json.dumps(doc, indent=2, default=str)
         else:
-            if args.watch:
-                print("\033[H\033[J", end="")
-            print(render_status(doc))
+            text = render_status(doc, width=table_width())
+        if redraw:
+            text = REDRAW + text
+        elif not first:
+            text = "\n" + text
+        print(text, flush=True)
         if not args.watch:
             return 0
+        first = False
         try:
-            time.sleep(1.0)
+            time.sleep(interval)
         except KeyboardInterrupt:
             return 0
 
@@ -351,32 +339,37 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.views import TaskLog, log_line  # noqa: PLC0415
+
     task = tasks.existing_task(spool, args.task)
-    seen = 0
+    if args.lines is not None and args.lines < 0:
+        raise UsageError(f"-n must be 0 or more lines, not {args.lines}.")
+    show = (lambda e: json.dumps(e, ensure_ascii=False, default=str)) if args.json else log_line
+    log = TaskLog(task)
+    entries = log.read(settled=args.follow)
+    if args.lines is not None:
+        entries = entries[len(entries) - args.lines :] if args.lines else []
+    # --follow ends once the task is done, failed or cancelled (held is not an end: a
+    # decision resumes it); what is still unsettled then is printed as it stands.
     while True:
-        events = read_events(task.events)
-        for event in events[seen:]:
-            extra = {
-                k: v for k, v in event.items() if k not in ("event", "timestamp", "level", "task")
-            }
-            fields = " ".join(f"{k}={v}" for k, v in extra.items())
-            level = event.get("level", "info")
-            print(f"{event.get('timestamp')} {level:7} {event.get('event')} {fields}")
-        seen = len(events)
+        for entry in entries:
+            print(show(entry))
+        sys.stdout.flush()
         if not args.follow:
-            break
+            return 0
+        if log.ended():
+            for entry in log.read():
+                print(show(entry))
+            return 0
         try:
-            time.sleep(0.5)
+            time.sleep(FOLLOW_POLL)
         except KeyboardInterrupt:
             return 0
-    state = tasks.load_state(task)
-    print(f"-- transcript: {state.turn} turns, {len(state.calls)} tool calls")
-    for message in state.messages[-4:]:
-        texts = [b.get("text", "") for b in message["content"] if b.get("type") == "text"]
-        tools = [b["name"] for b in message["content"] if b.get("type") == "tool_use"]
-        summary = " ".join(texts)[:200] + (f" [tools: {', '.join(tools)}]" if tools else "")
-        print(f"{message['role']:9} {summary}")
-    return 0
+        entries = log.read(settled=True)
+
+
+#: How often ``logs --follow`` looks for new events and turns.
+FOLLOW_POLL = 0.25
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -636,7 +629,14 @@ def build_parser() -> Parser:
     p = command("status", cmd_status, "show the supervisor and every task")
     task_arg(p, optional=True)
     json_flag(p, "the supervisor and the tasks")
-    p.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="redraw until Ctrl-C (not on a terminal: one snapshot after another)",
+    )
+    p.add_argument(
+        "--interval", type=float, metavar="S", help="with --watch: seconds between (default 2)"
+    )
     p = command("dangling", cmd_dangling, "list held dangling calls")
     task_arg(p, optional=True)
     json_flag(p, "the held calls")
@@ -648,9 +648,17 @@ def build_parser() -> Parser:
     p.add_argument("--reason", metavar="TEXT", help="with --skip: why, for the model")
     p.add_argument("--result", metavar="TEXT", help="do not run it; record this verified outcome")
     p.add_argument("--result-file", metavar="FILE", help="as --result, read from FILE")
-    p = command("logs", cmd_logs, "a task's lifecycle events and transcript summary")
+    p = command("logs", cmd_logs, "a task's lifecycle events and a line per turn")
     task_arg(p)
-    p.add_argument("--follow", action="store_true", help="keep printing new events until Ctrl-C")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the task ends")
+    p.add_argument(
+        "-n",
+        "--lines",
+        type=int,
+        metavar="N",
+        help="only the last N lines (with --follow: to begin)",
+    )
+    json_flag(p, "each line (an event as stored, or a turn)")
     p = command("cancel", cmd_cancel, "stop a task for good")
     task_arg(p)
     p = command("retry", cmd_retry, "give a failed task a fresh restart budget")

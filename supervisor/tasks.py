@@ -337,10 +337,12 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         spec, spec_error = None, str(exc)
     running = record.state == "running"
     turn, usage, dangling = 0, {"input_tokens": 0, "output_tokens": 0}, []
+    tokens_used: int | None = None
     if not running or beat is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
             state = load_state(task, full=False)
             turn = state.turn
+            tokens_used = state.tokens_used if state.turn else None
             usage = {
                 "input_tokens": state.usage_total.input_tokens,
                 "output_tokens": state.usage_total.output_tokens,
@@ -354,6 +356,8 @@ def status_row(task: TaskDir) -> dict[str, Any]:
             "input_tokens": int(beat_usage.get("input_tokens", 0)),
             "output_tokens": int(beat_usage.get("output_tokens", 0)),
         }
+        used = beat.get("tokens_used")
+        tokens_used = used if type(used) is int and turn else None
     return {
         "id": task.id,
         "state": record.state,
@@ -372,6 +376,10 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         "workspace": str(task.workspace_for(spec)) if spec else None,
         "updated_at": record.updated_at or None,
         "forked_from": spec.forked_from if spec else None,
+        "created_at": spec.created_at or None if spec else None,
+        # the context the model saw at its last call plus what it wrote; null before the
+        # first call, and for a running worker whose heartbeat does not carry it
+        "tokens_used": tokens_used,
     }
 
 

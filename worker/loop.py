@@ -235,7 +235,11 @@ class AgentLoop:
         for record in stamped:
             self.state.apply(record)
         if self.heartbeat:
-            self.heartbeat.update(turn=self.state.turn, usage=self.state.usage_total.to_json())
+            self.heartbeat.update(
+                turn=self.state.turn,
+                usage=self.state.usage_total.to_json(),
+                tokens_used=self.state.tokens_used,
+            )
 
     def _checkpoint_workspace(self) -> None:
         """Record the workspace's git state at this turn boundary, once per boundary."""

@@ -91,7 +91,12 @@ def test_bash_completes_commands_options_and_values(bash_script: Path, tmp_path:
     assert bash_complete(bash_script, "") == commands
     assert bash_complete(bash_script, "st") == ["start", "stop", "status"]
     assert bash_complete(bash_script, "--spool", "/tmp", "sta") == ["start", "status"]
-    assert set(bash_complete(bash_script, "status", "--")) == {"--help", "--json", "--watch"}
+    assert set(bash_complete(bash_script, "status", "--")) == {
+        "--help",
+        "--json",
+        "--watch",
+        "--interval",
+    }
     assert bash_complete(bash_script, "completion", "") == ["bash", "zsh", "fish"]
     assert bash_complete(bash_script, "--log-format", "") == ["json", "console"]
     assert bash_complete(bash_script, "config", "") == ["check"]
@@ -136,7 +141,7 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
         return [row.split("\t")[0] for row in done.stdout.splitlines()]
 
     assert set(complete("agentd st")) == {"start", "stop", "status"}
-    assert set(complete("agentd status --")) == {"--help", "--json", "--watch"}
+    assert set(complete("agentd status --")) == {"--help", "--json", "--watch", "--interval"}
     assert set(complete("agentd completion ")) == {"bash", "zsh", "fish"}
     assert set(complete("agentd --log-format ")) == {"json", "console"}
 

@@ -1,0 +1,285 @@
+"""What ``agentd status`` and ``agentd logs`` show a person (DESIGN.md sections 2 and 3).
+
+Both commands print for people the way the tools they already use do: the status table as
+supervisorctl and pm2 print theirs (an AGE and a TOKENS column, REASON cut at the
+terminal's width with ``…``), and a task's log as kubectl prints a pod's (the last N lines,
+one JSON object a line, a follow that ends with the task).
+
+A task's log is two streams merged in time order, each kept in its own order:
+
+* the lifecycle events of ``TASK/events.jsonl`` (``worker.events``), shown as stored;
+* one ``turn`` line per turn, built from the journal by ``supervisor.history.history_rows``
+  (the rows ``agentd history`` prints): the turn, its tool calls with their outcome, its
+  tokens.
+
+The text form is logfmt: ``key=value``, a value quoted (JSON string syntax) when it holds a
+space, a quote, an ``=`` or a control character; no Python reprs (a null field is left
+out), floats rounded to milliseconds, a nested object flattened to ``key.sub=value``.
+Everything here returns strings or data; ``supervisor.cli`` prints.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from supervisor.tasks import FINAL_STATES, TaskRecord
+from worker.events import read_events_from
+from worker.spool import TaskDir
+
+# -- the status table -------------------------------------------------------------------
+
+ELLIPSIS = "…"
+
+
+def human_age(seconds: float | None) -> str:
+    """A duration the way kubectl's AGE column shows one: ``42s``, ``5m10s``, ``3h``."""
+    if seconds is None:
+        return "-"
+    s = max(int(seconds), 0)
+    if s < 120:
+        return f"{s}s"
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s"
+    if hours < 3:
+        return f"{minutes}m"
+    if hours < 48:
+        return f"{hours}h{(s % 3600) // 60}m" if hours < 8 else f"{hours}h"
+    return f"{days}d"
+
+
+def human_count(n: int) -> str:
+    """A token count short enough for a column: ``812``, ``12.3k``, ``4.1M``."""
+    if n < 10_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:.1f}M"
+
+
+def seconds_since(stamp: str | None, now: float) -> float | None:
+    """Seconds from the ISO-8601 time ``stamp`` to ``now`` (wall clock); None if unreadable."""
+    if not stamp:
+        return None
+    try:
+        then = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return now - then.timestamp()
+
+
+def cut(line: str, width: int | None) -> str:
+    """``line`` cut to ``width`` characters, the last one an ellipsis when anything went."""
+    if width is None or len(line) <= width:
+        return line
+    return line[: max(width - 1, 0)] + ELLIPSIS
+
+
+def render_status(
+    doc: Mapping[str, Any], *, width: int | None = None, now: float | None = None
+) -> str:
+    """The ``agentd status`` table for a status document (``supervisor.cli.status_document``).
+
+    AGE is the time since the task was submitted (kubectl's meaning: it keeps counting
+    across restarts, which RESTARTS counts). TOKENS is what the task has spent, input plus
+    output (``usage``). REASON is the last column, so cutting a row at ``width`` cuts the
+    reason; ``width`` None (stdout is not a terminal) cuts nothing.
+    """
+    now = time.time() if now is None else now
+    sup = doc["supervisor"]
+    lines = [
+        f"agentd running (pid {sup['pid']}) on {sup['spool']}"
+        if sup["running"]
+        else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
+    ]
+    header = ("TASK", "STATE", "AGE", "TURN", "TOKENS", "RESTARTS", "PID", "HEARTBEAT", "PHASE")
+    rows: list[tuple[str, ...]] = [(*header, "REASON")]
+    for t in doc["tasks"]:
+        usage = t.get("usage") or {}
+        tokens = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+        beat = t["heartbeat_age"]
+        rows.append(
+            (
+                t["id"],
+                t["state"],
+                human_age(seconds_since(t.get("created_at"), now)),
+                str(t["turn"]),
+                human_count(tokens),
+                str(t["restarts"]),
+                str(t["pid"] or "-"),
+                "-" if beat is None else f"{beat:.1f}s",
+                t["phase"] or "-",
+                _reason(t),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        cells = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))
+        lines.append(cut(f"{cells}  {row[-1]}".rstrip(), width))
+    if not doc["tasks"]:
+        lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _reason(t: Mapping[str, Any]) -> str:
+    """What the REASON column says: held calls first (they need a person), then the
+    recorded reason, then a sandbox that refused run_command; on one line."""
+    if t["dangling"]:
+        return f"{len(t['dangling'])} held call(s): agentd dangling {t['id']}"
+    reason = t["reason"] or ""
+    if not reason and (t.get("sandbox") or "").startswith("refused"):
+        reason = f"run_command {t['sandbox']}"
+    return " ".join(reason.split())
+
+
+# -- a task's log -----------------------------------------------------------------------
+
+#: The event that announces each end state: `agentd logs --follow` stops once it has shown it.
+END_EVENTS = {"done": "task_done", "failed": "task_failed", "cancelled": "task_cancelled"}
+
+#: How long `--follow` waits for the end event once the record says the task ended (the
+#: daemon saves the record, then appends the event; a cancel made with no daemon running
+#: appends none).
+END_GRACE = 2.0
+
+# Fields every event has, shown in their own columns (or, for ``task``, implied).
+_COLUMNS = ("timestamp", "level", "event", "task")
+_BARE = re.compile(r"[^\s\"'=\\]+")
+
+
+def turn_event(task_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A history row (``history_rows``) as a log event named ``turn``."""
+    event: dict[str, Any] = {
+        "event": "turn",
+        "timestamp": row.get("at"),
+        "level": "info",
+        "task": task_id,
+        "turn": row["turn"],
+        "stop_reason": row.get("stop_reason"),
+        "input_tokens": row.get("input_tokens", 0),
+        "output_tokens": row.get("output_tokens", 0),
+        "tool_calls": [
+            {k: c.get(k) for k in ("call_id", "tool", "effect", "outcome")}
+            for c in row.get("tool_calls", [])
+        ],
+    }
+    if row.get("rewound"):
+        event["rewound"] = True
+    if row.get("inherited"):
+        event["inherited"] = True
+    return event
+
+
+def _settled(row: Mapping[str, Any]) -> bool:
+    """Every tool call of the turn has its outcome (none pending, none held)."""
+    return all(c.get("outcome") not in ("pending", "dangling") for c in row.get("tool_calls", []))
+
+
+def _when(event: Mapping[str, Any]) -> str:
+    return str(event.get("timestamp") or "")
+
+
+class TaskLog:
+    """A task's log, read in steps: each ``read`` returns what is new since the last.
+
+    Events are read from the byte offset the last read reached (an unfinished last line
+    waits for the next read); the journal is folded into history rows again only when it
+    has grown. With ``settled``, the last turn is held back until its calls have their
+    outcomes, so a followed turn is printed once, complete.
+    """
+
+    def __init__(self, task: TaskDir) -> None:
+        self.task = task
+        self._offset = 0
+        self._journal_size = -1
+        self._rows: list[dict[str, Any]] = []
+        self._turns_shown = 0
+        self._last_end: str | None = None
+        self._ended_since: float | None = None
+
+    def read(self, *, settled: bool = False) -> list[dict[str, Any]]:
+        events, self._offset = read_events_from(self.task.events, self._offset)
+        rows = self._history()[self._turns_shown :]
+        if settled and rows and not _settled(rows[-1]):
+            rows = rows[:-1]
+        self._turns_shown += len(rows)
+        for e in events:
+            if e.get("event") in END_EVENTS.values():
+                self._last_end = e["event"]
+        turns = [turn_event(self.task.id, r) for r in rows]
+        return list(heapq.merge(events, turns, key=_when))
+
+    def ended(self) -> bool:
+        """The task is in an end state and its end event has been read (or did not come
+        within ``END_GRACE``). A held task has not ended: a decision resumes it."""
+        state = TaskRecord.load(self.task).state
+        if state not in FINAL_STATES:
+            self._ended_since = None
+            return False
+        if self._last_end == END_EVENTS[state]:
+            return True
+        now = time.monotonic()
+        self._ended_since = self._ended_since or now
+        return now - self._ended_since >= END_GRACE
+
+    def _history(self) -> list[dict[str, Any]]:
+        try:
+            size = self.task.journal.stat().st_size
+        except OSError:
+            return self._rows
+        if size != self._journal_size:
+            from supervisor.history import history_rows  # noqa: PLC0415 (`status` needs none of it)
+
+            self._rows, self._journal_size = history_rows(self.task), size
+        return self._rows
+
+
+def log_line(event: Mapping[str, Any]) -> str:
+    """One event as a line of text: time, level, name, then its fields in logfmt."""
+    fields = {k: v for k, v in event.items() if k not in _COLUMNS}
+    if event.get("event") == "turn":
+        calls = fields.pop("tool_calls", [])
+        fields["tools"] = [f"{c.get('tool')}:{c.get('outcome')}" for c in calls] or None
+    text = " ".join(logfmt(fields))
+    level = str(event.get("level", "info"))
+    return f"{event.get('timestamp') or '-'} {level:7} {event.get('event')} {text}".rstrip()
+
+
+def logfmt(fields: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    """``key=value`` pairs for ``fields``; a nested object becomes ``key.sub=value``."""
+    for key, value in fields.items():
+        name = f"{prefix}{key}"
+        if value is None:
+            continue
+        if isinstance(value, Mapping):
+            yield from logfmt(value, f"{name}.")
+        else:
+            yield f"{name}={logfmt_value(value)}"
+
+
+def logfmt_value(value: Any) -> str:
+    """A scalar or a list as logfmt shows it: a list of scalars joined with ``,``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(round(value, 3))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list | tuple):
+        if all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value):
+            text = ",".join(str(round(v, 3) if isinstance(v, float) else v) for v in value)
+        else:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    else:
+        text = str(value)
+    if _BARE.fullmatch(text) and text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False)
