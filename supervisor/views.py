@@ -150,8 +150,9 @@ END_EVENTS = {"done": "task_done", "failed": "task_failed", "cancelled": "task_c
 #: appends none).
 END_GRACE = 2.0
 
-# Fields every event has, shown in their own columns (or, for ``task``, implied).
-_COLUMNS = ("timestamp", "level", "event", "task")
+# Fields every event has, shown in their own columns (or, for ``task``, implied), and
+# ``by``, the daemon's mark on its own lines (``supervisor.relay``), which says nothing to a reader.
+_COLUMNS = ("timestamp", "level", "event", "task", "by")
 _BARE = re.compile(r"[^\s\"'=\\]+")
 
 
