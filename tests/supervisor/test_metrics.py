@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import urllib.request
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.metrics import Metrics
 from tests.daemon import Daemon, subreaper
-from tests.support import poll_for, reply, text, tool_use
+from tests.support import REPO, poll_for, reply, text, tool_use
 from worker.config import Config, load_config
 from worker.errors import ConfigError
 from worker.metrics import CALL_BOUNDS, METRICS_VERSION, StepMetrics
@@ -86,8 +87,17 @@ def scraper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraper]:
             daemon.cleanup()
 
 
+def readme_metrics() -> set[str]:
+    """The metric names of the README's Metrics table (counters without ``_total``, as
+    the parser names their families)."""
+    section = (REPO / "README.md").read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = re.findall(r"^\| `([a-z_]+)(?:\{[a-z_]+\})?` \|", section, flags=re.MULTILINE)
+    return {name.removesuffix("_total") for name in names}
+
+
 def test_every_metric_of_the_contract_is_served(scraper: Scraper) -> None:
     families = {f.name: f for f in text_string_to_metric_families(scraper.text())}
+    assert set(families) == readme_metrics()  # the README lists what is served, no more
     assert {
         "agentd_tasks",
         "agentd_worker_restarts",
