@@ -272,3 +272,20 @@ def test_listen_without_a_host_or_a_port_is_refused(tmp_path: Path, listen: str)
     message = str(caught.value)
     assert message.startswith(f"{path}: metrics.listen must be")
     assert "\n" not in message
+
+
+def test_a_listen_address_in_use_is_logged_and_the_daemon_serves_on(tmp_path: Path) -> None:
+    with socket.socket() as taken, subreaper():
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = Daemon(tmp_path, f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+        try:
+            daemon.start()
+            task_id = daemon.submit([reply(text("Done."))], name="served")
+            daemon.wait_state(task_id, "done")
+            (failed,) = [e for e in daemon.log_events() if e["event"] == "metrics_failed"]
+            assert failed["level"] == "error" and failed["listen"] == f"127.0.0.1:{port}"
+            assert "metrics_serving" not in {e["event"] for e in daemon.log_events()}
+        finally:
+            daemon.cleanup()
