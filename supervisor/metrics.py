@@ -104,6 +104,11 @@ def _shaped(data: Any, bounds: tuple[float, ...]) -> tuple[list[int], float] | N
     return counts, float(total)
 
 
+def _table(data: Any) -> dict[str, Any]:
+    """``data`` when it is a JSON object, else an empty one (a heartbeat is spool content)."""
+    return data if isinstance(data, dict) else {}
+
+
 def _growth(
     now: tuple[list[int], float], before: tuple[list[int], float] | None
 ) -> tuple[list[int], float]:
@@ -161,8 +166,8 @@ class Metrics:
         before = seen if seen_pid == pid else {}
         self._add(self.checkpoint, data.get("checkpoint"), before.get("checkpoint"))
         self._add(self.model_call, data.get("model_call"), before.get("model_call"))
-        tools, tools_before = data.get("tool_call"), before.get("tool_call") or {}
-        for name, hist in tools.items() if isinstance(tools, dict) else ():
+        tools, tools_before = _table(data.get("tool_call")), _table(before.get("tool_call"))
+        for name, hist in tools.items():
             if not _TOOL_NAME.fullmatch(str(name)):
                 continue
             target = self.tool_call.get(name)
@@ -171,10 +176,9 @@ class Metrics:
                     continue
                 target = self.tool_call[name] = Histogram(CALL_BOUNDS)
             self._add(target, hist, tools_before.get(name))
-        tokens, tokens_before = data.get("tokens"), before.get("tokens") or {}
+        tokens, tokens_before = _table(data.get("tokens")), _table(before.get("tokens"))
         for kind in TOKEN_TYPES:
-            if isinstance(tokens, dict):
-                self._add(self.tokens[kind], tokens.get(kind), tokens_before.get(kind))
+            self._add(self.tokens[kind], tokens.get(kind), tokens_before.get(kind))
         self._seen[task] = (pid, data)
 
     @staticmethod

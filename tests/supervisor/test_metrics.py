@@ -231,12 +231,19 @@ def test_the_fold_adds_growth_per_worker_and_starts_over_for_a_new_pid() -> None
         {"v": METRICS_VERSION, "model_call": {"b": [1, 2], "s": 1.0}},
         {"v": METRICS_VERSION, "model_call": {"b": [-1] * (len(CALL_BOUNDS) + 1), "s": 1}},
         {"v": METRICS_VERSION, "tool_call": {"../x": {"b": [1] * (len(CALL_BOUNDS) + 1), "s": 1}}},
+        {"v": METRICS_VERSION, "tool_call": [1], "tokens": "x", "checkpoint": None},
     ],
 )
 def test_a_heartbeat_of_another_shape_folds_nothing(metrics: Any) -> None:
     folded = Metrics()
     folded.fold("t", {"pid": 1, "at": 0.0, "metrics": metrics})
     assert sum(folded.model_call.counts) == 0 and not folded.tool_call
+    good = StepMetrics()  # the same worker's next beat, of the right shape: folded whole
+    good.tool_called("read_file", 0.1)
+    good.model_called(0.2, 10, 3)
+    folded.fold("t", beat(1, good))
+    assert sum(folded.tool_call["read_file"].counts) == 1
+    assert folded.tokens["output"].sum == 3
 
 
 # -- config --------------------------------------------------------------------------------

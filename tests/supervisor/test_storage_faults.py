@@ -140,8 +140,7 @@ def test_a_detached_daemon_with_its_log_on_the_full_spool_keeps_serving(
         lambda: (
             any(e.get("code") == 7 for t in ids for e in daemon.events(t, "worker_exited"))
             or all(
-                daemon.row(t)["state"] == "done" or daemon.events(t, "worker_exited")
-                for t in ids
+                daemon.row(t)["state"] == "done" or daemon.events(t, "worker_exited") for t in ids
             )
         ),
         10,
