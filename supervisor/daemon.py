@@ -31,6 +31,11 @@ write (records, event lines, ``supervisor.json``) waits in a ``WriteBacklog`` th
 tick retries; ``storage_fault`` is logged when the first write is refused and
 ``storage_recovered`` when the last kept one is written, and then every task that waits
 on storage is retried at once.
+
+Metrics (``[metrics] listen``, ``supervisor.metrics``): the daemon counts its restart,
+crash-loop and storage-fault decisions where it makes them, folds the histograms its
+workers publish in their heartbeats when it reads one (a liveness read, an exit, a
+scrape), and answers each scrape with a sample taken on this loop.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from supervisor.forkserver import ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
+from supervisor.metrics import Metrics, MetricsServer, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.relay import DAEMON_MARK, EventRelay
@@ -189,6 +195,8 @@ class Supervisor:
         self._scanned = False  # the first rescan is done: tasks found later are new
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
+        self.metrics = Metrics()
+        self._metrics_server: MetricsServer | None = None
 
     # -- events -------------------------------------------------------------------------
 
@@ -251,6 +259,7 @@ class Supervisor:
 
     def _storage_fault(self, fault: StorageError) -> None:
         """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
+        self.metrics.storage_faults += 1
         self.log.warning("storage_fault", error=str(fault), spool=str(self.spool.root))
 
     def _storage_recovered(self, recovery: Recovery) -> None:
@@ -300,6 +309,7 @@ class Supervisor:
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two; fresh starts until then
         self.rescan()
+        self._serve_metrics()  # before READY: a ready daemon answers scrapes
         info = {
             "pid": os.getpid(),
             "started_at": started,
@@ -324,6 +334,8 @@ class Supervisor:
                 self._wake.clear()
             await self._shutdown()
         finally:
+            if self._metrics_server is not None:
+                self._metrics_server.stop()
             watcher.cancel()
             ticker.cancel()
             with contextlib.suppress(BaseException):
@@ -700,6 +712,9 @@ class Supervisor:
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
         beat = tasks.read_heartbeat(slot.task) or {}
+        if beat.get("pid") == worker.pid:  # its last beat, written as it ended
+            self.metrics.fold(slot.task.id, beat)
+        self.metrics.forget(slot.task.id)
         turn = int(beat.get("turn", 0))
         last_exit: dict[str, Any] = {"code": code, "signal": sig}
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
@@ -768,6 +783,7 @@ class Supervisor:
         slot.due = self.clock() + move.delay
         self._save(slot, "backoff", reason=f"storage_fault: {why}")
         if slot.storage_waits == 1:
+            self.metrics.storage_faults += 1
             self.emit("storage_fault", slot, level="warning", error=why)
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="storage_fault")
         asyncio.get_running_loop().call_later(move.delay, self._wake.set)
@@ -784,11 +800,13 @@ class Supervisor:
         move = decide(history, self.config.restart, self.rng)
         slot.record.crashes = crashes
         if isinstance(move, GiveUp):
+            self.metrics.crash_loops += 1
             self._save(slot, "failed", reason=move.reason)
             self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
             self.emit("task_failed", slot, level="error", reason=move.reason)
             return
         slot.record.restarts += 1
+        self.metrics.restarts += 1
         slot.due = self.clock() + move.delay
         if move.delay == 0 and self._restart_now(slot):
             # At once, on this very exit: the record is written once, as `running`
@@ -937,6 +955,8 @@ class Supervisor:
             data = tasks.read_heartbeat(slot.task)
             fresh = data is not None and data.get("pid") == worker.pid
             beat = Beat.of(data, wall, mono) if fresh and data is not None else None
+            if fresh and data is not None:
+                self.metrics.fold(slot.task.id, data)
             verdict = judge(beat, worker.started, mono, limits)
             if isinstance(verdict, Alive):
                 worker.beat_due = verdict.until
@@ -960,6 +980,41 @@ class Supervisor:
             model_call=deadlines.model_call,
             tool_call=deadlines.tool_call + TOOL_DEADLINE_SLACK,
         )
+
+    # -- metrics ------------------------------------------------------------------------
+
+    def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` when ``[metrics] listen`` asks for it. An address that cannot
+        be bound is logged (``metrics_failed``) and the daemon serves its tasks without
+        metrics: they are no reason to leave tasks unsupervised."""
+        address = self.config.metrics.address
+        if address is None:
+            return
+        server = MetricsServer(address, asyncio.get_running_loop(), self._metrics_sample)
+        listen = self.config.metrics.listen
+        try:
+            server.start()
+        except OSError as exc:
+            self.emit("metrics_failed", level="error", listen=listen, error=str(exc))
+            return
+        self._metrics_server = server
+        self.emit("metrics_serving", listen=listen)
+
+    def _metrics_sample(self) -> Sample:
+        """A scrape's values (on the loop): the running workers' beats folded first, so the
+        histograms are as fresh as their last beat."""
+        states: dict[str, int] = {}
+        held: list[tuple[TaskDir, str]] = []
+        for slot in self.slots.values():
+            state = slot.record.state
+            states[state] = states.get(state, 0) + 1
+            if state == "held":
+                held.append((slot.task, slot.record.updated_at))
+            if slot.worker is not None:
+                beat = tasks.read_heartbeat(slot.task)
+                if beat is not None and beat.get("pid") == slot.worker.pid:
+                    self.metrics.fold(slot.task.id, beat)
+        return self.metrics.sample(states, held)
 
     # -- status -------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from worker.loop import (
     storage_outcome,
     write_exit,
 )
+from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
 from worker.spool import TaskDir, TaskSpec
@@ -121,13 +122,15 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
             write_exit(task, outcome)
             say(f"agentd worker: {exc}")
             return outcome.exit_code
+        metrics = StepMetrics()  # the loop measures, the heartbeat publishes
         heartbeat = Heartbeat(
             task.heartbeat,
             config.heartbeat.interval,
             patience=config.heartbeat.timeout / 2,
             on_fault=lambda fault: storage_exit(task, fault, output),
+            metrics=metrics,
         )
-        loop = AgentLoop(task, spec, config, model, tools, heartbeat)
+        loop = AgentLoop(task, spec, config, model, tools, heartbeat, metrics=metrics)
         loop.install_signal_handlers()
         try:
             state = loop.open()
@@ -148,7 +151,7 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
             heartbeat.start()
             outcome = loop.run()
         finally:
-            heartbeat.stop()
+            heartbeat.stop(final=True)  # the metrics of the last interval too
             loop.close()
         write_exit(task, outcome)
         say(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}")

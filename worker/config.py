@@ -96,6 +96,19 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = ""  # "HOST:PORT" of the Prometheus endpoint; "" serves none
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """``listen`` as (host, port), the brackets of an IPv6 host taken off; None: off."""
+        if not self.listen:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+@dataclass(frozen=True)
 class Config:
     spool: Path | None = None
     max_workers: int = 8
@@ -105,6 +118,7 @@ class Config:
     model: ModelConfig = ModelConfig()
     tools: ToolsConfig = ToolsConfig()
     hooks: HooksConfig = HooksConfig()
+    metrics: MetricsConfig = MetricsConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -246,6 +260,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     hooks = HooksConfig(
         on_held=_argv(t, "on_held"), on_failed=_argv(t, "on_failed"), on_done=_argv(t, "on_done")
     )
+    metrics = MetricsConfig(listen=_listen(top.table("metrics")))
 
     return Config(
         spool=spool,
@@ -256,6 +271,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         model=model,
         tools=tools,
         hooks=hooks,
+        metrics=metrics,
         source=source,
     )
 
@@ -394,6 +410,36 @@ def _policy(policy: _Table) -> Mapping[str, str]:
     return MappingProxyType(dict(policy.data))
 
 
+def _listen(metrics: _Table) -> str:
+    """``metrics.listen``: "" or HOST:PORT. The host is never implied: an address without
+    one would be every interface, and metrics leave the machine only when the operator
+    writes an address that lets them (``0.0.0.0:9464``)."""
+    value = metrics.value("listen")
+    if not isinstance(value, str):
+        metrics.fail("listen", f'must be "HOST:PORT" or "" (off), got {_show(value)}')
+    if not value:
+        return value
+    host, colon, port = value.rpartition(":")
+    bare = host.removeprefix("[").removesuffix("]")
+    bracketed = host != bare
+    wrong = (
+        not colon
+        or not bare
+        or any(c.isspace() or c in "/[]" for c in bare)
+        or (":" in bare) != bracketed  # an IPv6 host is written in brackets, [::1]:9464
+        or not port.isascii()
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+    )
+    if wrong:
+        metrics.fail(
+            "listen",
+            f'must be "HOST:PORT" with a port from 1 to 65535, such as "127.0.0.1:9464" '
+            f'(this machine only) or "0.0.0.0:9464" (every interface), got {_show(value)}',
+        )
+    return value
+
+
 def _is_module_name(name: str) -> bool:
     parts = name.split(".")
     return all(part.isidentifier() and not keyword.iskeyword(part) for part in parts)
@@ -439,6 +485,7 @@ def config_document(config: Config) -> dict[str, Any]:
         "policy": dict(config.tools.policy),
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
+    doc["metrics"] = {"listen": config.metrics.listen}
     return doc
 
 
@@ -522,11 +569,17 @@ by `agentd config check`.""",
     "hooks.on_held": "Run when a task is held: a dangling call waits for a decision.",
     "hooks.on_failed": "Run when a task fails (given up after crashes, or failed by its worker).",
     "hooks.on_done": "Run when a task is done.",
+    "metrics": """\
+Prometheus metrics, served by the daemon at http://LISTEN/metrics (README: Metrics).""",
+    "metrics.listen": """\
+"HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
+them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
     "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
+    "metrics": 'listen = "127.0.0.1:9464"',
 }
 
 

@@ -24,6 +24,10 @@ soon look like a hang to the supervisor, which would kill the worker and count a
 So once beats have failed for ``patience`` seconds (the worker gives half the heartbeat
 timeout), the thread calls ``on_fault`` with the error, once, and the worker exits with
 the storage code, which the supervisor treats as a wait.
+
+Each beat also carries the worker's step metrics (``worker.metrics``: the histograms of
+its checkpoints, model and tool calls and tokens), and ``stop(final=True)`` writes one last
+beat when the worker ends, so the daemon also gets what it measured in its last interval.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 from worker.durable import atomic_write_json
 from worker.errors import StorageError
+from worker.metrics import StepMetrics
 
 
 class Heartbeat:
@@ -47,8 +52,10 @@ class Heartbeat:
         *,
         patience: float | None = None,
         on_fault: Callable[[StorageError], None] | None = None,
+        metrics: StepMetrics | None = None,
     ) -> None:
         self.path = path
+        self.metrics = metrics
         self.interval = interval
         self.patience = patience
         self.on_fault = on_fault
@@ -75,6 +82,8 @@ class Heartbeat:
         with self._lock:
             now = {"at": time.time(), "at_mono": time.monotonic()}
             data = {"pid": os.getpid(), **now, **self._fields}
+        if self.metrics is not None:
+            data["metrics"] = self.metrics.to_json()
         try:
             atomic_write_json(self.path, data, durable=False)
         except StorageError as exc:
@@ -91,10 +100,14 @@ class Heartbeat:
                 self.on_fault(failure)
                 return
 
-    def stop(self) -> None:
+    def stop(self, *, final: bool = False) -> None:
+        """Stop the thread; with ``final``, write one last beat after it (once the beats
+        had started), so what was measured since the last one is not lost."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=1)
+        if final and self._thread.ident is not None:
+            self.beat()
 
 
 def _phase(phase: str) -> dict[str, Any]:

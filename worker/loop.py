@@ -11,6 +11,10 @@ path. The only ordering rules that matter for safety are here:
 * a model reply is recorded as one ``turn`` record once it has fully arrived, so a
   retried or interrupted call records nothing and counts no usage.
 
+Three timing points feed the worker's metrics (``worker.metrics``, published with the
+heartbeat): each journal write in ``_record``, each model call and each tool call, a
+``perf_counter`` pair apiece.
+
 Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
 recorded then); during a tool call it takes effect once the result is recorded.
 """
@@ -42,6 +46,7 @@ from worker.errors import (
 from worker.events import append_event, redact, utc_now
 from worker.heartbeat import Heartbeat
 from worker.journal import Journal
+from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelRequest
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
@@ -146,6 +151,7 @@ class AgentLoop:
         *,
         snapshot_every: int = SNAPSHOT_EVERY,
         sleep: Callable[[float], None] = time.sleep,
+        metrics: StepMetrics | None = None,
     ) -> None:
         self.task = task
         self.spec = spec
@@ -155,6 +161,7 @@ class AgentLoop:
         self.heartbeat = heartbeat
         self.snapshot_every = snapshot_every
         self.sleep = sleep
+        self.metrics = metrics if metrics is not None else StepMetrics()
         self.workspace = task.workspace_for(spec)
         self.tool_env = tool_environment(os.environ, task, str(self.workspace))
         self.sandbox = sandbox_for(
@@ -231,7 +238,9 @@ class AgentLoop:
         if hold:
             self._journal.hold(stamped)
         else:
+            started = time.perf_counter()
             self._journal.append(stamped, sync=sync)
+            self.metrics.checkpointed(time.perf_counter() - started)
         for record in stamped:
             self.state.apply(record)
         if self.heartbeat:
@@ -386,6 +395,7 @@ class AgentLoop:
 
         self._journal.sync_in_background()  # the last result becomes durable meanwhile
         self._interruptible = True
+        started = time.perf_counter()
         try:
             if self.stop_requested:
                 raise StopRequested
@@ -398,6 +408,12 @@ class AgentLoop:
             )
         finally:
             self._interruptible = False
+        usage = reply.usage
+        self.metrics.model_called(
+            time.perf_counter() - started,
+            usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens,
+            usage.output_tokens,
+        )
         self._phase("idle")
         message = {"role": "assistant", "content": reply.content}
         records: list[JSON] = [
@@ -476,12 +492,14 @@ class AgentLoop:
             }
         )
         self._phase(f"tool:{tool.name}")
+        started = time.perf_counter()
         try:
             content, is_error = tool.run(self._context(call, key), data), False
         except ToolError as exc:
             content, is_error = str(exc), True
         except Exception as exc:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+        self.metrics.tool_called(tool.name, time.perf_counter() - started)
         self._phase("idle")
         # Deferred: the next intent's sync, or the background sync during the next model
         # call, or the end record makes it durable; a kill loses nothing written.

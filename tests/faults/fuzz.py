@@ -413,12 +413,14 @@ toml_scalars = (
     | st.text(max_size=12)
 )
 TOP_KEYS = ["spool", "max_workers", "heartbeat", "deadlines", "restart", "model", "tools"]
+TOP_KEYS += ["metrics"]
 SUB_KEYS = {
     "heartbeat": ["interval", "timeout"],
     "deadlines": ["model_call", "tool_call"],
     "restart": ["backoff_initial", "backoff_max", "crash_loop_limit", "stop_grace"],
     "model": ["name", "max_tokens"],
     "tools": ["modules", "policy"],
+    "metrics": ["listen"],
 }
 
 
@@ -463,6 +465,11 @@ def mutated_config_text(draw: st.DrawFn) -> str:
     return "\n".join(lines)
 
 
+def listens(address: tuple[str, int] | None) -> bool:
+    """An accepted ``metrics.listen``: off, or a host and a port a socket can bind."""
+    return address is None or (bool(address[0]) and 1 <= address[1] <= 65535)
+
+
 def fuzz_config(n: int, seed: int, root: Path) -> Tally:
     import tomli_w
 
@@ -494,6 +501,7 @@ def fuzz_config(n: int, seed: int, root: Path) -> Tally:
         if config is not None and not (
             0 < config.heartbeat.interval < config.heartbeat.timeout  # type: ignore[attr-defined]
             and config.max_workers >= 1  # type: ignore[attr-defined]
+            and listens(config.metrics.address)  # type: ignore[attr-defined]
         ):
             tally.changed.append(f"accepted {value!r:.160}")
 

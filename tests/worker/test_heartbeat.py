@@ -11,6 +11,7 @@ import pytest
 from tests.support import poll_for
 from worker import heartbeat as heartbeat_module
 from worker.heartbeat import Heartbeat
+from worker.metrics import StepMetrics
 
 
 @pytest.fixture
@@ -77,3 +78,19 @@ def test_each_instant_is_stamped_on_the_monotonic_clock_too(
     assert before <= float(last["phase_started_mono"]) <= float(last["at_mono"]) <= after  # type: ignore[arg-type]
     assert abs(float(last["at"]) - time.time()) < 5  # type: ignore[arg-type]
     assert last["interval"] == 0.2
+
+
+def test_a_final_stop_publishes_the_metrics_of_the_last_interval(
+    tmp_path: Path, writes: list[dict[str, object]]
+) -> None:
+    metrics = StepMetrics()
+    Heartbeat(tmp_path / "never.json", interval=60, metrics=metrics).stop(final=True)
+    assert writes == []  # never started: no beat at all
+    beat = Heartbeat(tmp_path / "heartbeat.json", interval=60, metrics=metrics).start()
+    metrics.tool_called("read_file", 0.01)  # after the first beat, long before the next
+    beat.stop(final=True)
+    first, last = writes
+    assert first["metrics"]["tool_call"] == {}  # type: ignore[index]
+    assert sum(last["metrics"]["tool_call"]["read_file"]["b"]) == 1  # type: ignore[index]
+    on_disk = json.loads((tmp_path / "heartbeat.json").read_text())
+    assert on_disk["metrics"] == metrics.to_json()
