@@ -632,7 +632,7 @@ Prometheus metrics, served by the daemon at http://LISTEN/metrics (README: Metri
 "HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
 them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
     "context": """\
-Long tasks (README: Compaction). When the context the model saw at its last call plus
+Long tasks (README: "Long tasks: compaction"). When the context the model saw at its last call plus
 what it wrote reaches compact_at of the window, the worker asks the model for a summary
 of the transcript except its latest keep_turns turns, records it, and goes on from the
 prompt, the summary and the kept turns. A prompt the API calls too long is compacted

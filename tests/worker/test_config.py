@@ -475,7 +475,8 @@ def test_context_values_that_make_no_sense_are_refused(
 def test_context_keys_are_read(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        '[model]\nmax_tokens = 100\n[context]\nwindow = 1000\ncompact_at = 0.5\nkeep_turns = 0\ninstructions = "Keep ids."\n',
+        "[model]\nmax_tokens = 100\n[context]\nwindow = 1000\ncompact_at = 0.5\n"
+        'keep_turns = 0\ninstructions = "Keep ids."\n',
     )
     context = load_config(path).context
 
