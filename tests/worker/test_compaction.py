@@ -28,11 +28,11 @@ from worker import compaction
 from worker.config import Config, ContextConfig, ModelConfig
 from worker.errors import ContextTooLongError
 from worker.events import read_events
-from worker.loop import AgentLoop, Outcome
+from worker.loop import AgentLoop, Outcome, idempotency_key
 from worker.models.base import ModelReply, ModelRequest, SummaryOf
 from worker.models.scripted import ScriptedModel, default_summary
 from worker.spool import Spool, TaskDir
-from worker.state import TaskState, fold, parse_snapshot, snapshot_bytes
+from worker.state import TaskState, fold, open_snapshot, parse_snapshot, snapshot_bytes
 
 JSON = dict[str, Any]
 
@@ -414,3 +414,26 @@ def test_a_first_reply_cut_by_the_window_fails_naming_the_setting(spool: Spool) 
     assert outcome.reason.startswith("the reply hit the model's context window: ")
     assert "[context] keep_turns" in outcome.reason
     assert of_kind(journal_records(task), "turn") == []
+
+
+def test_a_snapshot_after_a_compaction_resumes_the_compacted_scene(spool: Spool) -> None:
+    task = submit_script(spool, compacting_script())
+    loop = make_loop(task, config=CONFIG, snapshot_every=1)
+    try:
+        assert loop.run().state == "done"
+    finally:
+        loop.close()
+
+    scene_of_snapshot = open_snapshot(task.snapshot.read_bytes())
+    assert len(scene_of_snapshot["messages"]) == 4  # prompt and summary, turns 8 and 9
+    resumed = make_loop(task, config=CONFIG)
+    try:
+        state = resumed.open()
+    finally:
+        resumed.close()
+    full = fold(task.load_spec().prompt, journal_records(task))
+    assert state.messages == full.messages
+    assert len(state.live_compactions()) == 2
+    # compactions leave every call's idempotency key as it was
+    keys = {r["call_id"]: r["key"] for r in of_kind(journal_records(task), "intent")}
+    assert keys == {cid: idempotency_key(task.id, 0, cid) for cid in keys}
