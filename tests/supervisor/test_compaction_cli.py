@@ -10,11 +10,13 @@ import pytest
 
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import config_text
-from tests.support import assert_paired, journal_records, of_kind
+from tests.supervisor.test_metrics import Scraper, free_port
+from tests.support import assert_paired, journal_records, of_kind, poll_for
 from tests.worker.test_compaction import compacting_script
 from worker.state import fold
 
 CONTEXT = "[model]\nmax_tokens = 50\n[context]\nwindow = 200\ncompact_at = 0.5\nkeep_turns = 1\n"
+PORT = free_port()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,7 +27,8 @@ def _subreaper() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    daemon = Daemon(tmp_path_factory.mktemp("compaction"), config_text(extra=CONTEXT))
+    metrics = f'[metrics]\nlisten = "127.0.0.1:{PORT}"\n'
+    daemon = Daemon(tmp_path_factory.mktemp("compaction"), config_text(extra=CONTEXT + metrics))
     try:
         daemon.start()
         yield daemon
@@ -71,6 +74,9 @@ def test_history_status_and_logs_show_the_compactions(daemon: Daemon) -> None:
     compactions = [line for line in out.splitlines() if " compaction " in line]
     assert len(compactions) == 2 and "tokens_before=120" in compactions[0]
 
+    scraper = Scraper(daemon, PORT)
+    scraper.wait("agentd_compactions_total", lambda n: n >= 2, "the relayed compactions")
+
 
 def test_rewind_before_a_compaction_restores_the_full_transcript_and_compacts_again(
     daemon: Daemon,
@@ -78,6 +84,12 @@ def test_rewind_before_a_compaction_restores_the_full_transcript_and_compacts_ag
     finished(daemon, "back")
     code, _, err = daemon.cli("rewind", "back", "--to", "2", "--yes")
     assert code == 0, err
+    # the daemon requeues the task: it was done before the rewind, and is once more after
+    poll_for(
+        lambda: len(of_kind(journal_records(daemon.task("back")), "end")) == 2,
+        timeout=20,
+        what="the new branch's end",
+    )
     daemon.wait_state("back", "done")
 
     records = journal_records(daemon.task("back"))
