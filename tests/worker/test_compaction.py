@@ -4,6 +4,7 @@ across one, and snapshots of a compacted scene."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,11 @@ from tests.support import (
 from tests.worker.test_state import HEADER, PROMPT, result, turn
 from worker import compaction
 from worker.config import Config, ContextConfig, ModelConfig
-from worker.errors import ContextTooLongError
+from worker.errors import ContextTooLongError, TaskSpecError
 from worker.events import read_events
 from worker.loop import AgentLoop, Outcome, idempotency_key
 from worker.models.base import ModelReply, ModelRequest, SummaryOf
-from worker.models.scripted import ScriptedModel, default_summary
+from worker.models.scripted import ScriptedModel, default_summary, validate_script
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, parse_snapshot, snapshot_bytes
 
@@ -437,3 +438,24 @@ def test_a_snapshot_after_a_compaction_resumes_the_compacted_scene(spool: Spool)
     # compactions leave every call's idempotency key as it was
     keys = {r["call_id"]: r["key"] for r in of_kind(journal_records(task), "intent")}
     assert keys == {cid: idempotency_key(task.id, 0, cid) for cid in keys}
+
+
+def test_summaries_must_be_a_list_of_strings(spool: Spool) -> None:
+    with pytest.raises(TaskSpecError, match='"summaries" must be a list of strings'):
+        validate_script({"responses": [reply(text("hi"))], "summaries": ["ok", 3]}, "s.json")
+
+
+def test_the_server_strategy_compacts_as_client_and_says_so(spool: Spool) -> None:
+    config = dataclasses.replace(
+        CONFIG, context=dataclasses.replace(CONFIG.context, strategy="server")
+    )
+    task = submit_script(spool, compacting_script())
+    loop = make_loop(task, config=config)
+    try:
+        assert loop.run().state == "done"
+    finally:
+        loop.close()
+
+    (fallback,) = [e for e in read_events(task.events) if e["event"] == "context_strategy_fallback"]
+    assert fallback["level"] == "warning" and '"server" is not built yet' in fallback["error"]
+    assert len(of_kind(journal_records(task), "compaction")) == 2
