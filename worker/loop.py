@@ -364,8 +364,8 @@ class AgentLoop:
             return "done", stop
         if stop == "refusal":
             return "failed", "refusal: the model declined to continue this task"
-        if stop == "model_context_window_exceeded":  # recorded by a release that did not compact
-            return "failed", f"model_context_window_exceeded: {self._too_long_advice()}"
+        if stop == "model_context_window_exceeded":  # recorded before compaction existed
+            return "failed", "model_context_window_exceeded: the transcript no longer fits"
         if stop not in (None, "tool_use", "max_tokens", "pause_turn"):
             return "failed", f"unknown stop_reason {stop!r} from the model"
         if self.state.turn >= self.spec.max_turns:
