@@ -416,6 +416,11 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             "fork" if row["inherited"] else f"{row['branch']}" + (" x" if row["rewound"] else "")
         )
         tokens = f"{row['input_tokens']}/{row['output_tokens']}"
+        if row["kind"] == "compaction":
+            tokens = f"{row['tokens_before']}>{row['tokens_after']}"
+            summary = f"compacted turns {row['first']}-{row['last']}: {row['summary']}"
+            print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {summary}")
+            continue
         calls = (
             ", ".join(
                 f"{c['tool']}({c['effect'] or '-'}: {c['outcome']})" for c in row["tool_calls"]

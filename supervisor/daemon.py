@@ -191,11 +191,12 @@ class Supervisor:
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
-        self.relay = EventRelay(self.log)  # the other processes' task events, into this log
+        self.metrics = Metrics()
+        # the other processes' task events, into this log (and the counters they feed)
+        self.relay = EventRelay(self.log, self._relayed)
         self._scanned = False  # the first rescan is done: tasks found later are new
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
-        self.metrics = Metrics()
         self._metrics_server: MetricsServer | None = None
 
     # -- events -------------------------------------------------------------------------
@@ -236,6 +237,11 @@ class Supervisor:
                 payload["dangling"] = []
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
         self.hooks.run(key, command, payload)
+
+    def _relayed(self, event: str) -> None:
+        """A worker's event reached the daemon's log: count what a metric counts."""
+        if event == "compaction":
+            self.metrics.compactions += 1
 
     def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
         slot = self.slots.get(task_id)

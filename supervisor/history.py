@@ -52,16 +52,20 @@ IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
 
 def history_rows(task: TaskDir) -> list[dict[str, Any]]:
-    """One row per turn ever recorded, live or rewound, in journal order."""
+    """One row per turn ever recorded, live or rewound, in journal order, and one per
+    compaction (``"kind": "compaction"``, at the turn it followed, with the turns it
+    replaced, the tokens before and after, and the summary's first line)."""
     rows: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
+    live = 0  # the live branch's latest turn
     if not task.journal.exists():  # a task that has not run yet has no history
         return rows
     for record, _ in read_file(task.journal).records:
         kind = record.get("k")
         if kind == "base":
             scene = record["scene"]
+            live = int(scene.get("turn", 0))
             for info in scene.get("turns", []):
                 if not info.get("rewound"):
                     row = _row(info, branch=0, inherited=True)
@@ -78,20 +82,8 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
                     ]
                     rows.append(row)
         elif kind == "turn":
-            usage = record.get("usage") or {}
-            row = {
-                "turn": record["turn"],
-                "at": record.get("at"),
-                "model": record.get("model"),
-                "stop_reason": record.get("stop_reason"),
-                "input_tokens": usage.get("input_tokens", 0),
-                "output_tokens": usage.get("output_tokens", 0),
-                "tool_calls": [],
-                "vcs": None,
-                "branch": branch,
-                "rewound": False,
-                "inherited": False,
-            }
+            live = int(record["turn"])
+            row = _row(record, branch=branch, inherited=False)
             for block in record["message"]["content"]:
                 if block.get("type") == "tool_use":
                     call = {"call_id": block["id"], "tool": block["name"], "effect": None}
@@ -112,17 +104,36 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
                         "snapshot": record.get("snapshot"),
                     }
                     break
+        elif kind == "compaction":
+            rows.append(_compaction_row(record, live, branch))
         elif kind == "rewind":
             for row in rows:
                 if row["turn"] > record["to"] and not row["inherited"]:
                     row["rewound"] = True
             branch += 1
+            live = min(live, int(record["to"]))
     return rows
+
+
+def _compaction_row(record: dict[str, Any], turn: int, branch: int) -> dict[str, Any]:
+    """A compaction's row, at the turn it followed; its tokens are the summary call's."""
+    summary = str(record.get("summary", "")).strip()
+    return {
+        **_row({**record, "turn": turn}, branch=branch, inherited=False),
+        "kind": "compaction",
+        "first": record.get("first"),
+        "last": record.get("last"),
+        "tokens_before": record.get("tokens_before"),
+        "tokens_after": record.get("tokens_after"),
+        "summary": summary.splitlines()[0] if summary else "",
+        "trigger": record.get("trigger"),
+    }
 
 
 def _row(info: dict[str, Any], *, branch: int, inherited: bool) -> dict[str, Any]:
     usage = info.get("usage") or {}
     return {
+        "kind": "turn",
         "turn": info["turn"],
         "at": info.get("at"),
         "model": info.get("model"),

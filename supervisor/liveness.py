@@ -94,12 +94,12 @@ Verdict = Alive | Hung | Stalled
 
 
 def phase_limit(phase: str, limits: Limits) -> float | None:
-    """The deadline of a phase: ``model`` has the model call's, a tool its own plus slack
-    (a tool is told its deadline and may keep it itself, as run_command does: it records
-    its timed-out result first), ``idle`` none."""
+    """The deadline of a phase: ``model`` and ``compaction`` (a summary call) have the
+    model call's, a tool its own plus slack (a tool is told its deadline and may keep it
+    itself, as run_command does: it records its timed-out result first), ``idle`` none."""
     if phase == "idle":
         return None
-    return limits.model_call if phase == "model" else limits.tool_call
+    return limits.model_call if phase in ("model", "compaction") else limits.tool_call
 
 
 def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verdict:

@@ -142,7 +142,7 @@ class Metrics:
         self.restarts = 0  # restarts the daemon decided (policy.decide: Restart)
         self.crash_loops = 0  # tasks it gave up on (GiveUp: crash_loop)
         self.storage_faults = 0  # storage-fault episodes, the daemon's and its workers'
-        self.compactions = 0  # context compactions (none are made yet)
+        self.compactions = 0  # context compactions, counted as their events are relayed
         self.checkpoint = Histogram(CHECKPOINT_BOUNDS)
         self.model_call = Histogram(CALL_BOUNDS)
         self.tool_call: dict[str, Histogram] = {}

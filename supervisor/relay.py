@@ -26,6 +26,7 @@ that held then holds again when it is resumed, and that hold is.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,11 @@ _OWN_FIELDS = ("event", "level", "timestamp")
 class EventRelay:
     """Each task's events file, read from where the last read ended."""
 
-    def __init__(self, log: FilteringBoundLogger) -> None:
+    def __init__(
+        self, log: FilteringBoundLogger, on_event: Callable[[str], None] | None = None
+    ) -> None:
         self._log = log
+        self._on_event = on_event  # told each relayed event's name (the daemon's counters)
         self._offsets: dict[str, int] = {}
 
     def track(self, task: str, path: Path, *, from_end: bool) -> None:
@@ -74,6 +78,8 @@ class EventRelay:
             fields.setdefault("task", task)
             method = level if isinstance(level, str) and level in _LEVELS else "info"
             getattr(self._log, method)(str(name), **fields)
+            if self._on_event is not None:
+                self._on_event(str(name))
 
     def forget(self, task: str) -> None:
         self._offsets.pop(task, None)

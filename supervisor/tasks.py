@@ -338,11 +338,13 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     running = record.state == "running"
     turn, usage, dangling = 0, {"input_tokens": 0, "output_tokens": 0}, []
     tokens_used: int | None = None
+    compactions = 0
     if not running or beat is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
             state = load_state(task, full=False)
             turn = state.turn
             tokens_used = state.tokens_used if state.turn else None
+            compactions = len(state.live_compactions())
             usage = {
                 "input_tokens": state.usage_total.input_tokens,
                 "output_tokens": state.usage_total.output_tokens,
@@ -358,6 +360,8 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         }
         used = beat.get("tokens_used")
         tokens_used = used if type(used) is int and turn else None
+        made = beat.get("compactions")
+        compactions = made if type(made) is int else compactions
     return {
         "id": task.id,
         "state": record.state,
@@ -380,6 +384,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         # the context the model saw at its last call plus what it wrote; null before the
         # first call, and for a running worker whose heartbeat does not carry it
         "tokens_used": tokens_used,
+        "compactions": compactions,  # on the live branch (worker.compaction)
     }
 
 

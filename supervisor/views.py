@@ -215,7 +215,8 @@ class TaskLog:
         for e in events:
             if e.get("event") in END_EVENTS.values():
                 self._last_end = e["event"]
-        turns = [turn_event(self.task.id, r) for r in rows]
+        # a compaction is in the events already (the worker's ``compaction`` event)
+        turns = [turn_event(self.task.id, r) for r in rows if r.get("kind") != "compaction"]
         return list(heapq.merge(events, turns, key=_when))
 
     def ended(self) -> bool:

@@ -19,6 +19,11 @@ running out is a rejection) or from ``srv.responder(request_json) -> Reply | Fau
         ...  # point ANTHROPIC_BASE_URL at srv.base_url, ANTHROPIC_API_KEY at srv.api_key
         assert srv.rejected == []
 
+``MessagesAPIServer(context_limit=M)`` enforces a context window: a request whose prompt
+counts more than M tokens (``prompt_tokens``, the messages' JSON size over 4, which is
+also the reply's ``input_tokens``) gets the API's 400 ``invalid_request_error``
+"prompt is too long: N tokens > M maximum".
+
 ``srv.on_request(body, rejection)`` sees each request as it is answered (``rejection`` is
 None for a valid one), ``srv.on_served(body, reply_or_fault)`` once the answer is written
 out (a fault campaign kills its client right after a fault there).
@@ -93,6 +98,12 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
+def prompt_tokens(request: JSON) -> int:
+    """The tokens a request's prompt counts as: its messages' JSON size over 4, so that
+    ``input_tokens`` (and a client's tokens_used) grows with the transcript as it would."""
+    return max(1, len(json.dumps(request.get("messages", []))) // 4)
+
+
 @dataclass
 class Reply:
     """One assistant message. ``stop_reason`` defaults from the content; usage from sizes."""
@@ -130,7 +141,7 @@ class Reply:
                 block.setdefault("id", _new_id("toolu"))
         has_tool = any(b.get("type") == "tool_use" for b in content)
         usage = {
-            "input_tokens": max(1, len(json.dumps(request.get("messages", []))) // 4),
+            "input_tokens": prompt_tokens(request),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
             "output_tokens": max(1, len(json.dumps(content)) // 4),
@@ -497,8 +508,12 @@ class MessagesAPIServer:
         responder: Callable[[JSON], Reply | Fault | None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        context_limit: int | None = None,
     ) -> None:
         self.api_key = api_key  # None: any non-empty key is accepted
+        #: the model's context window in tokens (``prompt_tokens``); a longer prompt gets
+        #: the API's 400 "prompt is too long", and None accepts any size
+        self.context_limit = context_limit
         self.responder = responder or self._next_scripted
         self.replies: deque[Reply | Fault | JSON] = deque()
         self.faults: deque[Fault] = deque()
@@ -598,6 +613,10 @@ class MessagesAPIServer:
             )
         if error := validate_request(body):
             return self._reject(h, 400, "invalid_request_error", error, body)
+        tokens = prompt_tokens(body)
+        if self.context_limit is not None and tokens > self.context_limit:
+            msg = f"prompt is too long: {tokens} tokens > {self.context_limit} maximum"
+            return self._reject(h, 400, "invalid_request_error", msg, body)
         action = self.faults.popleft() if self.faults else self.responder(body)
         if action is None:  # a test that scripted too few replies: make it visible
             msg = f"test server: no reply scripted for request {len(self.requests)}"

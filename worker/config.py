@@ -108,6 +108,26 @@ class MetricsConfig:
         return host.removeprefix("[").removesuffix("]"), int(port)
 
 
+#: What ``[context] strategy`` may be: who compacts a transcript that outgrows the window.
+CONTEXT_STRATEGIES = ("client", "server")
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """When and how a long task's transcript is compacted (DESIGN.md section 4)."""
+
+    window: int = 200_000  # the model's context size, in tokens
+    compact_at: float = 0.8  # compact once tokens_used reaches this fraction of the window
+    keep_turns: int = 4  # the latest turns kept verbatim; the rest become a summary
+    strategy: str = "client"
+    instructions: str = ""  # appended to the summary instruction
+
+    @property
+    def threshold(self) -> int:
+        """``tokens_used`` at or past which the worker compacts."""
+        return math.ceil(self.compact_at * self.window)
+
+
 @dataclass(frozen=True)
 class Config:
     spool: Path | None = None
@@ -119,6 +139,7 @@ class Config:
     tools: ToolsConfig = ToolsConfig()
     hooks: HooksConfig = HooksConfig()
     metrics: MetricsConfig = MetricsConfig()
+    context: ContextConfig = ContextConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -261,6 +282,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         on_held=_argv(t, "on_held"), on_failed=_argv(t, "on_failed"), on_done=_argv(t, "on_done")
     )
     metrics = MetricsConfig(listen=_listen(top.table("metrics")))
+    context = _context(top.table("context"), model)
 
     return Config(
         spool=spool,
@@ -272,6 +294,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         tools=tools,
         hooks=hooks,
         metrics=metrics,
+        context=context,
         source=source,
     )
 
@@ -440,6 +463,39 @@ def _listen(metrics: _Table) -> str:
     return value
 
 
+def _context(t: _Table, model: ModelConfig) -> ContextConfig:
+    window = t.count("window")
+    if window <= model.max_tokens:
+        t.fail(
+            "window",
+            f"must be a number of tokens greater than model.max_tokens ({model.max_tokens}), "
+            f"got {_show(window)}",
+        )
+    compact_at = t.value("compact_at")
+    if (
+        isinstance(compact_at, bool)
+        or not isinstance(compact_at, int | float)
+        or not 0 < compact_at < 1
+    ):
+        t.fail(
+            "compact_at",
+            f"must be a fraction between 0 and 1, such as 0.8, got {_show(compact_at)}",
+        )
+    keep_turns = t.value("keep_turns")
+    if isinstance(keep_turns, bool) or not isinstance(keep_turns, int) or keep_turns < 0:
+        t.fail("keep_turns", f"must be a whole number of at least 0, got {_show(keep_turns)}")
+    instructions = t.value("instructions")
+    if not isinstance(instructions, str):
+        t.fail("instructions", f'must be a string ("" for none), got {_show(instructions)}')
+    return ContextConfig(
+        window=window,
+        compact_at=float(compact_at),
+        keep_turns=keep_turns,
+        strategy=t.choice("strategy", list(CONTEXT_STRATEGIES)),
+        instructions=instructions,
+    )
+
+
 def _is_module_name(name: str) -> bool:
     parts = name.split(".")
     return all(part.isidentifier() and not keyword.iskeyword(part) for part in parts)
@@ -486,6 +542,7 @@ def config_document(config: Config) -> dict[str, Any]:
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
+    doc["context"] = {f.name: getattr(config.context, f.name) for f in fields(config.context)}
     return doc
 
 
@@ -574,6 +631,24 @@ Prometheus metrics, served by the daemon at http://LISTEN/metrics (README: Metri
     "metrics.listen": """\
 "HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
 them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
+    "context": """\
+Long tasks (README: "Long tasks: compaction"). When the context the model saw at its last call plus
+what it wrote reaches compact_at of the window, the worker asks the model for a summary
+of the transcript except its latest keep_turns turns, records it, and goes on from the
+prompt, the summary and the kept turns. A prompt the API calls too long is compacted
+once and retried. The journal keeps every turn: history and rewind see them all.""",
+    "context.window": """\
+The model's context size in tokens (200000 for the Claude models); more than
+model.max_tokens.""",
+    "context.compact_at": "The fraction of the window at which to compact, above 0 and below 1.",
+    "context.keep_turns": """\
+The latest turns kept verbatim in a compaction (0 or more); a lower value frees more
+room when a compacted prompt is still too long.""",
+    "context.strategy": """\
+"client": agentd makes the summary call, on every backend. "server" (the Messages
+API's own compaction) is not built yet: a worker falls back to "client" and says so in
+a context_strategy_fallback warning event.""",
+    "context.instructions": "Appended to the summary instruction, e.g. what must never be dropped.",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',

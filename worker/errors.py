@@ -15,7 +15,8 @@ every message is one full sentence that says what is wrong and what to do next::
     │   └── LockBusyError                    another process holds the lock
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
-        └── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
+        ├── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
+        └── ContextTooLongError              the prompt does not fit the context window
 
 A *storage fault* (``storage_fault``) is a StorageError or OSError whose errno is one of
 ``STORAGE_ERRNOS``: the disk is full, failing or read-only. It is a wait, never a verdict
@@ -105,6 +106,11 @@ class ModelError(AgentdError):
 
 class RetryableModelError(ModelError):
     """A model call failed in a way that a later attempt may not (429, 5xx, 529, cut stream)."""
+
+
+class ContextTooLongError(ModelError):
+    """The API refused the prompt as longer than the model's context window: the loop
+    compacts the transcript once and retries (DESIGN.md section 4)."""
 
 
 def storage_fault(exc: BaseException) -> StorageError | None:

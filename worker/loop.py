@@ -15,6 +15,11 @@ Three timing points feed the worker's metrics (``worker.metrics``, published wit
 heartbeat): each journal write in ``_record``, each model call and each tool call, a
 ``perf_counter`` pair apiece.
 
+A transcript that outgrows ``[context] window`` is compacted at a turn boundary
+(``_compact``, the pure half in ``worker.compaction``): one summary call, then a
+``compaction`` record, synced before the next model call reads the transcript it makes.
+A crash before the record only means the summary call is made again.
+
 Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
 recorded then); during a tool call it takes effect once the result is recorded.
 """
@@ -27,15 +32,16 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from worker import credentials, vcs
+from worker import compaction, credentials, vcs
 from worker.config import Config
 from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
 from worker.errors import (
+    ContextTooLongError,
     InvalidIdError,
     JournalCorruptError,
     ModelError,
@@ -47,7 +53,7 @@ from worker.events import append_event, redact, utc_now
 from worker.heartbeat import Heartbeat
 from worker.journal import Journal
 from worker.metrics import StepMetrics
-from worker.models.base import JSON, Model, ModelRequest
+from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec
@@ -248,6 +254,7 @@ class AgentLoop:
                 turn=self.state.turn,
                 usage=self.state.usage_total.to_json(),
                 tokens_used=self.state.tokens_used,
+                compactions=len(self.state.live_compactions()),
             )
 
     def _checkpoint_workspace(self) -> None:
@@ -304,6 +311,12 @@ class AgentLoop:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
+            if self.config.context.strategy == "server":
+                self._event(
+                    "context_strategy_fallback",
+                    level="warning",
+                    error='[context] strategy "server" is not built yet; compacting as "client"',
+                )
             return self._loop()
         except StopRequested:
             return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
@@ -340,6 +353,8 @@ class AgentLoop:
             if self.state.last_role == "assistant" and self.state.stop_reason == "max_tokens":
                 self._record({"k": "user", "content": [{"type": "text", "text": CONTINUE_PROMPT}]})
                 continue
+            if self._compaction_due():
+                self._compact("threshold")
             self._call_model()
 
     def _ending(self) -> tuple[str, str] | None:
@@ -349,7 +364,7 @@ class AgentLoop:
             return "done", stop
         if stop == "refusal":
             return "failed", "refusal: the model declined to continue this task"
-        if stop == "model_context_window_exceeded":
+        if stop == "model_context_window_exceeded":  # recorded before compaction existed
             return "failed", "model_context_window_exceeded: the transcript no longer fits"
         if stop not in (None, "tool_use", "max_tokens", "pause_turn"):
             return "failed", f"unknown stop_reason {stop!r} from the model"
@@ -384,14 +399,15 @@ class AgentLoop:
             tools=[t.api_definition() for t in self.tools],
         )
 
-    def _call_model(self) -> None:
-        self._phase("model")
+    def _ask(self, request: ModelRequest, phase: str) -> ModelReply:
+        """One model call, retried on retryable faults, interruptible by SIGTERM."""
+        self._phase(phase)
 
         def on_retry(exc: Exception, attempt: int, delay: float) -> None:
             self._event(
                 "model_retry", level="warning", attempt=attempt, delay=delay, error=str(exc)
             )
-            self._phase("model")  # a retry is progress: the deadline covers one attempt
+            self._phase(phase)  # a retry is progress: the deadline covers one attempt
 
         self._journal.sync_in_background()  # the last result becomes durable meanwhile
         self._interruptible = True
@@ -401,7 +417,7 @@ class AgentLoop:
                 raise StopRequested
             reply = call_with_retries(
                 self.model,
-                self._request(),
+                request,
                 turn_index=self.state.turn,
                 on_retry=on_retry,
                 sleep=self.sleep,
@@ -415,6 +431,18 @@ class AgentLoop:
             usage.output_tokens,
         )
         self._phase("idle")
+        return reply
+
+    def _call_model(self) -> None:
+        try:
+            reply = self._ask(self._request(), "model")
+            if reply.stop_reason == "model_context_window_exceeded":
+                # cut off by the window: not recorded (like an interrupted call), retried
+                raise ContextTooLongError("the reply hit the model's context window")
+        except ContextTooLongError as exc:
+            if self.state.compacted_at(self.state.turn) or not self._compact("too_long"):
+                raise ModelError(f"{exc}: {self._too_long_advice()}") from None
+            return  # the loop asks again, on the compacted transcript
         message = {"role": "assistant", "content": reply.content}
         records: list[JSON] = [
             {
@@ -445,6 +473,78 @@ class AgentLoop:
             self._record(*records, hold=True)
         else:
             self._record(*records)
+
+    # -- compaction --------------------------------------------------------------------
+
+    def _compaction_due(self) -> bool:
+        """``tokens_used`` is at or past ``[context] compact_at`` of the window, and this
+        boundary was not compacted yet (a compaction's own estimate may still be over)."""
+        return self.state.tokens_used >= self.config.context.threshold and not (
+            self.state.compacted_at(self.state.turn)
+        )
+
+    def _compact(self, trigger: str) -> bool:
+        """Summarise the transcript but its last ``keep_turns`` turns and record the
+        ``compaction``; False when there is nothing to summarise."""
+        context = self.config.context
+        messages = self.state.transcript()
+        at = compaction.cut(messages, context.keep_turns)
+        if at is None:
+            return False
+        kept = sum(m["role"] == "assistant" for m in messages[at:])
+        last = self.state.turn - kept
+        first = last - sum(m["role"] == "assistant" for m in messages[:at]) + 1
+        asked = compaction.summary_messages(
+            messages[:at], compaction.instruction(context.instructions)
+        )
+        request = replace(
+            self._request(),
+            messages=asked,
+            summary=SummaryOf(len(self.state.live_compactions()), first, last),
+        )
+        try:
+            reply = self._ask(request, "compaction")
+        except ContextTooLongError as exc:
+            raise ModelError(
+                f"{exc}: the part of the transcript to summarise does not fit either; "
+                f"{self._too_long_advice()}"
+            ) from None
+        summary = compaction.summary_text(reply.content)
+        before = self.state.tokens_used
+        after = compaction.estimate_tokens(
+            before, messages, compaction.compacted(self.state.prompt, summary, messages[at:])
+        )
+        self._record(
+            {
+                "k": "compaction",
+                "summary": summary,
+                "keep": len(messages) - at,
+                "first": first,
+                "last": last,
+                "usage": reply.usage.to_json(),
+                "tokens_before": before,
+                "tokens_after": after,
+                "trigger": trigger,
+            }
+        )
+        self._event(
+            "compaction",
+            first=first,
+            last=last,
+            tokens_before=before,
+            tokens_after=after,
+            trigger=trigger,
+        )
+        return True
+
+    def _too_long_advice(self) -> str:
+        context = self.config.context
+        return (
+            "the transcript does not fit the model's context window, and compaction cannot "
+            "make it fit; "
+            f"lower [context] keep_turns (now {context.keep_turns}) or [model] max_tokens, "
+            "or rewind the task to an earlier turn, and run `agentd retry TASK`"
+        )
 
     # -- tools --------------------------------------------------------------------------
 

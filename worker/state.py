@@ -19,12 +19,19 @@ Records (see worker/journal.py for the frame format)::
     rewind    {"to": TURN, "at"}                          back to the scene after TURN
     base      {"scene": snapshot of a scene, "from": {"task", "turn"}, "at"}  a fork's start
     vcs       {"turn", "commit", "snapshot"}              workspace version-control state
+    compaction {"summary", "keep", "first", "last", "usage", "tokens_before",
+                "tokens_after", "trigger", "at"}
+              the transcript becomes the prompt, the summary and its last ``keep``
+              messages (worker.compaction); ``first``..``last``: the turns it replaces
 
 Rewind needs the scene after any earlier turn. ``TaskState`` keeps a small ``Boundary``
-per turn (how many messages and calls the scene had, the counters, and a copy of its
-last message, which a later user record may extend), so a rewind is a cut, not a
-replay. Boundaries are not part of snapshots: a rewind record met after a snapshot
-raises ``NeedsFullReplay`` and the reader folds the journal from the start.
+per turn (the transcript list it was on and how many of its messages and calls the scene
+had, the counters, and a copy of its last message, which a later user record may
+extend), so a rewind is a cut, not a replay. A compaction starts a new transcript list
+and leaves the old one as it was, so a rewind to a turn before a compaction gets the
+full transcript of that time back, and the compaction is off the live branch.
+Boundaries are not part of snapshots: a rewind record met after a snapshot raises
+``NeedsFullReplay`` and the reader folds the journal from the start.
 
 A snapshot (``snapshot_bytes``) is a cache of what the *next step* needs: the
 transcript, the counters, the calls of the latest turn and the open holds. The ledger of
@@ -44,6 +51,7 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from worker import compaction
 from worker.durable import dump_json
 from worker.models.base import JSON, Usage
 
@@ -60,6 +68,7 @@ class NeedsFullReplay(Exception):
 class Boundary:
     """The scene right after a turn: what a rewind to that turn keeps."""
 
+    transcript: list[JSON]  # the message list of that time (shared, never changed in place)
     messages: int
     last_message: JSON
     calls: int
@@ -109,6 +118,23 @@ class TurnInfo:
 
 
 @dataclass
+class CompactionInfo:
+    """One compaction, for history and status: made after ``turn``, replacing turns
+    ``first`` to ``last``."""
+
+    turn: int
+    first: int
+    last: int
+    tokens_before: int
+    tokens_after: int  # an estimate, by the transcript's size (worker.compaction)
+    headline: str  # the summary's first line
+    at: str
+    usage: Usage
+    epoch: int = 0
+    rewound: bool = False
+
+
+@dataclass
 class TaskState:
     prompt: str
     messages: list[JSON] = field(default_factory=list)
@@ -126,6 +152,7 @@ class TaskState:
     records: int = 0  # records applied
     boundaries: dict[int, Boundary] | None = field(default_factory=dict)  # None: unknown
     vcs: dict[int, JSON] = field(default_factory=dict)  # turn -> workspace VCS state
+    compactions: list[CompactionInfo] = field(default_factory=list)  # every branch's
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -147,6 +174,7 @@ class TaskState:
         """The current scene as a Boundary (meaningful when no call is pending)."""
         last = self.messages[-1]
         return Boundary(
+            transcript=self.messages,
             messages=len(self.messages),
             last_message={"role": last["role"], "content": list(last["content"])},
             calls=len(self.calls),
@@ -226,7 +254,7 @@ class TaskState:
         mark = self.boundaries.get(to) if to < self.turn else self.boundary()
         if mark is None:
             return
-        self.messages = self.messages[: mark.messages]
+        self.messages = mark.transcript[: mark.messages]
         self.messages[-1] = {
             "role": mark.last_message["role"],
             "content": list(mark.last_message["content"]),
@@ -242,9 +270,49 @@ class TaskState:
         for info in self.turns:
             if info.turn > to and not info.rewound:
                 info.rewound = True
+        for made in self.compactions:
+            if made.turn > to and not made.rewound:
+                made.rewound = True
         self.boundaries = {t: b for t, b in self.boundaries.items() if t < to}
         self.vcs = {t: v for t, v in self.vcs.items() if t <= to}
         self.epoch += 1
+
+    def _apply_compaction(self, record: JSON) -> None:
+        keep = int(record["keep"])
+        if self.pending_calls() or not 0 <= keep <= len(self.messages) - 2:
+            return  # never written so (worker.loop compacts at a boundary): ignored whole
+        summary = str(record["summary"])
+        # copies: a user record extends the last message, and the old list stays as it was
+        kept = [dict(m) for m in self.messages[len(self.messages) - keep :]] if keep else []
+        if kept and kept[0]["role"] != "assistant":
+            return
+        self.messages = compaction.compacted(self.prompt, summary, kept)
+        usage = Usage.from_json(record.get("usage") or {})
+        self.usage = self.usage + usage
+        self.usage_total = self.usage_total + usage
+        before = self.tokens_used
+        self.tokens_used = int(record.get("tokens_after", before))  # until the next turn
+        self.compactions.append(
+            CompactionInfo(
+                turn=self.turn,
+                first=int(record["first"]),
+                last=int(record["last"]),
+                tokens_before=int(record.get("tokens_before", before)),
+                tokens_after=self.tokens_used,
+                headline=summary.strip().splitlines()[0] if summary.strip() else "",
+                at=str(record.get("at", "")),
+                usage=usage,
+                epoch=self.epoch,
+            )
+        )
+
+    def live_compactions(self) -> list[CompactionInfo]:
+        """The compactions of the live branch, oldest first."""
+        return [c for c in self.compactions if not c.rewound]
+
+    def compacted_at(self, turn: int) -> bool:
+        """Whether the live branch compacted right after ``turn``: once per boundary."""
+        return any(c.turn == turn for c in self.live_compactions())
 
     def _apply_base(self, record: JSON) -> None:
         base, _ = TaskState.from_snapshot(record["scene"])
@@ -311,6 +379,7 @@ class TaskState:
                 for t in self.turns
             ],
             "vcs": {str(t): v for t, v in self.vcs.items()},
+            "compactions": [{**vars(c), "usage": c.usage.to_json()} for c in self.compactions],
         }
 
     @classmethod
@@ -335,6 +404,10 @@ class TaskState:
             records=data["records"],
             boundaries=None,
             vcs={int(t): v for t, v in data.get("vcs", {}).items()},
+            compactions=[
+                CompactionInfo(**{**c, "usage": Usage.from_json(c["usage"])})
+                for c in data.get("compactions", [])
+            ],
         )
         offset = int(data["offset"])
         if offset < 0:

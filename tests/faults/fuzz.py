@@ -413,7 +413,7 @@ toml_scalars = (
     | st.text(max_size=12)
 )
 TOP_KEYS = ["spool", "max_workers", "heartbeat", "deadlines", "restart", "model", "tools"]
-TOP_KEYS += ["metrics"]
+TOP_KEYS += ["metrics", "context"]
 SUB_KEYS = {
     "heartbeat": ["interval", "timeout"],
     "deadlines": ["model_call", "tool_call"],
@@ -421,6 +421,7 @@ SUB_KEYS = {
     "model": ["name", "max_tokens"],
     "tools": ["modules", "policy"],
     "metrics": ["listen"],
+    "context": ["window", "compact_at", "keep_turns", "strategy", "instructions"],
 }
 
 
@@ -470,6 +471,19 @@ def listens(address: tuple[str, int] | None) -> bool:
     return address is None or (bool(address[0]) and 1 <= address[1] <= 65535)
 
 
+def compacts_sensibly(config: Any) -> bool:
+    """An accepted ``[context]``: a window larger than max_tokens, a fraction of it to
+    compact at, no negative kept turns, a known strategy."""
+    context = config.context
+    return (
+        context.window > config.model.max_tokens
+        and 0 < context.compact_at < 1
+        and context.keep_turns >= 0
+        and context.strategy in ("client", "server")
+        and isinstance(context.instructions, str)
+    )
+
+
 def fuzz_config(n: int, seed: int, root: Path) -> Tally:
     import tomli_w
 
@@ -502,6 +516,7 @@ def fuzz_config(n: int, seed: int, root: Path) -> Tally:
             0 < config.heartbeat.interval < config.heartbeat.timeout  # type: ignore[attr-defined]
             and config.max_workers >= 1  # type: ignore[attr-defined]
             and listens(config.metrics.address)  # type: ignore[attr-defined]
+            and compacts_sensibly(config)
         ):
             tally.changed.append(f"accepted {value!r:.160}")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from supervisor import tasks
 from supervisor.daemon import Supervisor
-from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge
+from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
 from supervisor.workers import WorkerProcess
 from tests.support import make_spool, poll_for, scripted_task, text
 from worker.config import Config, HeartbeatConfig
@@ -68,6 +68,14 @@ def test_a_phase_past_its_deadline_is_stalled_and_its_deadline_bounds_alive() ->
     assert judge(near, spawned=0.0, now=200.5, limits=LIMITS) == Alive(201.0)
     assert judge(near, spawned=0.0, now=201.5, limits=LIMITS) == Stalled("tool:run_command", 6.5)
     assert judge(beat(200.0, started=0.0), spawned=0.0, now=201.5, limits=LIMITS) == Alive(202.0)
+
+
+def test_a_summary_call_has_the_model_calls_deadline() -> None:
+    summary = beat(200.0, phase="compaction", started=192.5)  # past tool_call, not model_call
+    assert judge(summary, spawned=0.0, now=200.5, limits=LIMITS) == Alive(202.0)
+    later = beat(202.9, phase="compaction", started=192.5)
+    assert judge(later, spawned=0.0, now=203.0, limits=LIMITS) == Stalled("compaction", 10.5)
+    assert phase_limit("compaction", LIMITS) == LIMITS.model_call
 
 
 def test_a_worker_beating_slower_than_the_config_gets_the_difference() -> None:

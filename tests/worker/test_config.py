@@ -439,3 +439,50 @@ def test_config_changes_names_every_key_that_differs_and_nothing_else(tmp_path: 
         config_changes(new, dataclasses.replace(new, source=None)) == []
     )  # where it came from: no key
     assert read_config(None, environ={}) == (Config(), None)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[context]\ncompact_at = 1", "context.compact_at must be a fraction between 0 and 1"),
+        ("[context]\ncompact_at = 0", "context.compact_at must be a fraction between 0 and 1"),
+        ("[context]\ncompact_at = 1.5", "context.compact_at must be a fraction between 0 and 1"),
+        ('[context]\ncompact_at = "0.8"', "context.compact_at must be a fraction"),
+        ("[context]\nkeep_turns = -1", "context.keep_turns must be a whole number of at least 0"),
+        ("[context]\nkeep_turns = 1.5", "context.keep_turns must be a whole number of at least 0"),
+        ("[context]\nwindow = 0", "context.window must be a whole number of at least 1"),
+        (
+            "[context]\nwindow = 4096",
+            "context.window must be a number of tokens greater than model.max_tokens (4096)",
+        ),
+        (
+            "[model]\nmax_tokens = 300000",
+            "context.window must be a number of tokens greater than model.max_tokens (300000)",
+        ),
+        ('[context]\nstrategy = "auto"', 'context.strategy must be "client" or "server"'),
+        ("[context]\ninstructions = 1", "context.instructions must be a string"),
+    ],
+)
+def test_context_values_that_make_no_sense_are_refused(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    message = _error(_write(tmp_path, text + "\n"))
+
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_context_keys_are_read(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "[model]\nmax_tokens = 100\n[context]\nwindow = 1000\ncompact_at = 0.5\n"
+        'keep_turns = 0\ninstructions = "Keep ids."\n',
+    )
+    context = load_config(path).context
+
+    assert (context.window, context.compact_at, context.keep_turns) == (1000, 0.5, 0)
+    assert (context.threshold, context.instructions, context.strategy) == (
+        500,
+        "Keep ids.",
+        "client",
+    )

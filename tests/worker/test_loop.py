@@ -129,11 +129,6 @@ def test_a_finished_task_stays_finished(spool: Spool) -> None:
         ("end_turn", "done", "end_turn"),
         ("stop_sequence", "done", "stop_sequence"),
         ("refusal", "failed", "refusal: the model declined to continue this task"),
-        (
-            "model_context_window_exceeded",
-            "failed",
-            "model_context_window_exceeded: the transcript no longer fits",
-        ),
         ("brand_new_reason", "failed", "unknown stop_reason 'brand_new_reason' from the model"),
     ],
 )

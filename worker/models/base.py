@@ -59,12 +59,23 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class SummaryOf:
+    """What a compaction's summary call replaces: the task's ``index``-th compaction on
+    its live branch (0-based), summarising turns ``first`` to ``last``."""
+
+    index: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
 class ModelRequest:
     model: str
     max_tokens: int
     messages: Sequence[JSON]
     system: str | None = None
     tools: Sequence[JSON] = ()
+    summary: SummaryOf | None = None  # set on a compaction's summary call, None on a turn
 
 
 @dataclass(frozen=True)

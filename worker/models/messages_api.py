@@ -12,9 +12,10 @@ a stream that breaks, is malformed or ends before ``message_stop``, and a tool_u
 streamed input is not valid JSON as a whole (the SDK's lenient parser would read a garbled
 tail as a shorter object, and the tool would run on input the model never sent). Final:
 400, 401, 402, 403, 404, 413, missing credentials, each with a one-line reason saying what
-to fix. No message ever contains the API key: known secrets are scrubbed from every text
-that leaves this module, and SDK exceptions are not chained (their text carries the raw
-response).
+to fix; a 400 saying the prompt is too long is a ``ContextTooLongError``, which the loop
+answers with a compaction. No message ever contains the API key: known secrets are
+scrubbed from every text that leaves this module, and SDK exceptions are not chained
+(their text carries the raw response).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from worker import credentials
-from worker.errors import ModelError, RetryableModelError
+from worker.errors import ContextTooLongError, ModelError, RetryableModelError
 from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 from worker.models.retry import ThrottledError
 
@@ -230,6 +231,10 @@ class MessagesAPIModel:
             return self._error(
                 f"The Anthropic API refused the request for billing ({detail}); check the "
                 f"account's plan and credits and {RETRY_TASK}."
+            )
+        if status == 400 and "prompt is too long" in str(exc.api_message or "").lower():
+            return ContextTooLongError(
+                self._scrub(f"The Anthropic API refused the prompt ({detail})")
             )
         if status == 413:
             return self._error(

@@ -1,8 +1,11 @@
 """The scripted model: an offline, deterministic backend (DESIGN.md section 4).
 
-Model call k of a task (k = assistant turns already in its transcript) returns
-``responses[k]`` of the script, so a resumed task continues where it left off. The script
-is validated when it is loaded, with one-line errors naming the response at fault.
+Model call k of a task (k = the turns recorded on its live branch, so compactions do not
+shift it) returns ``responses[k]`` of the script, so a resumed task continues where it
+left off. A compaction's summary call returns ``summaries[j]`` for the task's j-th
+compaction, or a deterministic summary naming the turns it replaces when the script has
+none. The script is validated when it is loaded, with one-line errors naming the response
+at fault.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import ModelError, TaskSpecError
-from worker.models.base import JSON, ModelReply, ModelRequest, Usage
+from worker.models.base import JSON, ModelReply, ModelRequest, SummaryOf, Usage
 
 _BLOCK_TYPES = {"text", "tool_use", "thinking"}
 _CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -85,10 +88,17 @@ def _validate(data: Any, where: str) -> list[JSON]:
         stop = response.get("stop_reason")
         if stop is not None and not isinstance(stop, str):
             raise bad(f"{at}.stop_reason must be a string")
+    summaries = data.get("summaries", [])
+    if not isinstance(summaries, list) or not all(isinstance(t, str) for t in summaries):
+        raise bad('"summaries" must be a list of strings')
     return responses
 
 
 def load_script(path: Path) -> list[JSON]:
+    return parse_script(_read_script(path), str(path))
+
+
+def _read_script(path: Path) -> bytes:
     try:
         # never through a symlink: a task's script is a file of its own folder
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
@@ -97,7 +107,7 @@ def load_script(path: Path) -> list[JSON]:
         raise TaskSpecError(f"{path}: the task has no script; submit it with --script.") from None
     except OSError as exc:
         raise TaskSpecError(f"{path}: cannot read the script ({exc.strerror}).") from None
-    return parse_script(raw, str(path))
+    return raw
 
 
 def parse_script(raw: bytes, where: str) -> list[JSON]:
@@ -127,18 +137,35 @@ def validate_script(data: Any, where: str) -> list[JSON]:
     return _validate(data, where)
 
 
+def default_summary(summary: SummaryOf) -> str:
+    """The summary a script without ``summaries`` gets: it names what it replaces."""
+    return (
+        f"Compaction {summary.index + 1}: a summary of turns {summary.first} to "
+        f"{summary.last}, made by the scripted model."
+    )
+
+
 class ScriptedModel:
     def __init__(
-        self, responses: list[JSON], *, sleep: Callable[[float], None] = time.sleep
+        self,
+        responses: list[JSON],
+        *,
+        summaries: list[str] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.responses = responses
+        self.summaries = summaries or []
         self._sleep = sleep
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
-        return cls(load_script(path))
+        raw = _read_script(path)
+        responses = parse_script(raw, str(path))
+        return cls(responses, summaries=list(json.loads(raw).get("summaries", [])))
 
     def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
+        if request.summary is not None:
+            return self._summarise(request, request.summary)
         if turn_index >= len(self.responses):
             raise ModelError(
                 f"the script has {len(self.responses)} responses and model call "
@@ -159,6 +186,14 @@ class ScriptedModel:
             response.get("usage") or {"input_tokens": 10 + 5 * turn_index, "output_tokens": 5}
         )
         return ModelReply(content, stop, usage, request.model)
+
+    def _summarise(self, request: ModelRequest, summary: SummaryOf) -> ModelReply:
+        if summary.index < len(self.summaries):
+            text = self.summaries[summary.index]
+        else:
+            text = default_summary(summary)
+        usage = Usage(input_tokens=10 * len(request.messages), output_tokens=len(text) // 4 + 1)
+        return ModelReply([{"type": "text", "text": text}], "end_turn", usage, request.model)
 
     def close(self) -> None:
         pass
