@@ -246,8 +246,10 @@ def test_the_user_unit_uses_the_users_paths_and_verifies(tmp_path: Path) -> None
     assert _verify(path, user=True, runtime=tmp_path / "run") == ""
 
 
-def test_the_system_unit_warns_about_paths_protecthome_hides() -> None:
-    install = Installation(("/home/ann/venv/bin/agentd",), Path("/etc/agentd/agentd.toml"), None)
+@pytest.mark.parametrize("home", ["/home", "/root", "/run/user"])
+def test_the_system_unit_warns_about_paths_protecthome_hides(home: str) -> None:
+    agentd = str(Path(home) / "someone" / "venv" / "bin" / "agentd")
+    install = Installation((agentd,), Path("/etc/agentd/agentd.toml"), None)
     (warning,) = home_warnings(install)
-    assert "/home/ann/venv/bin/agentd" in warning and "ProtectHome=yes" in warning
+    assert agentd in warning and "ProtectHome=yes" in warning
     assert home_warnings(Installation(("/opt/agentd/venv/bin/agentd",), None, None)) == []
