@@ -34,7 +34,6 @@ violation; ``tests/test_chaos_escape.py`` runs the quick mode in ``make test``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
@@ -51,7 +50,7 @@ from typing import Any
 import psutil
 
 from tests.daemon import Daemon, subreaper
-from tests.faults.report import Figure, print_figures, violations
+from tests.faults.report import Figure, campaign_main
 from tests.support import reply, text, tool_use
 
 FAULT = "12 escape"
@@ -390,15 +389,7 @@ def run(quick: bool, *, seed: int | None = None, setting: Setting = BARE) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos.escape", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args(argv)
-    figures = run(not args.full, seed=args.seed)
-    print_figures(figures)
-    return 1 if violations(figures) else 0
+    return campaign_main(run, "python -m tests.chaos.escape", __doc__ or "", argv)
 
 
 if __name__ == "__main__":

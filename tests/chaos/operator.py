@@ -45,7 +45,6 @@ violation; ``tests/test_chaos_operator.py`` runs the quick mode in ``make test``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -63,7 +62,7 @@ from typing import Any
 
 from supervisor import tasks
 from tests.daemon import Daemon, alive, subreaper
-from tests.faults.report import Figure, print_figures, violations
+from tests.faults.report import Figure, campaign_main
 from tests.support import (
     REPO,
     journal_records,
@@ -608,15 +607,7 @@ def run(quick: bool, *, seed: int | None = None) -> list[Figure]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos.operator", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args(argv)
-    figures = run(not args.full, seed=args.seed)
-    print_figures(figures)
-    return 1 if violations(figures) else 0
+    return campaign_main(run, "python -m tests.chaos.operator", __doc__ or "", argv)
 
 
 if __name__ == "__main__":

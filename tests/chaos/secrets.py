@@ -40,7 +40,6 @@ takes the worker configuration as a parameter, so the same class runs under anot
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import os
@@ -60,7 +59,7 @@ from typing import Any
 from supervisor import tasks
 from supervisor.control import ring, running_pid
 from tests.daemon import Daemon, subreaper
-from tests.faults.report import Figure, print_figures, violations
+from tests.faults.report import Figure, campaign_main
 from tests.messages_api import MessagesAPIServer, Reply, by_turn
 from tests.support import REPO, journal_records, of_kind, poll_for, worker_env
 from worker.events import REDACTED, read_events
@@ -476,12 +475,7 @@ def figures(found: Findings, quick: bool, variant: str, seconds: float) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos.secrets", description=__doc__)
-    parser.add_argument("--full", action="store_true")
-    args = parser.parse_args(argv)
-    found = run(quick=not args.full)
-    print_figures(found)
-    return 1 if violations(found) else 0
+    return campaign_main(run, "python -m tests.chaos.secrets", __doc__ or "", argv, seeded=False)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ and tasks completed, which must be all of them. The rest (worker exits 7, the da
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.daemon import Daemon, alive, subreaper
-from tests.faults.report import Figure, print_figures, violations
+from tests.faults.report import Figure, campaign_main
 from tests.mounts import MountRefused, fill, read_only, tmpfs
 from tests.support import poll_for, reply, text, tool_use
 from worker.journal import read_file
@@ -292,14 +291,7 @@ def run(quick: bool) -> list[Figure]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos.storage", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
-    args = parser.parse_args(argv)
-    figures = run(not args.full)
-    print_figures(figures)
-    return 1 if violations(figures) else 0
+    return campaign_main(run, "python -m tests.chaos.storage", __doc__ or "", argv, seeded=False)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ a violation: it never pretends to have attacked anything.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from typing import Any
 from supervisor.control import supervisor_info
 from tests.chaos.supervision import within
 from tests.daemon import Daemon, alive, subreaper
-from tests.faults.report import Figure, print_figures, violations
+from tests.faults.report import Figure, campaign_main
 from tests.support import processes_with, reply, text, tool_use
 from worker.errors import AgentdError
 from worker.journal import read_file
@@ -356,14 +355,7 @@ def run(quick: bool) -> list[Figure]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos.tampering", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
-    args = parser.parse_args(argv)
-    figures = run(not args.full)
-    print_figures(figures)
-    return 1 if violations(figures) else 0
+    return campaign_main(run, "python -m tests.chaos.tampering", __doc__ or "", argv, seeded=False)
 
 
 if __name__ == "__main__":

@@ -55,14 +55,21 @@ def violations(figures: Iterable[Figure]) -> list[Figure]:
 
 
 def campaign_main(
-    run: Callable[..., list[Figure]], prog: str, doc: str, argv: list[str] | None = None
+    run: Callable[..., list[Figure]],
+    prog: str,
+    doc: str,
+    argv: list[str] | None = None,
+    *,
+    seeded: bool = True,
 ) -> int:
-    """The command line of a campaign module whose ``run(quick, *, seed)`` gives its
-    figures: ``[--full] [--seed N]``, the table printed, exit 1 on any violation."""
+    """The command line of a campaign module whose ``run(quick, *, seed)`` (``seeded``) or
+    ``run(quick)`` gives its figures: ``[--full] [--seed N]``, the table printed, exit 1 on
+    any violation."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--full", action="store_true", help="the full campaign (make chaos)")
-    parser.add_argument("--seed", type=int, default=None)
+    if seeded:
+        parser.add_argument("--seed", type=int, default=None, help="replay a run's choices")
     args = parser.parse_args(argv)
-    figures = run(quick=not args.full, seed=args.seed)
+    figures = run(quick=not args.full, **({"seed": args.seed} if seeded else {}))
     print_figures(figures)
     return 1 if violations(figures) else 0
