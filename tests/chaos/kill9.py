@@ -775,7 +775,7 @@ class Trial:
 
         # no tool ran without a durable intent; keys stay the same across attempts
         intents: Counter[str] = Counter()
-        keys: dict[str, set[str]] = {}
+        keys: dict[str, set[str | None]] = {}  # None: a call recorded with no key
         for record in final:
             if record.get("k") == "intent":
                 intents[record["call_id"]] += 1
@@ -787,16 +787,15 @@ class Trial:
             if count > intents[call_id]:
                 res.ran_without_intent += count - intents[call_id]
                 res.fail(f"call {call_id} ran {count} times, {intents[call_id]} intents")
-        used: dict[str, set[str]] = {}
+        used: dict[str, set[str | None]] = {}
         for line in lines:
             if line.get("effect") == "keyed" and line.get("kind") in ("effect", "dup"):
                 used.setdefault(line["call_id"], set()).add(line.get("key"))
         for call_id, seen_keys in used.items():
             if len(keys.get(call_id, set()) | seen_keys) != 1:
                 res.keys_changed += 1
-                res.fail(
-                    f"keyed call {call_id} used keys {sorted(keys.get(call_id, set()) | seen_keys)}"
-                )
+                every = sorted(keys.get(call_id, set()) | seen_keys, key=str)
+                res.fail(f"keyed call {call_id} used keys {every}")
 
         world = self.effects.with_name(self.effects.name + ".world")
         for name, value in FINAL_KV.items():

@@ -39,7 +39,7 @@ USAGE = {
     "cache_creation_input_tokens": 30,
     "cache_read_input_tokens": 900,
 }
-HELLO = [{"role": "user", "content": "hello"}]
+HELLO: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
 TOOLS = [{"name": "write_file", "description": "w", "input_schema": {"type": "object"}}]
 
 
@@ -288,15 +288,16 @@ def test_non_streaming_sdk_calls_work_too(server: MessagesAPIServer) -> None:
     import anthropic
 
     client = anthropic.Anthropic(api_key=server.api_key, base_url=server.base_url, max_retries=0)
+    hello: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hello"}]
     try:
         server.replies.append(Reply.tool_use("write_file", {"path": "a"}, usage=USAGE))
-        message = client.messages.create(model="m", max_tokens=50, messages=HELLO)
+        message = client.messages.create(model="m", max_tokens=50, messages=hello)
         assert message.stop_reason == "tool_use"
         assert message.content[0].type == "tool_use"
         assert message.usage.cache_read_input_tokens == 900
         server.faults.append(Fault.overloaded())
         with pytest.raises(anthropic.InternalServerError) as info:
-            client.messages.create(model="m", max_tokens=50, messages=HELLO)
+            client.messages.create(model="m", max_tokens=50, messages=hello)
         assert info.value.status_code == 529
     finally:
         client.close()
