@@ -489,7 +489,7 @@ def langgraph_graph(conn: Any, agent: Callable[..., Any], route: Callable[..., s
 
     # Functional syntax: with postponed annotations a class body here could not resolve
     # the locally imported add_messages when LangGraph reads the type hints.
-    State = TypedDict("State", {"messages": Annotated[list[Any], add_messages]})  # noqa: UP013  # a class: see above
+    State = TypedDict("State", {"messages": Annotated[list[Any], add_messages]})  # noqa: UP013  (not a class: see above)
     builder = StateGraph(State)
     builder.add_node("agent", agent)
     builder.add_edge(START, "agent")

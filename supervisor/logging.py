@@ -221,7 +221,7 @@ def reset() -> None:
 def log_to_file(path: Path) -> None:
     """Send this process's stdout and stderr to ``path`` (appended; created 0600), and
     remember it for ``reopen_log_file``. Raises OSError when it cannot be opened."""
-    global _log_file  # noqa: PLW0603
+    global _log_file  # noqa: PLW0603  (the same)
     _redirect_output(path)
     _log_file = path
 
