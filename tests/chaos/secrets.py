@@ -62,7 +62,8 @@ from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.messages_api import MessagesAPIServer, Reply, by_turn
 from tests.support import REPO, journal_records, of_kind, poll_for, worker_env
-from worker.events import REDACTED, read_events
+from worker.events import read_events
+from worker.redactor import REDACTED
 
 FAULT = "secrets"
 PREFIX = "agentd-canary-"

@@ -29,6 +29,7 @@ from worker import credentials
 from worker.errors import ContextTooLongError, ModelError, RetryableModelError
 from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 from worker.models.retry import ThrottledError
+from worker.redactor import REDACTED
 
 if TYPE_CHECKING:
     import ssl
@@ -263,7 +264,7 @@ class MessagesAPIModel:
     def _scrub(self, text: str) -> str:
         """One line, bounded, with every known secret replaced."""
         for secret in self._secrets():
-            text = text.replace(secret, "[redacted]")
+            text = text.replace(secret, REDACTED)
         text = " ".join(text.split())
         return text if len(text) <= 400 else text[:397] + "..."
 
