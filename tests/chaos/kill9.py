@@ -2,7 +2,7 @@
 
 Each trial submits a task (``supervisor.tasks.submit``) on the ``anthropic`` backend, whose
 ``ANTHROPIC_BASE_URL`` points at a standalone local Messages API server
-(``python -m tests.messages_api --by-turn``) that validates every transcript it is sent the
+(``python -m worker.testing.messages_api --by-turn``) that validates every transcript it is sent the
 way the real API does. The task runs a 10-turn script of 14 tool calls of every effect
 class (``tests.chaos.effect_tools``; 5 unsafe), four turns with two tool_uses, and every
 side effect lands in an external effects log outside the spool. Then, until it is done:
@@ -66,13 +66,13 @@ from tests.chaos.effect_tools import (
     read_log,
 )
 from tests.faults.report import Figure
-from tests.messages_api import DEFAULT_API_KEY
 from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
 from worker.journal import read_file
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
+from worker.testing.messages_api import DEFAULT_API_KEY
 
 JSON = dict[str, Any]
 MODEL = "claude-chaos-kill9"
@@ -398,7 +398,7 @@ def api_server(
     """The standalone local Messages API (by turn index): its base URL and record file."""
     script, port_file, record = root / "api-script.json", root / "api.port", root / "api.jsonl"
     script.write_text(json.dumps({"responses": responses, "api_key": DEFAULT_API_KEY}))
-    argv = [sys.executable, "-m", "tests.messages_api", "--by-turn", "--exit-with-parent"]
+    argv = [sys.executable, "-m", "worker.testing.messages_api", "--by-turn", "--exit-with-parent"]
     argv += ["--port-file", str(port_file), "--script-file", str(script)]
     argv += ["--record-file", str(record)]
     proc = procs.start(argv, _worker_env({}), root / "api.log")

@@ -24,11 +24,17 @@ from typing import Any
 
 import pytest
 
-from tests.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply, validate_request
 from worker.errors import ModelError, RetryableModelError
 from worker.models.base import ModelRequest, Usage
 from worker.models.messages_api import MessagesAPIModel
 from worker.models.retry import call_with_retries
+from worker.testing.messages_api import (
+    DEFAULT_API_KEY,
+    Fault,
+    MessagesAPIServer,
+    Reply,
+    validate_request,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 5.0  # the model's silence timeout
@@ -414,7 +420,7 @@ def test_standalone_server_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     }
     (tmp_path / "script.json").write_text(json.dumps(script))
     port_file, record = tmp_path / "port", tmp_path / "requests.jsonl"
-    argv = [sys.executable, "-m", "tests.messages_api", "--port-file", str(port_file)]
+    argv = [sys.executable, "-m", "worker.testing.messages_api", "--port-file", str(port_file)]
     argv += ["--script-file", str(tmp_path / "script.json"), "--record-file", str(record)]
     with subprocess.Popen(argv, cwd=REPO) as proc:
         try:

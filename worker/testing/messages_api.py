@@ -34,7 +34,7 @@ Faults (``Fault.<name>(...)``, or ``{"fault": "<name>", ...}`` in JSON): ``statu
 closed mid-stream), ``no_message_stop``, ``bad_tool_json``, ``hang`` (silence, or a stall
 after some events, bounded by ``seconds`` and ended at once by ``close()``).
 
-Standalone: ``python -m tests.messages_api --port-file F --script-file S [--record-file R]
+Standalone: ``python -m worker.testing.messages_api --port-file F --script-file S [--record-file R]
 [--by-turn] [--exit-with-parent]`` where S is
 ``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
 Replies are served in order, one per request; with ``--by-turn`` (``by_turn(responses)``
@@ -706,7 +706,9 @@ class MessagesAPIServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.messages_api", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.testing.messages_api", description=__doc__
+    )
     parser.add_argument("--port-file", required=True, type=Path)
     parser.add_argument("--script-file", required=True, type=Path)
     parser.add_argument("--record-file", type=Path, help="append one JSON line per request")
