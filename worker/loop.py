@@ -49,13 +49,14 @@ from worker.errors import (
     TaskSpecError,
     storage_fault,
 )
-from worker.events import append_event, redact, utc_now
+from worker.events import append_event, utc_now
 from worker.heartbeat import Heartbeat
 from worker.journal import Journal
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
+from worker.redactor import redact
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry

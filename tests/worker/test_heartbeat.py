@@ -18,7 +18,7 @@ from worker.metrics import StepMetrics
 def writes(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
     """Every beat written, as the file's JSON."""
     seen: list[dict[str, object]] = []
-    real = heartbeat_module.atomic_write_json
+    real = heartbeat_module.atomic_write_json  # type: ignore[attr-defined]  # patched where used
 
     def spy(path: Path, obj: dict[str, object], *, durable: bool = True) -> None:
         seen.append(obj)
