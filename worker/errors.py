@@ -12,7 +12,10 @@ every message is one full sentence that says what is wrong and what to do next::
     ├── SpoolError                   exit 1  the spool cannot be used as it is
     │   ├── JournalCorruptError              damage before the tail of a journal
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
-    │   └── LockBusyError                    another process holds the lock
+    │   ├── LockBusyError                    another process holds the lock
+    │   ├── LeaseLostError                   the task's fence moved: this writer may not record
+    │   └── SchemaVersionError       exit 78 the database's schema is not this release's
+    ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
         ├── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
@@ -94,6 +97,22 @@ class LockBusyError(SpoolError):
     def __init__(self, message: str, holder_pid: int | None = None) -> None:
         super().__init__(message)
         self.holder_pid = holder_pid
+
+
+class LeaseLostError(SpoolError):
+    """An append found the task's fence moved (DESIGN.md invariant 10): another owner took
+    the lease, or this one let it expire. The writer records nothing and stops at once."""
+
+
+class SchemaVersionError(SpoolError):
+    """The shared store's schema is newer than this release, or not agentd's: running
+    against it could corrupt what newer nodes wrote, and a restart will not fix it."""
+
+    exit_code = 78
+
+
+class ClusterError(AgentdError):
+    """A throwaway PostgreSQL (``supervisor.pgcluster``) could not be made or started."""
 
 
 class TaskSpecError(AgentdError):
