@@ -13,7 +13,7 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── JournalCorruptError              damage before the tail of a journal
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
     │   ├── LockBusyError                    another process holds the lock
-    │   ├── LeaseLostError                   the task's fence moved: this writer may not record
+    │   ├── FencedError                      a step of an owner whose ownership moved
     │   └── SchemaVersionError       exit 78 the database's schema is not this release's
     ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
@@ -99,9 +99,9 @@ class LockBusyError(SpoolError):
         self.holder_pid = holder_pid
 
 
-class LeaseLostError(SpoolError):
-    """An append found the task's fence moved (DESIGN.md invariant 10): another owner took
-    the lease, or this one let it expire. The writer records nothing and stops at once."""
+class FencedError(SpoolError):
+    """The task's ownership moved (a lock released, a lease taken over): the step of its
+    old owner is refused, so no task is ever advanced by two workers (invariant 10)."""
 
 
 class SchemaVersionError(SpoolError):
