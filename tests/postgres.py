@@ -95,12 +95,17 @@ class SeverableProxy:
     ``sever()`` cuts the link: every open connection is dropped (its client reads EOF, as
     when a router resets it) and new ones are refused, until ``restore()``. The port
     stays the same throughout, so URLs made from ``url_for`` keep working after.
+
+    ``exchanges`` counts round trips: each time the server answers after the client
+    sent something (how a test proves a step costs one).
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._asked = False
+        self.exchanges = 0
         self._listener: socket.socket | None = None
         self.port = 0
         self._listen()
@@ -182,13 +187,21 @@ class SeverableProxy:
                     _close(server)
                     continue
                 self._open |= {client, server}
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, asking in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, asking), daemon=True
+                ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, asking: bool) -> None:
         """Copy one direction until either end goes; then close both."""
         try:
             while chunk := source.recv(65536):
+                with self._lock:
+                    if asking:
+                        self._asked = True
+                    elif self._asked:
+                        self._asked = False
+                        self.exchanges += 1
                 sink.sendall(chunk)
         except OSError:
             pass
