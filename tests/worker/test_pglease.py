@@ -233,3 +233,40 @@ def test_a_renewal_after_a_takeover_is_refused(db: str) -> None:
         with pytest.raises(FencedError, match="taken over"):
             renew(conn, old, 30)
         assert renew(conn, new, 30).epoch == new.epoch
+
+
+def test_an_append_racing_a_takeover_waits_for_it_and_then_records_nothing(db: str) -> None:
+    """The fence is checked on the row as the takeover left it, not as the append's
+    snapshot saw it (READ COMMITTED re-checks an updated row)."""
+    with connect(db) as conn, connect(db) as taker, connect(db) as watcher:
+        add_tasks(conn, "t1")
+        old = only(claim(conn, "a", 1, 0.2))
+        poll_for(
+            lambda: (
+                watcher.execute("SELECT lease_expires < now() FROM tasks").fetchone() == (True,)
+            ),
+            what="the lease to expire",
+        )
+        outcome: list[BaseException | int] = []
+        with taker.transaction():
+            new = only(claim(taker, "b", 1, 30))  # the row stays locked until COMMIT
+
+            def step() -> None:
+                try:
+                    outcome.append(append(conn, "t1", old.epoch, 0, [b"late"]))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            racer = threading.Thread(target=step)
+            racer.start()
+            poll_for(
+                lambda: watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%WITH fence AS%'"
+                ).fetchone() == (1,),
+                what="the append to wait on the takeover's row lock",
+            )  # fmt: skip
+        racer.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], FencedError), outcome
+        assert journal(conn, "t1") == []
+        assert append(conn, "t1", new.epoch, 0, [b"first"]) == 1
