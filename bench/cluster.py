@@ -14,8 +14,10 @@ flush), with the same record bytes:
   once it exists.
 
 Rows: one client's step latency (median, p99), then the aggregate steps/s of many
-concurrent clients, each on its own task (where group commit shares WAL flushes). Full
-mode: 2,000 steps for one client, 200 clients x 50 steps; quick: 200, and 40 x 10.
+concurrent clients, each on its own task (where group commit shares WAL flushes: the
+median of three runs). The two sides take turns throughout, so a change in the load of a
+shared machine does not fall on one side only. Full mode: 2,000 steps for one client,
+200 clients x 50 steps; quick: 200, and 40 x 10.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from bench.report import Row, percentile
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 NAME = "cluster"
 LATENCY_TARGET = 1.5  # fenced step latency at most 1.5x the floor's
 THROUGHPUT_TARGET = 0.7  # aggregate steps/s at least 0.7x the floor's
+BLOCK = 100  # one-client steps a side makes before the other side's turn
+ROUNDS = 3  # concurrent runs of each side, taking turns; the median is reported
 
 #: One step's record: a tool turn's JSON, about 1.5 KB (under TOAST's threshold, as most
 #: records are).
@@ -93,16 +97,27 @@ def _prepare(url: str, clients: int, prefix: str) -> list[str]:
     return tasks
 
 
-def _latencies(url: str, step: Step, task: str, steps: int) -> list[float]:
+def _latencies(
+    url: str, sides: Mapping[str, tuple[Step, str]], steps: int
+) -> dict[str, list[float]]:
+    """One client per side stepping its own task, the sides taking turns in blocks of
+    ``BLOCK`` steps, so that a change in the machine's load falls on both alike."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        took = []
-        for seq in range(1, steps + 1):
-            t0 = time.perf_counter()
-            step(conn, task, seq)
-            took.append(time.perf_counter() - t0)
-    return took[min(20, steps // 10) :]  # past connection warm-up and statement preparation
+    took: dict[str, list[float]] = {name: [] for name in sides}
+    conns = {name: psycopg.connect(url, autocommit=True) for name in sides}
+    try:
+        for first in range(1, steps + 1, BLOCK):
+            for name, (step, task) in sides.items():
+                for seq in range(first, min(first + BLOCK, steps + 1)):
+                    t0 = time.perf_counter()
+                    step(conns[name], task, seq)
+                    took[name].append(time.perf_counter() - t0)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    warm = min(20, steps // 10)  # past connection warm-up and statement preparation
+    return {name: [t * 1000 for t in times[warm:]] for name, times in took.items()}
 
 
 def _steps_per_second(url: str, step: Step, tasks: list[str], steps: int) -> float:
@@ -147,12 +162,16 @@ def measure(url: str, quick: bool) -> list[Row]:
     with psycopg.connect(url, autocommit=True) as conn:
         pgschema.migrate(conn)
         conn.execute(FLOOR_TABLE)
-    fenced_one = _prepare(url, 1, "one")[0]
-    fenced_many = _prepare(url, clients, "many")
-    floor_ms = [t * 1000 for t in _latencies(url, _floor_step, "one", one)]
-    agentd_ms = [t * 1000 for t in _latencies(url, _fenced_step, fenced_one, one)]
-    floor_rate = _steps_per_second(url, _floor_step, [f"many-{n}" for n in range(clients)], each)
-    agentd_rate = _steps_per_second(url, _fenced_step, fenced_many, each)
+    sides = {"floor": (_floor_step, "one"), "agentd": (_fenced_step, _prepare(url, 1, "one")[0])}
+    latencies = _latencies(url, sides, one)
+    floor_ms, agentd_ms = latencies["floor"], latencies["agentd"]
+    floor_rates, agentd_rates = [], []
+    for n in range(ROUNDS):  # taking turns, as above
+        floor_tasks = [f"floor{n}-{c}" for c in range(clients)]
+        floor_rates.append(_steps_per_second(url, _floor_step, floor_tasks, each))
+        fenced_tasks = _prepare(url, clients, f"many{n}")
+        agentd_rates.append(_steps_per_second(url, _fenced_step, fenced_tasks, each))
+    floor_rate, agentd_rate = statistics.median(floor_rates), statistics.median(agentd_rates)
 
     rows = []
     for name, q in (("median", 0.5), ("p99", 0.99)):
@@ -167,10 +186,14 @@ def measure(url: str, quick: bool) -> list[Row]:
         met=agentd_rate >= THROUGHPUT_TARGET * floor_rate,
         note=f"{NAME}: agentd = the fenced append statement (worker/store/pglease.py); "
         f"floor = a bare INSERT + COMMIT of the same {len(RECORD)} bytes; one psycopg "
-        f"connection per client; spread of one client's floor: "
-        f"{statistics.pstdev(floor_ms):.2f} ms stdev",
+        f"connection per client; steps/s of each run, floor {_rates(floor_rates)}, agentd "
+        f"{_rates(agentd_rates)}",
     ))  # fmt: skip
     return rows
+
+
+def _rates(rates: list[float]) -> str:
+    return "/".join(f"{rate:,.0f}" for rate in rates)
 
 
 def run(quick: bool) -> list[Row]:
