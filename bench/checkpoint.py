@@ -57,14 +57,14 @@ from typing import Any
 from bench.report import Row, ensure_peers, percentile
 from supervisor.tasks import create_task
 from worker.config import Config
-from worker.durable import dump_json
 from worker.heartbeat import Heartbeat
-from worker.journal import Journal, Record
 from worker.loop import AgentLoop, StopRequested
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, SNAPSHOT_TRAILER, TaskState
+from worker.store.durable import dump_json
+from worker.store.journal import Journal, Record
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
 NAME = "checkpoint"

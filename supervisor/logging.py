@@ -42,7 +42,6 @@ from typing import Any, Literal, TextIO, cast
 import structlog
 from structlog.typing import FilteringBoundLogger, Processor
 
-from worker.durable import open_private
 from worker.events import (
     REDACTED,
     Redactor,
@@ -51,6 +50,7 @@ from worker.events import (
     read_events_from,
     redact,
 )
+from worker.store.durable import open_private
 
 __all__ = [
     "EVENTS_FILE",

@@ -32,14 +32,6 @@ from typing import Any
 
 from supervisor.liveness import Beat
 from worker.config import Config
-from worker.durable import (
-    atomic_write,
-    atomic_write_json,
-    private_dir,
-    read_bytes,
-    read_json,
-    write_exclusive,
-)
 from worker.errors import (
     AgentdError,
     LockBusyError,
@@ -50,10 +42,18 @@ from worker.errors import (
     UsageError,
 )
 from worker.events import append_event, utc_now
-from worker.journal import read_file
 from worker.lock import TaskLock
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
+from worker.store.durable import (
+    atomic_write,
+    atomic_write_json,
+    private_dir,
+    read_bytes,
+    read_json,
+    write_exclusive,
+)
+from worker.store.journal import read_file
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")

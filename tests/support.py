@@ -23,12 +23,12 @@ import psutil
 
 from supervisor.tasks import create_task, submit
 from worker.config import Config
-from worker.journal import read_file
 from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import TaskState
+from worker.store.journal import read_file
 from worker.tools.registry import ToolRegistry
 
 #: The repository root: the working folder of worker subprocesses, so that

@@ -39,9 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.durable import atomic_write_json
 from worker.errors import StorageError
 from worker.metrics import StepMetrics
+from worker.store.durable import atomic_write_json
 
 
 class Heartbeat:

@@ -39,7 +39,6 @@ from typing import Any
 
 from worker import compaction, credentials, vcs
 from worker.config import Config
-from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
 from worker.errors import (
     ContextTooLongError,
     InvalidIdError,
@@ -51,13 +50,14 @@ from worker.errors import (
 )
 from worker.events import append_event, redact, utc_now
 from worker.heartbeat import Heartbeat
-from worker.journal import Journal
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
+from worker.store.durable import atomic_write, atomic_write_json, read_bytes, read_json
+from worker.store.journal import Journal
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import sandbox_for
 

@@ -5,7 +5,7 @@ For each parser, every example must end in the parser's own one-line error (an
 ``AgentdError``) or be accepted; a *crash* is any other exception, a *multi-line error*
 is an ``AgentdError`` whose message spans lines:
 
-* journal bytes: ``worker.journal.scan`` on random bytes and on real journals truncated,
+* journal bytes: ``worker.store.journal.scan`` on random bytes and on real journals truncated,
   bit-flipped and spliced (an accepted record must be an original record, unchanged);
 * snapshot bytes: the worker's ``_load_snapshot`` and ``open`` (a bad snapshot is a
   cache miss: the state must then be the full replay of the journal);
@@ -65,11 +65,11 @@ from tests.faults.report import Figure
 from tests.support import make_loop, reply, scene, scripted_task, text, tool_use, worker_env
 from worker.config import default_config_text, load_config
 from worker.errors import AgentdError
-from worker.journal import encode, scan
 from worker.models.base import ModelRequest
 from worker.models.scripted import ScriptedModel, load_script, validate_script
 from worker.spool import CALL_ID, Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, seal_snapshot
+from worker.store.journal import encode, scan
 
 FAULT = "fuzz"
 EXIT_CODES = {0, 1, 2, 3, 78}

@@ -25,9 +25,10 @@ from tests.faults.common import (
     unsynced_pages,
 )
 from tests.support import scripted_task
-from worker import journal as journal_module
 from worker.errors import JournalCorruptError, StorageError
-from worker.journal import (
+from worker.spool import Spool
+from worker.store import journal as journal_module
+from worker.store.journal import (
     FRAMINGS,
     JOURNAL_VERSION,
     Journal,
@@ -36,7 +37,6 @@ from worker.journal import (
     read_file,
     scan,
 )
-from worker.spool import Spool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V1_JOURNAL = FIXTURES / "journal-v1"  # a finished 4-turn task, written by the format-1 code

@@ -29,7 +29,6 @@ from tests.support import (
     tool_results,
     tool_use,
 )
-from worker import journal as journal_module
 from worker import loop as loop_module
 from worker.config import Config, ToolsConfig
 from worker.errors import ModelError, RetryableModelError
@@ -49,6 +48,7 @@ from worker.models.base import ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, seal_snapshot
+from worker.store import journal as journal_module
 from worker.tools.registry import Tool, ToolContext, ToolRegistry
 
 CALL = "toolu_s00000_1"  # the scripted id of the tool_use after a text block in turn 1

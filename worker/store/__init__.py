@@ -1,0 +1,1 @@
+"""Where every durable byte of a task lives: the store seam (see base.py)."""
