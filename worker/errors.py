@@ -12,7 +12,9 @@ every message is one full sentence that says what is wrong and what to do next::
     ├── SpoolError                   exit 1  the spool cannot be used as it is
     │   ├── JournalCorruptError              damage before the tail of a journal
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
-    │   └── LockBusyError                    another process holds the lock
+    │   ├── LockBusyError                    another process holds the lock
+    │   ├── FencedError                      a step of an owner whose ownership moved
+    │   └── RecordConflictError              a task record changed since it was read
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
         ├── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
@@ -94,6 +96,15 @@ class LockBusyError(SpoolError):
     def __init__(self, message: str, holder_pid: int | None = None) -> None:
         super().__init__(message)
         self.holder_pid = holder_pid
+
+
+class FencedError(SpoolError):
+    """The task's ownership moved (a lock released, a lease taken over): the step of its
+    old owner is refused, so no task is ever advanced by two workers (invariant 10)."""
+
+
+class RecordConflictError(SpoolError):
+    """A task record was changed by someone else since it was read: read it again."""
 
 
 class TaskSpecError(AgentdError):
