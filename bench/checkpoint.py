@@ -38,6 +38,7 @@ are noisy: the load average and I/O pressure are printed before and after.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -64,6 +65,7 @@ from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, SNAPSHOT_TRAILER, TaskState
 from worker.store.durable import dump_json
+from worker.store.files import FileStore
 from worker.store.journal import Journal, Record
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
@@ -205,12 +207,18 @@ class TimedLoop(AgentLoop):
 
     def __init__(
         self,
+        task: TaskDir,
+        spec: TaskSpec,
         *args: Any,
         stop_after_tool: int | None = None,
         floor: Path | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(*args, **kw)
+        workspace = task.workspace_for(spec)
+        super().__init__(
+            FileStore(task.root), spec, *args, workspace=workspace, spool=task.root, **kw
+        )
+        self.task = task
         self.clocks = Clocks()
         self.stop_after_tool = stop_after_tool
         self.floor = Floor(self.task.journal, floor, self.clocks) if floor else None
@@ -221,13 +229,14 @@ class TimedLoop(AgentLoop):
     def open(self) -> TaskState:
         state = super().open()
         journal = self._journal
-        self.clocks.journal_start = journal.size
+        self.clocks.journal_start = journal.cursor.position  # the file store's: an offset
         plain_append = journal.append
+        raw = getattr(journal, "journal", journal)  # the file store's Journal under it
 
         def dirty() -> bool:  # written and not yet synced (True if the journal cannot say)
-            return bool(getattr(journal, "_dirty", True))
+            return bool(getattr(raw, "_dirty", True))
 
-        def append(records: Iterable[Record], *, sync: bool = True) -> int:
+        def append(records: Iterable[Record], *, sync: bool = True) -> None:
             t0 = time.perf_counter_ns()
             try:
                 return plain_append(records, sync=sync)
@@ -284,7 +293,7 @@ class TimedLoop(AgentLoop):
         clocks.append[turn] += self._in_append
         clocks.heartbeat[turn] += self._in_heartbeat
         clocks.syncs[turn] += self._syncs
-        clocks.journal_end[turn] = self._journal.size
+        clocks.journal_end[turn] = self._journal.cursor.position
 
     def _maybe_snapshot(self) -> None:
         before = self._snapshot_turn
@@ -330,7 +339,8 @@ def run_agentd(
     tools = ToolRegistry([lookup])
     task.workspace_for(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
     model = StopAt(ScriptedModel.from_file(task.script), turns + (1 if stop_in_tool else 0))
-    heartbeat = Heartbeat(task.heartbeat, config.heartbeat.interval)
+    publish = functools.partial(FileStore(spool.root).publish_heartbeat, task.id)
+    heartbeat = Heartbeat(publish, config.heartbeat.interval)
     loop = TimedLoop(
         task,
         spec,
@@ -362,7 +372,15 @@ def resume_once(task: TaskDir, turns: int) -> float:
     spec = task.load_spec()
     tools = ToolRegistry([lookup])
     t0 = time.perf_counter_ns()
-    loop = AgentLoop(task, spec, config, ScriptedModel([]), tools)
+    loop = AgentLoop(
+        FileStore(task.root),
+        spec,
+        config,
+        ScriptedModel([]),
+        tools,
+        workspace=task.workspace_for(spec),
+        spool=task.root,
+    )
     state = loop.open()
     spent = time.perf_counter_ns() - t0
     loop.close()
