@@ -58,6 +58,7 @@ from worker.spool import TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
+from worker.store.snapshots import SnapshotWriter
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import sandbox_for
 
@@ -197,6 +198,7 @@ class AgentLoop:
         self._snapshot_turn = 0
         self._snapshot_at: Cursor = START  # where the last snapshot was taken
         self._snapshot_size = 0  # and the bytes it took
+        self._snapshots = SnapshotWriter(store)  # writes them while the model thinks
         self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
@@ -269,16 +271,21 @@ class AgentLoop:
         self._record({**record, "snapshot": point.snapshot}, sync=False)
 
     def _maybe_snapshot(self) -> None:
+        """Take a snapshot at this boundary when one is due; it is written on the
+        snapshot thread (``worker.store.snapshots``) while the model thinks."""
         if (
             self.state.turn - self._snapshot_turn < self.snapshot_every
-            or self._journal.volume_since(self._snapshot_at)
-            < self._snapshot_size // SNAPSHOT_GROWTH
             or self.state.pending_calls()
         ):
             return
+        written = self._snapshots.wait()  # the last one: long written, unless every turn
+        if written is not None:
+            self._snapshot_size = written
+        if self._journal.volume_since(self._snapshot_at) < self._snapshot_size // SNAPSHOT_GROWTH:
+            return
         self._journal.sync()  # a snapshot never covers records that are not durable
         at = self._journal.cursor
-        self._snapshot_size = self.store.put_snapshot(self._journal.owner, Snapshot(at, self.state))
+        self._snapshots.put(self._journal.owner, Snapshot(at, self.state.detached()))
         self._snapshot_turn, self._snapshot_at = self.state.turn, at
 
     def _event(self, event: str, level: str = "info", **fields: Any) -> None:
@@ -709,6 +716,7 @@ class AgentLoop:
         signal.signal(signal.SIGINT, on_term)
 
     def close(self) -> None:
+        self._snapshots.close()
         if self.journal is not None:
             self.journal.close()
         if self._own_owner and self.owner is not None:

@@ -424,6 +424,23 @@ class TaskState:
         calls = {cid: self.calls[cid] for cid in self.turn_calls}
         return replace(self, calls=calls, turns=[], boundaries=None)
 
+    def detached(self) -> TaskState:
+        """``compact()`` sharing nothing the fold changes later, so another thread may
+        serialize it while the loop goes on: the fold only replaces messages but the last
+        (whose content it extends), and changes calls, holds, vcs and compactions in
+        place. Costs a list copy, not a serialization."""
+        compact = self.compact()
+        last = self.messages[-1]
+        return replace(
+            compact,
+            messages=[*self.messages[:-1], {**last, "content": list(last["content"])}],
+            calls={cid: replace(call) for cid, call in compact.calls.items()},
+            turn_calls=list(self.turn_calls),
+            held=list(self.held),
+            vcs=dict(self.vcs),
+            compactions=[replace(made) for made in self.compactions],
+        )
+
 
 def snapshot_bytes(state: TaskState, offset: int) -> bytes:
     """The snapshot file of ``state`` at journal ``offset``: its compact scene

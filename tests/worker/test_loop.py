@@ -753,8 +753,9 @@ def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> N
     real = files_module.atomic_write
 
     def spy(path: Path, data: bytes, **kw: Any) -> None:
-        if path == task.snapshot:  # the journal was synced first: its size is its end
-            writes.append((loop.state.turn, task.journal.stat().st_size, len(data)))
+        if path == task.snapshot:  # on the snapshot thread: the loop may be past it
+            scene = open_snapshot(data)
+            writes.append((scene["turn"], scene["offset"], len(data)))
         real(path, data, **kw)
 
     with pytest.MonkeyPatch.context() as patch:
