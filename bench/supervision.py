@@ -56,9 +56,9 @@ from bench.report import Row
 from supervisor import tasks
 from supervisor.control import ring, running_pid, supervisor_info
 from worker.config import Config, load_config
-from worker.durable import read_json
 from worker.lock import holder_pid, is_locked
 from worker.spool import Spool, TaskDir
+from worker.store.durable import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / "bench" / ".peers"

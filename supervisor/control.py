@@ -29,11 +29,11 @@ from typing import Any
 
 from supervisor import tasks
 from supervisor.tasks import TaskRecord
-from worker.durable import atomic_write, open_private, private_dir, read_json
 from worker.errors import LockBusyError, StateConflictError, storage_fault
 from worker.events import read_events_from, utc_now
 from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir
+from worker.store.durable import atomic_write, open_private, private_dir, read_json
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"

@@ -86,7 +86,6 @@ from supervisor.workers import (
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
-from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
 from worker.errors import AgentdError, ConfigError, SpoolError, StorageError
 from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
@@ -100,6 +99,7 @@ from worker.loop import (
     EXIT_STORAGE,
 )
 from worker.spool import Spool, TaskDir
+from worker.store.durable import atomic_write, atomic_write_json, private_dir, read_json
 
 RESCAN_INTERVAL = 5.0
 CRASH_MEMORY = 50

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import tasks
-from worker.journal import read_file
 from worker.spool import Spool
+from worker.store.journal import read_file
 
 TURNS = 30
 DEMO_CONFIG = """\

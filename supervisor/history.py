@@ -37,13 +37,13 @@ from supervisor.tasks import (
 )
 from worker import vcs
 from worker.config import Config
-from worker.durable import atomic_write
 from worker.errors import StateConflictError, UsageError
 from worker.events import append_event, utc_now
-from worker.journal import Journal, read_file
 from worker.loop import uses_vcs
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState, snapshot_bytes
+from worker.store.durable import atomic_write
+from worker.store.journal import Journal, read_file
 
 IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 

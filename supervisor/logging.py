@@ -42,9 +42,9 @@ from typing import Any, Literal, TextIO, cast
 import structlog
 from structlog.typing import FilteringBoundLogger, Processor
 
-from worker.durable import open_private
 from worker.events import TaskEventLog, read_events, read_events_from
 from worker.redactor import REDACTED, Redactor, redact
+from worker.store.durable import open_private
 
 __all__ = [
     "EVENTS_FILE",

@@ -23,7 +23,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,14 +31,6 @@ from typing import Any
 
 from supervisor.liveness import Beat
 from worker.config import Config
-from worker.durable import (
-    atomic_write,
-    atomic_write_json,
-    private_dir,
-    read_bytes,
-    read_json,
-    write_exclusive,
-)
 from worker.errors import (
     AgentdError,
     LockBusyError,
@@ -50,10 +41,18 @@ from worker.errors import (
     UsageError,
 )
 from worker.events import append_event, utc_now
-from worker.journal import read_file
 from worker.lock import TaskLock
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
+from worker.state import Call, TaskState
+from worker.store import replay
+from worker.store.durable import (
+    atomic_write,
+    atomic_write_json,
+    private_dir,
+    read_json,
+    write_exclusive,
+)
+from worker.store.files import FileStore, make_task_folder, refuse_symlinks
 
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -211,16 +210,7 @@ def create_task(
     is written last: until then the folder is not a task."""
     spool.ensure()
     task = spool.task(spec.id)
-    _not_a_symlink(task)
-    try:
-        task.path.mkdir(mode=0o700)
-    except FileExistsError:
-        if task.exists():
-            raise StateConflictError(
-                f"a task named {spec.id!r} already exists; pick another --name."
-            ) from None
-        shutil.rmtree(task.path, ignore_errors=True)  # a submit that died half-way
-        task.path.mkdir(mode=0o700)
+    make_task_folder(task)
     if script is not None:
         atomic_write(task.script, script)
     TaskRecord().save(task)
@@ -235,22 +225,10 @@ def create_task(
 
 
 def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
-    """Fold the task's journal (read-only) into its state. ``full=False`` starts from the
-    snapshot when there is a usable one: fast, but without the per-turn boundaries that
-    rewind and fork need."""
-    spec = task.load_spec()
-    if not task.journal.exists():
-        return TaskState(spec.prompt)
-    if not full:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NeedsFullReplay):
-            state, offset = parse_snapshot(read_bytes(task.snapshot))
-            for record, _ in read_file(task.journal, offset).records:
-                state.apply(record)
-            return state
-    state = TaskState(spec.prompt)
-    for record, _ in read_file(task.journal).records:
-        state.apply(record)
-    return state
+    """Fold the task's journal (read-only) into its state: ``worker.store.replay.load``.
+    ``full=False`` starts from the snapshot when there is a usable one: fast, but without
+    the per-turn boundaries that rewind and fork need."""
+    return replay.load(FileStore(task.root), task.id, full=full)
 
 
 def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
@@ -391,20 +369,9 @@ def status_row(task: TaskDir) -> dict[str, Any]:
 # -- operator actions ---------------------------------------------------------------------
 
 
-def _not_a_symlink(task: TaskDir) -> None:
-    """A task folder (or its decisions folder) that is a symlink leads out of the spool:
-    agentd never follows one (the daemon skips such a folder too)."""
-    for path in (task.path, task.decisions):
-        if path.is_symlink():
-            raise SpoolError(
-                f"{path} is a symlink; agentd does not follow links out of the spool. "
-                "Remove the link (or move the real folder into the spool)."
-            )
-
-
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
-    _not_a_symlink(task)
+    refuse_symlinks(task)
     if not task.exists():
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task
@@ -533,7 +500,7 @@ def _decide(
         "result": result,
         "decided_at": utc_now(),
     }
-    _not_a_symlink(task)
+    refuse_symlinks(task)
     private_dir(task.decisions)
     path = task.decision_file(row["idempotency_key"], row["attempt"])
     if not write_exclusive(path, json.dumps(decision).encode()):

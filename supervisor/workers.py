@@ -34,11 +34,11 @@ import psutil
 
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, reap
-from worker.durable import open_private, read_json
 from worker.errors import JournalCorruptError
-from worker.journal import scan
 from worker.lock import holder_pid, is_locked
 from worker.spool import TaskDir
+from worker.store.durable import open_private, read_json
+from worker.store.journal import scan
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 REPARENT_WAIT = 0.2  # seconds a forked worker's exit may wait for it to become our child

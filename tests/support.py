@@ -23,12 +23,13 @@ import psutil
 
 from supervisor.tasks import create_task, submit
 from worker.config import Config
-from worker.journal import read_file
 from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import TaskState
+from worker.store.files import FileStore
+from worker.store.journal import read_file
 from worker.tools.registry import ToolRegistry
 
 #: The repository root: the working folder of worker subprocesses, so that
@@ -211,9 +212,19 @@ def make_loop(
     spec = task.load_spec()
     if tools is None:
         tools = ToolRegistry.standard(config.tools.modules).narrowed(spec.tools)
-    task.workspace_for(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
+    workspace = task.workspace_for(spec)
+    workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
     model = model or RecordingModel(ScriptedModel.from_file(task.script))
-    return AgentLoop(task, spec, config, model, tools, **kwargs)
+    return AgentLoop(
+        FileStore(task.root),
+        spec,
+        config,
+        model,
+        tools,
+        workspace=workspace,
+        spool=task.root,
+        **kwargs,
+    )
 
 
 # -- worker processes -----------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -38,7 +39,6 @@ from worker.errors import (
     storage_fault,
 )
 from worker.heartbeat import Heartbeat
-from worker.lock import TaskLock
 from worker.loop import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -53,6 +53,8 @@ from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
 from worker.spool import TaskDir, TaskSpec
+from worker.store.base import Owner, TaskStore
+from worker.store.files import FileStore
 from worker.tools.registry import ToolRegistry
 
 
@@ -80,9 +82,12 @@ def make_model(task: TaskDir, spec: TaskSpec) -> Model:
 
 
 def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None = None) -> int:
-    task = TaskDir(task_path.parent.parent, task_path.name)
+    """Own the task (its lock), then run it: everything it records goes through the store;
+    the task folder gives only what lives beside it (workspace, script, output)."""
+    store = FileStore(task_path.parent.parent)
+    task = store.task(task_path.name)
     try:
-        lock = TaskLock(task.lock).acquire(wait=1.0)
+        owner = store.acquire(task.id, wait=1.0)
     except LockBusyError as exc:
         say(f"agentd worker: {exc}")
         return EXIT_LOCKED
@@ -92,70 +97,95 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
         outcome = Outcome(
             "failed", f"cannot take the lock {task.lock}: {exc.strerror}", EXIT_FAILED
         )
-        write_exit(task, outcome)
+        write_exit(store, task.id, outcome)
         say(f"agentd worker: {outcome.reason}")
         return EXIT_FAILED
-    with lock, contained(task.events, task=task.id):  # no tool process outlives it
-        try:
-            config = load_config(config_path)
-        except ConfigError as exc:
-            write_exit(task, Outcome("failed", str(exc), EXIT_CONFIG))
-            say(f"agentd worker: {exc}")
-            return EXIT_CONFIG
-        try:
-            spec = task.load_spec()
-            tools = ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(
-                spec.tools
-            )
-            workspace = task.workspace_for(spec)
-            workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if spec.workspace is None and workspace.is_symlink():
-                raise TaskSpecError(
-                    f"{workspace} is a symlink; a task's own workspace must be a folder "
-                    "inside the spool (give --workspace to use a folder elsewhere)."
-                )
-            model = make_model(task, spec)
-        except AgentdError as exc:
-            if storage_fault(exc) is not None:
-                raise
-            outcome = Outcome("failed", str(exc), EXIT_FAILED)
-            write_exit(task, outcome)
-            say(f"agentd worker: {exc}")
-            return outcome.exit_code
-        metrics = StepMetrics()  # the loop measures, the heartbeat publishes
-        heartbeat = Heartbeat(
-            task.heartbeat,
-            config.heartbeat.interval,
-            patience=config.heartbeat.timeout / 2,
-            on_fault=lambda fault: storage_exit(task, fault, output),
-            metrics=metrics,
+    try:
+        with contained(task.events, task=task.id):  # no tool process outlives it
+            return run_owned(store, task, owner, config_path, output)
+    finally:
+        store.release(owner)
+
+
+def run_owned(
+    store: FileStore,
+    task: TaskDir,
+    owner: Owner,
+    config_path: Path | None,
+    output: BoundedOutput | None,
+) -> int:
+    """``run`` once the task is owned."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        write_exit(store, task.id, Outcome("failed", str(exc), EXIT_CONFIG))
+        say(f"agentd worker: {exc}")
+        return EXIT_CONFIG
+    try:
+        spec = store.load_spec(task.id)
+        tools = ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(
+            spec.tools
         )
-        loop = AgentLoop(task, spec, config, model, tools, heartbeat, metrics=metrics)
-        loop.install_signal_handlers()
-        try:
-            state = loop.open()
-        except JournalCorruptError as exc:  # the task cannot go on: failed, with the reason
-            outcome = Outcome("failed", str(exc), EXIT_FAILED)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            # whole frames whose records do not have the shape of ours: the same verdict
-            # (restarting would only replay them again, into a crash loop)
-            reason = (
-                f"{task.journal}: a record cannot be replayed ({type(exc).__name__}: {exc}); "
-                "restore the task folder from a backup or fork the task from an earlier turn."
+        workspace = task.workspace_for(spec)
+        workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if spec.workspace is None and workspace.is_symlink():
+            raise TaskSpecError(
+                f"{workspace} is a symlink; a task's own workspace must be a folder "
+                "inside the spool (give --workspace to use a folder elsewhere)."
             )
-            outcome = Outcome("failed", reason, EXIT_FAILED)
-        except (AgentdError, OSError) as exc:  # a storage fault: resume later
-            outcome = storage_outcome(exc)
-        else:
-            heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
-            heartbeat.start()
-            outcome = loop.run()
-        finally:
-            heartbeat.stop(final=True)  # the metrics of the last interval too
-            loop.close()
-        write_exit(task, outcome)
-        say(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}")
+        model = make_model(task, spec)
+    except AgentdError as exc:
+        if storage_fault(exc) is not None:
+            raise
+        outcome = Outcome("failed", str(exc), EXIT_FAILED)
+        write_exit(store, task.id, outcome)
+        say(f"agentd worker: {exc}")
         return outcome.exit_code
+    metrics = StepMetrics()  # the loop measures, the heartbeat publishes
+    heartbeat = Heartbeat(
+        functools.partial(store.publish_heartbeat, task.id),
+        config.heartbeat.interval,
+        patience=config.heartbeat.timeout / 2,
+        on_fault=lambda fault: storage_exit(store, task.id, fault, output),
+        metrics=metrics,
+    )
+    loop = AgentLoop(
+        store,
+        spec,
+        config,
+        model,
+        tools,
+        heartbeat,
+        workspace=workspace,
+        spool=store.spool.root,
+        owner=owner,
+        metrics=metrics,
+    )
+    loop.install_signal_handlers()
+    try:
+        state = loop.open()
+    except JournalCorruptError as exc:  # the task cannot go on: failed, with the reason
+        outcome = Outcome("failed", str(exc), EXIT_FAILED)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # whole frames whose records do not have the shape of ours: the same verdict
+        # (restarting would only replay them again, into a crash loop)
+        reason = (
+            f"{task.journal}: a record cannot be replayed ({type(exc).__name__}: {exc}); "
+            "restore the task folder from a backup or fork the task from an earlier turn."
+        )
+        outcome = Outcome("failed", reason, EXIT_FAILED)
+    except (AgentdError, OSError) as exc:  # a storage fault: resume later
+        outcome = storage_outcome(exc)
+    else:
+        heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
+        heartbeat.start()
+        outcome = loop.run()
+    finally:
+        heartbeat.stop(final=True)  # the metrics of the last interval too
+        loop.close()
+    write_exit(store, task.id, outcome)
+    say(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}")
+    return outcome.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if ".." in task_dir.parts or task_dir.parent.name != "tasks":
         say(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)")
         return 2
+    store = FileStore(task_dir.parent.parent)
     try:
-        task = TaskDir(task_dir.parent.parent, task_dir.name)
+        task = store.task(task_dir.name)
     except InvalidIdError as exc:
         say(f"agentd worker: {exc}")
         return 2
@@ -180,24 +211,26 @@ def main(argv: list[str] | None = None) -> int:
         fault = storage_fault(exc)
         if fault is None:
             raise
-        return stopped_by_storage(task, fault)
+        return stopped_by_storage(store, task.id, fault)
     finally:
         if output is not None:
             output.close()
 
 
-def stopped_by_storage(task: TaskDir, fault: StorageError) -> int:
+def stopped_by_storage(store: TaskStore, task_id: str, fault: StorageError) -> int:
     """The worker's last words on a storage fault (best effort: the disk may take none)."""
-    write_exit(task, Outcome("stopped", str(fault), EXIT_STORAGE))
-    say(f"agentd worker: task {task.id} stopped: {fault}")
+    write_exit(store, task_id, Outcome("stopped", str(fault), EXIT_STORAGE))
+    say(f"agentd worker: task {task_id} stopped: {fault}")
     return EXIT_STORAGE
 
 
-def storage_exit(task: TaskDir, fault: StorageError, output: BoundedOutput | None) -> None:
+def storage_exit(
+    store: TaskStore, task_id: str, fault: StorageError, output: BoundedOutput | None
+) -> None:
     """End the worker at once with the storage code, from the heartbeat's thread: beats
     that cannot be written would soon look like a hang. Like a kill, this loses nothing
     recorded (what was written is in the page cache); unlike a kill, it is not a crash."""
-    code = stopped_by_storage(task, fault)
+    code = stopped_by_storage(store, task_id, fault)
     if output is not None:
         output.close()
     os._exit(code)

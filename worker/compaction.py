@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.durable import dump_json
 from worker.models.base import JSON
+from worker.store.durable import dump_json
 
 SUMMARY_INSTRUCTION = """\
 Your context window is nearly full. Write a summary of the conversation so far that will \

@@ -14,6 +14,7 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
     │   ├── LockBusyError                    another process holds the lock
     │   ├── FencedError                      a step of an owner whose ownership moved
+    │   ├── RecordConflictError              a task record changed since it was read
     │   └── SchemaVersionError       exit 78 the database's schema is not this release's
     ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
@@ -102,6 +103,10 @@ class LockBusyError(SpoolError):
 class FencedError(SpoolError):
     """The task's ownership moved (a lock released, a lease taken over): the step of its
     old owner is refused, so no task is ever advanced by two workers (invariant 10)."""
+
+
+class RecordConflictError(SpoolError):
+    """A task record was changed by someone else since it was read: read it again."""
 
 
 class SchemaVersionError(SpoolError):

@@ -1,10 +1,11 @@
 """Liveness and progress, published for the supervisor.
 
-A daemon thread rewrites ``heartbeat.json`` every ``interval`` seconds with the worker's
+A daemon thread publishes a beat (``TaskStore.publish_heartbeat``: ``heartbeat.json`` in
+the spool) every ``interval`` seconds with the worker's
 pid, the time, its turn, usage and phase (``idle``, ``model``, ``tool:NAME``) and when the
 phase started, and its ``interval``. The supervisor judges liveness by the age of the beat
-and progress by the age of the phase against the deadline of the phase. The file is
-replaced atomically without fsync: it describes the present, a crash makes it moot.
+and progress by the age of the phase against the deadline of the phase. The store replaces
+it without making it durable: it describes the present, a crash makes it moot.
 
 Each instant is stamped twice: ``at`` and ``phase_started`` in wall time, for people to
 read, and ``at_mono`` and ``phase_started_mono`` on ``CLOCK_MONOTONIC``, which is
@@ -36,25 +37,26 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from worker.durable import atomic_write_json
 from worker.errors import StorageError
 from worker.metrics import StepMetrics
+
+#: Where the beats go: ``functools.partial(store.publish_heartbeat, task_id)``.
+Publish = Callable[[dict[str, Any]], None]
 
 
 class Heartbeat:
     def __init__(
         self,
-        path: Path,
+        publish: Publish,
         interval: float,
         *,
         patience: float | None = None,
         on_fault: Callable[[StorageError], None] | None = None,
         metrics: StepMetrics | None = None,
     ) -> None:
-        self.path = path
+        self.publish = publish
         self.metrics = metrics
         self.interval = interval
         self.patience = patience
@@ -85,7 +87,7 @@ class Heartbeat:
         if self.metrics is not None:
             data["metrics"] = self.metrics.to_json()
         try:
-            atomic_write_json(self.path, data, durable=False)
+            self.publish(data)
         except StorageError as exc:
             return exc
         self._written = time.monotonic()

@@ -14,8 +14,8 @@ import os
 import time
 from pathlib import Path
 
-from worker.durable import open_private
 from worker.errors import LockBusyError
+from worker.store.durable import open_private
 
 
 class TaskLock:

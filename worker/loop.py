@@ -39,7 +39,6 @@ from typing import Any
 
 from worker import compaction, credentials, vcs
 from worker.config import Config
-from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
 from worker.errors import (
     ContextTooLongError,
     InvalidIdError,
@@ -49,16 +48,18 @@ from worker.errors import (
     TaskSpecError,
     storage_fault,
 )
-from worker.events import append_event, utc_now
+from worker.events import event_line, utc_now
 from worker.heartbeat import Heartbeat
-from worker.journal import Journal
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
 from worker.redactor import redact
-from worker.spool import TaskDir, TaskSpec
-from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
+from worker.spool import TaskSpec
+from worker.state import Call, TaskState
+from worker.store import replay
+from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
+from worker.store.snapshots import SnapshotWriter
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import sandbox_for
 
@@ -120,10 +121,10 @@ def idempotency_key(task_id: str, epoch: int, call_id: str) -> str:
     return f"agentd-{digest[:32]}"
 
 
-def tool_environment(environ: Mapping[str, str], task: TaskDir, workspace: str) -> dict[str, str]:
+def tool_environment(environ: Mapping[str, str], task_id: str, workspace: str) -> dict[str, str]:
     """What a tool's process sees: a short allowlist, never the API key."""
     env = {k: environ[k] for k in _TOOL_ENV if k in environ}
-    env.update(AGENTD_TASK=task.id, AGENTD_WORKSPACE=workspace)
+    env.update(AGENTD_TASK=task_id, AGENTD_WORKSPACE=workspace)
     return env
 
 
@@ -147,20 +148,32 @@ def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
 
 
 class AgentLoop:
+    """One task's loop on a ``TaskStore``: it never knows which backend it has.
+
+    ``owner`` is the loop's ownership of the task (the worker takes it before it reads
+    anything); without one, ``open`` takes it and ``close`` gives it back. ``workspace``
+    is where the tools work; ``spool`` the folder the sandbox hides from them, if any."""
+
     def __init__(
         self,
-        task: TaskDir,
+        store: TaskStore,
         spec: TaskSpec,
         config: Config,
         model: Model,
         tools: ToolRegistry,
         heartbeat: Heartbeat | None = None,
         *,
+        workspace: Path,
+        spool: Path | None = None,
+        owner: Owner | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
         sleep: Callable[[float], None] = time.sleep,
         metrics: StepMetrics | None = None,
     ) -> None:
-        self.task = task
+        self.store = store
+        self.task_id = spec.id
+        self.owner = owner
+        self._own_owner = owner is None
         self.spec = spec
         self.config = config
         self.model = model
@@ -169,71 +182,53 @@ class AgentLoop:
         self.snapshot_every = snapshot_every
         self.sleep = sleep
         self.metrics = metrics if metrics is not None else StepMetrics()
-        self.workspace = task.workspace_for(spec)
-        self.tool_env = tool_environment(os.environ, task, str(self.workspace))
+        self.workspace = workspace
+        self.tool_env = tool_environment(os.environ, self.task_id, str(self.workspace))
         self.sandbox = sandbox_for(
             config.tools.sandbox,
             config.tools.network,
-            spool=task.root,
+            spool=spool,
             config=config.source,
             secret_files=credentials.held().files,
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
         )
         self.stop_requested = False
         self._interruptible = False
-        self.journal: Journal | None = None
+        self.journal: JournalWriter | None = None
         self.state = TaskState(spec.prompt)
         self._snapshot_turn = 0
-        self._snapshot_due = 0  # journal size before which no snapshot is taken
+        self._snapshot_at: Cursor = START  # where the last snapshot was taken
+        self._snapshot_size = 0  # and the bytes it took
+        self._snapshots = SnapshotWriter(store)  # writes them while the model thinks
         self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
 
     def open(self) -> TaskState:
-        """Load the snapshot (if usable) and replay the journal after it."""
-        state, offset, size = self._load_snapshot()
-        try:
-            journal, records = Journal.open(self.task.journal, offset, task=self.task.id)
-        except JournalCorruptError:
-            if offset == 0:
-                raise
-            state, offset = TaskState(self.spec.prompt), 0  # distrust the snapshot too
-            journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
-        try:
-            for record in records:
-                state.apply(record)
-        except (NeedsFullReplay, KeyError, TypeError, ValueError, AttributeError) as exc:
-            journal.close()
-            if offset == 0:
-                raise
-            if not isinstance(exc, NeedsFullReplay):  # a snapshot that does not fit: a cache miss
-                self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
-            state, offset = TaskState(self.spec.prompt), 0
-            journal, records = Journal.open(self.task.journal, 0, task=self.task.id)
-            for record in records:
-                state.apply(record)
+        """Load the snapshot (if usable) and replay the journal after it
+        (``worker.store.replay``: the daemon's replay too)."""
+        if self.owner is None:
+            self.owner = self.store.acquire(self.task_id)
+        journal, state, snapshot = replay.resume(
+            self.store,
+            self.owner,
+            self.spec.prompt,
+            header={"task": self.task_id},
+            on_ignored=self._snapshot_ignored,
+        )
         self.journal, self.state = journal, state
         self._snapshot_turn = state.turn
-        self._snapshot_due = offset + size // SNAPSHOT_GROWTH if offset else 0
+        if snapshot is not None:
+            self._snapshot_at, self._snapshot_size = snapshot.cursor, snapshot.size
         return state
 
-    def _load_snapshot(self) -> tuple[TaskState, int, int]:
-        """The snapshot's state, journal offset and file size; a fresh state at 0 if none."""
-        try:
-            data = read_bytes(self.task.snapshot)
-            state, offset = parse_snapshot(data)
-            if offset <= self.task.journal.stat().st_size:
-                return state, offset, len(data)
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
-        return TaskState(self.spec.prompt), 0, 0
+    def _snapshot_ignored(self, exc: Exception) -> None:
+        self._event("snapshot_ignored", level="warning", error=str(exc)[:200])
 
     # -- recording ----------------------------------------------------------------------
 
     @property
-    def _journal(self) -> Journal:
+    def _journal(self) -> JournalWriter:
         if self.journal is None:
             raise RuntimeError("AgentLoop.open() must be called before recording")
         return self.journal
@@ -263,7 +258,7 @@ class AgentLoop:
         if not self._vcs or self.state.turn in self.state.vcs:
             return
         try:
-            point = vcs.capture(self.workspace, self.task.id, self.state.turn)
+            point = vcs.capture(self.workspace, self.task_id, self.state.turn)
         except vcs.VcsError as exc:
             self._event("vcs_capture_failed", level="warning", error=str(exc))
             self._vcs = False
@@ -277,28 +272,29 @@ class AgentLoop:
         self._record({**record, "snapshot": point.snapshot}, sync=False)
 
     def _maybe_snapshot(self) -> None:
+        """Take a snapshot at this boundary when one is due; it is written on the
+        snapshot thread (``worker.store.snapshots``) while the model thinks."""
         if (
             self.state.turn - self._snapshot_turn < self.snapshot_every
-            or self._journal.size < self._snapshot_due
             or self.state.pending_calls()
         ):
             return
-        self._journal.sync()  # a snapshot never covers bytes that are not durable
-        data = snapshot_bytes(self.state, self._journal.size)
-        atomic_write(self.task.snapshot, data)
-        self._snapshot_turn = self.state.turn
-        self._snapshot_due = self._journal.size + len(data) // SNAPSHOT_GROWTH
+        written = self._snapshots.wait()  # the last one: long written, unless every turn
+        if written is not None:
+            self._snapshot_size = written
+        if self._journal.volume_since(self._snapshot_at) < self._snapshot_size // SNAPSHOT_GROWTH:
+            return
+        self._journal.sync()  # a snapshot never covers records that are not durable
+        at = self._journal.cursor
+        self._snapshots.put(self._journal.owner, Snapshot(at, self.state.detached()))
+        self._snapshot_turn, self._snapshot_at = self.state.turn, at
 
     def _event(self, event: str, level: str = "info", **fields: Any) -> None:
-        append_event(
-            self.task.events,
-            event,
-            level,
-            task=self.task.id,
-            pid=os.getpid(),
-            turn=self.state.turn,
-            **fields,
+        line = event_line(
+            event, level, task=self.task_id, pid=os.getpid(), turn=self.state.turn, **fields
         )
+        with contextlib.suppress(OSError):  # events are advisory: a full disk loses them
+            self.store.append_event(self.task_id, line)
 
     def _phase(self, phase: str) -> None:
         if self.heartbeat:
@@ -552,7 +548,7 @@ class AgentLoop:
     def _context(self, call: Call, key: str) -> ToolContext:
         return ToolContext(
             workspace=self.workspace,
-            task_id=self.task.id,
+            task_id=self.task_id,
             call_id=call.call_id,
             idempotency_key=key,
             timeout=self.config.deadlines.tool_call,
@@ -581,7 +577,7 @@ class AgentLoop:
         except ToolError as exc:
             self._error_result(call, str(exc))
             return
-        key = call.key or idempotency_key(self.task.id, self.state.epoch, call.call_id)
+        key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
         self._record(
             {
                 "k": "intent",
@@ -627,7 +623,7 @@ class AgentLoop:
             "attempt": call.attempt,
         }
         if step.try_reconcile and tool is not None and tool.reconcile is not None:
-            key = call.key or idempotency_key(self.task.id, self.state.epoch, call.call_id)
+            key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
             try:
                 answer = tool.reconcile(self._context(call, key), dict(call.input or {}))
             except Exception as exc:
@@ -678,27 +674,23 @@ class AgentLoop:
     def _load_decision(self, call: Call) -> None:
         """Apply an operator's decision file for this attempt, if one was written (and
         the task was not cancelled: a cancel is final, so the call stays held)."""
-        if call.key is None or self.task.cancellation.exists():
+        if call.key is None or self.store.cancel_requested(self.task_id):
             return
         try:
-            path = self.task.decision_file(call.key, call.attempt)
+            data = self.store.read_decision(self.task_id, call.key, call.attempt)
         except InvalidIdError:
-            return  # no decision file can name this call: it stays held
-        if self.task.decisions.is_symlink():  # it leads out of the spool: never read it
-            self._event("decision_invalid", level="error", file=str(path), error="symlink")
+            return  # no decision can name this call: it stays held
+        except Unreadable as exc:
+            self._event("decision_invalid", level="error", file=exc.where, error=exc.reason)
             return
-        try:
-            data = read_json(path)
-        except FileNotFoundError:
+        if data is None:
             return
-        except (OSError, ValueError) as exc:
-            self._event("decision_invalid", level="error", file=str(path), error=str(exc))
-            return
+        where = f"decisions/{call.key}.{call.attempt}.json"
         if not isinstance(data, dict):
             data = {}
         action = data.get("action")
         if action not in ("rerun", "skip", "result"):
-            self._event("decision_invalid", level="error", file=str(path), error="bad action")
+            self._event("decision_invalid", level="error", file=where, error="bad action")
             return
         record: JSON = {
             "k": "decision",
@@ -725,12 +717,16 @@ class AgentLoop:
         signal.signal(signal.SIGINT, on_term)
 
     def close(self) -> None:
+        self._snapshots.close()
         if self.journal is not None:
             self.journal.close()
+        if self._own_owner and self.owner is not None:
+            self.store.release(self.owner)
+            self.owner = None
         self.model.close()
 
 
-def write_exit(task: TaskDir, outcome: Outcome) -> None:
+def write_exit(store: TaskStore, task_id: str, outcome: Outcome) -> None:
     """The worker's last words for the supervisor (best effort: a crash writes none)."""
     data = {
         "code": outcome.exit_code,
@@ -740,4 +736,4 @@ def write_exit(task: TaskDir, outcome: Outcome) -> None:
         "at": utc_now(),
     }
     with contextlib.suppress(StorageError, OSError):  # a full disk: the exit code says it
-        atomic_write_json(task.exit, data)
+        store.publish_exit(task_id, data)

@@ -27,7 +27,7 @@ import sys
 import threading
 from pathlib import Path
 
-from worker.durable import open_private
+from worker.store.durable import open_private
 
 #: The size past which ``worker.log`` is moved to ``worker.log.1`` (so at most twice this
 #: is kept).

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.durable import private_dir, read_json
 from worker.errors import InvalidIdError, NotFoundError, TaskSpecError
+from worker.store.durable import private_dir, read_json
 
 SPEC_VERSION = 1
 TASK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -7,7 +7,7 @@ assistant tool_use is answered by exactly one tool_result, in tool_use order, in
 next user message (invariant 3): the tool_result message is only emitted once every call
 of the turn has a result, and a second result for a call is ignored.
 
-Records (see worker/journal.py for the frame format)::
+Records (see worker/store/journal.py for the frame format)::
 
     turn      {"turn", "message", "stop_reason", "usage", "model", "at"}
     intent    {"call_id", "tool", "input", "effect", "key", "attempt", "at"}
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker import compaction
-from worker.durable import dump_json
 from worker.models.base import JSON, Usage
+from worker.store.durable import dump_json
 
 SNAPSHOT_VERSION = 1  # a scene's JSON: a base record's, and inside a snapshot file
 SNAPSHOT_MAGIC = b"agentd-snapshot 2\n"  # the snapshot file's format
@@ -423,6 +423,23 @@ class TaskState:
         with ``self``; serialize it, do not mutate it)."""
         calls = {cid: self.calls[cid] for cid in self.turn_calls}
         return replace(self, calls=calls, turns=[], boundaries=None)
+
+    def detached(self) -> TaskState:
+        """``compact()`` sharing nothing the fold changes later, so another thread may
+        serialize it while the loop goes on: the fold only replaces messages but the last
+        (whose content it extends), and changes calls, holds, vcs and compactions in
+        place. Costs a list copy, not a serialization."""
+        compact = self.compact()
+        last = self.messages[-1]
+        return replace(
+            compact,
+            messages=[*self.messages[:-1], {**last, "content": list(last["content"])}],
+            calls={cid: replace(call) for cid, call in compact.calls.items()},
+            turn_calls=list(self.turn_calls),
+            held=list(self.held),
+            vcs=dict(self.vcs),
+            compactions=[replace(made) for made in self.compactions],
+        )
 
 
 def snapshot_bytes(state: TaskState, offset: int) -> bytes:

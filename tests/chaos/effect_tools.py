@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.durable import atomic_write
+from worker.store.durable import atomic_write
 from worker.tools.registry import Effect, ToolContext, ToolError, tool
 
 EFFECTS_ENV = "AGENTD_CHAOS_EFFECTS"

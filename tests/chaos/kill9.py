@@ -69,9 +69,9 @@ from tests.faults.report import Figure
 from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
-from worker.journal import read_file
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
+from worker.store.journal import read_file
 from worker.testing.messages_api import DEFAULT_API_KEY
 
 JSON = dict[str, Any]

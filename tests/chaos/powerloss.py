@@ -56,8 +56,8 @@ from tests.faults.common import (
 from tests.faults.report import Figure
 from tests.support import reply, text, tool_use
 from worker.errors import AgentdError
-from worker.journal import FRAMINGS, scan
 from worker.spool import TaskDir
+from worker.store.journal import FRAMINGS, scan
 
 FAULT = "power loss"
 #: (turns, bytes of the file read back): quick mode's task, and full mode's.

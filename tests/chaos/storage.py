@@ -47,8 +47,8 @@ from tests.daemon import Daemon, alive, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.mounts import MountRefused, fill, read_only, tmpfs
 from tests.support import poll_for, reply, text, tool_use
-from worker.journal import read_file
 from worker.models.base import JSON
+from worker.store.journal import read_file
 
 FAULT = "storage"
 STALE_AFTER = 5.0  # seconds after a fault clears by which every status row must be true

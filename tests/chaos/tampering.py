@@ -48,7 +48,7 @@ from tests.daemon import Daemon, alive, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import processes_with, reply, text, tool_use
 from worker.errors import AgentdError
-from worker.journal import read_file
+from worker.store.journal import read_file
 from worker.tools.sandbox import probe
 
 FAULT = "14 spool tampering"

@@ -38,9 +38,9 @@ from tests.support import (
     worker_env,
 )
 from worker.errors import AgentdError
-from worker.journal import Journal, read_file, scan
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
+from worker.store.journal import Journal, read_file, scan
 
 JSON = dict[str, Any]
 T = TypeVar("T")

@@ -5,7 +5,7 @@ For each parser, every example must end in the parser's own one-line error (an
 ``AgentdError``) or be accepted; a *crash* is any other exception, a *multi-line error*
 is an ``AgentdError`` whose message spans lines:
 
-* journal bytes: ``worker.journal.scan`` on random bytes and on real journals truncated,
+* journal bytes: ``worker.store.journal.scan`` on random bytes and on real journals truncated,
   bit-flipped and spliced (an accepted record must be an original record, unchanged);
 * snapshot bytes: the worker's ``_load_snapshot`` and ``open`` (a bad snapshot is a
   cache miss: the state must then be the full replay of the journal);
@@ -64,11 +64,12 @@ from tests.faults.report import Figure
 from tests.support import REPO, make_loop, reply, scene, scripted_task, text, tool_use, worker_env
 from worker.config import default_config_text, load_config
 from worker.errors import AgentdError
-from worker.journal import encode, scan
 from worker.models.base import ModelRequest
 from worker.models.scripted import ScriptedModel, load_script, validate_script
 from worker.spool import CALL_ID, Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, seal_snapshot
+from worker.store import replay
+from worker.store.journal import encode, scan
 
 FAULT = "fuzz"
 EXIT_CODES = {0, 1, 2, 3, 78}
@@ -253,7 +254,7 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
     truth = scene(final_state(task))
     loop = make_loop(task)
     loop.open()
-    good = loop.state.compact().to_snapshot(loop.journal.size if loop.journal else 0)
+    good = loop.state.compact().to_snapshot(loop.journal.cursor.position if loop.journal else 0)
     loop.close()
     sealed = seal_snapshot(good)
 
@@ -270,14 +271,18 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
         task.snapshot.write_bytes(data)
         loop = make_loop(task)
         try:
-            loaded = tally.run(loop._load_snapshot, example)
+            loaded = tally.run(  # a tuple, so that only a crash is None
+                lambda: (replay.latest_snapshot(loop.store, task.id, loop._snapshot_ignored),),
+                example,
+            )
             if loaded is None:
                 return
             tally.examples -= 1  # one example, two calls
             opened = tally.run(loop.open, example)
             if opened is None:
                 return
-            _, offset, _ = loaded
+            (snapshot,) = loaded
+            offset = snapshot.cursor.position if snapshot is not None else 0
             if kind == "flipped" and offset != 0:
                 tally.changed.append(f"a snapshot with a flipped bit was trusted: {data!r:.100}")
             if offset == 0 and scene(loop.state) != truth:

@@ -55,8 +55,8 @@ from tests.faults.common import (
 )
 from tests.faults.report import Figure
 from tests.support import REPO, reply, scripted_task, text, tool_use, worker_env
-from worker.journal import JOURNAL_VERSION, encode
 from worker.spool import Spool, TaskDir
+from worker.store.journal import JOURNAL_VERSION, encode
 
 FAULT = "security"
 UMASKS = (0o000, 0o022, 0o077)

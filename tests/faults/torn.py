@@ -46,8 +46,8 @@ from tests.faults.common import (
 )
 from tests.faults.report import Figure
 from worker.errors import AgentdError
-from worker.journal import FRAMINGS, JOURNAL_VERSION, read_file, scan
 from worker.spool import TaskDir
+from worker.store.journal import FRAMINGS, JOURNAL_VERSION, read_file, scan
 
 FAULT = "torn journals"
 HEAD = FRAMINGS[JOURNAL_VERSION].head.size  # a frame header: length, checksum, durable mark

@@ -453,7 +453,7 @@ def spec_bytes(task_id: str) -> bytes:
 def test_garbage_task_folders_fail_with_a_reason_and_the_daemon_keeps_serving(
     shared: Daemon,
 ) -> None:
-    from worker.journal import JOURNAL_VERSION, encode
+    from worker.store.journal import JOURNAL_VERSION, encode
 
     script = json.dumps({"responses": steps(2)}).encode()
     header = encode({"k": "header", "v": JOURNAL_VERSION, "task": "bad-journal"})

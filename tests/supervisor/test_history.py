@@ -33,10 +33,10 @@ from tests.support import (
 from worker.config import Config
 from worker.errors import StateConflictError, UsageError
 from worker.events import read_events
-from worker.journal import Journal
 from worker.lock import TaskLock
 from worker.models.messages_api import MessagesAPIModel
 from worker.spool import Spool, TaskDir
+from worker.store.journal import Journal
 from worker.testing.messages_api import MessagesAPIServer, Reply
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 

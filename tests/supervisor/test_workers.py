@@ -6,8 +6,8 @@ from pathlib import Path
 
 from supervisor.workers import Progress, WorkerProcess, journal_progress
 from tests.support import make_spool, reply, scripted_task, text
-from worker.journal import Journal
 from worker.spool import TaskDir
+from worker.store.journal import Journal
 
 
 def _worker_after(task: TaskDir, *records: dict[str, object]) -> WorkerProcess:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
-from worker.durable import (
+from worker.errors import StorageError
+from worker.store.durable import (
     atomic_write,
     atomic_write_json,
     open_private,
@@ -23,7 +24,6 @@ from worker.durable import (
     read_json,
     write_exclusive,
 )
-from worker.errors import StorageError
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_write_exclusive_one_winner_among_threads(tmp_path: Path) -> None:
 _RACER = """
 import sys, time
 from pathlib import Path
-from worker.durable import write_exclusive
+from worker.store.durable import write_exclusive
 path, me, at = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 while time.time() < at:
     time.sleep(0.0005)

@@ -9,29 +9,31 @@ from pathlib import Path
 import pytest
 
 from tests.support import poll_for
-from worker import heartbeat as heartbeat_module
-from worker.heartbeat import Heartbeat
+from worker.heartbeat import Heartbeat, Publish
 from worker.metrics import StepMetrics
+from worker.store.durable import atomic_write_json
 
 
 @pytest.fixture
-def writes(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
-    """Every beat written, as the file's JSON."""
-    seen: list[dict[str, object]] = []
-    real = heartbeat_module.atomic_write_json  # type: ignore[attr-defined]  # patched where used
+def writes() -> list[dict[str, object]]:
+    """Every beat published, as its JSON."""
+    return []
 
-    def spy(path: Path, obj: dict[str, object], *, durable: bool = True) -> None:
-        seen.append(obj)
-        real(path, obj, durable=durable)
 
-    monkeypatch.setattr(heartbeat_module, "atomic_write_json", spy)
-    return seen
+def to_file(path: Path, writes: list[dict[str, object]]) -> Publish:
+    """Publish beats to ``path`` as the file store does, keeping each in ``writes``."""
+
+    def publish(beat: dict[str, object]) -> None:
+        writes.append(beat)
+        atomic_write_json(path, beat, durable=False)
+
+    return publish
 
 
 def test_start_writes_a_beat_and_updates_never_write_the_file(
     tmp_path: Path, writes: list[dict[str, object]]
 ) -> None:
-    beat = Heartbeat(tmp_path / "heartbeat.json", interval=0.2)
+    beat = Heartbeat(to_file(tmp_path / "heartbeat.json", writes), interval=0.2)
     beat.update(turn=3)
     assert writes == []
     beat.start()
@@ -52,7 +54,7 @@ def test_start_writes_a_beat_and_updates_never_write_the_file(
 def test_the_thread_beats_every_interval_and_stops_at_once(
     tmp_path: Path, writes: list[dict[str, object]]
 ) -> None:
-    beat = Heartbeat(tmp_path / "heartbeat.json", interval=0.05).start()
+    beat = Heartbeat(to_file(tmp_path / "heartbeat.json", writes), interval=0.05).start()
     poll_for(lambda: len(writes) >= 4, 5, what="four beats")
     times = [float(w["at"]) for w in writes]  # type: ignore[arg-type]
     assert times == sorted(times)
@@ -69,7 +71,7 @@ def test_each_instant_is_stamped_on_the_monotonic_clock_too(
 ) -> None:
     """Verdicts compare monotonic stamps (supervisor/liveness.py); wall time is display."""
     before = time.monotonic()
-    beat = Heartbeat(tmp_path / "heartbeat.json", interval=0.2)
+    beat = Heartbeat(to_file(tmp_path / "heartbeat.json", writes), interval=0.2)
     beat.phase("model")
     beat.start()
     beat.stop()
@@ -84,9 +86,13 @@ def test_a_final_stop_publishes_the_metrics_of_the_last_interval(
     tmp_path: Path, writes: list[dict[str, object]]
 ) -> None:
     metrics = StepMetrics()
-    Heartbeat(tmp_path / "never.json", interval=60, metrics=metrics).stop(final=True)
+    Heartbeat(to_file(tmp_path / "never.json", writes), interval=60, metrics=metrics).stop(
+        final=True
+    )
     assert writes == []  # never started: no beat at all
-    beat = Heartbeat(tmp_path / "heartbeat.json", interval=60, metrics=metrics).start()
+    beat = Heartbeat(
+        to_file(tmp_path / "heartbeat.json", writes), interval=60, metrics=metrics
+    ).start()
     metrics.tool_called("read_file", 0.01)  # after the first beat, long before the next
     beat.stop(final=True)
     first, last = writes

@@ -26,9 +26,10 @@ from tests.faults.common import (
     unsynced_pages,
 )
 from tests.support import scripted_task
-from worker import journal as journal_module
 from worker.errors import JournalCorruptError, StorageError
-from worker.journal import (
+from worker.spool import Spool
+from worker.store import journal as journal_module
+from worker.store.journal import (
     FRAMINGS,
     JOURNAL_VERSION,
     Journal,
@@ -37,7 +38,6 @@ from worker.journal import (
     read_file,
     scan,
 )
-from worker.spool import Spool
 
 if TYPE_CHECKING:
     from _typeshed import FileDescriptorLike

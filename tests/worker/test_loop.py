@@ -29,8 +29,6 @@ from tests.support import (
     tool_results,
     tool_use,
 )
-from worker import journal as journal_module
-from worker import loop as loop_module
 from worker.config import Config, ToolsConfig
 from worker.errors import ModelError, RetryableModelError
 from worker.events import read_events
@@ -49,6 +47,8 @@ from worker.models.base import ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, seal_snapshot
+from worker.store import files as files_module
+from worker.store import journal as journal_module
 from worker.tools.registry import Tool, ToolContext, ToolRegistry
 
 CALL = "toolu_s00000_1"  # the scripted id of the tool_use after a text block in turn 1
@@ -750,16 +750,16 @@ def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> N
     task = scripted_task(spool, [*responses, DONE], name="cadence")
     writes: list[tuple[int, int, int]] = []  # (turn, journal size, snapshot size)
     loop = make_loop(task, snapshot_every=1)
-    real = loop_module.atomic_write  # type: ignore[attr-defined]  # patched where it is used
+    real = files_module.atomic_write  # type: ignore[attr-defined]  # patched where it is used
 
     def spy(path: Path, data: bytes, **kw: Any) -> None:
-        if path == task.snapshot:
-            assert loop.journal is not None
-            writes.append((loop.state.turn, loop.journal.size, len(data)))
+        if path == task.snapshot:  # on the snapshot thread: the loop may be past it
+            scene = open_snapshot(data)
+            writes.append((scene["turn"], scene["offset"], len(data)))
         real(path, data, **kw)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop_module, "atomic_write", spy)
+        patch.setattr(files_module, "atomic_write", spy)
         assert loop.run().state == "done"
     loop.close()
     gaps = [later[0] - first[0] for first, later in itertools.pairwise(writes)]

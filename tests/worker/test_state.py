@@ -296,3 +296,28 @@ def test_fold_invariants_on_random_journals(records: list[dict[str, Any]], split
     for record in records[cut:]:
         resumed.apply(record)
     assert scene(resumed) == scene(state)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=journals(), split=st.integers(0, 10_000))
+def test_a_detached_state_is_not_changed_by_the_fold_that_goes_on(
+    records: list[dict[str, Any]], split: int
+) -> None:
+    """What the snapshot thread serializes (``TaskState.detached``) stays as it was taken
+    whatever the loop folds afterwards: extra user messages extending the last one, results,
+    holds, decisions, the next turns."""
+    at = split % (len(records) + 1)
+    state = fold(PROMPT, records[:at])
+    detached = state.detached()
+    taken = _through_json(state.compact().to_snapshot(7))
+    later = [
+        {"k": "user", "content": [{"type": "text", "text": "and more"}]},
+        *records[at:],
+        {"k": "hold", "calls": [{"call_id": "x", "attempt": 1}]},
+        {"k": "vcs", "turn": 99, "commit": "c", "snapshot": "s"},
+        {"k": "user", "content": [{"type": "text", "text": "the last word"}]},
+    ]
+    for call_id in list(state.calls):
+        later += [intent(call_id, 5), result(call_id, "late")]
+    fold(PROMPT, later, state)
+    assert _through_json(detached.to_snapshot(7)) == taken

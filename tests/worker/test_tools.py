@@ -379,7 +379,7 @@ def test_tool_environment_is_an_allowlist(tmp_path: Path) -> None:
         "AWS_SECRET_ACCESS_KEY": "aws",
         "LD_PRELOAD": "/evil.so",
     }
-    env = tool_environment(environ, task, "/ws")
+    env = tool_environment(environ, task.id, "/ws")
     assert env == {
         "PATH": "/bin",
         "HOME": "/var/lib/agentd",

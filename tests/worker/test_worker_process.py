@@ -29,12 +29,12 @@ from tests.support import (
     text,
     tool_use,
 )
-from worker.durable import atomic_write_json, read_json
-from worker.journal import read_file
 from worker.lock import is_locked
 from worker.loop import EXIT_CONFIG, EXIT_DONE, EXIT_FAILED, EXIT_LOCKED, EXIT_STOPPED
 from worker.spool import Spool, TaskDir
 from worker.state import fold
+from worker.store.durable import atomic_write_json, read_json
+from worker.store.journal import read_file
 
 DONE = reply(text("Done."))
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from worker.durable import atomic_write, private_dir, write_exclusive
+from worker.store.durable import atomic_write, private_dir, write_exclusive
 from worker.tools.paths import confine
 from worker.tools.sandbox import SandboxRefused
 from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool

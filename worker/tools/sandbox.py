@@ -215,7 +215,7 @@ def sandbox_for(
     mode: SandboxMode,
     network: bool,
     *,
-    spool: Path,
+    spool: Path | None,
     config: Path | None,
     secret_files: Sequence[str] = (),
     on_verdict: Callable[[str], None] | None = None,
@@ -223,8 +223,8 @@ def sandbox_for(
     """The sandbox of one worker: what it hides is the spool, the config file and its
     folder (when the folder is one of its own, not ``/`` or a top-level folder such as
     ``/etc``), and the files the secrets were read from (``Credentials.files``: the API
-    key's file, systemd's credentials folder)."""
-    hidden = [spool]
+    key's file, systemd's credentials folder). A store with no spool hides none."""
+    hidden = [spool] if spool is not None else []
     if config is not None:
         hidden.append(config)
         folder = Path(os.path.realpath(config)).parent

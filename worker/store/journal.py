@@ -59,11 +59,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.durable import dump_json, fsync_dir, open_private, storage_error
 from worker.errors import JournalCorruptError, SpoolError, StorageError
+from worker.store.base import MAX_RECORD
+from worker.store.durable import dump_json, fsync_dir, open_private, storage_error
 
 JOURNAL_VERSION = 2
-MAX_RECORD = 64 * 1024 * 1024
 
 Record = dict[str, Any]
 

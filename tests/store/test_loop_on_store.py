@@ -1,0 +1,78 @@
+"""The loop on every backend: it never knows which store it has. A task runs, is held on
+an unsafe dangling call, takes an operator's decision through the store and resumes from
+its snapshot to the same end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from tests.support import reply, text, tool_use
+from worker.config import Config
+from worker.loop import EXIT_DONE, EXIT_HELD, AgentLoop, Outcome
+from worker.models.scripted import ScriptedModel
+from worker.spool import TaskSpec
+from worker.state import fold
+from worker.store.base import JSON, TaskStore
+from worker.tools.registry import ToolRegistry
+
+SCRIPT = [
+    reply(text("Writing."), tool_use("write_file", path="a.txt", content="hi")),
+    reply(text("Appending."), tool_use("append_file", path="a.txt", content="!")),
+    reply(text("Done.")),
+]
+
+
+def make_loop(store: TaskStore, workspace: Path) -> AgentLoop:
+    spec = store.load_spec("t1")
+    return AgentLoop(
+        store,
+        spec,
+        Config(),
+        ScriptedModel(SCRIPT),
+        ToolRegistry.standard(),
+        workspace=workspace,
+        snapshot_every=1,
+    )
+
+
+def test_a_task_runs_holds_and_resumes_on_every_store(store: TaskStore, tmp_path: Path) -> None:
+    store.create(TaskSpec(id="t1", prompt="Write a file."), {"state": "queued"})
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+
+    loop = make_loop(store, workspace)
+    loop.open()
+    writer = loop._journal
+    real_append = writer.append
+
+    def crash_after_the_intent(records: Iterable[JSON], *, sync: bool = True) -> None:
+        records = list(records)
+        real_append(records, sync=sync)
+        if any(r.get("tool") == "append_file" for r in records):
+            raise KeyboardInterrupt  # the worker dies while the unsafe call runs
+
+    writer.append = crash_after_the_intent  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    loop.close()
+    assert store.get_snapshot("t1") is not None  # taken at the boundary after turn 1
+
+    held = make_loop(store, workspace)
+    outcome = held.run()
+    held.close()
+    assert (outcome.state, outcome.exit_code) == ("held", EXIT_HELD)
+    (call,) = fold("Write a file.", store.replay("t1")).dangling()
+    assert call.tool == "append_file" and call.key is not None
+    assert store.record_decision("t1", call.key, call.attempt, {"action": "skip"})
+
+    resumed = make_loop(store, workspace)
+    assert resumed.run() == Outcome("done", "end_turn", EXIT_DONE)
+    resumed.close()
+    assert (workspace / "a.txt").read_text() == "hi"  # the skipped call never ran
+    kinds = [r["k"] for r in store.replay("t1")]
+    assert kinds.count("hold") == 1 and kinds.count("decision") == 1 and kinds[-1] == "end"
+    events = [e["event"] for e in store.read_events("t1")[0]]
+    assert "dangling_held" in events and "dangling_decided" in events

@@ -1,0 +1,253 @@
+"""The store seam: every durable byte of a task goes through a ``TaskStore``.
+
+A backend implements two Protocols, and the conformance suite (``tests/store/``) proves
+that it keeps their promises::
+
+    the loop, the daemon, the CLI            (never know which backend they have)
+          │  TaskStore                         tasks, snapshots, decisions, records,
+          │                                    events, heartbeats, exits, ownership
+          │  JournalWriter                     one owner's appends to one journal
+          ▼
+    files.FileStore    memory.MemoryStore    (a PostgreSQL store: the same Protocols)
+
+Every method is one step that a database can make one transaction: an append carries the
+``Owner`` it was opened with, and the backend checks the owner's epoch in the same step,
+so a writer whose ownership moved (a lease taken over, a lock released) can never record
+another record (``FencedError``). Records, decisions and cancels that two writers may race
+for are settled by the backend in one step too: ``record_decision`` and ``request_cancel``
+have one winner, ``cas_record`` refuses a stale ``Version`` (``RecordConflictError``).
+
+Positions are opaque: a ``Cursor`` is made by the store and handed back to it, never
+computed with (the file store's is a byte offset, another's a sequence number). A
+``Snapshot`` is a cache of a ``TaskState`` at a cursor; the one replay that folds a
+snapshot and the records after it is ``worker.store.replay``.
+
+Errors (``worker.errors``): ``InvalidIdError`` for an id no store accepts,
+``NotFoundError`` for a task that does not exist, ``StorageError`` for a write that
+failed or a record over ``MAX_RECORD``, ``JournalCorruptError`` for a journal that cannot
+be read safely, ``LockBusyError`` when another owner holds the task, ``FencedError`` for a
+step of an owner that no longer owns it, ``RecordConflictError`` for a stale version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from worker.spool import TaskSpec
+from worker.state import TaskState
+
+JSON = dict[str, Any]
+
+#: The largest record (its JSON, in bytes) a journal takes, in every backend.
+MAX_RECORD = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """A position in a task's journal (or events), made by the store that reads it.
+
+    Opaque to everyone else: keep it, compare it, hand it back. Cursors of one journal
+    order as its records do."""
+
+    position: int = 0
+
+
+#: Before the first record: replaying from here folds the whole journal.
+START = Cursor()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The right to append to one task's journal, held by one worker at a time.
+
+    ``epoch`` grows with every acquisition of the task, and every fenced step carries it:
+    a backend refuses the step of an owner whose epoch is no longer the task's."""
+
+    task_id: str
+    holder: str  # who holds it, for messages ("pid 1234", a node's name)
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The task's ``state`` as of ``cursor``: replaying the records after ``cursor`` onto
+    it gives the task's state. A store keeps only what the next step needs
+    (``TaskState.compact``); ``size`` is the bytes it took (0 until stored)."""
+
+    cursor: Cursor
+    state: TaskState
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Version:
+    """The version of a task record that ``get_record`` read, for ``cas_record``."""
+
+    token: str = ""  # "": no record yet
+
+
+class Unreadable(ValueError):
+    """A stored item that exists but cannot be used; ``where`` names it for an event."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(reason)
+        self.where = where
+        self.reason = reason
+
+
+class JournalWriter(Protocol):
+    """One owner's open journal, positioned after its last record.
+
+    ``append`` is durable when it returns unless ``sync=False``; a deferred record becomes
+    durable with the next synced append, ``sync``, ``sync_in_background`` or ``close``.
+    ``hold`` keeps records to ride on the next write (a kill loses them: only for records
+    whose loss is harmless). After a failed write the writer refuses every append."""
+
+    @property
+    def owner(self) -> Owner: ...
+
+    @property
+    def cursor(self) -> Cursor:
+        """After the last record written (held records are not written yet)."""
+        ...
+
+    def volume_since(self, cursor: Cursor) -> int:
+        """Bytes recorded after ``cursor``: what spaces snapshots, never a position."""
+        ...
+
+    def append(self, records: Iterable[JSON], *, sync: bool = True) -> None: ...
+
+    def hold(self, records: Iterable[JSON]) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def sync_in_background(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TaskStore(Protocol):
+    """Where every durable byte of every task lives. Thread-safe; ids are checked first."""
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def create(
+        self,
+        spec: TaskSpec,
+        record: JSON,
+        *,
+        script: bytes | None = None,
+        journal: Sequence[JSON] = (),
+    ) -> None:
+        """Create the task with its first ``record`` (and a fork's first journal records):
+        all or nothing, and ``StateConflictError`` when the id is taken."""
+        ...
+
+    def task_ids(self) -> list[str]: ...
+
+    def exists(self, task_id: str) -> bool: ...
+
+    def load_spec(self, task_id: str) -> TaskSpec: ...
+
+    def load_script(self, task_id: str) -> bytes: ...
+
+    # -- ownership --------------------------------------------------------------------
+
+    def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
+        """Own the task, waiting up to ``wait`` seconds; ``LockBusyError`` if another does."""
+        ...
+
+    def renew(self, owner: Owner) -> None:
+        """Keep owning the task; ``FencedError`` once ownership moved."""
+        ...
+
+    def release(self, owner: Owner) -> None: ...
+
+    def owned(self, task_id: str) -> bool:
+        """Whether some owner holds the task now."""
+        ...
+
+    # -- the journal ------------------------------------------------------------------
+
+    def open_journal(
+        self, owner: Owner, *, after: Cursor = START, header: Mapping[str, Any] | None = None
+    ) -> tuple[JournalWriter, list[JSON]]:
+        """Open the task's journal for ``owner`` (creating it with a header record, with
+        ``header``'s fields), cut a torn tail, and return the records after ``after``.
+        ``JournalCorruptError`` when no record starts at ``after`` or the journal is
+        damaged before its tail."""
+        ...
+
+    def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
+        """The records after ``after``, read-only (a torn tail is left alone); [] if the
+        task has no journal yet."""
+        ...
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def get_snapshot(self, task_id: str) -> Snapshot | None:
+        """The latest snapshot, or None; ``ValueError`` (or ``OSError``) when it is
+        damaged: a snapshot is a cache, and the caller replays the journal instead."""
+        ...
+
+    def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
+        """Replace the snapshot (fenced); returns the bytes it takes."""
+        ...
+
+    # -- operator decisions and the cancel ----------------------------------------------
+
+    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+        """Durably record the decision on ``attempt`` of the call with idempotency
+        ``key``, unless one is recorded already: True for the one writer that wins."""
+        ...
+
+    def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
+        """The decision on that attempt, or None; ``Unreadable`` when it cannot be used."""
+        ...
+
+    def request_cancel(self, task_id: str, stamp: JSON) -> bool:
+        """Durably record an operator's cancel, once: True for the one writer that wins."""
+        ...
+
+    def cancel_requested(self, task_id: str) -> bool: ...
+
+    def withdraw_cancel(self, task_id: str) -> None:
+        """Drop a cancel that came too late to apply (the task had ended by itself)."""
+        ...
+
+    # -- the task record --------------------------------------------------------------
+
+    def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
+        """The task record and its version; ``ValueError`` when it is unreadable."""
+        ...
+
+    def cas_record(
+        self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
+    ) -> Version:
+        """Replace the record if its version is still ``expected``, else
+        ``RecordConflictError``; ``durable=False`` for a state recovery never trusts."""
+        ...
+
+    # -- events, heartbeats and exits -------------------------------------------------
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
+        """Append one lifecycle event (redacted); events are advisory, not fenced."""
+        ...
+
+    def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
+        """The events after ``after``, in the order they were appended, and where to go on."""
+        ...
+
+    def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
+        """Replace the heartbeat: it describes the present, so it need not survive a crash."""
+        ...
+
+    def read_heartbeat(self, task_id: str) -> JSON | None: ...
+
+    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+        """The worker's last words (the exit record), durably."""
+        ...
+
+    def read_exit(self, task_id: str) -> JSON | None: ...

@@ -1,0 +1,340 @@
+"""The spool: the embedded ``TaskStore``, one folder per task (``SPOOL/tasks/ID/``).
+
+Every file keeps the name, format and durability of the releases before the store seam
+(the layout is in docs/ARCHITECTURE.md), so a spool written by an older release resumes:
+
+* the journal is ``worker.store.journal``'s framed file (crc, durable marks, torn tail);
+* the snapshot is ``worker.state``'s sealed scene, its cursor the journal offset inside it;
+* decisions and the cancel are created exclusively (``write_exclusive``): one winner;
+* the task record (``state.json``) is replaced atomically; ``cas_record`` compares and
+  sets it under an ``flock`` of the task folder, its ``Version`` the file's identity;
+* ownership is the task's ``flock`` (``worker.lock``): it dies with its process, and the
+  kernel lets one process hold it at a time. ``Owner.epoch`` counts this store's
+  acquisitions, and an owner that released the lock is fenced here, before any write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from worker.errors import FencedError, RecordConflictError, SpoolError, StateConflictError
+from worker.events import TaskEventLog, read_events_from
+from worker.lock import TaskLock, is_locked
+from worker.spool import Spool, TaskDir, TaskSpec
+from worker.state import parse_snapshot, snapshot_bytes
+from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, Version
+from worker.store.durable import (
+    atomic_write,
+    atomic_write_json,
+    read_bytes,
+    read_json,
+    write_exclusive,
+)
+from worker.store.journal import Journal, read_file
+
+
+class FileJournal:
+    """A ``JournalWriter`` on an open ``Journal``: its cursors are byte offsets."""
+
+    def __init__(self, store: FileStore, owner: Owner, journal: Journal) -> None:
+        self._store = store
+        self._owner = owner
+        self.journal = journal
+
+    @property
+    def owner(self) -> Owner:
+        return self._owner
+
+    @property
+    def cursor(self) -> Cursor:
+        return Cursor(self.journal.size)
+
+    def volume_since(self, cursor: Cursor) -> int:
+        return self.journal.size - cursor.position
+
+    def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
+        self._store.check(self._owner)
+        self.journal.append(records, sync=sync)
+
+    def hold(self, records: Iterable[JSON]) -> None:
+        self._store.check(self._owner)
+        self.journal.hold(records)
+
+    def sync(self) -> None:
+        self.journal.sync()
+
+    def sync_in_background(self) -> None:
+        self.journal.sync_in_background()
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+class FileStore:
+    """The ``TaskStore`` of one spool folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.spool = Spool(root)
+        self._guard = threading.Lock()
+        self._owners: dict[str, tuple[Owner, TaskLock]] = {}
+        self._epochs: dict[str, int] = {}
+
+    def task(self, task_id: str) -> TaskDir:
+        """The folder of ``task_id`` (the id is checked first): for what lives beside the
+        store's files, the workspace and the worker's output."""
+        return self.spool.task(task_id)
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def create(
+        self,
+        spec: TaskSpec,
+        record: JSON,
+        *,
+        script: bytes | None = None,
+        journal: Sequence[JSON] = (),
+    ) -> None:
+        """Make the folder; the spec is written last: until then the folder is no task."""
+        self.spool.ensure()
+        task = self.task(spec.id)
+        make_task_folder(task)
+        if script is not None:
+            atomic_write(task.script, script)
+        atomic_write_json(task.state, record)
+        if journal:
+            opened, _ = Journal.open(task.journal, task=task.id)
+            with opened:
+                opened.append(journal)
+        atomic_write_json(task.spec, spec.to_json())
+
+    def task_ids(self) -> list[str]:
+        return self.spool.task_ids()
+
+    def exists(self, task_id: str) -> bool:
+        return self.task(task_id).exists()
+
+    def load_spec(self, task_id: str) -> TaskSpec:
+        return self.task(task_id).load_spec()
+
+    def load_script(self, task_id: str) -> bytes:
+        return read_bytes(self.task(task_id).script)
+
+    # -- ownership --------------------------------------------------------------------
+
+    def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
+        lock = TaskLock(self.task(task_id).lock).acquire(wait=wait)
+        with self._guard:
+            epoch = self._epochs.get(task_id, 0) + 1
+            self._epochs[task_id] = epoch
+            owner = Owner(task_id, f"pid {os.getpid()}", epoch)
+            self._owners[task_id] = (owner, lock)
+        return owner
+
+    def check(self, owner: Owner) -> None:
+        """``FencedError`` unless ``owner`` still holds its task's lock."""
+        with self._guard:
+            held = self._owners.get(owner.task_id)
+        if held is None or held[0] != owner:
+            raise FencedError(
+                f"task {owner.task_id} is no longer owned by {owner.holder} (epoch "
+                f"{owner.epoch}); its worker stops, and the task's new owner carries on."
+            )
+
+    def renew(self, owner: Owner) -> None:
+        self.check(owner)
+
+    def release(self, owner: Owner) -> None:
+        with self._guard:
+            held = self._owners.get(owner.task_id)
+            if held is None or held[0] != owner:
+                return
+            del self._owners[owner.task_id]
+        held[1].release()
+
+    def owned(self, task_id: str) -> bool:
+        return is_locked(self.task(task_id).lock)
+
+    # -- the journal ------------------------------------------------------------------
+
+    def open_journal(
+        self, owner: Owner, *, after: Cursor = START, header: Mapping[str, Any] | None = None
+    ) -> tuple[FileJournal, list[JSON]]:
+        self.check(owner)
+        task = self.task(owner.task_id)
+        journal, records = Journal.open(task.journal, after.position, **(header or {}))
+        return FileJournal(self, owner, journal), records
+
+    def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
+        try:
+            scan = read_file(self.task(task_id).journal, after.position)
+        except FileNotFoundError:
+            return []
+        return [record for record, _ in scan.records]
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def get_snapshot(self, task_id: str) -> Snapshot | None:
+        task = self.task(task_id)
+        try:
+            data = read_bytes(task.snapshot)
+            journal_size = task.journal.stat().st_size
+        except FileNotFoundError:
+            return None
+        state, offset = parse_snapshot(data)
+        if offset > journal_size:  # the journal was cut or restored: the cache is stale
+            return None
+        return Snapshot(Cursor(offset), state, len(data))
+
+    def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
+        self.check(owner)
+        data = snapshot_bytes(snapshot.state, snapshot.cursor.position)
+        atomic_write(self.task(owner.task_id).snapshot, data)
+        return len(data)
+
+    # -- operator decisions and the cancel ----------------------------------------------
+
+    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+        task = self.task(task_id)
+        path = task.decision_file(key, attempt)
+        refuse_symlinks(task)
+        task.decisions.mkdir(mode=0o700, exist_ok=True)
+        return write_exclusive(path, json.dumps(decision).encode())
+
+    def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
+        task = self.task(task_id)
+        path = task.decision_file(key, attempt)
+        if task.decisions.is_symlink():  # it leads out of the spool: never read it
+            raise Unreadable(str(path), "symlink")
+        try:
+            data = read_json(path)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise Unreadable(str(path), str(exc)) from None
+        return data if isinstance(data, dict) else {}
+
+    def request_cancel(self, task_id: str, stamp: JSON) -> bool:
+        return write_exclusive(self.task(task_id).cancellation, json.dumps(stamp).encode())
+
+    def cancel_requested(self, task_id: str) -> bool:
+        return self.task(task_id).cancellation.exists()
+
+    def withdraw_cancel(self, task_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.task(task_id).cancellation.unlink()
+
+    # -- the task record --------------------------------------------------------------
+
+    def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
+        path = self.task(task_id).state
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None, Version()
+        with os.fdopen(fd, "rb") as f:
+            version = _version(os.fstat(f.fileno()))
+            data = json.loads(f.read())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a task record")
+        return data, version
+
+    def cas_record(
+        self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
+    ) -> Version:
+        task = self.task(task_id)
+        with _folder_locked(task.path):
+            current = _current_version(task.state)
+            if current != expected:
+                raise RecordConflictError(
+                    f"the record of task {task_id} changed since it was read; read it again."
+                )
+            atomic_write_json(task.state, record, durable=durable)
+            return _current_version(task.state)
+
+    # -- events, heartbeats and exits -------------------------------------------------
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
+        TaskEventLog(self.task(task_id).events).append(event)
+
+    def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
+        events, end = read_events_from(self.task(task_id).events, after.position)
+        return events, Cursor(end)
+
+    def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
+        atomic_write_json(self.task(task_id).heartbeat, beat, durable=False)
+
+    def read_heartbeat(self, task_id: str) -> JSON | None:
+        return _read_object(self.task(task_id).heartbeat)
+
+    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+        atomic_write_json(self.task(task_id).exit, outcome)
+
+    def read_exit(self, task_id: str) -> JSON | None:
+        return _read_object(self.task(task_id).exit)
+
+
+def make_task_folder(task: TaskDir) -> None:
+    """Make the folder of a new task, or of one whose submit died half-way (it has no
+    spec: it never was a task); ``StateConflictError`` when the task exists."""
+    refuse_symlinks(task)
+    try:
+        task.path.mkdir(mode=0o700)
+    except FileExistsError:
+        if task.exists():
+            raise StateConflictError(
+                f"a task named {task.id!r} already exists; pick another --name."
+            ) from None
+        shutil.rmtree(task.path, ignore_errors=True)
+        task.path.mkdir(mode=0o700)
+
+
+def refuse_symlinks(task: TaskDir) -> None:
+    """A task folder (or its decisions folder) that is a symlink leads out of the spool:
+    agentd never follows one."""
+    for path in (task.path, task.decisions):
+        if path.is_symlink():
+            raise SpoolError(
+                f"{path} is a symlink; agentd does not follow links out of the spool. "
+                "Remove the link (or move the real folder into the spool)."
+            )
+
+
+def _read_object(path: Path) -> JSON | None:
+    """A JSON object file, or None when there is none or it is not one (advisory files)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _version(st: os.stat_result) -> Version:
+    # every replacement is a new file (rename of a temp file): a new inode and times
+    return Version(f"{st.st_ino}:{st.st_ctime_ns}:{st.st_size}")
+
+
+def _current_version(path: Path) -> Version:
+    try:
+        return _version(os.stat(path, follow_symlinks=False))
+    except FileNotFoundError:
+        return Version()
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of the task folder itself (no file of its own), for the one
+    compare-and-set of the task record; it is dropped with the descriptor."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
