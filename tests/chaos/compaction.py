@@ -27,7 +27,8 @@ Figures (violations, all 0): recorded turns lost (a journal read after a kill th
 a prefix of the final one, or a turn record missing from it), compactions recorded twice
 (two at the same turn boundary, or a range summarised twice), usage counted twice (the
 folded total against the sum of the turn and compaction records), unpaired transcripts
-(rejections other than "prompt is too long", or a final transcript that does not pair),
+(rejections of a request other than "prompt is too long", or a final transcript that does
+not pair; a body cut short by its sender's kill, which does not parse, is counted apart),
 unsafe or keyed effects repeated, effects missing, tasks not completed.
 
 The proof run follows: one undisturbed task of ``PROOF_TURNS`` steps (300 in both modes)
@@ -163,12 +164,16 @@ def worker_config(root: Path, window: int, compact_at: float) -> Path:
 
 @dataclass
 class Tally:
+    """What one trial (or, added up, the campaign) counted: the kills by where they
+    landed, what the task did, and the violations (``MUST_BE_0``)."""
+
     kills: Counter[str] = field(default_factory=Counter)
     spawns: int = 0
     holds: int = 0
     compactions: int = 0
     summary_calls: int = 0
     too_long: int = 0
+    cut_off: int = 0
     requests: int = 0
     turns_lost: int = 0
     compactions_twice: int = 0
@@ -207,6 +212,9 @@ class Trial:
         self.rng = rng
         self.steps = steps
         self.kills = kills
+        # replies before a random kill: at most a share of the task, so every kill lands
+        self.spacing = max(1, steps // (len(kills) + 1))
+        self.max_spawns = 3 * len(kills) + 10  # a runaway loop fails instead of running on
         self.tally = Tally()
         self.effects = root / "effects.jsonl"
         self.config = worker_config(root, window, compact_at)
@@ -280,7 +288,7 @@ class Trial:
 
     def _drive(self) -> None:
         deadline = time.monotonic() + 60 + self.steps * 2.0
-        while self.tally.spawns < 3 * len(self.kills) + 10:
+        while self.tally.spawns < self.max_spawns:
             code = self._spawn(self.kills.pop(0) if self.kills else None, deadline)
             if code == EXIT_DONE:
                 return
@@ -309,7 +317,7 @@ class Trial:
         compactions = len(self._compactions())
         with self.lock:
             self.armed, self.killed, self.summarised = armed, None, False
-            self.replies_left = self.rng.randint(1, max(1, self.steps // 3))
+            self.replies_left = self.rng.randint(1, self.spacing)
             self.proc = self.procs.start(argv, env, self.root / "worker.log")
         self.tally.spawns += 1
         proc = self.proc
@@ -385,7 +393,13 @@ class Trial:
         t.requests += len(srv.requests)
         t.summary_calls += sum(is_summary_call(b) for b in srv.requests)
         t.too_long += sum("prompt is too long" in r.message for r in srv.rejected)
-        other = [r.message for r in srv.rejected if "prompt is too long" not in r.message]
+        # a body cut short by its sender's kill does not parse: the API never saw a request
+        t.cut_off += sum(r.request is None for r in srv.rejected)
+        other = [
+            r.message
+            for r in srv.rejected
+            if r.request is not None and "prompt is too long" not in r.message
+        ]
         t.failures += [f"server: {e}" for e in srv.errors]
         try:
             assert_paired(state.messages)
@@ -445,6 +459,7 @@ def figures_of(t: Tally, trials: int) -> list[Figure]:
         Figure(FAULT, "holds decided", t.holds),
         Figure(FAULT, "model requests validated", t.requests),
         Figure(FAULT, "requests rejected as too long", t.too_long),
+        Figure(FAULT, "request bodies cut off by a kill (not JSON)", t.cut_off),
         *[Figure(FAULT, name, getattr(t, attr), getattr(t, attr) > 0) for attr, name in MUST_BE_0],
         Figure(FAULT, "tasks completed", t.completed, t.completed != trials),
         Figure(FAULT, "failures", len(t.failures), bool(t.failures)),
@@ -494,8 +509,10 @@ def run(quick: bool, *, seed: int | None = None) -> list[Figure]:
             trials.append(Trial(root, rng, plan.steps, kill_plan(plan, rng), WINDOW))
         total = Tally()
         with ThreadPoolExecutor(max_workers=2) as pool:
-            for tally in pool.map(Trial.run, trials):
+            for i, tally in enumerate(pool.map(Trial.run, trials)):
                 total.add(tally)
+                for failure in tally.failures:  # the table shows the first few only
+                    print(f"compaction: trial {i}: {failure}", file=sys.stderr, flush=True)
         figures += figures_of(total, plan.trials)
         figures.append(Figure(FAULT, "runtime s", time.monotonic() - started))
         figures += proof(Path(folder) / "proof")
