@@ -1,7 +1,7 @@
 """What ``agentd status`` and ``agentd logs`` show a person (DESIGN.md sections 2 and 3).
 
 Both commands print for people the way the tools they already use do: the status table as
-supervisorctl and pm2 print theirs (an AGE and a TOKENS column, REASON cut at the
+supervisorctl and pm2 print theirs (an AGE, a TOKENS and a CONTEXT column, REASON cut at the
 terminal's width with ``…``), and a task's log as kubectl prints a pod's (the last N lines,
 one JSON object a line, a follow that ends with the task).
 
@@ -90,7 +90,9 @@ def render_status(
 
     AGE is the time since the task was submitted (kubectl's meaning: it keeps counting
     across restarts, which RESTARTS counts). TOKENS is what the task has spent, input plus
-    output (``usage``). REASON is the last column, so cutting a row at ``width`` cuts the
+    output (``usage``); CONTEXT is ``tokens_used``, the context the model saw at its last
+    call plus what it wrote, the counter that drives compaction (``-`` before the first
+    turn). REASON is the last column, so cutting a row at ``width`` cuts the
     reason; ``width`` None (stdout is not a terminal) cuts nothing.
     """
     now = time.time() if now is None else now
@@ -100,12 +102,23 @@ def render_status(
         if sup["running"]
         else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
     ]
-    header = ("TASK", "STATE", "AGE", "TURN", "TOKENS", "RESTARTS", "PID", "HEARTBEAT", "PHASE")
+    header = (
+        "TASK",
+        "STATE",
+        "AGE",
+        "TURN",
+        "TOKENS",
+        "CONTEXT",
+        "RESTARTS",
+        "PID",
+        "HEARTBEAT",
+        "PHASE",
+    )
     rows: list[tuple[str, ...]] = [(*header, "REASON")]
     for t in doc["tasks"]:
         usage = t.get("usage") or {}
         tokens = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
-        beat = t["heartbeat_age"]
+        beat, used = t["heartbeat_age"], t.get("tokens_used")
         rows.append(
             (
                 t["id"],
@@ -113,6 +126,7 @@ def render_status(
                 human_age(seconds_since(t.get("created_at"), now)),
                 str(t["turn"]),
                 human_count(tokens),
+                "-" if used is None else human_count(int(used)),
                 str(t["restarts"]),
                 str(t["pid"] or "-"),
                 "-" if beat is None else f"{beat:.1f}s",

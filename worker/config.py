@@ -112,20 +112,40 @@ class MetricsConfig:
 CONTEXT_STRATEGIES = ("client", "server")
 
 
+#: The context window of a model family, by model-name prefix: the families known to
+#: differ from ``DEFAULT_WINDOW`` (every other Claude model has 200,000 tokens; the 1M
+#: window of some takes a beta header agentd does not send).
+MODEL_WINDOWS = (("claude-instant-1", 100_000), ("claude-2.0", 100_000))
+DEFAULT_WINDOW = 200_000
+
+
+def model_window(model: str) -> int:
+    """The context window of ``model``'s family, in tokens."""
+    return next((w for prefix, w in MODEL_WINDOWS if model.startswith(prefix)), DEFAULT_WINDOW)
+
+
 @dataclass(frozen=True)
 class ContextConfig:
     """When and how a long task's transcript is compacted (DESIGN.md section 4)."""
 
-    window: int = 200_000  # the model's context size, in tokens
+    window: int | None = None  # the model's context size in tokens; None: its family's
     compact_at: float = 0.8  # compact once tokens_used reaches this fraction of the window
     keep_turns: int = 4  # the latest turns kept verbatim; the rest become a summary
     strategy: str = "client"
     instructions: str = ""  # appended to the summary instruction
 
+    def window_for(self, model: str) -> int:
+        """The window a task on ``model`` has: ``window`` when set, else its family's."""
+        return self.window or model_window(model)
+
+    def threshold_for(self, model: str) -> int:
+        """``tokens_used`` at or past which a task on ``model`` compacts."""
+        return math.ceil(self.compact_at * self.window_for(model))
+
     @property
     def threshold(self) -> int:
-        """``tokens_used`` at or past which the worker compacts."""
-        return math.ceil(self.compact_at * self.window)
+        """The threshold of a task on the default family (or the ``window`` set)."""
+        return self.threshold_for("")
 
 
 @dataclass(frozen=True)
@@ -464,12 +484,13 @@ def _listen(metrics: _Table) -> str:
 
 
 def _context(t: _Table, model: ModelConfig) -> ContextConfig:
-    window = t.count("window")
-    if window <= model.max_tokens:
+    window = None if t.value("window") is None else t.count("window")
+    if (window or model_window(model.name)) <= model.max_tokens:
+        got = _show(window) if window else f"the window of {model.name}, {model_window(model.name)}"
         t.fail(
             "window",
             f"must be a number of tokens greater than model.max_tokens ({model.max_tokens}), "
-            f"got {_show(window)}",
+            f"got {got}",
         )
     compact_at = t.value("compact_at")
     if (
@@ -542,7 +563,11 @@ def config_document(config: Config) -> dict[str, Any]:
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
-    doc["context"] = {f.name: getattr(config.context, f.name) for f in fields(config.context)}
+    doc["context"] = {  # window only when it is set: left out, each model has its own
+        f.name: getattr(config.context, f.name)
+        for f in fields(config.context)
+        if getattr(config.context, f.name) is not None
+    }
     return doc
 
 
@@ -636,10 +661,11 @@ Long tasks (README: "Long tasks: compaction"). When the context the model saw at
 what it wrote reaches compact_at of the window, the worker asks the model for a summary
 of the transcript except its latest keep_turns turns, records it, and goes on from the
 prompt, the summary and the kept turns. A prompt the API calls too long is compacted
-once and retried. The journal keeps every turn: history and rewind see them all.""",
-    "context.window": """\
-The model's context size in tokens (200000 for the Claude models); more than
-model.max_tokens.""",
+once and retried. The journal keeps every turn: history and rewind see them all.
+window is the model's context size in tokens, more than model.max_tokens; left out, it
+is the window of the task's model family: 200000 for the Claude models (100000 for
+claude-instant-1 and claude-2.0; the 1M window of some takes a beta header agentd does
+not send). Set it for a model not listed, or a proxy with a window of its own.""",
     "context.compact_at": "The fraction of the window at which to compact, above 0 and below 1.",
     "context.keep_turns": """\
 The latest turns kept verbatim in a compaction (0 or more); a lower value frees more
@@ -655,6 +681,7 @@ _EXAMPLES: dict[str, str] = {
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
     "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
     "metrics": 'listen = "127.0.0.1:9464"',
+    "context": "window = 200000",
 }
 
 

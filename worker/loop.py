@@ -476,7 +476,8 @@ class AgentLoop:
     def _compaction_due(self) -> bool:
         """``tokens_used`` is at or past ``[context] compact_at`` of the window, and this
         boundary was not compacted yet (a compaction's own estimate may still be over)."""
-        return self.state.tokens_used >= self.config.context.threshold and not (
+        threshold = self.config.context.threshold_for(self.spec.model or self.config.model.name)
+        return self.state.tokens_used >= threshold and not (
             self.state.compacted_at(self.state.turn)
         )
 

@@ -36,6 +36,7 @@ CAMPAIGN = (
     ("17", "tests.chaos.signals"),
     ("18", "tests.chaos.operator"),
     ("19", "tests.chaos.clock"),
+    ("20", "tests.chaos.compaction"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 

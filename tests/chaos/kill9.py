@@ -454,6 +454,31 @@ def _finished_tags(records: list[JSON]) -> set[str]:
     return {tags[r["call_id"]] for r in records if r.get("k") == "result" and r["call_id"] in tags}
 
 
+def decide_held(task: TaskDir, effects: Path) -> tuple[int, int] | None:
+    """Decide every held call of ``task`` like a careful operator who checks the outside
+    world (the effects log): a call whose effect is logged gets the logged outcome as its
+    result, any other is re-run. (results supplied, re-runs), or None when none is held."""
+    rows = held_calls(task)
+    if not rows:
+        return None
+    lines = read_log(effects)
+    supplied = 0
+    for row in rows:
+        done = [
+            line
+            for line in lines
+            if line.get("call_id") == row["call_id"] and line.get("kind") == "effect"
+        ]
+        if done:
+            supplied += 1
+            outcome = f"{done[-1]['result']} (verified in the ledger by the operator)"
+            reason = "the ledger shows the charge"
+            decide(task, row["call_id"], action="result", result=outcome, reason=reason)
+        else:
+            decide(task, row["call_id"], action="rerun", reason="the ledger has no charge")
+    return supplied, len(rows) - supplied
+
+
 class Campaign:
     def __init__(self, options: Options, root: Path, base_url: str, procs: Processes) -> None:
         self.options = options
@@ -662,31 +687,13 @@ class Trial:
 
     def _decide(self) -> bool:
         """Decide every held call the way a careful operator would; False if there is none."""
-        rows = held_calls(self.task)
-        if not rows:
+        decided = decide_held(self.task, self.effects)
+        if decided is None:
             self.result.fail("the worker exited held, but no call waits for a decision")
             return False
-        lines = read_log(self.effects)
-        for row in rows:
-            self.result.holds += 1
-            done = [
-                line
-                for line in lines
-                if line.get("call_id") == row["call_id"] and line.get("kind") == "effect"
-            ]
-            if done:
-                self.result.decided_result += 1
-                outcome = f"{done[-1]['result']} (verified in the ledger by the operator)"
-                decide(
-                    self.task,
-                    row["call_id"],
-                    action="result",
-                    result=outcome,
-                    reason="the ledger shows the charge",
-                )
-            else:
-                self.result.decided_rerun += 1
-                decide(self.task, row["call_id"], action="rerun", reason="the ledger has no charge")
+        self.result.holds += sum(decided)
+        self.result.decided_result += decided[0]
+        self.result.decided_rerun += decided[1]
         return True
 
     # -- checking -------------------------------------------------------------------------

@@ -479,11 +479,11 @@ def listens(address: tuple[str, int] | None) -> bool:
 
 
 def compacts_sensibly(config: Any) -> bool:
-    """An accepted ``[context]``: a window larger than max_tokens, a fraction of it to
-    compact at, no negative kept turns, a known strategy."""
+    """An accepted ``[context]``: a window (set, or the model's) larger than max_tokens,
+    a fraction of it to compact at, no negative kept turns, a known strategy."""
     context = config.context
     return (
-        context.window > config.model.max_tokens
+        context.window_for(config.model.name) > config.model.max_tokens
         and 0 < context.compact_at < 1
         and context.keep_turns >= 0
         and context.strategy in ("client", "server")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor import tasks
-from supervisor.views import END_GRACE, log_line
+from supervisor.views import END_GRACE, log_line, render_status
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
@@ -240,7 +240,7 @@ def long_reason(daemon: Daemon) -> str:
     return task_id
 
 
-def test_status_has_age_and_tokens_columns(daemon: Daemon, finished: str) -> None:
+def test_status_has_age_tokens_and_context_columns(daemon: Daemon, finished: str) -> None:
     out = run_status(daemon)
     header = out[1].split()
     assert header[:5] == ["TASK", "STATE", "AGE", "TURN", "TOKENS"] and header[-1] == "REASON"
@@ -249,6 +249,7 @@ def test_status_has_age_and_tokens_columns(daemon: Daemon, finished: str) -> Non
     spent = doc["usage"]["input_tokens"] + doc["usage"]["output_tokens"]
     assert row[1] == "done" and re.fullmatch(r"\d+(s|m\d+s)", row[2]), row
     assert row[3] == str(TURNS) and row[4] == str(spent), row
+    assert header[5] == "CONTEXT" and row[5] == str(doc["tokens_used"]), row
 
 
 def test_status_json_adds_tokens_used_and_created_at(daemon: Daemon, finished: str) -> None:
@@ -363,3 +364,27 @@ def test_a_log_line_quotes_spaces_rounds_floats_and_leaves_out_nulls() -> None:
         '2026-12-01T09:00:00.000Z warning restart_scheduled reason="prompt is too long" '
         'delay=0.467 last_exit.signal=SIGKILL pids=12,13 retried=true why="say \\"hi\\""'
     )
+
+
+def test_the_context_column_is_tokens_used_and_a_dash_before_the_first_turn() -> None:
+    row: dict[str, Any] = {
+        "state": "running",
+        "created_at": None,
+        "usage": {"input_tokens": 90_000, "output_tokens": 2_000},
+        "restarts": 0,
+        "pid": 7,
+        "heartbeat_age": 0.4,
+        "phase": "model",
+        "reason": None,
+        "dangling": [],
+    }
+    doc = {
+        "supervisor": {"running": True, "pid": 1, "spool": "/spool"},
+        "tasks": [
+            {**row, "id": "long", "turn": 40, "tokens_used": 41_230},
+            {**row, "id": "new", "turn": 0, "tokens_used": None, "usage": {}},
+        ],
+    }
+    lines = render_status(doc, now=0.0).splitlines()
+    assert lines[1].split()[4:6] == ["TOKENS", "CONTEXT"]
+    assert [line.split()[4:6] for line in lines[2:]] == [["92.0k", "41.2k"], ["0", "-"]]

@@ -275,3 +275,81 @@ def test_kill_9_after_the_record_resumes_compacted_with_no_second_summary(
     resumed = server.requests[resumed_at]
     assert not is_summary_call(resumed)  # resumed from the compacted transcript
     assert "Files f1 to" in resumed["messages"][0]["content"][1]["text"]
+
+
+# -- content blocks agentd does not interpret -------------------------------------------
+
+
+def opaque_blocks(k: int) -> list[JSON]:
+    """Blocks of every kind agentd passes through without reading them, with their opaque
+    fields (a null one included), for turn k."""
+    return [
+        {"type": "thinking", "thinking": f"Turn {k}: next file.", "signature": f"sig{k}=="},
+        {"type": "redacted_thinking", "data": f"cmVkYWN0ZWQ{k}"},
+        {"type": "server_tool_use", "id": f"srvtoolu_{k:04d}", "name": "web_search"}
+        | {"input": {"query": f"file {k}"}},
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": f"srvtoolu_{k:04d}",
+            "content": [
+                {"type": "web_search_result", "url": "https://example.com/", "title": "x"}
+                | {"encrypted_content": f"ZW5j{k}", "page_age": None}
+            ],
+        },
+        {"type": "compaction", "content": None, "encrypted_content": f"b3BhcXVl{k}"},
+    ]
+
+
+class OpaqueAgent(Agent):
+    """``Agent``'s task with the opaque blocks in front of every turn's reply; ``served``
+    holds what turn k's reply said (the same on every retry: its ids are fixed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served: dict[int, list[JSON]] = {}
+        self.hang_at: int | None = None
+
+    def respond(self, body: JSON) -> Reply | Fault:
+        if is_summary_call(body):
+            return super().respond(body)
+        k = next_file(body)
+        if k == self.hang_at:
+            self.hang_at = None
+            return Fault.hang(seconds=30)
+        reply = super().respond(body)
+        assert isinstance(reply, Reply)
+        for block in reply.content:
+            if block["type"] == "tool_use":
+                block["id"] = f"toolu_{k:04d}"
+        reply.content = [*opaque_blocks(k), *reply.content]
+        self.served[k] = reply.content
+        return reply
+
+
+def turn_of(message: JSON) -> int:
+    """The turn of an assistant message: the file its write_file call writes (the end: 0)."""
+    paths = [b["input"]["path"] for b in message["content"] if b["type"] == "tool_use"]
+    return file_number(paths[0]) if paths else TURNS + 1
+
+
+def test_blocks_agentd_does_not_interpret_go_back_verbatim_across_a_kill_and_compactions(
+    spool: Spool, worker_config: Path
+) -> None:
+    agent = OpaqueAgent()
+    agent.hang_at = 8  # the first worker is killed in the call of turn 8
+    with MessagesAPIServer(responder=agent.respond, context_limit=2 * LIMIT) as server:
+        task = long_task(spool)
+        run_worker_until(
+            task, server, worker_config, lambda: agent.hang_at is None, "the call of turn 8"
+        )
+        resume_to_the_end(task, server, worker_config)
+        assert server.rejected == [] and server.errors == []
+
+    records = journal_records(task)
+    assert of_kind(records, "compaction"), "the task never compacted"
+    recorded = [r["message"] for r in of_kind(records, "turn")]
+    assert [m["content"] for m in recorded] == [agent.served[turn_of(m)] for m in recorded]
+    sent = [m for body in server.requests for m in body["messages"] if m["role"] == "assistant"]
+    assert len(sent) > TURNS  # requests and summary calls send earlier turns back
+    for message in sent:
+        assert message["content"] == agent.served[turn_of(message)], turn_of(message)

@@ -472,6 +472,27 @@ def test_context_values_that_make_no_sense_are_refused(
     assert "\n" not in message
 
 
+def test_the_window_left_out_is_the_model_family_s(tmp_path: Path) -> None:
+    context = load_config(_write(tmp_path, "[context]\ncompact_at = 0.5\n")).context
+
+    assert context.window is None
+    assert context.window_for("claude-sonnet-5-5") == 200_000
+    assert context.window_for("claude-2.0") == context.window_for("claude-instant-1.2") == 100_000
+    assert context.threshold_for("claude-2.0") == 50_000
+    assert context.threshold == 100_000
+    set_one = load_config(_write(tmp_path, "[context]\nwindow = 1000000\n")).context
+    assert set_one.window_for("claude-2.0") == 1_000_000
+
+
+def test_a_model_family_s_window_too_small_for_max_tokens_is_refused(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, '[model]\nname = "claude-2.0"\nmax_tokens = 150000\n'))
+
+    assert (
+        "context.window must be a number of tokens greater than model.max_tokens (150000), "
+        "got the window of claude-2.0, 100000"
+    ) in message
+
+
 def test_context_keys_are_read(tmp_path: Path) -> None:
     path = _write(
         tmp_path,

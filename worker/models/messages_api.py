@@ -276,9 +276,13 @@ class MessagesAPIModel:
 
 
 def _block_json(block: ContentBlock) -> JSON:
-    """A reply block as the API accepts it back: its JSON, minus SDK-only and null fields."""
+    """A reply block as the API accepts it back: the fields the API sent, verbatim, minus
+    SDK-only ones. Only fields set from the response are dumped (``exclude_unset``), so a
+    block agentd does not interpret (thinking and its signature, redacted_thinking, server
+    tool blocks, compaction blocks, a type newer than the SDK) keeps every field, a null
+    one included, and gains none of the SDK's defaults."""
     exclude = getattr(block, "__api_exclude__", None)
-    data: JSON = block.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=exclude)
+    data: JSON = block.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=exclude)
     if block.type in ("tool_use", "server_tool_use"):
         data["input"] = block.input  # verbatim: a null inside the input is part of it
     return data
