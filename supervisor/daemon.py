@@ -86,19 +86,11 @@ from supervisor.workers import (
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
-from worker.durable import atomic_write, atomic_write_json, private_dir, read_json
+from worker.durable import atomic_write, atomic_write_json, private_dir, read_bytes
 from worker.errors import AgentdError, ConfigError, SpoolError, StorageError
 from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
-from worker.loop import (
-    EXIT_CONFIG,
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_HELD,
-    EXIT_LOCKED,
-    EXIT_STOPPED,
-    EXIT_STORAGE,
-)
+from worker.protocol import VERDICT_EXITS, ExitCode, exit_reason
 from worker.spool import Spool, TaskDir
 
 RESCAN_INTERVAL = 5.0
@@ -114,11 +106,6 @@ IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
-#: Worker exit codes that are a worker's own verdict; any other code, or a signal, is a
-#: crash, whose ``worker_exited`` is a warning (DESIGN.md section 8).
-VERDICT_EXITS = frozenset(
-    {EXIT_DONE, EXIT_FAILED, EXIT_CONFIG, EXIT_HELD, EXIT_STOPPED, EXIT_LOCKED, EXIT_STORAGE}
-)
 #: Keys a worker reads when it starts: workers started after the reload have them.
 WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
@@ -733,11 +720,10 @@ class Supervisor:
     def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
         """The reason in the worker's last words; with ``pid``, only if that worker wrote
         them (one that could not write leaves an earlier worker's)."""
-        with contextlib.suppress(OSError, ValueError):
-            data = read_json(slot.task.exit)
-            if isinstance(data, dict) and (pid is None or data.get("pid") == pid):
-                return str(data.get("reason"))
-        return None
+        try:
+            return exit_reason(read_bytes(slot.task.exit), pid)
+        except OSError:
+            return None
 
     def _settle_exit(
         self,
@@ -749,28 +735,28 @@ class Supervisor:
     ) -> None:
         slot.record.last_exit = last_exit
         slot.record.pid = None
-        if code != EXIT_STORAGE:
+        if code != ExitCode.STORAGE:
             slot.storage_waits = 0
         if worker.kill_reason == "cancel":
             self._save(slot, "cancelled", reason="cancelled by operator")
             self.emit("task_cancelled", slot)
-        elif code == EXIT_DONE:
+        elif code == ExitCode.DONE:
             self._save(slot, "done", reason=self._exit_reason(slot))
             self.emit("task_done", slot, reason=slot.record.reason)
-        elif code in (EXIT_FAILED, EXIT_CONFIG):
+        elif code in (ExitCode.FAILED, ExitCode.CONFIG):
             self._save(slot, "failed", reason=self._exit_reason(slot))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
-        elif code == EXIT_HELD:
+        elif code == ExitCode.HELD:
             if tasks.pending_decisions(slot.task):  # decided already: nobody to call
                 self._save(slot, "queued", reason=None)
             else:
                 self._save(slot, "held", reason=self._exit_reason(slot))
-        elif code == EXIT_STOPPED and worker.kill_reason == "stop":
+        elif code == ExitCode.STOPPED and worker.kill_reason == "stop":
             self._save(slot, "queued", reason=None)
-        elif code == EXIT_LOCKED:
+        elif code == ExitCode.LOCKED:
             slot.waiting_lock = True
             self._save(slot, "queued")
-        elif code == EXIT_STORAGE:
+        elif code == ExitCode.STORAGE:
             self._storage_wait(slot, worker)
         else:
             self._crashed(slot, worker, code, turn)

@@ -41,7 +41,6 @@ from worker.durable import atomic_write
 from worker.errors import StateConflictError, UsageError
 from worker.events import append_event, utc_now
 from worker.journal import Journal, read_file
-from worker.loop import uses_vcs
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState, snapshot_bytes
 
@@ -280,7 +279,7 @@ def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool
     if restore and snapshot:
         vcs.restore(workspace_dir, snapshot)
         return f"files restored to their state after turn {to} (git {snapshot[:12]})"
-    if uses_vcs(workspace_dir, explicit=spec.workspace is not None):
+    if vcs.uses_vcs(workspace_dir, explicit=spec.workspace is not None):
         return "files were left as they are (add --restore-workspace to restore them)"
     return "files were not restored (the workspace is not under git)"
 
@@ -332,7 +331,7 @@ def fork(
     note = "files were not restored (the workspace is not under git)"
     worktree = None
     root = vcs.repo_root(parent_ws) if snapshot else None
-    if snapshot and root and uses_vcs(parent_ws, explicit=spec.workspace is not None):
+    if snapshot and root and vcs.uses_vcs(parent_ws, explicit=spec.workspace is not None):
         worktree = spool.task(new_id).path / "worktree"
         inside = parent_ws.resolve().relative_to(root.resolve())
         new_spec = replace(new_spec, workspace=str(worktree / inside))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import time
@@ -52,6 +51,7 @@ from worker.errors import (
 from worker.events import append_event, utc_now
 from worker.journal import read_file
 from worker.lock import TaskLock
+from worker.protocol import parse_heartbeat, usable_decision
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot
 
@@ -255,39 +255,11 @@ def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
 
 def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
     """The worker's last heartbeat, or None when there is none or it does not have the
-    shape a worker writes: it is advisory, and garbage in it must not break `agentd
-    status` or the daemon (which would leave the task stuck)."""
-    with contextlib.suppress(OSError, ValueError):
-        data = read_json(task.heartbeat)
-        if isinstance(data, dict) and _heartbeat_shaped(data):
-            return data
-    return None
-
-
-#: Numbers a heartbeat may carry besides ``at`` (a worker of an earlier release wrote no
-#: monotonic stamps and no interval: ``supervisor.liveness.Beat.of`` falls back for it).
-OPTIONAL_BEAT_TIMES = ("phase_started", "at_mono", "phase_started_mono", "interval")
-
-
-def _heartbeat_shaped(beat: dict[str, Any]) -> bool:
-    def number(value: Any) -> bool:
-        return (
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        )
-
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    usage = beat.get("usage", {})
-    return (
-        number(beat.get("at"))
-        and all(number(beat.get(key, 0)) for key in OPTIONAL_BEAT_TIMES)
-        and whole(beat.get("turn", 0))
-        and whole(beat.get("pid", 0))
-        and isinstance(beat.get("phase", ""), str)
-        and isinstance(usage, dict)
-        and all(whole(v) for v in usage.values())
-    )
+    shape a worker writes (``worker.protocol.parse_heartbeat``)."""
+    try:
+        return parse_heartbeat(read_bytes(task.heartbeat))
+    except OSError:
+        return None
 
 
 def _text(value: Any) -> str | None:
@@ -556,11 +528,8 @@ def pending_decisions(task: TaskDir) -> bool:
 
 
 def _usable_decision(path: Path) -> bool:
-    """Whether the worker can apply this decision file (what ``AgentLoop._load_decision``
-    accepts). One it cannot must not requeue the task: the worker would only hold again,
-    and the daemon would restart it for ever."""
+    """Whether the worker can apply this decision file (``worker.protocol.usable_decision``)."""
     try:
-        data = read_json(path)
-    except (OSError, ValueError):
+        return usable_decision(read_bytes(path))
+    except OSError:
         return False
-    return isinstance(data, dict) and data.get("action") in ("rerun", "skip", "result")

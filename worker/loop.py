@@ -33,13 +33,12 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from worker import compaction, credentials, vcs
 from worker.config import Config
-from worker.durable import atomic_write, atomic_write_json, read_bytes, read_json
+from worker.durable import atomic_write, atomic_write_json, read_bytes
 from worker.errors import (
     ContextTooLongError,
     InvalidIdError,
@@ -55,20 +54,12 @@ from worker.journal import Journal
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
+from worker.protocol import ExitCode, exit_record, parse_decision
 from worker.reconcile import Action, plan
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, NeedsFullReplay, TaskState, parse_snapshot, snapshot_bytes
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import sandbox_for
-
-EXIT_DONE = 0
-EXIT_FAILED = 3
-EXIT_HELD = 4
-EXIT_STOPPED = 5
-EXIT_LOCKED = 6
-EXIT_STORAGE = 7  # a storage fault: a wait, never counted as a crash
-EXIT_ERROR = 1  # an error a restart may fix: the daemon counts it as a crash
-EXIT_CONFIG = 78
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 # ...and journal bytes between snapshots, at least the last snapshot's size over this: a
@@ -94,7 +85,7 @@ _TOOL_ENV = (
 class Outcome:
     state: str  # done, failed, held, stopped
     reason: str
-    exit_code: int
+    exit_code: ExitCode
 
 
 def storage_outcome(exc: BaseException) -> Outcome:
@@ -103,9 +94,9 @@ def storage_outcome(exc: BaseException) -> Outcome:
     ours, which is a crash with a one-line reason (a restart re-reads what is on disk)."""
     fault = storage_fault(exc)
     if fault is not None:
-        return Outcome("stopped", str(fault), EXIT_STORAGE)
+        return Outcome("stopped", str(fault), ExitCode.STORAGE)
     if isinstance(exc, StorageError):
-        return Outcome("stopped", str(exc), EXIT_ERROR)
+        return Outcome("stopped", str(exc), ExitCode.ERROR)
     raise exc
 
 
@@ -134,15 +125,6 @@ def without_secrets(record: JSON) -> JSON:
     if record.get("k") != "result" or not isinstance(content, str):
         return record
     return {**record, "content": redact.clean_secrets(content)}
-
-
-def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
-    """Checkpoint files with git when the workspace is the user's (given with
-    --workspace) and inside a repository, or is a repository of its own."""
-    root = vcs.repo_root(workspace)
-    if root is None:
-        return False
-    return explicit or root.resolve() == workspace.resolve()
 
 
 class AgentLoop:
@@ -184,7 +166,7 @@ class AgentLoop:
         self.state = TaskState(spec.prompt)
         self._snapshot_turn = 0
         self._snapshot_due = 0  # journal size before which no snapshot is taken
-        self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
+        self._vcs = vcs.uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
 
@@ -319,11 +301,11 @@ class AgentLoop:
                 )
             return self._loop()
         except StopRequested:
-            return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+            return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
         except (StorageError, OSError) as exc:
             return storage_outcome(exc)
         except JournalCorruptError as exc:
-            return Outcome("failed", str(exc), EXIT_FAILED)
+            return Outcome("failed", str(exc), ExitCode.FAILED)
         except (ModelError, TaskSpecError) as exc:
             return self._end("failed", str(exc))
         finally:
@@ -334,7 +316,7 @@ class AgentLoop:
             if self.state.ended:
                 return self._outcome_of_end()
             if self.stop_requested:
-                return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+                return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
             pending = self.state.pending_calls()
             if pending:
                 call = pending[0]
@@ -385,7 +367,7 @@ class AgentLoop:
         ended = self.state.ended or {}
         state = str(ended.get("state"))
         return Outcome(
-            state, str(ended.get("reason")), EXIT_DONE if state == "done" else EXIT_FAILED
+            state, str(ended.get("reason")), ExitCode.DONE if state == "done" else ExitCode.FAILED
         )
 
     # -- the model ----------------------------------------------------------------------
@@ -670,7 +652,7 @@ class AgentLoop:
             self._record({"k": "hold", "calls": [{**hold, "why": step.why}]})
             self._event("dangling_held", level="warning", why=step.why, **fields)
             return Outcome(
-                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", EXIT_HELD
+                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", ExitCode.HELD
             )
         return None
 
@@ -687,27 +669,20 @@ class AgentLoop:
             self._event("decision_invalid", level="error", file=str(path), error="symlink")
             return
         try:
-            data = read_json(path)
+            decision = parse_decision(read_bytes(path))
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
             self._event("decision_invalid", level="error", file=str(path), error=str(exc))
             return
-        if not isinstance(data, dict):
-            data = {}
-        action = data.get("action")
-        if action not in ("rerun", "skip", "result"):
-            self._event("decision_invalid", level="error", file=str(path), error="bad action")
-            return
+        action = decision.pop("action")
         record: JSON = {
             "k": "decision",
             "call_id": call.call_id,
             "attempt": call.attempt,
             "action": action,
+            **decision,
         }
-        for field in ("reason", "result", "by"):
-            if isinstance(data.get(field), str):
-                record[field] = data[field]
         self._record(record)
         self._event("dangling_decided", call_id=call.call_id, action=action)
 
@@ -731,12 +706,8 @@ class AgentLoop:
 
 def write_exit(task: TaskDir, outcome: Outcome) -> None:
     """The worker's last words for the supervisor (best effort: a crash writes none)."""
-    data = {
-        "code": outcome.exit_code,
-        "state": outcome.state,
-        "reason": outcome.reason,
-        "pid": os.getpid(),
-        "at": utc_now(),
-    }
+    data = exit_record(
+        outcome.exit_code, outcome.state, outcome.reason, pid=os.getpid(), at=utc_now()
+    )
     with contextlib.suppress(StorageError, OSError):  # a full disk: the exit code says it
         atomic_write_json(task.exit, data)

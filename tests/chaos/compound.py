@@ -69,8 +69,6 @@ from typing import Any
 
 from supervisor.tasks import FINAL_STATES, TaskRecord, decide, load_state, pending_decisions
 from tests.faults.common import (
-    EXIT_DONE,
-    EXIT_HELD,
     Exit,
     Plan,
     check_task,
@@ -92,6 +90,7 @@ from tests.faults.report import Figure, format_figures, violations
 from tests.faults.torn import Setup, prepare
 from tests.support import assert_paired
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 
 FAULT = "compound"
@@ -255,7 +254,7 @@ def held_starts(setup: Setup, root: Path, quick: bool) -> tuple[list[Start], lis
             if effect == "undone":
                 undo_effect(held, record)
             first = run_worker(held)
-            if first.code != EXIT_HELD:
+            if first.code != ExitCode.HELD:
                 problems.append((HOLDS_LOST, f"record {i} {effect}: exit {first.code}"))
                 continue
             TaskRecord(state="held", reason="dangling append_file").save(held)  # as the daemon
@@ -488,7 +487,7 @@ def baseline(start: Start, plan: Plan, root: Path) -> Baseline:
         resumed = drive(target)
     else:
         resumed = drive(target, first=first)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         problems.append((NOT_DONE, f"single recovery of {start.name}: {resumed.exits[-1:]}"))
     problems += end_problems(start, target, plan, [])
     held = _held(records(target))

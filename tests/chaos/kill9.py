@@ -71,12 +71,12 @@ from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
 from worker.journal import read_file
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
 
 JSON = dict[str, Any]
 MODEL = "claude-chaos-kill9"
-EXIT_DONE, EXIT_HELD = 0, 4
 MODEL_DELAY = 0.02  # seconds the server waits before each reply
 MAX_SPAWNS = 40  # per trial: a runaway loop fails the trial instead of running forever
 
@@ -533,10 +533,10 @@ class Trial:
                 code = self._spawn(deadline, times if watch else None)
                 if code is None:
                     return times
-                if code == EXIT_DONE:
+                if code == ExitCode.DONE:
                     self.final_code = code
                     return times
-                if code == EXIT_HELD:
+                if code == ExitCode.HELD:
                     if not self._decide():
                         return times
                 elif code != -signal.SIGKILL:
@@ -708,7 +708,7 @@ class Trial:
 
         # (e) the task ended well
         ended = state.ended or {}
-        if self.final_code == EXIT_DONE and ended == {"state": "done", "reason": "end_turn"}:
+        if self.final_code == ExitCode.DONE and ended == {"state": "done", "reason": "end_turn"}:
             res.completed = state.turn == len(TURNS)
             if not res.completed:
                 res.fail(f"done after {state.turn} turns, the script has {len(TURNS)}")

@@ -82,7 +82,7 @@ from tests.faults.report import Figure, print_figures, violations
 from tests.messages_api import Fault, MessagesAPIServer, Reply
 from tests.support import assert_paired, journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.errors import AgentdError
-from worker.loop import EXIT_LOCKED
+from worker.protocol import ExitCode
 
 JSON = dict[str, Any]
 KILLS, HANGS, LOAD = "6 daemon kill -9", "7 hangs and stalls", "9 load + worker kill -9"
@@ -367,7 +367,9 @@ class Book:
             events = self.daemon.events(task_id)
             audit.adopted += sum(1 for e in events if e.get("event") == "worker_adopted")
             audit.lock_refused += sum(
-                1 for e in events if e.get("event") == "worker_exited" and e["code"] == EXIT_LOCKED
+                1
+                for e in events
+                if e.get("event") == "worker_exited" and e["code"] == ExitCode.LOCKED
             )
         return audit
 
