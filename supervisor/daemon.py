@@ -57,7 +57,6 @@ from typing import Any
 import structlog
 
 from supervisor import logging as agentd_logging
-from supervisor import tasks
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.control import (
     REQUEUE_REQUEST,
@@ -66,6 +65,7 @@ from supervisor.control import (
     pause_holder_alive,
     take_request,
 )
+from supervisor.decisions import pending_decisions
 from supervisor.forkserver import ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
@@ -73,7 +73,9 @@ from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
+from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
+from supervisor.status import held_calls, read_heartbeat
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -87,10 +89,10 @@ from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
 from worker.durable import atomic_write, atomic_write_json, private_dir, read_bytes
-from worker.errors import AgentdError, ConfigError, SpoolError, StorageError
+from worker.errors import AgentdError, ConfigError, SpoolError, StateConflictError, StorageError
 from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
-from worker.protocol import VERDICT_EXITS, ExitCode, exit_reason
+from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_reason
 from worker.spool import Spool, TaskDir
 
 RESCAN_INTERVAL = 5.0
@@ -115,7 +117,7 @@ class TaskSlot:
     """The daemon's view of one task between reads of its record."""
 
     task: TaskDir
-    record: tasks.TaskRecord
+    record: TaskRecord
     worker: WorkerProcess | None = None
     due: float = 0.0  # monotonic time a backoff ends
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
@@ -217,9 +219,9 @@ class Supervisor:
             "node": node_name(),
             "timestamp": utc_now(),
         }
-        if slot.record.state == "held":
+        if slot.record.state == TaskStatus.HELD:
             try:
-                payload["dangling"] = tasks.held_calls(slot.task)
+                payload["dangling"] = held_calls(slot.task)
             except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
                 payload["dangling"] = []
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
@@ -235,7 +237,12 @@ class Supervisor:
         self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
 
     def _save(
-        self, slot: TaskSlot, state: str | None = None, *, durable: bool = True, **changes: Any
+        self,
+        slot: TaskSlot,
+        state: TaskStatus | None = None,
+        *,
+        durable: bool = True,
+        **changes: Any,
     ) -> None:
         arrived = state is not None and state != slot.record.state
         if state is not None:
@@ -249,6 +256,17 @@ class Supervisor:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
         if arrived and state in HOOK_STATES:
             self._hook(slot)
+
+    def _move(self, slot: TaskSlot, move: Move) -> bool:
+        """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
+        save it; False, with nothing changed, when the record refuses it (a request that
+        the task's state made moot: a retry of a task that no longer failed)."""
+        try:
+            move(slot.record, slot.task.id)
+        except StateConflictError:
+            return False
+        self._save(slot)
+        return True
 
     def _storage_fault(self, fault: StorageError) -> None:
         """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
@@ -267,7 +285,7 @@ class Supervisor:
         )
         now = self.clock()
         for slot in self.slots.values():
-            if slot.storage_waits and slot.record.state == "backoff":
+            if slot.storage_waits and slot.record.state == TaskStatus.BACKOFF:
                 slot.due = min(slot.due, now)
         self._wake.set()
 
@@ -436,7 +454,7 @@ class Supervisor:
         self.emit(
             "supervisor_status",
             pid=os.getpid(),
-            tasks={state: counts[state] for state in tasks.STATES if counts.get(state)},
+            tasks={state: counts[state] for state in TaskStatus if counts.get(state)},
             workers=self.running_count(),
             max_workers=self.config.max_workers,
             forkserver="off" if server is None else "ready" if server.ready else "starting",
@@ -503,13 +521,13 @@ class Supervisor:
             if not task.exists():
                 continue
             if slot is None:
-                slot = self.slots[task.id] = TaskSlot(task, tasks.TaskRecord.load(task))
+                slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
                 self.relay.track(task.id, task.events, from_end=not self._scanned)
                 self._recover(slot)
             self.relay.pull(task.id, task.events)
             self._apply_requests(slot)
-            if slot.record.state == "held" and tasks.pending_decisions(task):
-                self._save(slot, "queued", reason=None)
+            if slot.record.state == TaskStatus.HELD and pending_decisions(task):
+                self._move(slot, TaskRecord.release_hold)
         self._scanned = True
 
     def _recover(self, slot: TaskSlot) -> None:
@@ -517,30 +535,31 @@ class Supervisor:
         lock (one an earlier daemon started, recorded or not), or resume it. A worker that
         outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
         stopped (``_apply_requests``): a cancelled task runs nothing more."""
-        final = slot.record.state in tasks.FINAL_STATES
+        final = slot.record.state in FINAL_STATES
         if final and not slot.task.cancellation.exists():
             return
         worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
-            self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
+            self._save(
+                slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=process_started(worker.pid)
+            )
             self.emit("worker_adopted", slot, pid=worker.pid)
         elif final:
             return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
-        elif slot.record.state in ("running", "backoff"):
-            self._save(slot, "queued")
+        elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
+            self._save(slot, TaskStatus.QUEUED)
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if slot.record.state not in tasks.FINAL_STATES and slot.task.cancellation.exists():
+        if slot.record.state not in FINAL_STATES and slot.task.cancellation.exists():
             self._cancel(slot)
-        if take_request(slot.task, RETRY_REQUEST) and slot.record.state == "failed":
-            self._save(slot, "queued", reason=None, crashes=[])
+        if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
             self.emit("task_retried", slot)
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
-            self._save(slot, "queued", reason=None, crashes=[])
+            self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
@@ -556,9 +575,8 @@ class Supervisor:
                 worker.kill_reason = "cancel"
                 worker.term_deadline = self.clock() + self.config.restart.stop_grace
                 worker.signal_group(signal.SIGTERM)
-        elif not slot.starting:  # one being started is cancelled as it arrives (_started)
-            slot.record.cancel()
-            self._save(slot)
+        elif not slot.starting and self._move(slot, TaskRecord.cancel):
+            # (one being started is cancelled as it arrives: ``_started``)
             self.emit("task_cancelled", slot)
 
     # -- scheduling ---------------------------------------------------------------------
@@ -577,7 +595,7 @@ class Supervisor:
             if slot.worker is None
             and not slot.starting
             and not slot.paused
-            and (slot.waiting_lock or slot.record.state in ("backoff", "queued"))
+            and (slot.waiting_lock or slot.record.state in (TaskStatus.BACKOFF, TaskStatus.QUEUED))
         ]
         for slot in sorted(waiting, key=lambda s: s.record.updated_at):
             if free <= 0:
@@ -587,10 +605,10 @@ class Supervisor:
                 if is_locked(slot.task.lock):
                     continue
                 slot.waiting_lock = False
-            elif state == "backoff":
+            elif state == TaskStatus.BACKOFF:
                 if now < slot.due:
                     continue
-            elif state != "queued":
+            elif state != TaskStatus.QUEUED:
                 continue
             self._start(slot)
             free -= 1
@@ -614,7 +632,7 @@ class Supervisor:
         try:
             worker = spawn(slot.task, self.worker_config, self._worker_env, self._credentials)
         except OSError as exc:
-            self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
+            self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
         self._started(slot, worker)
@@ -629,7 +647,7 @@ class Supervisor:
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
         pid_started = process_started(worker.pid)
-        self._save(slot, "running", durable=False, pid=worker.pid, pid_started=pid_started)
+        self._save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
         self.emit("worker_spawned", slot, pid=worker.pid)
 
     def _watch_forkserver(self) -> None:
@@ -704,7 +722,7 @@ class Supervisor:
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
-        beat = tasks.read_heartbeat(slot.task) or {}
+        beat = read_heartbeat(slot.task) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)
         self.metrics.forget(slot.task.id)
@@ -738,24 +756,24 @@ class Supervisor:
         if code != ExitCode.STORAGE:
             slot.storage_waits = 0
         if worker.kill_reason == "cancel":
-            self._save(slot, "cancelled", reason="cancelled by operator")
-            self.emit("task_cancelled", slot)
+            if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
+                self.emit("task_cancelled", slot)
         elif code == ExitCode.DONE:
-            self._save(slot, "done", reason=self._exit_reason(slot))
+            self._save(slot, TaskStatus.DONE, reason=self._exit_reason(slot))
             self.emit("task_done", slot, reason=slot.record.reason)
         elif code in (ExitCode.FAILED, ExitCode.CONFIG):
-            self._save(slot, "failed", reason=self._exit_reason(slot))
+            self._save(slot, TaskStatus.FAILED, reason=self._exit_reason(slot))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
         elif code == ExitCode.HELD:
-            if tasks.pending_decisions(slot.task):  # decided already: nobody to call
-                self._save(slot, "queued", reason=None)
+            if pending_decisions(slot.task):  # decided already: nobody to call
+                self._save(slot, TaskStatus.QUEUED, reason=None)
             else:
-                self._save(slot, "held", reason=self._exit_reason(slot))
+                self._save(slot, TaskStatus.HELD, reason=self._exit_reason(slot))
         elif code == ExitCode.STOPPED and worker.kill_reason == "stop":
-            self._save(slot, "queued", reason=None)
+            self._save(slot, TaskStatus.QUEUED, reason=None)
         elif code == ExitCode.LOCKED:
             slot.waiting_lock = True
-            self._save(slot, "queued")
+            self._save(slot, TaskStatus.QUEUED)
         elif code == ExitCode.STORAGE:
             self._storage_wait(slot, worker)
         else:
@@ -767,13 +785,13 @@ class Supervisor:
         the task is retried on ``wait_for_storage``'s schedule (or at once when the
         daemon's own writes recover) until the fault clears."""
         if self.stopping:
-            self._save(slot, "queued")
+            self._save(slot, TaskStatus.QUEUED)
             return
         slot.storage_waits = 1 if journal_progress(worker).grew else slot.storage_waits + 1
         move = wait_for_storage(slot.storage_waits, self.config.restart, self.rng)
         why = self._exit_reason(slot, worker.pid) or "the worker could not write to the spool"
         slot.due = self.clock() + move.delay
-        self._save(slot, "backoff", reason=f"storage_fault: {why}")
+        self._save(slot, TaskStatus.BACKOFF, reason=f"storage_fault: {why}")
         if slot.storage_waits == 1:
             self.metrics.storage_faults += 1
             self.emit("storage_fault", slot, level="warning", error=why)
@@ -782,7 +800,7 @@ class Supervisor:
 
     def _crashed(self, slot: TaskSlot, worker: WorkerProcess, code: int | None, turn: int) -> None:
         if self.stopping:
-            self._save(slot, "queued")
+            self._save(slot, TaskStatus.QUEUED)
             return
         progress = journal_progress(worker)
         turn = turn if progress.turn is None else progress.turn
@@ -793,7 +811,7 @@ class Supervisor:
         slot.record.crashes = crashes
         if isinstance(move, GiveUp):
             self.metrics.crash_loops += 1
-            self._save(slot, "failed", reason=move.reason)
+            self._save(slot, TaskStatus.FAILED, reason=move.reason)
             self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
             self.emit("task_failed", slot, level="error", reason=move.reason)
             return
@@ -810,7 +828,7 @@ class Supervisor:
         # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
         # operator's pause, behind the tasks that were queued before it
         queued = move.delay == 0
-        self._save(slot, "backoff" if move.delay > 0 else "queued", reason=None)
+        self._save(slot, TaskStatus.BACKOFF if move.delay > 0 else TaskStatus.QUEUED, reason=None)
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), queued=queued, turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
@@ -824,7 +842,7 @@ class Supervisor:
             other is not slot
             and other.worker is None
             and not other.starting
-            and other.record.state == "queued"
+            and other.record.state == TaskStatus.QUEUED
             for other in self.slots.values()
         )
 
@@ -944,7 +962,7 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            data = tasks.read_heartbeat(slot.task)
+            data = read_heartbeat(slot.task)
             fresh = data is not None and data.get("pid") == worker.pid
             beat = Beat.of(data, wall, mono) if fresh and data is not None else None
             if fresh and data is not None:
@@ -1000,10 +1018,10 @@ class Supervisor:
         for slot in self.slots.values():
             state = slot.record.state
             states[state] = states.get(state, 0) + 1
-            if state == "held":
+            if state == TaskStatus.HELD:
                 held.append((slot.task, slot.record.updated_at))
             if slot.worker is not None:
-                beat = tasks.read_heartbeat(slot.task)
+                beat = read_heartbeat(slot.task)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
         return self.metrics.sample(states, held)
@@ -1016,7 +1034,7 @@ class Supervisor:
         counts: dict[str, int] = {}
         for slot in self.slots.values():
             counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
-        text = ", ".join(f"{counts[s]} {s}" for s in tasks.STATES if counts.get(s)) or "no tasks"
+        text = ", ".join(f"{counts[s]} {s}" for s in TaskStatus if counts.get(s)) or "no tasks"
         if text != self._last_status:
             self._last_status = text
             self.notifier.status(text)

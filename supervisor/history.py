@@ -26,15 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
-from supervisor.tasks import (
-    TaskRecord,
-    create_task,
-    drop_moot_cancel,
-    existing_task,
-    load_state,
-    operator_lock,
-    refuse_if_cancelled,
-)
+from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
+from supervisor.record import TaskRecord
+from supervisor.status import load_state
+from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
 from worker.durable import atomic_write
@@ -221,10 +216,6 @@ def _check_rewind(
     return undo
 
 
-def _requeue(record: TaskRecord) -> None:
-    record.state, record.reason, record.crashes = "queued", None, []
-
-
 def rewind(
     spool: Spool,
     config: Config,
@@ -249,7 +240,7 @@ def rewind(
             # queued task on its old scene (a worker ends it again at once), never a rewound
             # task recorded `done`, which no daemon would ever resume.
             drop_moot_cancel(task, TaskRecord.load(task))
-            change_record(spool, task, REQUEUE_REQUEST, _requeue)
+            change_record(spool, task, REQUEUE_REQUEST, TaskRecord.requeue)
             journal, _ = Journal.open(task.journal, task=task.id)
             with journal:
                 size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])

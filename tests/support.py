@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from supervisor.tasks import create_task, submit
+from supervisor.submit import create_task, submit
 from worker.config import Config
 from worker.journal import read_file
 from worker.loop import AgentLoop

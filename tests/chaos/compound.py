@@ -67,7 +67,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.tasks import FINAL_STATES, TaskRecord, decide, load_state, pending_decisions
+from supervisor.decisions import decide, pending_decisions
+from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.status import load_state
 from tests.faults.common import (
     Exit,
     Plan,

@@ -1,6 +1,6 @@
 """The ``kill -9`` campaign: real workers on the real SDK, killed at random instants.
 
-Each trial submits a task (``supervisor.tasks.submit``) on the ``anthropic`` backend, whose
+Each trial submits a task (``supervisor.submit.submit``) on the ``anthropic`` backend, whose
 ``ANTHROPIC_BASE_URL`` points at a standalone local Messages API server
 (``python -m tests.messages_api --by-turn``) that validates every transcript it is sent the
 way the real API does. The task runs a 10-turn script of 14 tool calls of every effect
@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.tasks import decide, held_calls, submit
+from supervisor.decisions import decide
+from supervisor.status import held_calls
+from supervisor.submit import submit
 from tests.chaos.effect_tools import (
     CHAOS_TOOLS,
     EFFECTS_ENV,

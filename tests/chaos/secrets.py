@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
 from supervisor.control import ring, running_pid
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
@@ -286,9 +285,7 @@ def one_daemon(root: Path, key: Key, config: str, *, detach: bool, found: Findin
     (planted_ws / "notes.txt").write_text(f"a key someone left here: {key.canary}\n")
 
     def submit(name: str, workspace: Path | None = None) -> str:
-        tasks.submit(
-            daemon.spool, daemon.config, prompt=f"{name}: go", name=name, workspace=workspace
-        )
+        submit(daemon.spool, daemon.config, prompt=f"{name}: go", name=name, workspace=workspace)
         ring(daemon.spool, name)
         return name
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from unittest import mock
 
-from supervisor.tasks import decide, held_calls
+from supervisor.decisions import decide
+from supervisor.status import held_calls
 from tests.support import (
     REPO,
     assert_paired,

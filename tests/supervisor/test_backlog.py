@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.backlog import Recovery, WriteBacklog
-from supervisor.tasks import TaskRecord
+from supervisor.record import TaskRecord
 from tests.mounts import fill, small_disk
 from worker.errors import StorageError
 from worker.spool import Spool, TaskDir

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.tasks import decide, held_calls
+from supervisor.decisions import decide
+from supervisor.status import held_calls
 from tests.support import (
     RecordingModel,
     assert_paired,
