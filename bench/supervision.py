@@ -518,9 +518,9 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 120.0) -> float:
-        """Start the daemon; return once it serves and (with preload) its fork server is
-        ready. Returns the seconds from start to serving."""
+    def start(self, timeout: float = 120.0, *, warm: bool = True) -> float:
+        """Start the daemon; return once it serves and (with preload and ``warm``) its fork
+        server is ready. Returns the seconds from start to serving."""
         spool, conf = str(self.spool.root), str(self.config_path)
         if self.preload:
             cmd = [sys.executable, "-m", "supervisor", "--spool", spool, "--config", conf]
@@ -539,7 +539,7 @@ class Daemon:
 
         wait_until(serving, timeout, what="the daemon to serve")
         served = time.monotonic() - t0
-        if self.preload:
+        if self.preload and warm:
             wait_until(lambda: self.events("forkserver_ready"), timeout, 0.05, "the fork server")
         return served
 

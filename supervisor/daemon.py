@@ -3,9 +3,8 @@
 What drives it:
 
 * a doorbell: CLI commands that change a task (submit, decide, cancel, retry) drop a file
-  in ``SPOOL/inbox``, which inotify reports at once (watchfiles where inotify cannot be
-  had); a rescan every
-  ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
+  in ``SPOOL/inbox``, which inotify reports at once (``supervisor.inbox``); a rescan
+  every ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
 * worker exits, seen through each worker's pidfd the moment they happen; each is followed
   by a sweep that kills whatever the worker's tools left that outlived it
   (``_sweep_strays``: every child of the daemon, a subreaper, that it did not start);
@@ -42,13 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import random
 import signal
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +52,7 @@ from typing import Any
 
 import structlog
 
+from supervisor import inbox
 from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.control import (
@@ -66,7 +63,7 @@ from supervisor.control import (
     take_request,
 )
 from supervisor.decisions import pending_decisions
-from supervisor.forkserver import ForkServer
+from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
@@ -98,11 +95,8 @@ from worker.spool import Spool, TaskDir
 RESCAN_INTERVAL = 5.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
-INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
-FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
 STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
-IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
@@ -124,15 +118,6 @@ class TaskSlot:
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
     storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
-
-
-@dataclass
-class Starting:
-    """A worker asked of the fork server, whose answer (the pid) has not arrived yet."""
-
-    slot: TaskSlot
-    journal_size: int  # the task's journal before the worker could write to it
-    asked: float  # monotonic
 
 
 class Supervisor:
@@ -174,9 +159,18 @@ class Supervisor:
             if preload
             else None
         )
-        self._starting: deque[Starting] = deque()  # in the order the server answers
+        self.forks: ForkQueue[TaskSlot] | None = (
+            ForkQueue(
+                self.forkserver,
+                answered=self._forked,
+                settle=self._forks_settled,
+                emit=self.emit,
+                clock=clock,
+            )
+            if self.forkserver is not None
+            else None
+        )
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
-        self._forkserver_fd: int | None = None  # watched while answers are awaited
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
@@ -313,12 +307,12 @@ class Supervisor:
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
         # watcher task set up its inotify watch.)
-        watcher = asyncio.create_task(self._watch_inbox())
+        watcher = asyncio.create_task(inbox.watch(self.spool.root / "inbox", self._doorbell))
         await asyncio.sleep(0)
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
         # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
         if become_subreaper() and self.forkserver is not None:
-            self.forkserver.start()  # ready in a second or two; fresh starts until then
+            self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
         self._serve_metrics()  # before READY: a ready daemon answers scrapes
         info = {
@@ -363,6 +357,8 @@ class Supervisor:
 
     async def _shutdown(self) -> None:
         grace = self.config.restart.stop_grace
+        for asked in self.forks.abandon_warming() if self.forks is not None else []:
+            asked.item.starting = False  # never started: it stays queued
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.kill_reason = slot.worker.kill_reason or "stop"
@@ -377,9 +373,8 @@ class Supervisor:
         deadline = self.clock() + 5.0
         while self.running_count() and self.clock() < deadline:
             await asyncio.sleep(0.05)
-        self._unwatch_forkserver()
-        if self.forkserver is not None:
-            self.forkserver.stop()
+        if self.forks is not None:
+            self.forks.close()
         await self.hooks.wait(HOOK_TIMEOUT)  # a failure's hook, say, still gets its call
         await self._sweep_until_none()
 
@@ -470,47 +465,9 @@ class Supervisor:
 
     # -- discovering tasks --------------------------------------------------------------
 
-    async def _watch_inbox(self) -> None:
-        inbox = self.spool.root / "inbox"
-        fd = _inotify(inbox)
-        if fd is None:  # no inotify to be had: watchfiles (a thread that polls it)
-            if "ssl" in sys.modules and sys.modules["ssl"] is None:
-                del sys.modules["ssl"]  # kept out by `agentd start`; anyio needs it
-            from watchfiles import awatch  # noqa: PLC0415
-
-            async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
-                self._doorbell(inbox)
-            return
-        loop = asyncio.get_running_loop()
-        rung = asyncio.Event()
-
-        def readable() -> None:
-            with contextlib.suppress(OSError):  # BlockingIOError: all read
-                while os.read(fd, 65536):
-                    pass
-            rung.set()
-
-        loop.add_reader(fd, readable)
-        try:
-            while True:
-                await rung.wait()
-                await asyncio.sleep(INBOX_DEBOUNCE)
-                rung.clear()
-                self._doorbell(inbox)
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-
-    def _doorbell(self, inbox: Path) -> None:
-        self._drain_inbox(inbox)
+    def _doorbell(self) -> None:
         self.rescan()
         self._wake.set()
-
-    @staticmethod
-    def _drain_inbox(inbox: Path) -> None:
-        for entry in os.scandir(inbox):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
 
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view, relay the events other
@@ -615,16 +572,23 @@ class Supervisor:
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
-        answer is handled when it arrives, ``_on_forkserver_answer``: the loop goes on
-        meanwhile), else a fresh interpreter at once."""
-        server = self.forkserver
-        size = journal_size(slot.task)
-        if server is not None and server.request(
-            slot.task.path, self.worker_config, self._worker_env, slot.task.output
+        answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
+        fresh interpreter at once. A restart also waits for a server still warming up
+        (``forkserver.WARMUP_WAIT`` at most): a worker that dies in the first seconds
+        after the daemon started is replaced warm, in less time than a fresh one takes.
+        A first start does not wait: the daemon's first workers start as they always did,
+        fresh until the server is ready."""
+        forks = self.forks
+        if forks is not None and forks.ask(
+            slot,
+            journal_size(slot.task),
+            slot.task.path,
+            self.worker_config,
+            self._worker_env,
+            slot.task.output,
+            wait=slot.record.restarts > 0,
         ):
             slot.starting = True
-            self._starting.append(Starting(slot, size, self.clock()))
-            self._watch_forkserver()
             return
         self._start_fresh(slot)
 
@@ -650,61 +614,33 @@ class Supervisor:
         self._save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
         self.emit("worker_spawned", slot, pid=worker.pid)
 
-    def _watch_forkserver(self) -> None:
-        fd = self.forkserver.fileno() if self.forkserver is not None else None
-        if fd is not None and self._forkserver_fd is None:
-            asyncio.get_running_loop().add_reader(fd, self._on_forkserver_answer)
-            self._forkserver_fd = fd
-
-    def _unwatch_forkserver(self) -> None:
-        if self._forkserver_fd is not None:
-            asyncio.get_running_loop().remove_reader(self._forkserver_fd)
-            self._forkserver_fd = None
-
-    def _on_forkserver_answer(self) -> None:
-        server = self.forkserver
-        answers = server.replies() if server is not None else None
-        if answers is None:  # the server is gone: what it was asked is started fresh
-            self._forkserver_failed("the fork server closed its output")
+    def _forked(self, asked: Asked[TaskSlot], pid: int | None) -> None:
+        """The fork server's answer to a start of ``asked.item``: a worker to watch, or
+        (None: it could not fork one; or the pid is gone already) a fresh start."""
+        slot = asked.item
+        slot.starting = False
+        if pid is None:
+            self._start_fresh(slot)
             return
-        for pid in answers:
-            if not self._starting:
-                break
-            pending = self._starting.popleft()
-            pending.slot.starting = False
-            if pid is None:
-                self._start_fresh(pending.slot)
-                continue
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:  # gone and reaped already: it cannot be watched
-                self._start_fresh(pending.slot)
-                continue
-            worker = WorkerProcess(
-                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size, forked=True
-            )
-            self._started(pending.slot, worker)
-        if not self._starting:
-            self._unwatch_forkserver()
-            if self._sweep_due:
-                self._sweep_strays()
-        self._wake.set()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # gone and reaped already: it cannot be watched
+            self._start_fresh(slot)
+            return
+        worker = WorkerProcess(
+            slot.task, pid, pidfd, None, journal_size=asked.journal_size, forked=True
+        )
+        self._started(slot, worker)
 
-    def _forkserver_failed(self, why: str) -> None:
-        """The fork server died or stopped answering: stop it (it restarts later) and start
-        fresh every worker it was asked for (one it did fork meanwhile holds the task's
-        lock, and the fresh one then waits for it: never two at once)."""
-        self._unwatch_forkserver()
-        if self.forkserver is not None:
-            self.forkserver.stop()
-        pending, self._starting = list(self._starting), deque()
-        if pending:
-            self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
-        for item in pending:
-            item.slot.starting = False
-            self._start_fresh(item.slot)
-        if self._sweep_due:
+    def _forks_settled(self, lost: list[Asked[TaskSlot]]) -> None:
+        """The fork queue changed: start fresh what the fork server will not serve, and
+        run the sweep of strays that waited for its answers."""
+        for asked in lost:
+            asked.item.starting = False
+            self._start_fresh(asked.item)
+        if self._sweep_due and (self.forks is None or not self.forks.answering):
             self._sweep_strays()
+        self._wake.set()
 
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
@@ -866,7 +802,8 @@ class Supervisor:
                 next_reap = now + 5.0
                 self._reap()
             self.backlog.retry()  # nothing to do unless a storage fault refused a write
-            self._tend_forkserver()
+            if self.forks is not None and not self.stopping:
+                self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()
 
@@ -894,7 +831,7 @@ class Supervisor:
         each worker exit, and again every ``STRAY_RESWEEP`` while it finds strays (their
         own children come next). A worker the fork server forked and has not named yet
         cannot be told from a stray: no sweep runs until its answer is in."""
-        if self._starting:
+        if self.forks is not None and self.forks.answering:
             self._sweep_due = True
             return
         self._sweep_due = False
@@ -924,20 +861,6 @@ class Supervisor:
             if self.clock() >= deadline:
                 return
             await asyncio.sleep(STRAY_RESWEEP)
-
-    def _tend_forkserver(self) -> None:
-        server = self.forkserver
-        if server is None or self.stopping:
-            return
-        if self._starting and self.clock() - self._starting[0].asked > FORKSERVER_PATIENCE:
-            self._forkserver_failed("the fork server did not answer")
-        if server.proc is not None and server.proc.poll() is not None:
-            self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
-            self._forkserver_failed("the fork server exited")
-        if server.proc is None:
-            server.start()
-        elif not server.ready and server.poll_ready():
-            self.emit("forkserver_ready", pid=server.pid)
 
     def check_liveness(self, wall: float, mono: float) -> None:
         """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the
@@ -1038,19 +961,3 @@ class Supervisor:
         if text != self._last_status:
             self._last_status = text
             self.notifier.status(text)
-
-
-def _inotify(path: Path) -> int | None:
-    """A non-blocking inotify descriptor that reports new entries in ``path``, or None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-        if fd < 0:
-            return None
-        mask = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
-        if int(libc.inotify_add_watch(fd, os.fsencode(path), mask)) < 0:
-            os.close(fd)
-            return None
-    except (OSError, AttributeError):
-        return None
-    return fd
