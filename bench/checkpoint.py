@@ -4,7 +4,7 @@ the floor and with LangGraph's ``SqliteSaver``.
 The workload is one tool turn per step with about 2 KB of new messages: an assistant
 reply of ~1 KB of text plus one ``tool_use``, then a ~1 KB tool result.
 
-* **agentd** runs the real worker path: a task made by ``supervisor.tasks.create_task``,
+* **agentd** runs the real worker path: a task made by ``supervisor.submit.create_task``,
   ``AgentLoop`` with the ``ScriptedModel`` reading the task's script, a trivial read-only
   tool and a ``Heartbeat``, exactly as ``python -m worker`` sets them up; the model
   answers after 2 ms. A subclass only adds clocks around ``_record`` (stamp,
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Row, ensure_peers, percentile
-from supervisor.tasks import create_task
+from supervisor.submit import create_task
 from worker.config import Config
 from worker.heartbeat import Heartbeat
 from worker.loop import AgentLoop, StopRequested

@@ -37,7 +37,7 @@ from typing import Any
 
 from bench.checkpoint import PROMPT, lookup, reply_text, resume_in_children, task_bytes
 from bench.report import Row
-from supervisor.tasks import create_task
+from supervisor.submit import create_task
 from worker.config import Config, ContextConfig
 from worker.loop import AgentLoop, StopRequested
 from worker.models.base import ModelReply, ModelRequest, Usage

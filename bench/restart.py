@@ -16,6 +16,10 @@ backed off on purpose (``supervisor/policy.py``).
   ``preload=False`` (every restart a fresh interpreter that imports the SDK).
 * **supervisord** (full mode): a program ``python -m worker TASK_DIR`` with
   ``autorestart=true`` (default ``startsecs=1``), killed the same way.
+* **first restart**: the same kill, of the first worker of a daemon started a moment
+  before with the task already submitted, so the kill lands in the first seconds after
+  ``agentd start``, while the fork server may still be warming up; a fresh daemon (and
+  model server) per kill.
 * **hang**: ``SIGSTOP`` of the worker, to the replacement's first model request; the
   daemon must see the silent heartbeat and restart within ``heartbeat.timeout`` + 1 s.
   supervisord has no heartbeat: a stopped worker stays stopped (not measured).
@@ -66,16 +70,31 @@ class Plan:
     fresh_kills: int  # agentd, fork server off
     peer_kills: int  # supervisord
     hangs: int
+    first: int  # agentd, a kill in the first seconds after start (a daemon each)
     interval: float
     timeout: float
     install: bool  # install supervisord if missing
 
 
 FULL = Plan(
-    kills=50, fresh_kills=50, peer_kills=50, hangs=5, interval=1.0, timeout=5.0, install=True
+    kills=50,
+    fresh_kills=50,
+    peer_kills=50,
+    hangs=5,
+    first=10,
+    interval=1.0,
+    timeout=5.0,
+    install=True,
 )
 QUICK = Plan(
-    kills=5, fresh_kills=1, peer_kills=0, hangs=1, interval=1.0, timeout=3.0, install=False
+    kills=5,
+    fresh_kills=1,
+    peer_kills=0,
+    hangs=1,
+    first=3,
+    interval=1.0,
+    timeout=3.0,
+    install=False,
 )
 
 
@@ -184,6 +203,40 @@ def run_agentd(
     return killed, hung, spawns
 
 
+def run_first_restarts(workdir: Path, plan: Plan) -> tuple[list[Trial], int]:
+    """(kill trials, how many of the kills came before the fork server was ready): each on
+    a new daemon whose first scan starts the task; its first worker is killed as soon as
+    the daemon names it, the crash of a worker in the first seconds after start. (Before
+    any progress, so restart.backoff_initial is short here: the figure is the restart's
+    own time, not the backoff.)"""
+    found: list[Trial] = []
+    early = 0
+    config = config_text(
+        max_workers=8, interval=plan.interval, timeout=plan.timeout, backoff_initial=0.01
+    )
+    for n in range(plan.first):
+        with (
+            ModelServer(reply_for_turn) as server,
+            Daemon(workdir / f"first{n}", config, preload=True, env=server.env) as daemon,
+        ):
+            submit_api(daemon.spool, daemon.config, "first")
+            daemon.start(warm=False)
+            deadline = time.monotonic() + 60.0
+            while not (spawned := daemon.events("worker_spawned")):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no worker was started")
+                time.sleep(0.005)
+            wall, t0 = time.time(), time.monotonic()
+            os.kill(spawned[0]["pid"], signal.SIGKILL)
+            _, at, _ = server.wait_arrival(arrived_after(t0), 0, 60.0)
+            found.append(Trial(at - t0, wall))
+            ready = [_wall(e["timestamp"]) for e in daemon.events("forkserver_ready")]
+            early += not ready or ready[0] > wall
+    say(NAME, f"agentd first restarts: {len(found)} kills ({early} before the fork server was "
+        f"ready), p50 {_ms(found)}")  # fmt: skip
+    return found, early
+
+
 def run_supervisord(workdir: Path, plan: Plan, server: ModelServer) -> list[Trial] | None:
     bin_dir = supervisord_bin(plan.install)
     if bin_dir is None:
@@ -223,6 +276,8 @@ def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             workdir / "agentd-fresh", plan, preload=False, server=server
         )
     loads.append(f"fork server off {load_average():.1f}")
+    first, early = run_first_restarts(workdir / "agentd-first", plan)
+    loads.append(f"first restart {load_average():.1f}")
     peer: list[Trial] | None = None
     if not quick:
         with ModelServer(reply_for_turn) as server:
@@ -304,6 +359,20 @@ def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             ms(fresh, 0.99),
             peer=ms(peer, 0.99),
             peer_name=column.name,
+        )
+    )
+    rows.append(
+        Row(
+            NAME,
+            f"first restart after start p50 ({len(first)} kills, {early} before the fork "
+            "server was ready)",
+            "ms",
+            ms(first, 0.5),
+            compare=False,
+            note="SIGKILL of the first worker of a daemon started a moment before (the task "
+            "submitted first) as soon as the daemon names it, to the replacement's first "
+            "model request: the restart the fork server may not be warm for yet "
+            "(restart.backoff_initial 0.01 s: the kill came before any progress).",
         )
     )
     sdk_figure = "python -c 'import anthropic' (the SDK import alone)"

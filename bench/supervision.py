@@ -53,8 +53,9 @@ from typing import Any, Protocol
 import psutil
 
 from bench.report import Row
-from supervisor import tasks
 from supervisor.control import ring, running_pid, supervisor_info
+from supervisor.status import read_heartbeat
+from supervisor.submit import submit
 from worker.config import Config, load_config
 from worker.lock import holder_pid, is_locked
 from worker.spool import Spool, TaskDir
@@ -381,19 +382,17 @@ def submit_scripted(
     path = scratch / "script.json"
     if not path.exists() or json.loads(path.read_text()) != script:
         path.write_text(json.dumps(script))
-    return tasks.submit(spool, config, prompt="benchmark", name=name, script=path, tools=[])
+    return submit(spool, config, prompt="benchmark", name=name, script=path, tools=[])
 
 
 def submit_api(spool: Spool, config: Config, name: str, max_turns: int = 1000) -> TaskDir:
     """A task on the anthropic backend (the worker builds a real SDK client)."""
     prompt = "List the workspace, again and again."
-    return tasks.submit(
-        spool, config, prompt=prompt, name=name, tools=["list_dir"], max_turns=max_turns
-    )
+    return submit(spool, config, prompt=prompt, name=name, tools=["list_dir"], max_turns=max_turns)
 
 
 def heartbeat(task: TaskDir) -> dict[str, Any] | None:
-    return tasks.read_heartbeat(task)
+    return read_heartbeat(task)
 
 
 def idle_workers(spool: Spool, ids: Iterable[str]) -> dict[str, int]:
@@ -519,9 +518,9 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 120.0) -> float:
-        """Start the daemon; return once it serves and (with preload) its fork server is
-        ready. Returns the seconds from start to serving."""
+    def start(self, timeout: float = 120.0, *, warm: bool = True) -> float:
+        """Start the daemon; return once it serves and (with preload and ``warm``) its fork
+        server is ready. Returns the seconds from start to serving."""
         spool, conf = str(self.spool.root), str(self.config_path)
         if self.preload:
             cmd = [sys.executable, "-m", "supervisor", "--spool", spool, "--config", conf]
@@ -540,7 +539,7 @@ class Daemon:
 
         wait_until(serving, timeout, what="the daemon to serve")
         served = time.monotonic() - t0
-        if self.preload:
+        if self.preload and warm:
             wait_until(lambda: self.events("forkserver_ready"), timeout, 0.05, "the fork server")
         return served
 

@@ -2,7 +2,7 @@
 cost of starting as many bare processes.
 
 ``TASKS`` one-turn scripted tasks (the model answers with text at once, the task is done)
-are made with ``supervisor.tasks.submit`` in a staging spool beforehand, then moved into
+are made with ``supervisor.submit.submit`` in a staging spool beforehand, then moved into
 the spool of a running daemon (one ``rename`` each, then one doorbell): the clock runs
 from the first move to the daemon's last ``task_done``, so it holds the daemon's work
 (scheduling, records, events, forks) and the workers' (lock, journal, exit record), not

@@ -11,6 +11,7 @@ supervisor lock and apply the change themselves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -22,16 +23,32 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
 from supervisor.control import (
     RETRY_REQUEST,
     already_running,
     cancel,
     change_record,
+    move_record,
     offline,
     ring,
     running_pid,
     supervisor_info,
+)
+from supervisor.decisions import (
+    decide,
+    drop_moot_cancel,
+    operator_lock,
+    pending_decisions,
+    refuse_if_cancelled,
+)
+from supervisor.record import TaskRecord
+from supervisor.status import held_calls, load_state, status_row
+from supervisor.submit import (
+    PROMPT_FILE_LIMIT,
+    RESULT_FILE_LIMIT,
+    existing_task,
+    read_text_input,
+    submit,
 )
 from worker import __version__, credentials
 from worker.config import Config, load_config
@@ -42,6 +59,7 @@ from worker.errors import (
     StateConflictError,
     UsageError,
 )
+from worker.protocol import TaskStatus
 from worker.spool import Spool, default_spool, validate_call_id
 from worker.tools.sandbox import Sandbox
 
@@ -91,10 +109,10 @@ def check_named_spool(args: argparse.Namespace) -> None:
 
 def text_or_file(text: str | None, path: str | None, option: str, limit: int) -> str | None:
     """The value of ``--OPTION TEXT`` or the contents of ``--OPTION-file F`` (at most
-    ``limit`` bytes: see ``tasks.PROMPT_FILE_LIMIT``)."""
+    ``limit`` bytes: see ``PROMPT_FILE_LIMIT``)."""
     if path is None:
         return text
-    return tasks.read_text_input(Path(path), limit, f"--{option}-file")
+    return read_text_input(Path(path), limit, f"--{option}-file")
 
 
 def out(obj: Any) -> None:
@@ -201,8 +219,8 @@ def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-file FILE.")
-    prompt = text_or_file(args.prompt, args.prompt_file, "prompt", tasks.PROMPT_FILE_LIMIT) or ""
-    task = tasks.submit(
+    prompt = text_or_file(args.prompt, args.prompt_file, "prompt", PROMPT_FILE_LIMIT) or ""
+    task = submit(
         spool,
         config,
         prompt=prompt,
@@ -232,10 +250,10 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 
 
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
-    task_dirs = list(spool.tasks()) if task_id is None else [tasks.existing_task(spool, task_id)]
+    task_dirs = list(spool.tasks()) if task_id is None else [existing_task(spool, task_id)]
     return {
         "supervisor": _supervisor_json(spool),
-        "tasks": [tasks.status_row(t) for t in task_dirs if t.exists()],
+        "tasks": [status_row(t) for t in task_dirs if t.exists()],
     }
 
 
@@ -284,13 +302,11 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task_dirs = (
-        list(spool.tasks()) if args.task is None else [tasks.existing_task(spool, args.task)]
-    )
+    task_dirs = list(spool.tasks()) if args.task is None else [existing_task(spool, args.task)]
     rows = []
     for task in task_dirs:
-        if tasks.TaskRecord.load(task).state == "held":
-            rows += tasks.held_calls(task)
+        if TaskRecord.load(task).state == TaskStatus.HELD:
+            rows += held_calls(task)
     if args.json:
         out(rows)
         return 0
@@ -307,33 +323,32 @@ def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = tasks.existing_task(spool, args.task)
+    task = existing_task(spool, args.task)
     if (args.call_id is None) == (not args.all):
         raise UsageError("give either a CALL_ID or --all.")
     if args.result is not None and args.result_file is not None:
         raise UsageError("give --result or --result-file, not both.")
-    result = text_or_file(args.result, args.result_file, "result", tasks.RESULT_FILE_LIMIT)
+    result = text_or_file(args.result, args.result_file, "result", RESULT_FILE_LIMIT)
     if args.skip and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
     if args.reason is not None and not args.skip:
         raise UsageError("--reason goes with --skip.")
     action = "skip" if args.skip else "result" if result is not None else "rerun"
-    tasks.refuse_if_cancelled(task, "decision")  # checked again as each decision is written
+    refuse_if_cancelled(task, "decision")  # checked again as each decision is written
     calls = (
         [validate_call_id(args.call_id)]
         if args.call_id
-        else [r["call_id"] for r in tasks.held_calls(task)]
+        else [r["call_id"] for r in held_calls(task)]
     )
     if not calls:
         raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
     for call_id in calls:
-        tasks.decide(task, call_id, action=action, reason=args.reason, result=result)
+        decide(task, call_id, action=action, reason=args.reason, result=result)
         print(f"{task.id} {call_id}: {action}")
-    with offline(spool) as alone:
-        if alone and tasks.pending_decisions(task):
-            record = tasks.TaskRecord.load(task)
-            record.state, record.reason = "queued", None
-            record.save(task)
+    with offline(spool) as alone, contextlib.suppress(StateConflictError):
+        if alone and pending_decisions(task):
+            # (one not held, say a worker run by hand left it queued, has no hold to release)
+            move_record(task, TaskRecord.release_hold)
     ring(spool, task.id)
     return 0
 
@@ -341,7 +356,7 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.views import TaskLog, log_line  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    task = tasks.existing_task(spool, args.task)
+    task = existing_task(spool, args.task)
     if args.lines is not None and args.lines < 0:
         raise UsageError(f"-n must be 0 or more lines, not {args.lines}.")
     show = (lambda e: json.dumps(e, ensure_ascii=False, default=str)) if args.json else log_line
@@ -373,27 +388,20 @@ FOLLOW_POLL = 0.25
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = tasks.existing_task(spool, args.task)
+    task = existing_task(spool, args.task)
     done = cancel(spool, task, wait=config.restart.stop_grace + 5)
     print(f"{task.id}: cancelled" if done else f"{task.id}: cancel requested")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = tasks.existing_task(spool, args.task)
-
-    def apply(r: tasks.TaskRecord) -> None:
-        r.state, r.reason, r.crashes = "queued", None, []
-
-    with tasks.operator_lock(task):
-        tasks.refuse_if_cancelled(task, "retry")
-        record = tasks.TaskRecord.load(task)
-        if record.state != "failed":
-            raise StateConflictError(
-                f"task {task.id} is {record.state}; only a failed task can be retried."
-            )
-        tasks.drop_moot_cancel(task, record)
-        change_record(spool, task, RETRY_REQUEST, apply)
+    task = existing_task(spool, args.task)
+    with operator_lock(task):
+        refuse_if_cancelled(task, "retry")
+        record = TaskRecord.load(task)
+        record.check_retry(task.id)  # before a request is left for the daemon
+        drop_moot_cancel(task, record)
+        change_record(spool, task, RETRY_REQUEST, TaskRecord.retry)
     print(f"{task.id}: queued for retry")
     return 0
 
@@ -401,7 +409,7 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    task = tasks.existing_task(spool, args.task)
+    task = existing_task(spool, args.task)
     rows = history_rows(task)
     if args.json:
         out(rows)
@@ -432,7 +440,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {calls}{git}")
     if any(r["rewound"] for r in rows):
         print("x: rewound, kept for audit")
-    state = tasks.load_state(task)
+    state = load_state(task)
     total, live = state.usage_total, state.usage
     print(f"tokens on the live branch {live.input_tokens}/{live.output_tokens}; "
           f"ever spent {total.input_tokens}/{total.output_tokens} (input/output)")  # fmt: skip

@@ -7,7 +7,7 @@
 * Requests: small files in a task folder (``retry.request``, ``requeue.request``) that
   the daemon applies and removes. ``change_record`` applies a change directly when no
   daemon runs, and leaves a request when one does. A cancel is not a request but a
-  record that stays (``TaskDir.cancellation``, ``supervisor.tasks.cancel``).
+  record that stays (``TaskDir.cancellation``, ``supervisor.decisions.record_cancel``).
 * ``paused``: stops a task's worker at a safe point and holds its lock for the length of
   an operation (rewind), so no worker writes the journal meanwhile. The daemon waits
   ``restart.stop_grace`` for the safe point (a model call is abandoned at once, a running
@@ -22,16 +22,17 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
-from supervisor.tasks import TaskRecord
+from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
+from supervisor.record import FINAL_STATES, Move, TaskRecord
 from worker.errors import LockBusyError, StateConflictError, storage_fault
 from worker.events import read_events_from, utc_now
 from worker.lock import TaskLock, holder_pid, is_locked
+from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.durable import atomic_write, open_private, private_dir, read_json
 
@@ -136,16 +137,20 @@ def take_request(task: TaskDir, name: str) -> bool:
     return True
 
 
-def change_record(
-    spool: Spool, task: TaskDir, request_name: str, apply: Callable[[TaskRecord], None]
-) -> bool:
-    """Apply ``apply`` to the task record now if no daemon runs (True), else leave
-    ``request_name`` for the daemon, which applies the same change (False)."""
+def move_record(task: TaskDir, move: Move) -> None:
+    """Make ``move`` (``TaskRecord.retry``, say) on the task record and save it; the caller
+    holds the supervisor lock. A refused move raises and writes nothing."""
+    record = TaskRecord.load(task)
+    move(record, task.id)
+    record.save(task)
+
+
+def change_record(spool: Spool, task: TaskDir, request_name: str, move: Move) -> bool:
+    """Make ``move`` on the task record now if no daemon runs (True), else leave
+    ``request_name`` for the daemon, which makes the same move (False)."""
     with offline(spool) as alone:
         if alone:
-            record = TaskRecord.load(task)
-            apply(record)
-            record.save(task)
+            move_record(task, move)
             return True
     request(task, request_name)
     ring(spool, task.id)
@@ -157,25 +162,23 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
     has not applied it within ``wait`` seconds (it will: the record is durable).
 
     Under the task's operator lock, held until the outcome is known: of a cancel and a
-    decision, the first wins (``tasks.record_cancel``), and no rewind or retry slips in
+    decision, the first wins (``record_cancel``), and no rewind or retry slips in
     between. A task that ended ``done`` or ``failed`` before the daemon could apply the
     cancel was not cancelled: the record is withdrawn and StateConflictError says so."""
-    with tasks.operator_lock(task, wait=max(tasks.OPERATOR_WAIT, wait)):
-        tasks.record_cancel(task)
+    with operator_lock(task, wait=max(OPERATOR_WAIT, wait)):
+        record_cancel(task)
         with offline(spool) as alone:
             if alone:
-                record = TaskRecord.load(task)
-                record.cancel()
-                record.save(task)
+                move_record(task, TaskRecord.cancel)
                 return True
         ring(spool, task.id)
         deadline = time.monotonic() + wait
         while True:
             record = TaskRecord.load(task)
-            if record.state == "cancelled":
+            if record.state == TaskStatus.CANCELLED:
                 return True
-            if record.state in tasks.FINAL_STATES:
-                tasks.drop_moot_cancel(task, record)
+            if record.state in FINAL_STATES:
+                drop_moot_cancel(task, record)
                 raise StateConflictError(
                     f"task {task.id} ended {record.state} ({record.reason}) before the cancel "
                     "took effect; nothing was cancelled."

@@ -3,9 +3,8 @@
 What drives it:
 
 * a doorbell: CLI commands that change a task (submit, decide, cancel, retry) drop a file
-  in ``SPOOL/inbox``, which inotify reports at once (watchfiles where inotify cannot be
-  had); a rescan every
-  ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
+  in ``SPOOL/inbox``, which inotify reports at once (``supervisor.inbox``); a rescan
+  every ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
 * worker exits, seen through each worker's pidfd the moment they happen; each is followed
   by a sweep that kills whatever the worker's tools left that outlived it
   (``_sweep_strays``: every child of the daemon, a subreaper, that it did not start);
@@ -42,13 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import random
 import signal
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +52,8 @@ from typing import Any
 
 import structlog
 
+from supervisor import inbox
 from supervisor import logging as agentd_logging
-from supervisor import tasks
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.control import (
     REQUEUE_REQUEST,
@@ -66,14 +62,17 @@ from supervisor.control import (
     pause_holder_alive,
     take_request,
 )
-from supervisor.forkserver import ForkServer
+from supervisor.decisions import pending_decisions
+from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
+from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
+from supervisor.status import held_calls, read_heartbeat
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -86,39 +85,23 @@ from supervisor.workers import (
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
-from worker.errors import AgentdError, ConfigError, SpoolError, StorageError
+from worker.errors import AgentdError, ConfigError, SpoolError, StateConflictError, StorageError
 from worker.events import TaskEventLog, event_line, utc_now
 from worker.lock import is_locked
-from worker.loop import (
-    EXIT_CONFIG,
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_HELD,
-    EXIT_LOCKED,
-    EXIT_STOPPED,
-    EXIT_STORAGE,
-)
+from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_reason
 from worker.spool import Spool, TaskDir
-from worker.store.durable import atomic_write, atomic_write_json, private_dir, read_json
+from worker.store.durable import atomic_write, atomic_write_json, private_dir, read_bytes
 
 RESCAN_INTERVAL = 5.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
-INBOX_DEBOUNCE = 0.005  # seconds: a burst of doorbells is one rescan
-FORKSERVER_PATIENCE = 5.0  # seconds the fork server may take to answer a request
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
 STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
-IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
-#: Worker exit codes that are a worker's own verdict; any other code, or a signal, is a
-#: crash, whose ``worker_exited`` is a warning (DESIGN.md section 8).
-VERDICT_EXITS = frozenset(
-    {EXIT_DONE, EXIT_FAILED, EXIT_CONFIG, EXIT_HELD, EXIT_STOPPED, EXIT_LOCKED, EXIT_STORAGE}
-)
 #: Keys a worker reads when it starts: workers started after the reload have them.
 WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
@@ -128,22 +111,13 @@ class TaskSlot:
     """The daemon's view of one task between reads of its record."""
 
     task: TaskDir
-    record: tasks.TaskRecord
+    record: TaskRecord
     worker: WorkerProcess | None = None
     due: float = 0.0  # monotonic time a backoff ends
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
     storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
-
-
-@dataclass
-class Starting:
-    """A worker asked of the fork server, whose answer (the pid) has not arrived yet."""
-
-    slot: TaskSlot
-    journal_size: int  # the task's journal before the worker could write to it
-    asked: float  # monotonic
 
 
 class Supervisor:
@@ -185,9 +159,18 @@ class Supervisor:
             if preload
             else None
         )
-        self._starting: deque[Starting] = deque()  # in the order the server answers
+        self.forks: ForkQueue[TaskSlot] | None = (
+            ForkQueue(
+                self.forkserver,
+                answered=self._forked,
+                settle=self._forks_settled,
+                emit=self.emit,
+                clock=clock,
+            )
+            if self.forkserver is not None
+            else None
+        )
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
-        self._forkserver_fd: int | None = None  # watched while answers are awaited
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
@@ -230,9 +213,9 @@ class Supervisor:
             "node": node_name(),
             "timestamp": utc_now(),
         }
-        if slot.record.state == "held":
+        if slot.record.state == TaskStatus.HELD:
             try:
-                payload["dangling"] = tasks.held_calls(slot.task)
+                payload["dangling"] = held_calls(slot.task)
             except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
                 payload["dangling"] = []
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
@@ -248,7 +231,12 @@ class Supervisor:
         self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
 
     def _save(
-        self, slot: TaskSlot, state: str | None = None, *, durable: bool = True, **changes: Any
+        self,
+        slot: TaskSlot,
+        state: TaskStatus | None = None,
+        *,
+        durable: bool = True,
+        **changes: Any,
     ) -> None:
         arrived = state is not None and state != slot.record.state
         if state is not None:
@@ -262,6 +250,17 @@ class Supervisor:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
         if arrived and state in HOOK_STATES:
             self._hook(slot)
+
+    def _move(self, slot: TaskSlot, move: Move) -> bool:
+        """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
+        save it; False, with nothing changed, when the record refuses it (a request that
+        the task's state made moot: a retry of a task that no longer failed)."""
+        try:
+            move(slot.record, slot.task.id)
+        except StateConflictError:
+            return False
+        self._save(slot)
+        return True
 
     def _storage_fault(self, fault: StorageError) -> None:
         """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
@@ -280,7 +279,7 @@ class Supervisor:
         )
         now = self.clock()
         for slot in self.slots.values():
-            if slot.storage_waits and slot.record.state == "backoff":
+            if slot.storage_waits and slot.record.state == TaskStatus.BACKOFF:
                 slot.due = min(slot.due, now)
         self._wake.set()
 
@@ -308,12 +307,12 @@ class Supervisor:
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
         # watcher task set up its inotify watch.)
-        watcher = asyncio.create_task(self._watch_inbox())
+        watcher = asyncio.create_task(inbox.watch(self.spool.root / "inbox", self._doorbell))
         await asyncio.sleep(0)
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
         # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
         if become_subreaper() and self.forkserver is not None:
-            self.forkserver.start()  # ready in a second or two; fresh starts until then
+            self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
         self._serve_metrics()  # before READY: a ready daemon answers scrapes
         info = {
@@ -358,6 +357,8 @@ class Supervisor:
 
     async def _shutdown(self) -> None:
         grace = self.config.restart.stop_grace
+        for asked in self.forks.abandon_warming() if self.forks is not None else []:
+            asked.item.starting = False  # never started: it stays queued
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.kill_reason = slot.worker.kill_reason or "stop"
@@ -372,9 +373,8 @@ class Supervisor:
         deadline = self.clock() + 5.0
         while self.running_count() and self.clock() < deadline:
             await asyncio.sleep(0.05)
-        self._unwatch_forkserver()
-        if self.forkserver is not None:
-            self.forkserver.stop()
+        if self.forks is not None:
+            self.forks.close()
         await self.hooks.wait(HOOK_TIMEOUT)  # a failure's hook, say, still gets its call
         await self._sweep_until_none()
 
@@ -449,7 +449,7 @@ class Supervisor:
         self.emit(
             "supervisor_status",
             pid=os.getpid(),
-            tasks={state: counts[state] for state in tasks.STATES if counts.get(state)},
+            tasks={state: counts[state] for state in TaskStatus if counts.get(state)},
             workers=self.running_count(),
             max_workers=self.config.max_workers,
             forkserver="off" if server is None else "ready" if server.ready else "starting",
@@ -465,47 +465,9 @@ class Supervisor:
 
     # -- discovering tasks --------------------------------------------------------------
 
-    async def _watch_inbox(self) -> None:
-        inbox = self.spool.root / "inbox"
-        fd = _inotify(inbox)
-        if fd is None:  # no inotify to be had: watchfiles (a thread that polls it)
-            if "ssl" in sys.modules and sys.modules["ssl"] is None:
-                del sys.modules["ssl"]  # kept out by `agentd start`; anyio needs it
-            from watchfiles import awatch  # noqa: PLC0415  (after `ssl`, only without inotify)
-
-            async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
-                self._doorbell(inbox)
-            return
-        loop = asyncio.get_running_loop()
-        rung = asyncio.Event()
-
-        def readable() -> None:
-            with contextlib.suppress(OSError):  # BlockingIOError: all read
-                while os.read(fd, 65536):
-                    pass
-            rung.set()
-
-        loop.add_reader(fd, readable)
-        try:
-            while True:
-                await rung.wait()
-                await asyncio.sleep(INBOX_DEBOUNCE)
-                rung.clear()
-                self._doorbell(inbox)
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-
-    def _doorbell(self, inbox: Path) -> None:
-        self._drain_inbox(inbox)
+    def _doorbell(self) -> None:
         self.rescan()
         self._wake.set()
-
-    @staticmethod
-    def _drain_inbox(inbox: Path) -> None:
-        for entry in os.scandir(inbox):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
 
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view, relay the events other
@@ -516,13 +478,13 @@ class Supervisor:
             if not task.exists():
                 continue
             if slot is None:
-                slot = self.slots[task.id] = TaskSlot(task, tasks.TaskRecord.load(task))
+                slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
                 self.relay.track(task.id, task.events, from_end=not self._scanned)
                 self._recover(slot)
             self.relay.pull(task.id, task.events)
             self._apply_requests(slot)
-            if slot.record.state == "held" and tasks.pending_decisions(task):
-                self._save(slot, "queued", reason=None)
+            if slot.record.state == TaskStatus.HELD and pending_decisions(task):
+                self._move(slot, TaskRecord.release_hold)
         self._scanned = True
 
     def _recover(self, slot: TaskSlot) -> None:
@@ -530,30 +492,31 @@ class Supervisor:
         lock (one an earlier daemon started, recorded or not), or resume it. A worker that
         outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
         stopped (``_apply_requests``): a cancelled task runs nothing more."""
-        final = slot.record.state in tasks.FINAL_STATES
+        final = slot.record.state in FINAL_STATES
         if final and not slot.task.cancellation.exists():
             return
         worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
-            self._save(slot, "running", pid=worker.pid, pid_started=process_started(worker.pid))
+            self._save(
+                slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=process_started(worker.pid)
+            )
             self.emit("worker_adopted", slot, pid=worker.pid)
         elif final:
             return
         elif is_locked(slot.task.lock):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
-        elif slot.record.state in ("running", "backoff"):
-            self._save(slot, "queued")
+        elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
+            self._save(slot, TaskStatus.QUEUED)
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if slot.record.state not in tasks.FINAL_STATES and slot.task.cancellation.exists():
+        if slot.record.state not in FINAL_STATES and slot.task.cancellation.exists():
             self._cancel(slot)
-        if take_request(slot.task, RETRY_REQUEST) and slot.record.state == "failed":
-            self._save(slot, "queued", reason=None, crashes=[])
+        if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
             self.emit("task_retried", slot)
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
-            self._save(slot, "queued", reason=None, crashes=[])
+            self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
@@ -569,9 +532,8 @@ class Supervisor:
                 worker.kill_reason = "cancel"
                 worker.term_deadline = self.clock() + self.config.restart.stop_grace
                 worker.signal_group(signal.SIGTERM)
-        elif not slot.starting:  # one being started is cancelled as it arrives (_started)
-            slot.record.cancel()
-            self._save(slot)
+        elif not slot.starting and self._move(slot, TaskRecord.cancel):
+            # (one being started is cancelled as it arrives: ``_started``)
             self.emit("task_cancelled", slot)
 
     # -- scheduling ---------------------------------------------------------------------
@@ -590,7 +552,7 @@ class Supervisor:
             if slot.worker is None
             and not slot.starting
             and not slot.paused
-            and (slot.waiting_lock or slot.record.state in ("backoff", "queued"))
+            and (slot.waiting_lock or slot.record.state in (TaskStatus.BACKOFF, TaskStatus.QUEUED))
         ]
         for slot in sorted(waiting, key=lambda s: s.record.updated_at):
             if free <= 0:
@@ -600,26 +562,33 @@ class Supervisor:
                 if is_locked(slot.task.lock):
                     continue
                 slot.waiting_lock = False
-            elif state == "backoff":
+            elif state == TaskStatus.BACKOFF:
                 if now < slot.due:
                     continue
-            elif state != "queued":
+            elif state != TaskStatus.QUEUED:
                 continue
             self._start(slot)
             free -= 1
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
-        answer is handled when it arrives, ``_on_forkserver_answer``: the loop goes on
-        meanwhile), else a fresh interpreter at once."""
-        server = self.forkserver
-        size = journal_size(slot.task)
-        if server is not None and server.request(
-            slot.task.path, self.worker_config, self._worker_env, slot.task.output
+        answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
+        fresh interpreter at once. A restart also waits for a server still warming up
+        (``forkserver.WARMUP_WAIT`` at most): a worker that dies in the first seconds
+        after the daemon started is replaced warm, in less time than a fresh one takes.
+        A first start does not wait: the daemon's first workers start as they always did,
+        fresh until the server is ready."""
+        forks = self.forks
+        if forks is not None and forks.ask(
+            slot,
+            journal_size(slot.task),
+            slot.task.path,
+            self.worker_config,
+            self._worker_env,
+            slot.task.output,
+            wait=slot.record.restarts > 0,
         ):
             slot.starting = True
-            self._starting.append(Starting(slot, size, self.clock()))
-            self._watch_forkserver()
             return
         self._start_fresh(slot)
 
@@ -627,7 +596,7 @@ class Supervisor:
         try:
             worker = spawn(slot.task, self.worker_config, self._worker_env, self._credentials)
         except OSError as exc:
-            self._save(slot, "failed", reason=f"cannot start a worker: {exc}")
+            self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
         self._started(slot, worker)
@@ -642,64 +611,36 @@ class Supervisor:
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
         pid_started = process_started(worker.pid)
-        self._save(slot, "running", durable=False, pid=worker.pid, pid_started=pid_started)
+        self._save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
         self.emit("worker_spawned", slot, pid=worker.pid)
 
-    def _watch_forkserver(self) -> None:
-        fd = self.forkserver.fileno() if self.forkserver is not None else None
-        if fd is not None and self._forkserver_fd is None:
-            asyncio.get_running_loop().add_reader(fd, self._on_forkserver_answer)
-            self._forkserver_fd = fd
-
-    def _unwatch_forkserver(self) -> None:
-        if self._forkserver_fd is not None:
-            asyncio.get_running_loop().remove_reader(self._forkserver_fd)
-            self._forkserver_fd = None
-
-    def _on_forkserver_answer(self) -> None:
-        server = self.forkserver
-        answers = server.replies() if server is not None else None
-        if answers is None:  # the server is gone: what it was asked is started fresh
-            self._forkserver_failed("the fork server closed its output")
+    def _forked(self, asked: Asked[TaskSlot], pid: int | None) -> None:
+        """The fork server's answer to a start of ``asked.item``: a worker to watch, or
+        (None: it could not fork one; or the pid is gone already) a fresh start."""
+        slot = asked.item
+        slot.starting = False
+        if pid is None:
+            self._start_fresh(slot)
             return
-        for pid in answers:
-            if not self._starting:
-                break
-            pending = self._starting.popleft()
-            pending.slot.starting = False
-            if pid is None:
-                self._start_fresh(pending.slot)
-                continue
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:  # gone and reaped already: it cannot be watched
-                self._start_fresh(pending.slot)
-                continue
-            worker = WorkerProcess(
-                pending.slot.task, pid, pidfd, None, journal_size=pending.journal_size, forked=True
-            )
-            self._started(pending.slot, worker)
-        if not self._starting:
-            self._unwatch_forkserver()
-            if self._sweep_due:
-                self._sweep_strays()
-        self._wake.set()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # gone and reaped already: it cannot be watched
+            self._start_fresh(slot)
+            return
+        worker = WorkerProcess(
+            slot.task, pid, pidfd, None, journal_size=asked.journal_size, forked=True
+        )
+        self._started(slot, worker)
 
-    def _forkserver_failed(self, why: str) -> None:
-        """The fork server died or stopped answering: stop it (it restarts later) and start
-        fresh every worker it was asked for (one it did fork meanwhile holds the task's
-        lock, and the fresh one then waits for it: never two at once)."""
-        self._unwatch_forkserver()
-        if self.forkserver is not None:
-            self.forkserver.stop()
-        pending, self._starting = list(self._starting), deque()
-        if pending:
-            self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
-        for item in pending:
-            item.slot.starting = False
-            self._start_fresh(item.slot)
-        if self._sweep_due:
+    def _forks_settled(self, lost: list[Asked[TaskSlot]]) -> None:
+        """The fork queue changed: start fresh what the fork server will not serve, and
+        run the sweep of strays that waited for its answers."""
+        for asked in lost:
+            asked.item.starting = False
+            self._start_fresh(asked.item)
+        if self._sweep_due and (self.forks is None or not self.forks.answering):
             self._sweep_strays()
+        self._wake.set()
 
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
@@ -717,7 +658,7 @@ class Supervisor:
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
-        beat = tasks.read_heartbeat(slot.task) or {}
+        beat = read_heartbeat(slot.task) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)
         self.metrics.forget(slot.task.id)
@@ -733,11 +674,10 @@ class Supervisor:
     def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
         """The reason in the worker's last words; with ``pid``, only if that worker wrote
         them (one that could not write leaves an earlier worker's)."""
-        with contextlib.suppress(OSError, ValueError):
-            data = read_json(slot.task.exit)
-            if isinstance(data, dict) and (pid is None or data.get("pid") == pid):
-                return str(data.get("reason"))
-        return None
+        try:
+            return exit_reason(read_bytes(slot.task.exit), pid)
+        except OSError:
+            return None
 
     def _settle_exit(
         self,
@@ -749,28 +689,28 @@ class Supervisor:
     ) -> None:
         slot.record.last_exit = last_exit
         slot.record.pid = None
-        if code != EXIT_STORAGE:
+        if code != ExitCode.STORAGE:
             slot.storage_waits = 0
         if worker.kill_reason == "cancel":
-            self._save(slot, "cancelled", reason="cancelled by operator")
-            self.emit("task_cancelled", slot)
-        elif code == EXIT_DONE:
-            self._save(slot, "done", reason=self._exit_reason(slot))
+            if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
+                self.emit("task_cancelled", slot)
+        elif code == ExitCode.DONE:
+            self._save(slot, TaskStatus.DONE, reason=self._exit_reason(slot))
             self.emit("task_done", slot, reason=slot.record.reason)
-        elif code in (EXIT_FAILED, EXIT_CONFIG):
-            self._save(slot, "failed", reason=self._exit_reason(slot))
+        elif code in (ExitCode.FAILED, ExitCode.CONFIG):
+            self._save(slot, TaskStatus.FAILED, reason=self._exit_reason(slot))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
-        elif code == EXIT_HELD:
-            if tasks.pending_decisions(slot.task):  # decided already: nobody to call
-                self._save(slot, "queued", reason=None)
+        elif code == ExitCode.HELD:
+            if pending_decisions(slot.task):  # decided already: nobody to call
+                self._save(slot, TaskStatus.QUEUED, reason=None)
             else:
-                self._save(slot, "held", reason=self._exit_reason(slot))
-        elif code == EXIT_STOPPED and worker.kill_reason == "stop":
-            self._save(slot, "queued", reason=None)
-        elif code == EXIT_LOCKED:
+                self._save(slot, TaskStatus.HELD, reason=self._exit_reason(slot))
+        elif code == ExitCode.STOPPED and worker.kill_reason == "stop":
+            self._save(slot, TaskStatus.QUEUED, reason=None)
+        elif code == ExitCode.LOCKED:
             slot.waiting_lock = True
-            self._save(slot, "queued")
-        elif code == EXIT_STORAGE:
+            self._save(slot, TaskStatus.QUEUED)
+        elif code == ExitCode.STORAGE:
             self._storage_wait(slot, worker)
         else:
             self._crashed(slot, worker, code, turn)
@@ -781,13 +721,13 @@ class Supervisor:
         the task is retried on ``wait_for_storage``'s schedule (or at once when the
         daemon's own writes recover) until the fault clears."""
         if self.stopping:
-            self._save(slot, "queued")
+            self._save(slot, TaskStatus.QUEUED)
             return
         slot.storage_waits = 1 if journal_progress(worker).grew else slot.storage_waits + 1
         move = wait_for_storage(slot.storage_waits, self.config.restart, self.rng)
         why = self._exit_reason(slot, worker.pid) or "the worker could not write to the spool"
         slot.due = self.clock() + move.delay
-        self._save(slot, "backoff", reason=f"storage_fault: {why}")
+        self._save(slot, TaskStatus.BACKOFF, reason=f"storage_fault: {why}")
         if slot.storage_waits == 1:
             self.metrics.storage_faults += 1
             self.emit("storage_fault", slot, level="warning", error=why)
@@ -796,7 +736,7 @@ class Supervisor:
 
     def _crashed(self, slot: TaskSlot, worker: WorkerProcess, code: int | None, turn: int) -> None:
         if self.stopping:
-            self._save(slot, "queued")
+            self._save(slot, TaskStatus.QUEUED)
             return
         progress = journal_progress(worker)
         turn = turn if progress.turn is None else progress.turn
@@ -807,7 +747,7 @@ class Supervisor:
         slot.record.crashes = crashes
         if isinstance(move, GiveUp):
             self.metrics.crash_loops += 1
-            self._save(slot, "failed", reason=move.reason)
+            self._save(slot, TaskStatus.FAILED, reason=move.reason)
             self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
             self.emit("task_failed", slot, level="error", reason=move.reason)
             return
@@ -824,7 +764,7 @@ class Supervisor:
         # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
         # operator's pause, behind the tasks that were queued before it
         queued = move.delay == 0
-        self._save(slot, "backoff" if move.delay > 0 else "queued", reason=None)
+        self._save(slot, TaskStatus.BACKOFF if move.delay > 0 else TaskStatus.QUEUED, reason=None)
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), queued=queued, turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
@@ -838,7 +778,7 @@ class Supervisor:
             other is not slot
             and other.worker is None
             and not other.starting
-            and other.record.state == "queued"
+            and other.record.state == TaskStatus.QUEUED
             for other in self.slots.values()
         )
 
@@ -862,7 +802,8 @@ class Supervisor:
                 next_reap = now + 5.0
                 self._reap()
             self.backlog.retry()  # nothing to do unless a storage fault refused a write
-            self._tend_forkserver()
+            if self.forks is not None and not self.stopping:
+                self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()
 
@@ -890,7 +831,7 @@ class Supervisor:
         each worker exit, and again every ``STRAY_RESWEEP`` while it finds strays (their
         own children come next). A worker the fork server forked and has not named yet
         cannot be told from a stray: no sweep runs until its answer is in."""
-        if self._starting:
+        if self.forks is not None and self.forks.answering:
             self._sweep_due = True
             return
         self._sweep_due = False
@@ -921,20 +862,6 @@ class Supervisor:
                 return
             await asyncio.sleep(STRAY_RESWEEP)
 
-    def _tend_forkserver(self) -> None:
-        server = self.forkserver
-        if server is None or self.stopping:
-            return
-        if self._starting and self.clock() - self._starting[0].asked > FORKSERVER_PATIENCE:
-            self._forkserver_failed("the fork server did not answer")
-        if server.proc is not None and server.proc.poll() is not None:
-            self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
-            self._forkserver_failed("the fork server exited")
-        if server.proc is None:
-            server.start()
-        elif not server.ready and server.poll_ready():
-            self.emit("forkserver_ready", pid=server.pid)
-
     def check_liveness(self, wall: float, mono: float) -> None:
         """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the
         monotonic clock; ``wall`` only carries a heartbeat of an earlier release over to
@@ -958,7 +885,7 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            data = tasks.read_heartbeat(slot.task)
+            data = read_heartbeat(slot.task)
             fresh = data is not None and data.get("pid") == worker.pid
             beat = Beat.of(data, wall, mono) if fresh and data is not None else None
             if fresh and data is not None:
@@ -1014,10 +941,10 @@ class Supervisor:
         for slot in self.slots.values():
             state = slot.record.state
             states[state] = states.get(state, 0) + 1
-            if state == "held":
+            if state == TaskStatus.HELD:
                 held.append((slot.task, slot.record.updated_at))
             if slot.worker is not None:
-                beat = tasks.read_heartbeat(slot.task)
+                beat = read_heartbeat(slot.task)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
         return self.metrics.sample(states, held)
@@ -1030,23 +957,7 @@ class Supervisor:
         counts: dict[str, int] = {}
         for slot in self.slots.values():
             counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
-        text = ", ".join(f"{counts[s]} {s}" for s in tasks.STATES if counts.get(s)) or "no tasks"
+        text = ", ".join(f"{counts[s]} {s}" for s in TaskStatus if counts.get(s)) or "no tasks"
         if text != self._last_status:
             self._last_status = text
             self.notifier.status(text)
-
-
-def _inotify(path: Path) -> int | None:
-    """A non-blocking inotify descriptor that reports new entries in ``path``, or None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-        if fd < 0:
-            return None
-        mask = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
-        if int(libc.inotify_add_watch(fd, os.fsencode(path), mask)) < 0:
-            os.close(fd)
-            return None
-    except (OSError, AttributeError):
-        return None
-    return fd

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
+from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.status import load_state
+from worker.protocol import TaskStatus
 from worker.spool import Spool
 from worker.store.journal import read_file
 
@@ -161,7 +163,7 @@ class Demo:
         self.say(f"   the operator checks ledger.txt: {charges} charge, so records that outcome")
         self.cli("approve-dangling", task_id, call["call_id"], "--result",
                  "exit code 0 (verified by operator: charged once)")  # fmt: skip
-        self.wait_for("the end", lambda: self.status(task_id)["state"] in tasks.FINAL_STATES, 40)
+        self.wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 40)
         row = self.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
         self.stop_daemon()
@@ -170,7 +172,7 @@ class Demo:
     def summary(self, task: Any, ledger: Path) -> bool:
         records = [r for r, _ in read_file(task.journal).records]
         turns = [r["turn"] for r in records if r["k"] == "turn"]
-        state = tasks.load_state(task)
+        state = load_state(task)
         outcomes: dict[str, int] = {}
         for call in state.calls.values():
             outcomes[call.outcome] = outcomes.get(call.outcome, 0) + 1
@@ -178,14 +180,14 @@ class Demo:
         sends = sum(1 for c in state.calls.values() if c.tool == "outbox_send")
         appended = (task.path / "workspace" / "journal.txt").read_text().split()
         appends = sum(1 for c in state.calls.values() if c.tool == "append_file")
-        record = tasks.TaskRecord.load(task)
+        record = TaskRecord.load(task)
         checks = {
             "turns recorded 1..N with none lost or repeated": turns == list(range(1, TURNS + 1)),
             "unsafe charge done exactly once": ledger.read_text().count("charged") == 1,
             "unsafe appends done exactly once each": len(appended) == len(set(appended)) == appends,
             "keyed sends delivered exactly once each": len(outbox) == sends,
             "every tool_use answered by one tool_result": _paired(state.messages),
-            "task done": record.state == "done",
+            "task done": record.state == TaskStatus.DONE,
         }
         self.say("")
         calls = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))

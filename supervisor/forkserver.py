@@ -14,6 +14,7 @@ secrets reach it through a handover pipe (``worker.credentials.start_process``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,9 +22,11 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Generic, TypeVar
 
 from worker.credentials import Credentials, start_process
 
@@ -156,3 +159,186 @@ class ForkServer:
         # no longer names is a stray (``Supervisor.own_children``). SIGKILL takes ms.
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
+
+
+#: Seconds the fork server may take to answer a request.
+PATIENCE = 5.0
+#: Seconds a start may wait for a fork server that is still warming up (importing what a
+#: worker needs, right after the daemon started it) before it starts a fresh interpreter.
+#: A fresh start imports the same things, competing with the server for the CPU: a
+#: restart in the first seconds after `agentd start` comes back sooner by waiting.
+WARMUP_WAIT = 3.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class Asked(Generic[T]):
+    """A worker asked of the fork server for ``item`` (the daemon's task slot)."""
+
+    item: T
+    journal_size: int  # the task's journal before the worker could write to it
+    asked: float  # monotonic
+    request: tuple[Path, Path | None, dict[str, str], Path] | None = None  # while warming
+
+
+class ForkQueue(Generic[T]):
+    """The workers asked of the fork server whose pid has not arrived: the daemon's loop
+    goes on meanwhile and hands each answer, in the order of the requests, to
+    ``answered`` (a pid, or None for one the server could not serve). What the server
+    cannot serve any more (it died, stopped answering, or did not warm up in time) goes
+    to ``settle``, to be started fresh: a broken fork server costs speed, never a task.
+    ``settle`` is called after every change of the queue (with no request, often): the
+    caller's moment to act on what waited for the queue to settle (a sweep of strays).
+
+    Asked while the server warms up, a start the caller says may wait waits for it
+    (``WARMUP_WAIT`` at most): its request is sent the moment the server says it is
+    ready. The server's output is watched on the loop only while something waits on it,
+    so an idle daemon never reads it; ``tend`` (each tick) does the rest: readiness,
+    deadlines, restarts."""
+
+    def __init__(
+        self,
+        server: ForkServer,
+        *,
+        answered: Callable[[Asked[T], int | None], None],
+        settle: Callable[[list[Asked[T]]], None],
+        emit: Callable[..., None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.server = server
+        self._answered = answered
+        self._settle = settle
+        self.emit = emit
+        self._clock = clock
+        self._answering: deque[Asked[T]] = deque()  # sent, in the order the server answers
+        self._warming: list[Asked[T]] = []  # to be sent once the server is ready
+        self._fd: int | None = None  # watched while something waits on the server
+
+    @property
+    def answering(self) -> bool:
+        """Whether requests were sent whose answer has not arrived: a worker the server
+        forked and has not named yet cannot be told from a stray."""
+        return bool(self._answering)
+
+    def ask(
+        self,
+        item: T,
+        journal_size: int,
+        task_path: Path,
+        config: Path | None,
+        env: Mapping[str, str],
+        output: Path,
+        *,
+        wait: bool,
+    ) -> bool:
+        """Ask for a worker for ``item``; False when the server cannot take it now (off,
+        broken, or not ready and not to be waited for: ``wait`` False, or the server is not
+        warming up): the caller starts one fresh."""
+        asked = Asked(item, journal_size, self._clock())
+        server = self.server
+        if server.ready:
+            if not server.request(task_path, config, env, output):
+                return False
+            self._answering.append(asked)
+        elif wait and server.proc is not None and server.proc.poll() is None:
+            asked.request = (task_path, config, dict(env), output)
+            self._warming.append(asked)
+        else:
+            return False
+        self._watch()
+        return True
+
+    def tend(self) -> None:
+        """Each tick: give up on a server that does not answer or has exited, restart one
+        that is gone, notice readiness, and start fresh what waited too long for it."""
+        server = self.server
+        if self._answering and self._clock() - self._answering[0].asked > PATIENCE:
+            self.fail("the fork server did not answer")
+        if server.proc is not None and server.proc.poll() is not None:
+            self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
+            self.fail("the fork server exited")
+        if server.proc is None:
+            server.start()
+        elif not server.ready and server.poll_ready():
+            self._ready()
+        if self._warming and not server.ready:
+            deadline = self._clock() - WARMUP_WAIT
+            late = [a for a in self._warming if a.asked <= deadline]
+            if late:
+                self._warming = [a for a in self._warming if a.asked > deadline]
+                self._settle_lost(late)
+
+    def fail(self, why: str) -> None:
+        """The server died or stopped answering: stop it (``tend`` restarts it later) and
+        hand every request it was given to ``settle`` (one it did fork meanwhile holds its
+        task's lock, and the fresh worker then waits for it: never two at once)."""
+        self._unwatch()
+        self.server.stop()
+        pending = [*self._answering, *self._warming]
+        self._answering, self._warming = deque(), []
+        if pending:
+            self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
+        self._settle_lost(pending)
+
+    def abandon_warming(self) -> list[Asked[T]]:
+        """At a stop: what waits for the server to warm up is not started; returned."""
+        warming, self._warming = self._warming, []
+        if not self._answering:
+            self._unwatch()
+        return warming
+
+    def close(self) -> None:
+        """Once the workers are gone at a stop: stop the server."""
+        self._unwatch()
+        self._warming = []
+        self.server.stop()
+
+    def _ready(self) -> None:
+        """The server said it is ready: send what waited for it, in the order asked."""
+        self.emit("forkserver_ready", pid=self.server.pid)
+        warming, self._warming = self._warming, []
+        failed = []
+        for asked in warming:
+            request, asked.request = asked.request, None
+            if request is not None and self.server.request(*request):
+                self._answering.append(asked)
+            else:
+                failed.append(asked)
+        self._settle_lost(failed)
+
+    def _readable(self) -> None:
+        server = self.server
+        if not server.ready:
+            if server.poll_ready():
+                self._ready()
+            elif server.proc is None:  # it closed its output before it was ready
+                self.fail("the fork server exited before it was ready")
+                return
+        answers = server.replies() if server.ready else []
+        if answers is None:  # the server is gone: what it was asked is started fresh
+            self.fail("the fork server closed its output")
+            return
+        for pid in answers:
+            if not self._answering:
+                break
+            self._answered(self._answering.popleft(), pid)
+        if not self._answering and not self._warming:
+            self._unwatch()
+        self._settle([])
+
+    def _settle_lost(self, lost: list[Asked[T]]) -> None:
+        if not self._answering and not self._warming:
+            self._unwatch()
+        self._settle(lost)
+
+    def _watch(self) -> None:
+        fd = self.server.fileno()
+        if fd is not None and self._fd is None:
+            asyncio.get_running_loop().add_reader(fd, self._readable)
+            self._fd = fd
+
+    def _unwatch(self) -> None:
+        if self._fd is not None:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            self._fd = None

@@ -26,20 +26,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
-from supervisor.tasks import (
-    TaskRecord,
-    create_task,
-    drop_moot_cancel,
-    existing_task,
-    load_state,
-    operator_lock,
-    refuse_if_cancelled,
-)
+from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
+from supervisor.record import TaskRecord
+from supervisor.status import load_state
+from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
 from worker.errors import StateConflictError, UsageError
 from worker.events import append_event, utc_now
-from worker.loop import uses_vcs
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState, snapshot_bytes
 from worker.store.durable import atomic_write
@@ -222,10 +216,6 @@ def _check_rewind(
     return undo
 
 
-def _requeue(record: TaskRecord) -> None:
-    record.state, record.reason, record.crashes = "queued", None, []
-
-
 def rewind(
     spool: Spool,
     config: Config,
@@ -250,7 +240,7 @@ def rewind(
             # queued task on its old scene (a worker ends it again at once), never a rewound
             # task recorded `done`, which no daemon would ever resume.
             drop_moot_cancel(task, TaskRecord.load(task))
-            change_record(spool, task, REQUEUE_REQUEST, _requeue)
+            change_record(spool, task, REQUEUE_REQUEST, TaskRecord.requeue)
             journal, _ = Journal.open(task.journal, task=task.id)
             with journal:
                 size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
@@ -280,7 +270,7 @@ def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool
     if restore and snapshot:
         vcs.restore(workspace_dir, snapshot)
         return f"files restored to their state after turn {to} (git {snapshot[:12]})"
-    if uses_vcs(workspace_dir, explicit=spec.workspace is not None):
+    if vcs.uses_vcs(workspace_dir, explicit=spec.workspace is not None):
         return "files were left as they are (add --restore-workspace to restore them)"
     return "files were not restored (the workspace is not under git)"
 
@@ -332,7 +322,7 @@ def fork(
     note = "files were not restored (the workspace is not under git)"
     worktree = None
     root = vcs.repo_root(parent_ws) if snapshot else None
-    if snapshot and root and uses_vcs(parent_ws, explicit=spec.workspace is not None):
+    if snapshot and root and vcs.uses_vcs(parent_ws, explicit=spec.workspace is not None):
         worktree = spool.task(new_id).path / "worktree"
         inside = parent_ws.resolve().relative_to(root.resolve())
         new_spec = replace(new_spec, workspace=str(worktree / inside))

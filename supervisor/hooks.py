@@ -39,15 +39,16 @@ from typing import IO, Any
 
 from worker.config import HooksConfig
 from worker.errors import ConfigError
+from worker.protocol import TaskStatus
 
 #: Seconds a hook may run before its process group is killed.
 HOOK_TIMEOUT = 10.0
 
 #: The task state each hook is run on, and the event name it is run for.
 HOOK_STATES = {
-    "held": ("on_held", "dangling_held"),
-    "failed": ("on_failed", "task_failed"),
-    "done": ("on_done", "task_done"),
+    TaskStatus.HELD: ("on_held", "dangling_held"),
+    TaskStatus.FAILED: ("on_failed", "task_failed"),
+    TaskStatus.DONE: ("on_done", "task_done"),
 }
 
 #: Characters of a failed hook's stderr kept for ``hook_failed``.

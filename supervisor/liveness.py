@@ -48,7 +48,7 @@ class Beat:
 
     @classmethod
     def of(cls, data: Mapping[str, Any], wall: float, mono: float) -> Beat:
-        """The beat a worker wrote (``tasks.read_heartbeat``'s shape), read at wall time
+        """The beat a worker wrote (``worker.protocol.heartbeat_shaped``), read at wall time
         ``wall`` and monotonic time ``mono``."""
         at_wall = float(data["at"])
         started_wall = float(data.get("phase_started", at_wall))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from supervisor import tasks
+from supervisor.status import held_calls
 from worker.metrics import (
     CALL_BOUNDS,
     CHECKPOINT_BOUNDS,
@@ -46,6 +46,7 @@ from worker.metrics import (
     TOKEN_BOUNDS,
     TOKEN_TYPES,
 )
+from worker.protocol import TaskStatus
 from worker.spool import TaskDir
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class Metrics:
     # -- folding workers' heartbeats ------------------------------------------------------
 
     def fold(self, task: str, beat: Mapping[str, Any]) -> None:
-        """Add what the histograms in ``beat`` (a ``tasks.read_heartbeat`` of the task's
+        """Add what the histograms in ``beat`` (a ``read_heartbeat`` of the task's
         current worker) grew by since the last beat of the same worker."""
         data, pid = beat.get("metrics"), beat.get("pid")
         if (
@@ -199,7 +200,7 @@ class Metrics:
         cached = self._held.get(task.id)
         if cached is None or cached[0] != updated_at:
             try:
-                count = len(tasks.held_calls(task))
+                count = len(held_calls(task))
             except Exception:  # any spool content: the scrape goes on
                 count = 0
             cached = self._held[task.id] = (updated_at, count)
@@ -216,7 +217,7 @@ class Metrics:
         for gone in [t for t in self._held if t not in held_ids]:
             del self._held[gone]
         return Sample(
-            tasks={state: states.get(state, 0) for state in tasks.STATES},
+            tasks={state: states.get(state, 0) for state in TaskStatus},
             dangling_held=sum(self.held_calls(task, updated) for task, updated in held),
             oldest_hold_seconds=oldest,
             restarts=self.restarts,

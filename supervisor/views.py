@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.tasks import FINAL_STATES, TaskRecord
+from supervisor.record import FINAL_STATES, TaskRecord
 from worker.events import read_events_from
+from worker.protocol import TaskStatus
 from worker.spool import TaskDir
 
 # -- the status table -------------------------------------------------------------------
@@ -157,7 +158,11 @@ def _reason(t: Mapping[str, Any]) -> str:
 # -- a task's log -----------------------------------------------------------------------
 
 #: The event that announces each end state: `agentd logs --follow` stops once it has shown it.
-END_EVENTS = {"done": "task_done", "failed": "task_failed", "cancelled": "task_cancelled"}
+END_EVENTS = {
+    TaskStatus.DONE: "task_done",
+    TaskStatus.FAILED: "task_failed",
+    TaskStatus.CANCELLED: "task_cancelled",
+}
 
 #: How long `--follow` waits for the end event once the record says the task ended (the
 #: daemon saves the record, then appends the event; a cancel made with no daemon running

@@ -34,8 +34,10 @@ from typing import Any
 
 import psutil
 
-from supervisor import cli, tasks
+from supervisor import cli
 from supervisor.control import ring, running_pid, supervisor_info
+from supervisor.record import FINAL_STATES
+from supervisor.status import status_row
 from tests.support import (
     REPO,
     journal_records,
@@ -148,7 +150,7 @@ class Daemon:
         return task.id
 
     def row(self, task_id: str) -> dict[str, Any]:
-        return tasks.status_row(self.task(task_id))
+        return status_row(self.task(task_id))
 
     def wait_row(
         self,
@@ -274,7 +276,7 @@ class Workload:
             self.turns[self.daemon.submit([*steps, reply(text("done"))], name=name)] = n
 
     def ended(self) -> bool:
-        return all(self.daemon.row(t)["state"] in tasks.FINAL_STATES for t in self.turns)
+        return all(self.daemon.row(t)["state"] in FINAL_STATES for t in self.turns)
 
     def completed(self) -> list[str]:
         """The tasks that ended ``done`` with every turn of their script recorded once."""

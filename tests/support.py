@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from supervisor.tasks import create_task, submit
+from supervisor.submit import create_task, submit
 from worker.config import Config
 from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest

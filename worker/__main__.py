@@ -40,10 +40,6 @@ from worker.errors import (
 )
 from worker.heartbeat import Heartbeat
 from worker.loop import (
-    EXIT_CONFIG,
-    EXIT_FAILED,
-    EXIT_LOCKED,
-    EXIT_STORAGE,
     AgentLoop,
     Outcome,
     storage_outcome,
@@ -52,6 +48,7 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
+from worker.protocol import ExitCode
 from worker.spool import TaskDir, TaskSpec
 from worker.store.base import Owner, TaskStore
 from worker.store.files import FileStore
@@ -90,16 +87,16 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
         owner = store.acquire(task.id, wait=1.0)
     except LockBusyError as exc:
         say(f"agentd worker: {exc}")
-        return EXIT_LOCKED
+        return ExitCode.LOCKED
     except OSError as exc:  # no such task folder, or its lock is not a file of ours
         if storage_fault(exc) is not None:
             raise
         outcome = Outcome(
-            "failed", f"cannot take the lock {task.lock}: {exc.strerror}", EXIT_FAILED
+            "failed", f"cannot take the lock {task.lock}: {exc.strerror}", ExitCode.FAILED
         )
         write_exit(store, task.id, outcome)
         say(f"agentd worker: {outcome.reason}")
-        return EXIT_FAILED
+        return ExitCode.FAILED
     try:
         with contained(task.events, task=task.id):  # no tool process outlives it
             return run_owned(store, task, owner, config_path, output)
@@ -118,9 +115,9 @@ def run_owned(
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        write_exit(store, task.id, Outcome("failed", str(exc), EXIT_CONFIG))
+        write_exit(store, task.id, Outcome("failed", str(exc), ExitCode.CONFIG))
         say(f"agentd worker: {exc}")
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     try:
         spec = store.load_spec(task.id)
         tools = ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(
@@ -137,7 +134,7 @@ def run_owned(
     except AgentdError as exc:
         if storage_fault(exc) is not None:
             raise
-        outcome = Outcome("failed", str(exc), EXIT_FAILED)
+        outcome = Outcome("failed", str(exc), ExitCode.FAILED)
         write_exit(store, task.id, outcome)
         say(f"agentd worker: {exc}")
         return outcome.exit_code
@@ -165,7 +162,7 @@ def run_owned(
     try:
         state = loop.open()
     except JournalCorruptError as exc:  # the task cannot go on: failed, with the reason
-        outcome = Outcome("failed", str(exc), EXIT_FAILED)
+        outcome = Outcome("failed", str(exc), ExitCode.FAILED)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         # whole frames whose records do not have the shape of ours: the same verdict
         # (restarting would only replay them again, into a crash loop)
@@ -173,7 +170,7 @@ def run_owned(
             f"{task.journal}: a record cannot be replayed ({type(exc).__name__}: {exc}); "
             "restore the task folder from a backup or fork the task from an earlier turn."
         )
-        outcome = Outcome("failed", reason, EXIT_FAILED)
+        outcome = Outcome("failed", reason, ExitCode.FAILED)
     except (AgentdError, OSError) as exc:  # a storage fault: resume later
         outcome = storage_outcome(exc)
     else:
@@ -219,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def stopped_by_storage(store: TaskStore, task_id: str, fault: StorageError) -> int:
     """The worker's last words on a storage fault (best effort: the disk may take none)."""
-    write_exit(store, task_id, Outcome("stopped", str(fault), EXIT_STORAGE))
+    write_exit(store, task_id, Outcome("stopped", str(fault), ExitCode.STORAGE))
     say(f"agentd worker: task {task_id} stopped: {fault}")
-    return EXIT_STORAGE
+    return ExitCode.STORAGE
 
 
 def storage_exit(
@@ -242,7 +239,7 @@ def process_main() -> int:
         credentials.take_over()
     except ConfigError as exc:
         print(f"agentd worker: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     return main()
 
 

@@ -53,6 +53,7 @@ from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
+from worker.protocol import ExitCode, decision_fields, exit_record
 from worker.reconcile import Action, plan
 from worker.redactor import redact
 from worker.spool import TaskSpec
@@ -62,15 +63,6 @@ from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, Tas
 from worker.store.snapshots import SnapshotWriter
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import sandbox_for
-
-EXIT_DONE = 0
-EXIT_FAILED = 3
-EXIT_HELD = 4
-EXIT_STOPPED = 5
-EXIT_LOCKED = 6
-EXIT_STORAGE = 7  # a storage fault: a wait, never counted as a crash
-EXIT_ERROR = 1  # an error a restart may fix: the daemon counts it as a crash
-EXIT_CONFIG = 78
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 # ...and journal bytes between snapshots, at least the last snapshot's size over this: a
@@ -96,7 +88,7 @@ _TOOL_ENV = (
 class Outcome:
     state: str  # done, failed, held, stopped
     reason: str
-    exit_code: int
+    exit_code: ExitCode
 
 
 def storage_outcome(exc: BaseException) -> Outcome:
@@ -105,9 +97,9 @@ def storage_outcome(exc: BaseException) -> Outcome:
     ours, which is a crash with a one-line reason (a restart re-reads what is on disk)."""
     fault = storage_fault(exc)
     if fault is not None:
-        return Outcome("stopped", str(fault), EXIT_STORAGE)
+        return Outcome("stopped", str(fault), ExitCode.STORAGE)
     if isinstance(exc, StorageError):
-        return Outcome("stopped", str(exc), EXIT_ERROR)
+        return Outcome("stopped", str(exc), ExitCode.ERROR)
     raise exc
 
 
@@ -136,15 +128,6 @@ def without_secrets(record: JSON) -> JSON:
     if record.get("k") != "result" or not isinstance(content, str):
         return record
     return {**record, "content": redact.clean_secrets(content)}
-
-
-def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
-    """Checkpoint files with git when the workspace is the user's (given with
-    --workspace) and inside a repository, or is a repository of its own."""
-    root = vcs.repo_root(workspace)
-    if root is None:
-        return False
-    return explicit or root.resolve() == workspace.resolve()
 
 
 class AgentLoop:
@@ -200,7 +183,7 @@ class AgentLoop:
         self._snapshot_at: Cursor = START  # where the last snapshot was taken
         self._snapshot_size = 0  # and the bytes it took
         self._snapshots = SnapshotWriter(store)  # writes them while the model thinks
-        self._vcs = uses_vcs(self.workspace, explicit=spec.workspace is not None)
+        self._vcs = vcs.uses_vcs(self.workspace, explicit=spec.workspace is not None)
 
     # -- opening ----------------------------------------------------------------------
 
@@ -316,11 +299,11 @@ class AgentLoop:
                 )
             return self._loop()
         except StopRequested:
-            return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+            return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
         except (StorageError, OSError) as exc:
             return storage_outcome(exc)
         except JournalCorruptError as exc:
-            return Outcome("failed", str(exc), EXIT_FAILED)
+            return Outcome("failed", str(exc), ExitCode.FAILED)
         except (ModelError, TaskSpecError) as exc:
             return self._end("failed", str(exc))
         finally:
@@ -331,7 +314,7 @@ class AgentLoop:
             if self.state.ended:
                 return self._outcome_of_end()
             if self.stop_requested:
-                return Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+                return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
             pending = self.state.pending_calls()
             if pending:
                 call = pending[0]
@@ -382,7 +365,7 @@ class AgentLoop:
         ended = self.state.ended or {}
         state = str(ended.get("state"))
         return Outcome(
-            state, str(ended.get("reason")), EXIT_DONE if state == "done" else EXIT_FAILED
+            state, str(ended.get("reason")), ExitCode.DONE if state == "done" else ExitCode.FAILED
         )
 
     # -- the model ----------------------------------------------------------------------
@@ -668,7 +651,7 @@ class AgentLoop:
             self._record({"k": "hold", "calls": [{**hold, "why": step.why}]})
             self._event("dangling_held", level="warning", why=step.why, **fields)
             return Outcome(
-                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", EXIT_HELD
+                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", ExitCode.HELD
             )
         return None
 
@@ -686,22 +669,20 @@ class AgentLoop:
             return
         if data is None:
             return
-        where = f"decisions/{call.key}.{call.attempt}.json"
-        if not isinstance(data, dict):
-            data = {}
-        action = data.get("action")
-        if action not in ("rerun", "skip", "result"):
-            self._event("decision_invalid", level="error", file=where, error="bad action")
+        try:
+            decision = decision_fields(data)
+        except ValueError as exc:
+            where = f"decisions/{call.key}.{call.attempt}.json"
+            self._event("decision_invalid", level="error", file=where, error=str(exc))
             return
+        action = decision.pop("action")
         record: JSON = {
             "k": "decision",
             "call_id": call.call_id,
             "attempt": call.attempt,
             "action": action,
+            **decision,
         }
-        for field in ("reason", "result", "by"):
-            if isinstance(data.get(field), str):
-                record[field] = data[field]
         self._record(record)
         self._event("dangling_decided", call_id=call.call_id, action=action)
 
@@ -729,12 +710,8 @@ class AgentLoop:
 
 def write_exit(store: TaskStore, task_id: str, outcome: Outcome) -> None:
     """The worker's last words for the supervisor (best effort: a crash writes none)."""
-    data = {
-        "code": outcome.exit_code,
-        "state": outcome.state,
-        "reason": outcome.reason,
-        "pid": os.getpid(),
-        "at": utc_now(),
-    }
+    data = exit_record(
+        outcome.exit_code, outcome.state, outcome.reason, pid=os.getpid(), at=utc_now()
+    )
     with contextlib.suppress(StorageError, OSError):  # a full disk: the exit code says it
         store.publish_exit(task_id, data)

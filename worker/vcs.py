@@ -78,6 +78,15 @@ def repo_root(workspace: Path) -> Path | None:
     return Path(done.stdout.strip()) if done.returncode == 0 else None
 
 
+def uses_vcs(workspace: Path, *, explicit: bool) -> bool:
+    """Checkpoint files with git when the workspace is the user's (given with
+    --workspace) and inside a repository, or is a repository of its own."""
+    root = repo_root(workspace)
+    if root is None:
+        return False
+    return explicit or root.resolve() == workspace.resolve()
+
+
 @contextlib.contextmanager
 def _private_index(root: Path) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="agentd-index-") as tmp:

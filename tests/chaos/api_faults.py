@@ -54,7 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.control import ring
-from supervisor.tasks import FINAL_STATES, TaskRecord, status_row, submit
+from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.status import status_row
+from supervisor.submit import submit
 from tests.daemon import Daemon, spool_processes
 from tests.faults.common import (
     LOST,

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import tasks
+from supervisor.status import beat_age, read_heartbeat
 from tests.daemon import Daemon, EventTail, Workload, alive, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import REPO, poll_for, worker_env
@@ -181,9 +181,9 @@ class Campaign:
     def check_reach(self, offset: int) -> None:
         """Whether the workers' wall clock is at ``offset``: a heartbeat's wall stamp says."""
         for task_id in self.work.turns:
-            beat = tasks.read_heartbeat(self.daemon.task(task_id))
+            beat = read_heartbeat(self.daemon.task(task_id))
             if self.daemon.row(task_id)["state"] == "running" and beat is not None:
-                written = time.time() - tasks.beat_age(beat)
+                written = time.time() - beat_age(beat)
                 self.reached += abs(float(beat["at"]) - written - offset) < 5.0
                 return
 

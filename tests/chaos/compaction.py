@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.tasks import submit
+from supervisor.submit import submit
 from tests.chaos.effect_tools import CHAOS_TOOLS, EFFECTS_ENV, JITTER_ENV, read_log
 from tests.chaos.kill9 import Processes, _recorded, _worker_env, decide_held, journal_records
 from tests.faults.report import Figure, campaign_main

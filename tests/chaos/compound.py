@@ -67,10 +67,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.tasks import FINAL_STATES, TaskRecord, decide, load_state, pending_decisions
+from supervisor.decisions import decide, pending_decisions
+from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.status import load_state
 from tests.faults.common import (
-    EXIT_DONE,
-    EXIT_HELD,
     Exit,
     Plan,
     check_task,
@@ -92,6 +92,7 @@ from tests.faults.report import Figure, format_figures, violations
 from tests.faults.torn import Setup, prepare
 from tests.support import assert_paired
 from worker.errors import AgentdError
+from worker.protocol import ExitCode, TaskStatus
 from worker.spool import TaskDir
 
 FAULT = "compound"
@@ -255,10 +256,12 @@ def held_starts(setup: Setup, root: Path, quick: bool) -> tuple[list[Start], lis
             if effect == "undone":
                 undo_effect(held, record)
             first = run_worker(held)
-            if first.code != EXIT_HELD:
+            if first.code != ExitCode.HELD:
                 problems.append((HOLDS_LOST, f"record {i} {effect}: exit {first.code}"))
                 continue
-            TaskRecord(state="held", reason="dangling append_file").save(held)  # as the daemon
+            TaskRecord(state=TaskStatus.HELD, reason="dangling append_file").save(
+                held
+            )  # as the daemon
             forms = {"done": ["result", "skip"], "undone": ["rerun"]}[effect]
             for form in forms:
                 decided = clone_task(held, root / f"decided-{i}-{form}")
@@ -288,7 +291,7 @@ def _decide(task: TaskDir, call_id: str, form: str, supplied: str) -> None:
 def history_starts(setup: Setup, root: Path) -> list[Start]:
     """The finished task, recorded ``done`` as the daemon leaves it, rewound and forked."""
     task = clone_task(setup.finished, root / "done")
-    TaskRecord(state="done", reason="end_turn").save(task)
+    TaskRecord(state=TaskStatus.DONE, reason="end_turn").save(task)
     rewind = ("rewind", task.id, "--to", str(REWIND_TO), "--yes")
     fork = ("fork", task.id, "--at", str(FORK_AT), "--name", FORK_NAME)
     return [
@@ -488,7 +491,7 @@ def baseline(start: Start, plan: Plan, root: Path) -> Baseline:
         resumed = drive(target)
     else:
         resumed = drive(target, first=first)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         problems.append((NOT_DONE, f"single recovery of {start.name}: {resumed.exits[-1:]}"))
     problems += end_problems(start, target, plan, [])
     held = _held(records(target))

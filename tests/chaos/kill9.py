@@ -1,6 +1,6 @@
 """The ``kill -9`` campaign: real workers on the real SDK, killed at random instants.
 
-Each trial submits a task (``supervisor.tasks.submit``) on the ``anthropic`` backend, whose
+Each trial submits a task (``supervisor.submit.submit``) on the ``anthropic`` backend, whose
 ``ANTHROPIC_BASE_URL`` points at a standalone local Messages API server
 (``python -m worker.testing.messages_api --by-turn``) that validates every transcript it is sent the
 way the real API does. The task runs a 10-turn script of 14 tool calls of every effect
@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.tasks import decide, held_calls, submit
+from supervisor.decisions import decide
+from supervisor.status import held_calls
+from supervisor.submit import submit
 from tests.chaos.effect_tools import (
     CHAOS_TOOLS,
     EFFECTS_ENV,
@@ -69,6 +71,7 @@ from tests.faults.report import Figure
 from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
 from worker.store.journal import read_file
@@ -76,7 +79,6 @@ from worker.testing.messages_api import DEFAULT_API_KEY
 
 JSON = dict[str, Any]
 MODEL = "claude-chaos-kill9"
-EXIT_DONE, EXIT_HELD = 0, 4
 MODEL_DELAY = 0.02  # seconds the server waits before each reply
 MAX_SPAWNS = 40  # per trial: a runaway loop fails the trial instead of running forever
 
@@ -558,10 +560,10 @@ class Trial:
                 code = self._spawn(deadline, times if watch else None)
                 if code is None:
                     return times
-                if code == EXIT_DONE:
+                if code == ExitCode.DONE:
                     self.final_code = code
                     return times
-                if code == EXIT_HELD:
+                if code == ExitCode.HELD:
                     if not self._decide():
                         return times
                 elif code != -signal.SIGKILL:
@@ -715,7 +717,7 @@ class Trial:
 
         # (e) the task ended well
         ended = state.ended or {}
-        if self.final_code == EXIT_DONE and ended == {"state": "done", "reason": "end_turn"}:
+        if self.final_code == ExitCode.DONE and ended == {"state": "done", "reason": "end_turn"}:
             res.completed = state.turn == len(TURNS)
             if not res.completed:
                 res.fail(f"done after {state.turn} turns, the script has {len(TURNS)}")

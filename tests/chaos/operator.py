@@ -60,7 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
+from supervisor.status import load_state
+from supervisor.submit import RESULT_FILE_LIMIT
 from tests.daemon import Daemon, alive, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import (
@@ -215,7 +216,7 @@ def kinds(daemon: Daemon, task_id: str) -> list[str]:
 
 
 def call_result(daemon: Daemon, task_id: str, call_id: str) -> JSON | None:
-    call = tasks.load_state(daemon.task(task_id)).calls.get(call_id)
+    call = load_state(daemon.task(task_id)).calls.get(call_id)
     return None if call is None else call.result
 
 
@@ -289,7 +290,7 @@ def refused(daemon: Daemon, plan: Plan, tally: Tally, root: Path) -> None:
     """Every refused command, four at a time, while a task's tool runs; task by task, so
     the tool outlasts the commands (a trial where it did not is void, and not judged)."""
     big = root / "big-result.txt"
-    big.write_bytes(b"x" * (tasks.RESULT_FILE_LIMIT + 1))
+    big.write_bytes(b"x" * (RESULT_FILE_LIMIT + 1))
     known = set(daemon.spool.task_ids())
     judged = []
     for i in range(plan.refused_tasks):
@@ -463,7 +464,7 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
 def in_sequence(daemon: Daemon, name: str) -> bool:
     """Whether the decided call's result was recorded before the cancel was: the decision
     was carried out in full, and the cancel then stopped a running task (no contention:
-    ``tasks.record_cancel`` loses only while a decided call is not carried out)."""
+    ``record_cancel`` loses only while a decided call is not carried out)."""
     task = daemon.task(name)
     call_id = first_call(daemon, name)
     results = [r for r in of_kind(journal_records(task), "result") if r["call_id"] == call_id]

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.faults.common import (
-    EXIT_DONE,
     LOST,
     NOT_DONE,
     PROBLEMS,
@@ -56,6 +55,7 @@ from tests.faults.common import (
 from tests.faults.report import Figure
 from tests.support import reply, text, tool_use
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 from worker.store.journal import FRAMINGS, scan
 
@@ -163,7 +163,7 @@ def trace(pristine: TaskDir, root: Path) -> list[tuple[str, int]]:
     prefix = [require_strace(), "-f", "-qq", "-y", "-e", "signal=none", "-o", str(log)]
     prefix += ["-e", "trace=write,fdatasync", "-P", str(task.journal)]
     done = run_worker(task, prefix=prefix)
-    if done.code != EXIT_DONE:
+    if done.code != ExitCode.DONE:
         raise RuntimeError(f"the clean run of the power-loss task failed: {done}")
     return journal_calls(log, task.journal)
 
@@ -221,7 +221,7 @@ def _variant(stopped: TaskDir, plan: Plan, root: Path, variant: Variant) -> Resu
     before = [record for record, end in scan(data).records if end <= synced]
     resumed = drive(task)
     result.resumed = bool(resumed.exits)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         last = resumed.exits[-1] if resumed.exits else None
         result.failed = f"exit {resumed.code}: {last.stderr.strip()[-200:] if last else ''}"
     after = task.journal.read_bytes()

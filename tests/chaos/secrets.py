@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor import tasks
 from supervisor.control import ring, running_pid
+from supervisor.submit import submit
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import REPO, journal_records, of_kind, poll_for, worker_env
@@ -286,17 +286,15 @@ def one_daemon(root: Path, key: Key, config: str, *, detach: bool, found: Findin
     planted_ws.mkdir()
     (planted_ws / "notes.txt").write_text(f"a key someone left here: {key.canary}\n")
 
-    def submit(name: str, workspace: Path | None = None) -> str:
-        tasks.submit(
-            daemon.spool, daemon.config, prompt=f"{name}: go", name=name, workspace=workspace
-        )
+    def submit_task(name: str, workspace: Path | None = None) -> str:
+        submit(daemon.spool, daemon.config, prompt=f"{name}: go", name=name, workspace=workspace)
         ring(daemon.spool, name)
         return name
 
     with server, contextlib.ExitStack() as stack:
         stack.callback(daemon.cleanup)
         daemon.spool.ensure()
-        names = [submit("fresh")]  # queued: started before the fork server is ready
+        names = [submit_task("fresh")]  # queued: started before the fork server is ready
         pid = start_daemon(daemon, env, detach)
         found.daemons += 1
         sampler = stack.enter_context(EnvironSampler(pid, key.needles(), key.canary.encode()))
@@ -304,7 +302,7 @@ def one_daemon(root: Path, key: Key, config: str, *, detach: bool, found: Findin
             lambda: any(e.get("event") == "forkserver_ready" for e in daemon_events(daemon)), 60
         ):
             found.problems.append(f"{key.source}: the fork server never became ready")
-        names += [submit("forked"), submit("planted", planted_ws)]
+        names += [submit_task("forked"), submit_task("planted", planted_ws)]
         final = ("done", "failed", "held", "cancelled")
         if not poll_quietly(lambda: all(daemon.row(n)["state"] in final for n in names), 60):
             found.problems.append(

@@ -74,14 +74,17 @@ from typing import Any
 
 import psutil
 
-from supervisor import tasks
 from supervisor.control import ring
 from supervisor.daemon import TOOL_DEADLINE_SLACK
+from supervisor.decisions import decide
+from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.status import held_calls, load_state, read_heartbeat
+from supervisor.submit import submit
 from tests.daemon import Daemon, WorkerCensus, alive, parse_time, subreaper
 from tests.faults.report import Figure, print_figures, violations
 from tests.support import assert_paired, journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.errors import AgentdError
-from worker.loop import EXIT_LOCKED
+from worker.protocol import ExitCode
 from worker.testing.messages_api import Fault, MessagesAPIServer, Reply
 
 JSON = dict[str, Any]
@@ -92,7 +95,7 @@ DETECTION_TOLERANCE = 0.5  # seconds past limit + 1 s
 RSS_GROWTH_MB, RSS_GROWTH_SHARE = 10.0, 0.20
 RSS_PERIOD = 0.5  # seconds between samples of the daemon's RSS
 RSS_SPAN = 5.0  # seconds of samples whose median is "after warm-up" / "at the end"
-FINAL = frozenset(tasks.FINAL_STATES)
+FINAL = frozenset(FINAL_STATES)
 UNSAFE_PHASES = frozenset({"tool:append_file", "tool:run_command"})
 
 
@@ -266,7 +269,7 @@ class Book:
 
     def unfinished(self) -> list[str]:
         for task_id in self.turns.keys() - self.final:
-            if tasks.TaskRecord.load(self.daemon.task(task_id)).state in FINAL:
+            if TaskRecord.load(self.daemon.task(task_id)).state in FINAL:
                 self.final.add(task_id)
         return sorted(self.turns.keys() - self.final)
 
@@ -279,12 +282,12 @@ class Book:
         found = {}
         for task_id in sorted(self.turns.keys() - self.final):
             task = self.daemon.task(task_id)
-            record = tasks.TaskRecord.load(task)
+            record = TaskRecord.load(task)
             if record.state in FINAL:
                 self.final.add(task_id)
             if record.state != "running" or not record.pid:
                 continue
-            beat = tasks.read_heartbeat(task) or {}
+            beat = read_heartbeat(task) or {}
             if beat.get("pid") == record.pid:
                 found[task_id] = Running(record.pid, int(beat["turn"]), str(beat["phase"]))
         return found
@@ -315,17 +318,17 @@ class Book:
         in its file took effect (record that), anything else is re-run."""
         for task_id in self.unfinished():
             task = self.daemon.task(task_id)
-            if tasks.TaskRecord.load(task).state != "held":
+            if TaskRecord.load(task).state != "held":
                 continue
             with contextlib.suppress(AgentdError):  # (decided meanwhile: seen next time)
-                for row in tasks.held_calls(task):
+                for row in held_calls(task):
                     tool_input = row["input"]
                     if row["tool"] == "append_file" and tool_input["content"] in file_text(
                         task.path / "workspace" / tool_input["path"]
                     ):
-                        tasks.decide(task, row["call_id"], action="result", result="appended")
+                        decide(task, row["call_id"], action="result", result="appended")
                     else:
-                        tasks.decide(task, row["call_id"], action="rerun")
+                        decide(task, row["call_id"], action="rerun")
                     self.holds_decided += 1
                 ring(self.daemon.spool, task_id)
 
@@ -342,7 +345,7 @@ class Book:
         audit = Audit(tasks=len(self.turns))
         for task_id, n in sorted(self.turns.items()):
             task = self.daemon.task(task_id)
-            record = tasks.TaskRecord.load(task)
+            record = TaskRecord.load(task)
             records = journal_records(task)
             turns = [r["turn"] for r in of_kind(records, "turn")]
             audit.doubled += len(turns) - len(set(turns))
@@ -359,7 +362,7 @@ class Book:
                     1 for r in earlier if r.get("k") in ("turn", "result") and r not in records
                 )
             try:
-                assert_paired(tasks.load_state(task).messages)
+                assert_paired(load_state(task).messages)
             except (AssertionError, AgentdError) as exc:
                 audit.unpaired += 1
                 audit.note(f"{task_id}: {exc}")
@@ -367,7 +370,9 @@ class Book:
             events = self.daemon.events(task_id)
             audit.adopted += sum(1 for e in events if e.get("event") == "worker_adopted")
             audit.lock_refused += sum(
-                1 for e in events if e.get("event") == "worker_exited" and e["code"] == EXIT_LOCKED
+                1
+                for e in events
+                if e.get("event") == "worker_exited" and e["code"] == ExitCode.LOCKED
             )
         return audit
 
@@ -562,13 +567,13 @@ def hangs(root: Path, plan: Plan, rng: random.Random) -> list[Figure]:
             stalls = [daemon.submit(stall_script, name=f"stall-{i}") for i in range(n)]
             model_hangs = [f"model-hang-{i}" for i in range(n)]
             for name in model_hangs:
-                tasks.submit(daemon.spool, daemon.config, prompt=f"Task {name}: go.", name=name)
+                submit(daemon.spool, daemon.config, prompt=f"Task {name}: go.", name=name)
                 ring(daemon.spool, name)
             stopped_at = {task_id: sigstop_mid_flight(daemon, task_id, rng) for task_id in stops}
             everyone = [*stops, *stalls, *model_hangs]
 
             def all_ended() -> bool:
-                return all(tasks.TaskRecord.load(daemon.task(t)).state in FINAL for t in everyone)
+                return all(TaskRecord.load(daemon.task(t)).state in FINAL for t in everyone)
 
             within(all_ended, 60, interval=0.2)
             not_done = [t for t in everyone if daemon.row(t)["state"] != "done"]

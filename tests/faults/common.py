@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from unittest import mock
 
-from supervisor.tasks import decide, held_calls
+from supervisor.decisions import decide
+from supervisor.status import held_calls
 from tests.support import (
     REPO,
     assert_paired,
@@ -38,6 +39,7 @@ from tests.support import (
     worker_env,
 )
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
 from worker.store.journal import Journal, read_file, scan
@@ -46,7 +48,6 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 R = TypeVar("R")
 
-EXIT_DONE, EXIT_FAILED, EXIT_HELD, EXIT_STORAGE = 0, 3, 4, 7
 TASK_ID = "t1"
 
 #: Environment of every worker run here: no bytecode written on import and a fixed hash
@@ -359,7 +360,7 @@ def background_syncs(task: TaskDir, root: Path) -> int:
     """How many background journal syncs a clean run of (a copy of) ``task`` makes."""
     clean = clone_task(task, root)
     log = root / "shim.log"
-    if run_shimmed(clean, "", log).code != EXIT_DONE:
+    if run_shimmed(clean, "", log).code != ExitCode.DONE:
         raise RuntimeError("the clean run under the sync shim failed")
     return sum(1 for c in parse_shim_log(log) if c.thread == "journal-sync")
 
@@ -430,7 +431,7 @@ def drive(
     for _ in range(max_runs):
         done, first = first or run_worker(task, timeout=timeout), None
         result.exits.append(done)
-        if done.code != EXIT_HELD:
+        if done.code != ExitCode.HELD:
             break
         made = careful_decisions(task)
         result.decisions += made

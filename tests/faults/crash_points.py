@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.faults.common import (
-    EXIT_DONE,
     PROBLEMS,
     UNREADABLE,
     Exit,
@@ -52,6 +51,7 @@ from tests.faults.common import (
 )
 from tests.faults.report import Figure
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 
 FAULT = "crash points"
@@ -102,7 +102,7 @@ def crash_points(pristine: TaskDir, root: Path, quick: bool) -> list[Point]:
     task = clone_task(pristine, root / "clean")
     log = root / "clean.strace"
     done = run_worker(task, prefix=strace_prefix(log, ALL_CLASSES))
-    if done.code != EXIT_DONE:
+    if done.code != ExitCode.DONE:
         raise RuntimeError(f"the clean run of the crash-point task failed: {done}")
     points = [
         Point(c.name, c.index, where(c, task.path))
@@ -151,7 +151,7 @@ def _case(pristine: TaskDir, plan: Plan, root: Path, point: Point, n: int) -> Re
         return Result(point, on_target, [(UNREADABLE, str(exc))], 0, 0)
     resumed = drive(task)
     problems = check_task(task, plan, before)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         problems.append(("task not completed", f"last exit {resumed.exits[-1:]}"))
     return Result(point, on_target, problems, resumed.decisions, len(resumed.exits))
 

@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.faults.common import (
-    EXIT_DONE,
-    EXIT_STORAGE,
     PROBLEMS,
     UNREADABLE,
     Exit,
@@ -65,6 +63,7 @@ from tests.faults.common import (
     strace_prefix,
 )
 from tests.faults.report import Figure
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 
 FAULT = "io errors"
@@ -124,12 +123,12 @@ def _clean_stop(done: Exit, case: Case) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     if "Traceback" in done.stderr:
         issues.append(("traceback printed", done.stderr.strip().splitlines()[-1][:200]))
-    if done.code == EXIT_STORAGE:
+    if done.code == ExitCode.STORAGE:
         if len(done.lines) != 1 or case.error not in done.lines[0]:
             issues.append(("stop without a one-line reason", repr(done.stderr[-300:])))
-    elif done.code != EXIT_DONE:
+    elif done.code != ExitCode.DONE:
         issues.append(("unexpected exit code", f"{done.code}: {done.stderr.strip()[-200:]}"))
-    if case.kind in ("journal", "background") and done.code != EXIT_STORAGE:
+    if case.kind in ("journal", "background") and done.code != ExitCode.STORAGE:
         issues.append(("journal fault not stopping the worker", f"exit {done.code}"))
     return issues
 
@@ -145,12 +144,12 @@ def _case(starts: dict[str, TaskDir], plan: Plan, root: Path, case: Case, n: int
     after = _journal_bytes(task)
     if after[: len(old)] != old:
         result.issues.append(("recorded bytes changed", f"{len(old)} bytes before the run"))
-    if case.persistent and done.code == EXIT_STORAGE:
+    if case.persistent and done.code == ExitCode.STORAGE:
         again_case = Case(case.start, case.kind, case.name, 1, case.error, True)
         again, _, retries = _faulted_run(task, again_case, case_root / "fault2.log")
         # exit 0: the task had ended already, with nothing left to write
         ended = final_state(task).ended is not None
-        if not (again.code == EXIT_STORAGE or (again.code == EXIT_DONE and ended)) or (
+        if not (again.code == ExitCode.STORAGE or (again.code == ExitCode.DONE and ended)) or (
             len(again.lines) != 1
         ):
             result.issues.append(
@@ -167,7 +166,7 @@ def _case(starts: dict[str, TaskDir], plan: Plan, root: Path, case: Case, n: int
         return result
     resumed = drive(task)
     result.problems += check_task(task, plan, before, exact=False)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         result.problems.append(("task not completed", f"{resumed.exits[-1:]}"))
     return result
 
@@ -192,7 +191,7 @@ def _cases(
     """Every injection point of a clean run of (a copy of) ``task``."""
     clean = clone_task(task, root / f"clean-{start}")
     log = root / f"clean-{start}.strace"
-    if run_worker(clean, prefix=strace_prefix(log, TRACE)).code != EXIT_DONE:
+    if run_worker(clean, prefix=strace_prefix(log, TRACE)).code != ExitCode.DONE:
         raise RuntimeError(f"the clean {start} run of the I/O-error task failed")
     calls = parse_log(log)
     base = str(clean.path)
@@ -269,10 +268,12 @@ def _figures(cases: list[Case], results: list[Result], seconds: float) -> list[F
     missed = sum(not r.injected for r in results)
     figures.append(Figure(FAULT, "faults that missed their call", missed, violation=bool(missed)))
     figures.append(
-        Figure(FAULT, "stopped cleanly (exit 7)", sum(r.code == EXIT_STORAGE for r in results))
+        Figure(FAULT, "stopped cleanly (exit 7)", sum(r.code == ExitCode.STORAGE for r in results))
     )
     figures.append(
-        Figure(FAULT, "went on, error in a tool result", sum(r.code == EXIT_DONE for r in results))
+        Figure(
+            FAULT, "went on, error in a tool result", sum(r.code == ExitCode.DONE for r in results)
+        )
     )
     issue_kinds = (
         "traceback printed",

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import cli
-from supervisor.tasks import TaskRecord
+from supervisor.record import TaskRecord
 from tests.faults.common import (
     STABLE_ENV,
     final_state,

@@ -27,9 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.faults.common import (
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_HELD,
     JSON,
     PROBLEMS,
     Plan,
@@ -46,6 +43,7 @@ from tests.faults.common import (
 )
 from tests.faults.report import Figure
 from worker.errors import AgentdError
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 from worker.store.journal import FRAMINGS, JOURNAL_VERSION, read_file, scan
 
@@ -117,7 +115,7 @@ def _tail_case(setup: Setup, root: Path, case: Case, n: int) -> Result:
     result = Result(case, first.code)
     if "Traceback" in first.stderr:
         result.issues.append(("traceback printed", first.stderr.strip()[-200:]))
-    if first.code not in (EXIT_DONE, EXIT_HELD):
+    if first.code not in (ExitCode.DONE, ExitCode.HELD):
         result.issues.append(("worker refused a torn tail", f"exit {first.code}: {first.stderr}"))
     after = task.journal.read_bytes()
     if after[: len(good)] != good:
@@ -131,7 +129,7 @@ def _tail_case(setup: Setup, root: Path, case: Case, n: int) -> Result:
         result.issues.append(("partial records accepted", "the torn bytes were left in place"))
     resumed = drive(task, first=first)
     result.problems = check_task(task, setup.plan, before)
-    if resumed.code != EXIT_DONE:
+    if resumed.code != ExitCode.DONE:
         result.problems.append(("task not completed", f"{resumed.exits[-1:]}"))
     return result
 
@@ -146,7 +144,7 @@ def _middle_case(setup: Setup, root: Path, case: Case, n: int) -> Result:
     result = Result(case, done.code)
     if task.journal.read_bytes() != bytes(data):
         result.issues.append(("journal changed by a refusal", f"record {case.record}"))
-    if done.code == EXIT_FAILED:
+    if done.code == ExitCode.FAILED:
         if len(done.lines) != 1 or "damaged" not in done.stderr or "Traceback" in done.stderr:
             result.issues.append(("refusal without a one-line reason", done.stderr[-300:]))
     else:
@@ -224,7 +222,7 @@ def _figures(
         Figure(FAULT, "offsets tried", count["cut"], violation=not count["cut"]),
         Figure(FAULT, "tail bit flips", count["tail flip"]),
         Figure(FAULT, "middle bit flips", count["middle flip"]),
-        Figure(FAULT, "middle flips refused", sum(r.code == EXIT_FAILED for r in middle)),
+        Figure(FAULT, "middle flips refused", sum(r.code == ExitCode.FAILED for r in middle)),
     ]
     for kind in (
         "partial records accepted",

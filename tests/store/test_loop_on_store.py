@@ -11,8 +11,9 @@ import pytest
 
 from tests.support import reply, text, tool_use
 from worker.config import Config
-from worker.loop import EXIT_DONE, EXIT_HELD, AgentLoop, Outcome
+from worker.loop import AgentLoop, Outcome
 from worker.models.scripted import ScriptedModel
+from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.state import fold
 from worker.store.base import JSON, TaskStore
@@ -63,13 +64,13 @@ def test_a_task_runs_holds_and_resumes_on_every_store(store: TaskStore, tmp_path
     held = make_loop(store, workspace)
     outcome = held.run()
     held.close()
-    assert (outcome.state, outcome.exit_code) == ("held", EXIT_HELD)
+    assert (outcome.state, outcome.exit_code) == ("held", ExitCode.HELD)
     (call,) = fold("Write a file.", store.replay("t1")).dangling()
     assert call.tool == "append_file" and call.key is not None
     assert store.record_decision("t1", call.key, call.attempt, {"action": "skip"})
 
     resumed = make_loop(store, workspace)
-    assert resumed.run() == Outcome("done", "end_turn", EXIT_DONE)
+    assert resumed.run() == Outcome("done", "end_turn", ExitCode.DONE)
     resumed.close()
     assert (workspace / "a.txt").read_text() == "hi"  # the skipped call never ran
     kinds = [r["k"] for r in store.replay("t1")]

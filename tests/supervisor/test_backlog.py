@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.backlog import Recovery, WriteBacklog
-from supervisor.tasks import TaskRecord
+from supervisor.record import TaskRecord
 from tests.mounts import fill, small_disk
 from worker.errors import StorageError
+from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 
 
@@ -52,7 +53,7 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 def test_records_refused_by_a_full_disk_are_rewritten_as_they_are_now(disk: Path) -> None:
     spool = Spool(disk / "spool").ensure()
     tasks = [spool.task(f"t{i}") for i in range(3)]
-    records = [TaskRecord(state="running", pid=100 + i) for i in range(3)]
+    records = [TaskRecord(state=TaskStatus.RUNNING, pid=100 + i) for i in range(3)]
     for task, record in zip(tasks, records, strict=True):
         task.path.mkdir()
         record.save(task)
@@ -61,9 +62,9 @@ def test_records_refused_by_a_full_disk_are_rewritten_as_they_are_now(disk: Path
     filler = disk / "fill"
     fill(filler)
     for task, record in zip(tasks, records, strict=True):
-        record.state, record.pid = "backoff", None
+        record.state, record.pid = TaskStatus.BACKOFF, None
         assert not backlog.replace(("record", task.id), saver(record, task))
-    records[0].state = "done"  # changed again while it waits: the newest state is written
+    records[0].state = TaskStatus.DONE  # changed again while it waits: the newest state is written
     assert not backlog.replace(("record", tasks[0].id), saver(records[0], tasks[0]))
     assert backlog.pending == 3
     assert [TaskRecord.load(t).state for t in tasks] == ["running"] * 3  # refused, for real
@@ -83,13 +84,13 @@ def test_a_write_that_succeeds_supersedes_the_kept_one(disk: Path) -> None:
     spool = Spool(disk / "spool").ensure()
     task = spool.task("t")
     task.path.mkdir()
-    record = TaskRecord(state="running")
+    record = TaskRecord(state=TaskStatus.RUNNING)
     backlog = Episodes().backlog()
     filler = disk / "fill"
     fill(filler)
     assert not backlog.replace("record", lambda: record.save(task))
     filler.unlink()
-    record.state = "done"
+    record.state = TaskStatus.DONE
     assert backlog.replace("record", lambda: record.save(task))
     assert backlog.pending == 0 and TaskRecord.load(task).state == "done"
 

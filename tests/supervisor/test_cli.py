@@ -17,9 +17,13 @@ from typing import Any
 
 import pytest
 
-from supervisor import cli, tasks
+from supervisor import cli
+from supervisor.record import TaskRecord
+from supervisor.status import held_calls, load_state, status_row
+from supervisor.submit import PROMPT_FILE_LIMIT, RESULT_FILE_LIMIT, SCRIPT_FILE_LIMIT
 from tests.support import REPO, make_loop, reply, scripted_task, text, tool_use
 from worker.config import Config
+from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
@@ -102,8 +106,8 @@ def submit(agentd: Run, *args: str) -> str:
 
 def set_state(task: TaskDir, state: str, reason: str | None = None) -> None:
     """What the daemon records when a worker ends (no daemon runs in these tests)."""
-    record = tasks.TaskRecord.load(task)
-    record.state, record.reason = state, reason
+    record = TaskRecord.load(task)
+    record.state, record.reason = TaskStatus(state), reason
     record.save(task)
 
 
@@ -199,18 +203,18 @@ def test_retry_of_a_task_that_did_not_fail_exits_3(agentd: Run, spool: Spool) ->
         set_state(spool.task(task_id), state)
         words = ["was cancelled"] if state == "cancelled" else [f"is {state}", "only a failed"]
         err = assert_error(agentd("retry", task_id), 3, *words)
-        assert tasks.TaskRecord.load(spool.task(task_id)).state == state, err
+        assert TaskRecord.load(spool.task(task_id)).state == state, err
 
 
 def test_retry_of_a_failed_task_queues_it_with_a_fresh_budget(agentd: Run, spool: Spool) -> None:
     task = spool.task(submit(agentd, "--name", "broken"))
-    record = tasks.TaskRecord.load(task)
-    record.state, record.reason, record.crashes = "failed", "crash_loop", [{"turn": 2}] * 5
+    record = TaskRecord.load(task)
+    record.state, record.reason, record.crashes = TaskStatus.FAILED, "crash_loop", [{"turn": 2}] * 5
     record.save(task)
     code, out, err = agentd("retry", task.id)
     assert (code, err) == (0, "")
     assert out == f"{task.id}: queued for retry\n"
-    record = tasks.TaskRecord.load(task)
+    record = TaskRecord.load(task)
     assert (record.state, record.reason, record.crashes) == ("queued", None, [])
 
 
@@ -227,7 +231,7 @@ def test_cancel_with_the_daemon_down_cancels_at_once(agentd: Run, spool: Spool) 
     task_id = submit(agentd, "--name", "unwanted")
     code, out, err = agentd("cancel", task_id)
     assert (code, out, err) == (0, f"{task_id}: cancelled\n", "")
-    row = tasks.status_row(spool.task(task_id))
+    row = status_row(spool.task(task_id))
     assert (row["state"], row["reason"]) == ("cancelled", "cancelled by operator")
     assert_error(agentd("cancel", task_id), 3, "already cancelled")
 
@@ -391,7 +395,7 @@ def held(spool: Spool, agentd: Run) -> Iterator[tuple[TaskDir, str]]:
     loop.close()
     assert outcome.state == "held"
     set_state(task, "held", outcome.reason)
-    (call_id,) = tasks.load_state(task).calls
+    (call_id,) = load_state(task).calls
     yield task, call_id
 
 
@@ -427,7 +431,7 @@ def test_approve_dangling_with_the_daemon_down_is_durable_and_queues_the_task(
     (decision_file,) = task.decisions.iterdir()
     decision = json.loads(decision_file.read_text())
     assert (decision["call_id"], decision["action"], decision["reason"]) == (call_id, "skip", "no")
-    assert tasks.TaskRecord.load(task).state == "queued"  # resumes at the next start
+    assert TaskRecord.load(task).state == "queued"  # resumes at the next start
     assert task.journal.read_bytes() == journal  # the worker applies it, not the CLI
     # the call is decided: a second decision is refused and changes nothing
     err = assert_error(agentd("approve-dangling", task.id, call_id), 3, call_id)
@@ -453,7 +457,7 @@ def test_approve_dangling_usage_errors_exit_2_and_decide_nothing(
     args = [call_id if a == "CALL" else a for a in extra]
     assert_error(agentd("approve-dangling", task.id, *args), 2, *words)
     assert not task.decisions.exists() or list(task.decisions.iterdir()) == []
-    assert tasks.TaskRecord.load(task).state == "held"
+    assert TaskRecord.load(task).state == "held"
 
 
 def test_approve_dangling_of_a_call_that_is_not_held_exits_3(
@@ -484,14 +488,14 @@ def test_a_cancel_with_the_daemon_down_is_final(
     assert task.journal.read_bytes() == journal and task.state.read_bytes() == record
     assert not task.decisions.exists() or list(task.decisions.iterdir()) == []
     # even a decision file that reached the folder anyway is never carried out
-    row = tasks.held_calls(task)[0]
+    row = held_calls(task)[0]
     task.decisions.mkdir(mode=0o700, exist_ok=True)
     decision = {"call_id": call_id, "attempt": row["attempt"], "action": "rerun"}
     task.decision_file(row["idempotency_key"], row["attempt"]).write_text(json.dumps(decision))
     loop = make_loop(task)
     assert loop.run().state == "held"
     loop.close()
-    state = tasks.load_state(task)
+    state = load_state(task)
     assert state.calls[call_id].attempt == row["attempt"] and state.calls[call_id].result is None
 
 
@@ -506,9 +510,9 @@ def test_a_decided_call_wins_over_a_later_cancel(agentd: Run, held: tuple[TaskDi
 @pytest.mark.parametrize(
     ("option", "limit"),
     [
-        ("--prompt-file", tasks.PROMPT_FILE_LIMIT),
-        ("--script", tasks.SCRIPT_FILE_LIMIT),
-        ("--result-file", tasks.RESULT_FILE_LIMIT),
+        ("--prompt-file", PROMPT_FILE_LIMIT),
+        ("--script", SCRIPT_FILE_LIMIT),
+        ("--result-file", RESULT_FILE_LIMIT),
     ],
 )
 def test_every_file_the_cli_reads_has_a_size_cap(

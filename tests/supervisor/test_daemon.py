@@ -29,9 +29,10 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor import tasks
 from supervisor.control import ring, running_pid
 from supervisor.daemon import TOOL_DEADLINE_SLACK
+from supervisor.record import TaskRecord
+from supervisor.status import load_state
 from tests.daemon import (
     Daemon,
     WorkerCensus,
@@ -137,7 +138,7 @@ def assert_completed(daemon: Daemon, task_id: str, turns: int) -> None:
     row = daemon.row(task_id)
     assert row["state"] == "done", row
     assert turns_of(daemon, task_id) == list(range(1, turns + 1))  # none lost, none twice
-    assert_paired(tasks.load_state(daemon.task(task_id)).messages)
+    assert_paired(load_state(daemon.task(task_id)).messages)
 
 
 # -- a task runs ------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_kill_9_at_random_moments_resumes_without_losing_or_repeating_a_turn(
     assert len(shared.events(task_id, "restart_scheduled")) == len(killed)
     # every resumed worker said so, and each write_file ran to a recorded result
     assert len(shared.events(task_id, "task_resumed")) >= len(killed) - 1
-    state = tasks.load_state(shared.task(task_id))
+    state = load_state(shared.task(task_id))
     assert all(call.result is not None for call in state.calls.values())
 
 
@@ -286,7 +287,7 @@ def test_a_stalled_tool_call_gets_term_then_kill_then_the_task_restarts(
     row = daemon.wait_state(sleep_id, "done", "failed", "held", timeout=20)
     assert row["state"] == "done", row
     assert row["restarts"] == 0
-    (call,) = tasks.load_state(daemon.task(sleep_id)).calls.values()
+    (call,) = load_state(daemon.task(sleep_id)).calls.values()
     assert call.result is not None and call.result["is_error"]
     assert f"timed out after {tool_call:g} s" in call.result["content"]
     assert not [p for p in spool_processes(daemon.spool.root) if "sleep" in p.name()]
@@ -314,7 +315,7 @@ def test_a_worker_crashing_on_the_same_turn_ends_in_crash_loop_then_retry_revive
     assert failed[-1]["reason"] == "crash_loop"
     (loop_event,) = shared.events(looping, "crash_loop")
     assert loop_event["turn"] == 2 and loop_event["level"] == "error"
-    record = tasks.TaskRecord.load(shared.task(looping))
+    record = TaskRecord.load(shared.task(looping))
     assert [c["turn"] for c in record.crashes] == [2] * CRASH_LOOP_LIMIT
     # the first crash followed progress (turns recorded): restarted at once; the next ones
     # only re-recorded the crash call's intent, which is no progress: backoff
@@ -337,10 +338,10 @@ def test_a_worker_crashing_on_the_same_turn_ends_in_crash_loop_then_retry_revive
     poll_for(lambda: shared.events(looping, "task_retried"), 5, what="the daemon to retry")
     row = shared.wait_state(looping, "done", "failed", timeout=15)
     assert row["state"] == "done", row
-    assert tasks.TaskRecord.load(shared.task(looping)).crashes == []
+    assert TaskRecord.load(shared.task(looping)).crashes == []
     assert turns_of(shared, looping) == [1, 2, 3]
     # the dangling crash call was re-run (idempotent), this time to a result
-    calls = tasks.load_state(shared.task(looping)).calls
+    calls = load_state(shared.task(looping)).calls
     crash_call = next(c for c in calls.values() if c.tool == "crash")
     assert crash_call.result is not None and "not crashing" in crash_call.result["content"]
     assert crash_call.attempt == CRASH_LOOP_LIMIT + 1
@@ -630,7 +631,7 @@ def check_decided(held: Held, name: str, form: str) -> None:
     row = daemon.wait_state(name, "done", "failed", "held", timeout=15)
     assert row["state"] == "done", row
     assert_completed(daemon, name, 2)
-    call = tasks.load_state(daemon.task(name)).calls[held.calls[name]]
+    call = load_state(daemon.task(name)).calls[held.calls[name]]
     assert call.result is not None
     result = call.result
     if form in ("rerun", "all"):
@@ -664,7 +665,7 @@ def test_each_decision_form_resumes_the_task_at_once_with_the_daemon_up(held: He
         assert out.strip() == f"{name} {held.calls[name]}: {action}"
 
         def resumed(task: TaskDir = task, call_id: str = held.calls[name]) -> bool:
-            call = tasks.load_state(task).calls[call_id]
+            call = load_state(task).calls[call_id]
             return call.result is not None
 
         poll_for(resumed, 5, interval=0.005, what=f"{name} to resume")
@@ -704,7 +705,7 @@ def test_two_concurrent_approvals_of_one_call_exactly_one_wins(held: Held) -> No
     assert row["state"] == "done", row
     (decision_file,) = daemon.task(name).decisions.iterdir()
     winner = json.loads(decision_file.read_text())["result"]
-    result = tasks.load_state(daemon.task(name)).calls[call].result
+    result = load_state(daemon.task(name)).calls[call].result
     assert result is not None and result["content"] == winner  # the winner's, whole
 
 
@@ -781,7 +782,7 @@ def test_kill_9_of_the_daemon_under_load_loses_nothing_and_never_doubles_a_worke
         assert daemon.row(task_id)["restarts"] == 0  # adoption is not a restart
         # no worker ever found the task lock taken (which would mean a second worker)
         assert all(e["code"] != 6 for e in daemon.events(task_id, "worker_exited"))
-        assert tasks.TaskRecord.load(daemon.task(task_id)).crashes == []
+        assert TaskRecord.load(daemon.task(task_id)).crashes == []
 
 
 def test_a_worker_the_records_do_not_name_is_adopted_not_doubled(

@@ -24,7 +24,7 @@ from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import charge_script, config_text, steps
 from tests.support import REPO, poll_for
 from worker.events import append_event
-from worker.loop import EXIT_HELD
+from worker.protocol import ExitCode
 
 # -- the relay ------------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     assert len(relayed("task_submitted")) == 1  # made by the submitting command
     killed, holding = relayed("worker_exited")  # the kill -9, then the resumed worker's hold
     assert killed["signal"] == "SIGKILL" and killed["level"] == "warning"
-    assert holding["code"] == EXIT_HELD and holding["level"] == "info"
+    assert holding["code"] == ExitCode.HELD and holding["level"] == "info"
     # once each, in the order of the task's own file
     names = [e["event"] for e in daemon.log_events() if e.get("task") == "held-1"]
     assert names == [e["event"] for e in daemon.events("held-1")]

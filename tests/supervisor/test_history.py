@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import history, tasks
+from supervisor import history
 from supervisor.cli import main
 from supervisor.history import fork, history_rows, rewind
+from supervisor.record import TaskRecord
+from supervisor.status import held_calls, load_state, status_row
 from tests.support import (
     REPO,
     assert_paired,
@@ -35,6 +37,7 @@ from worker.errors import StateConflictError, UsageError
 from worker.events import read_events
 from worker.lock import TaskLock
 from worker.models.messages_api import MessagesAPIModel
+from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.journal import Journal
 from worker.testing.messages_api import MessagesAPIServer, Reply
@@ -79,7 +82,7 @@ def _without_keys(messages: list[dict[str, Any]]) -> str:
 
 
 def live_keys(task: TaskDir) -> dict[str, str | None]:
-    state = tasks.load_state(task)
+    state = load_state(task)
     return {c.call_id: c.key for c in state.calls.values()}
 
 
@@ -89,22 +92,22 @@ def live_keys(task: TaskDir) -> dict[str, str | None]:
 def test_rewind_then_resume_replays_the_same_path(spool: Spool) -> None:
     task = scripted_task(spool, six_turns(), name="r1")
     assert run_to_end(task) == "done"
-    before = tasks.load_state(task)
+    before = load_state(task)
     with pytest.raises(UsageError, match="--yes"):
         rewind(spool, CONFIG, task.id, 2)
-    assert tasks.load_state(task).turn == 6  # refused: nothing changed
+    assert load_state(task).turn == 6  # refused: nothing changed
     report = rewind(spool, CONFIG, task.id, 2, yes=True)
     assert {c["tool"] for c in report.irreversible} == {"append_file", "outbox_send"}
     assert (report.from_turn, report.to, report.cut_off) == (6, 2, [])
     (event,) = read_events_named(task, "task_rewound")
     assert (event["from_turn"], event["to"], event["cut_off"]) == (6, 2, [])
-    scene = tasks.load_state(task)
+    scene = load_state(task)
     assert scene.turn == 2
     assert scene.messages == before.messages[:5]  # prompt, (assistant, results) x 2
     assert scene.usage_total == before.usage_total  # money spent is not rewound
-    assert tasks.TaskRecord.load(task).state == "queued"
+    assert TaskRecord.load(task).state == "queued"
     assert run_to_end(task) == "done"
-    after = tasks.load_state(task)
+    after = load_state(task)
     assert after.turn == 6
     # the same path, except the keyed call's new branch has a new idempotency key
     assert _without_keys(after.messages) == _without_keys(before.messages)
@@ -134,7 +137,7 @@ def test_rewound_transcript_is_accepted_by_the_messages_api(spool: Spool) -> Non
         assert run_to_end(task, model=model) == "done"
         assert server.rejected == []
         assert len(server.requests) == 3  # turns 4, 5 and 6
-    assert_paired(tasks.load_state(task).messages)
+    assert_paired(load_state(task).messages)
 
 
 def test_rewind_bad_input_changes_nothing(spool: Spool, capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,12 +183,12 @@ def test_rewind_of_a_held_task_makes_its_held_calls_moot(spool: Spool) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_to_end(task, tools=tools)
     assert run_to_end(task, tools=tools) == "held"
-    assert len(tasks.held_calls(task)) == 1
+    assert len(held_calls(task)) == 1
     rewind(spool, CONFIG, task.id, 1, yes=True)
-    assert tasks.held_calls(task) == []
+    assert held_calls(task) == []
     crashes["left"] = 0
     assert run_to_end(task, tools=tools) == "done"
-    assert_paired(tasks.load_state(task).messages)
+    assert_paired(load_state(task).messages)
 
 
 # -- fork -------------------------------------------------------------------------------
@@ -197,8 +200,8 @@ def test_fork_runs_both_branches_with_keys_kept_before_and_new_after(spool: Spoo
     report = fork(spool, CONFIG, "p1", 3, name="f1", prompt="Try another way.")
     child = spool.task(report.task)
     assert child.load_spec().forked_from == {"task": "p1", "turn": 3}
-    assert tasks.status_row(child)["forked_from"] == {"task": "p1", "turn": 3}
-    scene = tasks.load_state(child)
+    assert status_row(child)["forked_from"] == {"task": "p1", "turn": 3}
+    scene = load_state(child)
     assert scene.turn == 3 and scene.messages[-1]["role"] == "user"
     assert scene.messages[-1]["content"][-1] == {"type": "text", "text": "Try another way."}
     assert run_to_end(child) == "done"
@@ -213,7 +216,7 @@ def test_fork_runs_both_branches_with_keys_kept_before_and_new_after(spool: Spoo
         assert child_keys[cid] == parent_keys[cid]
     after = set(child_keys) - before
     assert after and all(child_keys[c] != parent_keys.get(c) for c in after)
-    assert_paired(tasks.load_state(child).messages)
+    assert_paired(load_state(child).messages)
     rows = history_rows(child)
     assert [r["inherited"] for r in rows] == [True] * 3 + [False] * 3
 
@@ -225,7 +228,7 @@ def test_fork_of_a_fork_and_name_clash(spool: Spool) -> None:
     assert run_to_end(spool.task("f2")) == "done"
     fork(spool, CONFIG, "f2", 5, name="f3", prompt="Again.")
     grandchild = spool.task("f3")
-    assert tasks.load_state(grandchild).turn == 5
+    assert load_state(grandchild).turn == 5
     assert run_to_end(grandchild) == "done"
     with pytest.raises(StateConflictError, match="already exists"):
         fork(spool, CONFIG, "p2", 1, name="f2")
@@ -304,7 +307,7 @@ def test_without_git_rewind_and_fork_say_files_were_not_restored(spool: Spool) -
 
 
 def _scene(task: TaskDir) -> tuple[int, str]:
-    state = tasks.load_state(task)
+    state = load_state(task)
     return state.turn, _without_keys(state.messages)
 
 
@@ -342,8 +345,8 @@ def test_kill_during_rewind_or_fork_leaves_old_or_new_never_a_mix(
             child = spool.task(f"k-{trial}")
             if child.exists():
                 outcomes["new"] += 1
-                assert tasks.load_state(child).turn == 2
-                assert_paired(tasks.load_state(child).messages)
+                assert load_state(child).turn == 2
+                assert_paired(load_state(child).messages)
             else:
                 outcomes["old"] += 1
     print(f"\n{command}: kill -9 at random instants, 12 trials: {outcomes}")
@@ -356,7 +359,7 @@ def test_a_rewind_killed_after_its_record_leaves_the_task_queued_not_done(
     task record left a rewound task recorded `done`, which the daemon never resumes."""
     task = scripted_task(spool, six_turns(), name="k2")
     assert run_to_end(task) == "done"
-    tasks.TaskRecord(state="done", reason="end_turn").save(task)  # as the daemon leaves it
+    TaskRecord(state=TaskStatus.DONE, reason="end_turn").save(task)  # as the daemon leaves it
 
     def killed(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # the process dies right after the rewind record
@@ -364,8 +367,8 @@ def test_a_rewind_killed_after_its_record_leaves_the_task_queued_not_done(
     monkeypatch.setattr(history, "atomic_write", killed)  # the snapshot write that follows
     with pytest.raises(KeyboardInterrupt):
         rewind(spool, CONFIG, "k2", 2, yes=True)
-    assert tasks.load_state(task).turn == 2  # the new scene...
-    assert tasks.TaskRecord.load(task).state == "queued"  # ...on a task the daemon resumes
+    assert load_state(task).turn == 2  # the new scene...
+    assert TaskRecord.load(task).state == "queued"  # ...on a task the daemon resumes
 
 
 # -- scale ------------------------------------------------------------------------------
@@ -400,7 +403,7 @@ def test_rewind_and_fork_of_a_1000_turn_task(
     started = time.perf_counter()
     fork(spool, CONFIG, "big", 400, name="big-fork")
     fork_s = time.perf_counter() - started
-    assert tasks.load_state(task).turn == 500
-    assert tasks.load_state(spool.task("big-fork")).turn == 400
+    assert load_state(task).turn == 500
+    assert load_state(spool.task("big-fork")).turn == 400
     with capsys.disabled():
         print(f"\n1,000-turn task: rewind {rewind_s * 1000:.0f} ms, fork {fork_s * 1000:.0f} ms")

@@ -20,13 +20,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor import tasks
 from supervisor.daemon import Supervisor
 from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
+from supervisor.record import TaskRecord
+from supervisor.status import status_row
 from supervisor.workers import WorkerProcess
 from tests.support import make_spool, poll_for, scripted_task, text
 from worker.config import Config, HeartbeatConfig
 from worker.events import read_events
+from worker.protocol import TaskStatus
 
 LIMITS = Limits(interval=0.5, timeout=2.0, model_call=10.0, tool_call=6.0)
 HOUR = 3600.0
@@ -112,17 +114,17 @@ def test_a_beat_of_an_earlier_release_is_judged_by_the_wall_clock() -> None:
 def test_status_heartbeat_age_follows_the_monotonic_clock(tmp_path: Path) -> None:
     spool = make_spool(tmp_path)
     task = scripted_task(spool, [{"content": [text("hi")]}], config=Config())
-    record = tasks.TaskRecord.load(task)
-    record.state = "running"
+    record = TaskRecord.load(task)
+    record.state = TaskStatus.RUNNING
     record.save(task)
     for step in (HOUR, -HOUR):  # the wall stamp an hour off either way
         beat_file = written(time.time() + step, time.monotonic() - 1.0)
         task.heartbeat.write_text(json.dumps(beat_file))
-        age = tasks.status_row(task)["heartbeat_age"]
+        age = status_row(task)["heartbeat_age"]
         assert 1.0 <= age < 5.0, f"wall stepped {step:+.0f} s: heartbeat_age {age}"
     legacy = {"pid": 1, "at": time.time() + HOUR, "turn": 0, "phase": "idle"}
     task.heartbeat.write_text(json.dumps(legacy))
-    assert tasks.status_row(task)["heartbeat_age"] == 0.0  # clamped, never negative
+    assert status_row(task)["heartbeat_age"] == 0.0  # clamped, never negative
 
 
 def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import tasks
+from supervisor.record import TaskRecord
 from supervisor.views import END_GRACE, log_line, render_status
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
@@ -234,7 +234,7 @@ def long_reason(daemon: Daemon) -> str:
     task_id = daemon.submit([reply(text("Hello."))], name="wordy")
     daemon.wait_state(task_id, "done", timeout=30)
     task = daemon.task(task_id)
-    record = tasks.TaskRecord.load(task)
+    record = TaskRecord.load(task)
     record.reason = LONG_REASON
     record.save(task)
     return task_id

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import tasks
+from supervisor.status import load_state
 from tests.chaos.operator import (
     GRACE,
     agentd,
@@ -68,7 +68,7 @@ def test_a_refused_rewind_leaves_the_running_tool_alone(daemon: Daemon) -> None:
         assert (result.code, result.out) == (code, ""), result
         assert result.one_line_error, result
     call_id = first_call(daemon, name)
-    assert tasks.load_state(daemon.task(name)).calls[call_id].result is None  # still running
+    assert load_state(daemon.task(name)).calls[call_id].result is None  # still running
     row = daemon.wait_state(name, "done", "held", "failed", timeout=20)
     assert row["state"] == "done" and row["restarts"] == 0, row
     assert workspace_file(daemon, name, "out.txt") == "start\nfinished\n"

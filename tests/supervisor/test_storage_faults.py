@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import tasks
 from supervisor.control import running_pid, supervisor_info
+from supervisor.record import TaskRecord
 from tests.daemon import Daemon, alive, subreaper
 from tests.mounts import fill, mount, small_disk
 from tests.support import poll_for, reply, text, tool_use
@@ -82,7 +82,7 @@ def test_records_the_daemon_could_not_write_are_rewritten_and_nothing_is_a_crash
     assert fresh["pid"] is None or alive(fresh["pid"])
     done = daemon.wait_state(task_id, "done", timeout=30)
     assert done["restarts"] == 0  # a storage fault spends no restart
-    record = tasks.TaskRecord.load(daemon.task(task_id))
+    record = TaskRecord.load(daemon.task(task_id))
     assert record.crashes == []
     exits = daemon.events(task_id, "worker_exited")
     assert any(e["code"] == 7 for e in exits)
@@ -117,7 +117,7 @@ def test_a_task_waiting_on_storage_shows_backoff_with_the_reason(daemon: Daemon)
     finally:
         subprocess.run(["umount", str(journal)], check=False)
     done = daemon.wait_state(task_id, "done", timeout=30)
-    assert done["restarts"] == 0 and tasks.TaskRecord.load(daemon.task(task_id)).crashes == []
+    assert done["restarts"] == 0 and TaskRecord.load(daemon.task(task_id)).crashes == []
     assert len(daemon.events(task_id, "storage_fault")) == 1  # once per fault, not per retry
 
 

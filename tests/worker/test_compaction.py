@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.tasks import submit
+from supervisor.submit import submit
 from tests.support import (
     assert_paired,
     journal_records,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.tasks import submit
+from supervisor.submit import submit
 from tests.support import (
     assert_paired,
     finish,
@@ -26,8 +26,8 @@ from tests.support import (
 )
 from worker.compaction import SUMMARY_INSTRUCTION
 from worker.config import Config, ContextConfig, ModelConfig
-from worker.loop import EXIT_DONE
 from worker.models.messages_api import MessagesAPIModel
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import fold
 from worker.testing.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply
@@ -217,7 +217,7 @@ def api_env(server: MessagesAPIServer) -> dict[str, str]:
 def resume_to_the_end(task: TaskDir, server: MessagesAPIServer, config: Path) -> None:
     proc = start_worker(task, env=api_env(server), args=["--config", str(config)])
     code, err = finish(proc, timeout=60)
-    assert code == EXIT_DONE, err
+    assert code == ExitCode.DONE, err
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tests.support import (
 from worker import credentials
 from worker.credentials import API_KEY, AUTH_TOKEN, HANDOVER, Credentials
 from worker.errors import ConfigError
-from worker.loop import EXIT_DONE
+from worker.protocol import ExitCode
 from worker.redactor import REDACTED, Redactor
 
 CANARY = "canary-key-0123456789abcdef"
@@ -211,7 +211,7 @@ def test_a_tool_result_that_holds_the_key_is_redacted_before_it_is_recorded(
     workspace = task.path / "workspace"
     workspace.mkdir()
     (workspace / "key.txt").write_text(CANARY)
-    assert run_worker(task, env={API_KEY: CANARY}) == EXIT_DONE
+    assert run_worker(task, env={API_KEY: CANARY}) == ExitCode.DONE
     (result,) = of_kind(journal_records(task), "result")
     assert REDACTED in result["content"]
     assert CANARY[::-1] in result["content"]  # the tool did read it: redaction is literal

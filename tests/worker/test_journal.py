@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.faults.common import (
-    EXIT_DONE,
     PAGE,
     Fate,
     after_power_loss,
@@ -41,6 +40,7 @@ from worker.store.journal import (
 
 if TYPE_CHECKING:
     from _typeshed import FileDescriptorLike
+from worker.protocol import ExitCode
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V1_JOURNAL = FIXTURES / "journal-v1"  # a finished 4-turn task, written by the format-1 code
@@ -706,7 +706,7 @@ def test_a_version_1_task_resumes_on_a_real_worker(tmp_path: Path) -> None:
     task = scripted_task(Spool(tmp_path / "spool").ensure(), script["responses"], name="t1")
     task.journal.write_bytes(original[:stop])
     done = run_worker(task)
-    assert done.code == EXIT_DONE, done.stderr
+    assert done.code == ExitCode.DONE, done.stderr
     data = task.journal.read_bytes()
     assert data[:stop] == original[:stop]
     after = scan(data)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.tasks import decide, held_calls
+from supervisor.decisions import decide
+from supervisor.status import held_calls
 from tests.support import (
     RecordingModel,
     assert_paired,
@@ -34,10 +35,6 @@ from worker.errors import ModelError, RetryableModelError
 from worker.events import read_events
 from worker.loop import (
     CONTINUE_PROMPT,
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_HELD,
-    EXIT_STOPPED,
     SNAPSHOT_GROWTH,
     AgentLoop,
     Outcome,
@@ -45,6 +42,7 @@ from worker.loop import (
 )
 from worker.models.base import ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, seal_snapshot
 from worker.store import files as files_module
@@ -102,7 +100,7 @@ def test_end_turn_after_a_tool_call(spool: Spool) -> None:
         name="basic",
     )
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "end_turn", EXIT_DONE)
+    assert outcome == Outcome("done", "end_turn", ExitCode.DONE)
     assert (task.path / "workspace" / "a" / "b.txt").read_text() == "hi"
     kinds = [r["k"] for r in journal_records(task)]
     assert kinds == ["header", "turn", "intent", "result", "turn", "end"]
@@ -115,10 +113,10 @@ def test_end_turn_after_a_tool_call(spool: Spool) -> None:
 
 def test_a_finished_task_stays_finished(spool: Spool) -> None:
     task = scripted_task(spool, [DONE], name="finished")
-    assert run(task)[0].exit_code == EXIT_DONE
+    assert run(task)[0].exit_code == ExitCode.DONE
     before = journal_records(task)
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "end_turn", EXIT_DONE)
+    assert outcome == Outcome("done", "end_turn", ExitCode.DONE)
     assert requests(loop) == []
     assert journal_records(task) == before
 
@@ -135,7 +133,7 @@ def test_a_finished_task_stays_finished(spool: Spool) -> None:
 def test_final_stop_reasons(spool: Spool, stop_reason: str, state: str, reason: str) -> None:
     task = scripted_task(spool, [reply(text("..."), stop_reason=stop_reason), DONE], name="stop")
     outcome, loop = run(task)
-    assert outcome == Outcome(state, reason, EXIT_DONE if state == "done" else EXIT_FAILED)
+    assert outcome == Outcome(state, reason, ExitCode.DONE if state == "done" else ExitCode.FAILED)
     assert len(requests(loop)) == 1
     (end,) = of_kind(journal_records(task), "end")
     assert (end["state"], end["reason"]) == (state, reason)
@@ -185,7 +183,7 @@ def test_pause_turn_sends_the_paused_reply_back(spool: Spool) -> None:
         spool, [reply(text("Searching..."), stop_reason="pause_turn"), DONE], name="pause"
     )
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "end_turn", EXIT_DONE)
+    assert outcome == Outcome("done", "end_turn", ExitCode.DONE)
     second = requests(loop)[1]
     assert [m["role"] for m in second] == ["user", "assistant"]
     assert second[-1]["content"] == [text("Searching...")]
@@ -225,7 +223,7 @@ def test_max_turns(spool: Spool) -> None:
     loops = [reply(tool_use("list_dir")) for _ in range(5)]
     task = scripted_task(spool, loops, name="turns", max_turns=2)
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "max_turns", EXIT_DONE)
+    assert outcome == Outcome("done", "max_turns", ExitCode.DONE)
     assert loop.state.turn == 2
     assert len(requests(loop)) == 2
     assert loop.state.pending_calls() == []  # the last turn's calls still got results
@@ -237,7 +235,7 @@ def test_token_budget(spool: Spool) -> None:
     loops = [reply(tool_use("list_dir"), usage=usage) for _ in range(5)]
     task = spec_task(spool, loops, token_budget=30)
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "token_budget", EXIT_DONE)
+    assert outcome == Outcome("done", "token_budget", ExitCode.DONE)
     assert loop.state.turn == 2
     assert loop.state.usage_total.input_tokens + loop.state.usage_total.output_tokens == 30
 
@@ -246,7 +244,7 @@ def test_script_past_its_end_fails_with_a_reason(spool: Spool) -> None:
     task = scripted_task(spool, [reply(tool_use("list_dir"))], name="short")
     outcome, _ = run(task)
     assert outcome.state == "failed"
-    assert outcome.exit_code == EXIT_FAILED
+    assert outcome.exit_code == ExitCode.FAILED
     assert "the script has 1 responses and model call 2 has none" in outcome.reason
     (end,) = of_kind(journal_records(task), "end")
     assert end["reason"] == outcome.reason
@@ -339,7 +337,9 @@ def test_a_model_error_fails_the_task(spool: Spool) -> None:
 
     task = scripted_task(spool, [DONE], name="broken")
     outcome, _ = run(task, model=Broken())
-    assert outcome == Outcome("failed", "401: invalid x-api-key; check ANTHROPIC_API_KEY.", 3)
+    assert outcome == Outcome(
+        "failed", "401: invalid x-api-key; check ANTHROPIC_API_KEY.", ExitCode.FAILED
+    )
 
 
 def test_a_stop_request_records_nothing(spool: Spool) -> None:
@@ -348,7 +348,7 @@ def test_a_stop_request_records_nothing(spool: Spool) -> None:
     loop.open()
     loop.stop_requested = True
     try:
-        assert loop.run() == Outcome("stopped", "stopped at a safe point", EXIT_STOPPED)
+        assert loop.run() == Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
     finally:
         loop.close()
     assert [r["k"] for r in journal_records(task)] == ["header"]
@@ -417,7 +417,7 @@ def test_dangling_rerun_safe_calls_are_rerun(
     (task.path / "workspace" / "seed.txt").write_text("seed")
     crash_in(task, call["name"])
     outcome, loop = run(task)
-    assert outcome == Outcome("done", "end_turn", EXIT_DONE)
+    assert outcome == Outcome("done", "end_turn", ExitCode.DONE)
     assert [i["attempt"] for i in intents(task)] == [1, 2]
     assert result_of(task)["outcome"] == "rerun"
     assert result_of(task)["is_error"] is False
@@ -464,7 +464,7 @@ def held_task(spool: Spool, name: str) -> TaskDir:
     crash_in(task, "append_file")
     for _ in range(2):  # and it holds on every resume until someone decides
         outcome, loop = run(task)
-        assert outcome.exit_code == EXIT_HELD
+        assert outcome.exit_code == ExitCode.HELD
         assert outcome.state == "held"
         assert CALL in outcome.reason
         assert requests(loop) == []
@@ -493,7 +493,7 @@ def test_held_call_resumes_with_the_operators_decision(
     task = held_task(spool, f"decide-{action}")
     decide(task, CALL, action=action, **fields)
     done, loop = run(task)
-    assert done == Outcome("done", "end_turn", EXIT_DONE)
+    assert done == Outcome("done", "end_turn", ExitCode.DONE)
     assert (task.path / "workspace" / "log.txt").read_text() == log
     (decision,) = of_kind(journal_records(task), "decision")
     assert (decision["call_id"], decision["attempt"], decision["action"]) == (CALL, 1, action)
@@ -515,7 +515,7 @@ def test_decision_for_another_attempt_is_ignored(spool: Spool) -> None:
     key = intents(task)[0]["key"]
     task.decision_file(key, 2).write_text(json.dumps({"action": "rerun"}))
     outcome, _ = run(task)
-    assert outcome.exit_code == EXIT_HELD
+    assert outcome.exit_code == ExitCode.HELD
     assert of_kind(journal_records(task), "decision") == []
     assert [i["attempt"] for i in intents(task)] == [1]
 
@@ -527,7 +527,7 @@ def test_a_decision_is_spent_by_its_attempt(spool: Spool) -> None:
     crash_in(task, "append_file")
     assert [i["attempt"] for i in intents(task)] == [1, 2]
     outcome, _ = run(task)
-    assert outcome.exit_code == EXIT_HELD
+    assert outcome.exit_code == ExitCode.HELD
     assert of_kind(journal_records(task), "hold")[-1]["calls"][0]["attempt"] == 2
     assert [i["attempt"] for i in intents(task)] == [1, 2]
     (row,) = held_calls(task)
@@ -544,9 +544,9 @@ def test_invalid_decision_file_is_ignored(spool: Spool) -> None:
     task.decisions.mkdir(exist_ok=True)
     path = task.decision_file(intents(task)[0]["key"], 1)
     path.write_text(json.dumps({"action": "launch"}))
-    assert run(task)[0].exit_code == EXIT_HELD
+    assert run(task)[0].exit_code == ExitCode.HELD
     path.write_text("{not json")
-    assert run(task)[0].exit_code == EXIT_HELD
+    assert run(task)[0].exit_code == ExitCode.HELD
     assert of_kind(journal_records(task), "decision") == []
     assert "decision_invalid" in events(task)
 
@@ -556,7 +556,7 @@ def test_dangling_call_of_a_tool_that_is_gone_holds(spool: Spool) -> None:
     task = one_call_task(spool, tool_use("shout", text="hi"), "gone", config=config)
     crash_in(task, "shout", config=config)
     outcome, _ = run(task, tools=ToolRegistry.standard())  # the module was removed
-    assert outcome.exit_code == EXIT_HELD
+    assert outcome.exit_code == ExitCode.HELD
     assert "no longer available" in outcome.reason
 
 
@@ -734,7 +734,7 @@ def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
         state = loop.open()
         assert scene(state) == scene(replayed(task))  # the whole fold: the snapshot was not used
         assert state.messages == done_loop.state.messages
-        assert loop.run() == Outcome("done", "end_turn", EXIT_DONE)
+        assert loop.run() == Outcome("done", "end_turn", ExitCode.DONE)
     finally:
         loop.close()
     assert task.journal.read_bytes() == journal_before, "recorded work was changed"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import tasks
+from supervisor.status import status_row
 from tests.support import (
     journal_records,
     kill_processes_with,
@@ -26,7 +26,7 @@ from tests.support import (
     tool_use,
     unique_sleep,
 )
-from worker.loop import EXIT_DONE
+from worker.protocol import ExitCode
 from worker.spool import Spool
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext, ToolError
@@ -168,11 +168,11 @@ def test_a_worker_without_bwrap_shows_the_refusal_in_status(tmp_path: Path) -> N
         ],
     )
     code = run_worker(task, env={"PATH": str(tmp_path), "AGENTD_CONFIG": str(config)})
-    assert code == EXIT_DONE
+    assert code == ExitCode.DONE
     (result,) = of_kind(journal_records(task), "result")
     assert result["is_error"] and "sandbox is required and bwrap not found" in result["content"]
     assert not (task.path / "workspace" / "ran.txt").exists()
-    row = tasks.status_row(task)
+    row = status_row(task)
     assert row["sandbox"].startswith("refused: bwrap not found")
 
 

@@ -30,9 +30,8 @@ from tests.support import (
 )
 from worker.config import Config
 from worker.errors import STORAGE_ERRNOS, StorageError, storage_fault
+from worker.protocol import ExitCode
 from worker.spool import Spool
-
-EXIT_DONE, EXIT_STORAGE = 0, 7
 
 
 @pytest.fixture
@@ -74,11 +73,11 @@ def test_a_full_disk_stops_the_worker_with_exit_7_and_the_task_resumes(
     filler = disk / "fill"
     fill(filler)
     code, err = finish(start_worker(task))
-    assert code == EXIT_STORAGE, err
+    assert code == ExitCode.STORAGE, err
     assert "Traceback" not in err and "ENOSPC" in err
     kept = journal_records(task)
     filler.unlink()
-    assert run_worker(task) == EXIT_DONE
+    assert run_worker(task) == ExitCode.DONE
     assert journal_records(task)[: len(kept)] == kept
     assert of_kind(journal_records(task), "end")[0]["state"] == "done"
 
@@ -91,11 +90,11 @@ def test_a_full_disk_mid_run_is_exit_7_with_the_records_before_it_kept(disk: Pat
     filler = disk / "fill"
     fill(filler)
     code, err = finish(proc)
-    assert code == EXIT_STORAGE, err
+    assert code == ExitCode.STORAGE, err
     assert "Traceback" not in err
     kept = journal_records(task)
     filler.unlink()
-    assert run_worker(task) == EXIT_DONE
+    assert run_worker(task) == ExitCode.DONE
     assert journal_records(task)[: len(kept)] == kept
 
 
@@ -111,7 +110,7 @@ def test_a_heartbeat_that_cannot_be_written_is_exit_7_before_the_worker_looks_hu
     poll_for(task.heartbeat.exists, 20, what="the first heartbeat")
     fill(disk / "fill")
     code, err = finish(proc, timeout=10)  # well before the model's 30 s
-    assert code == EXIT_STORAGE, err
+    assert code == ExitCode.STORAGE, err
     assert "heartbeat" in err and "Traceback" not in err
 
 
@@ -125,6 +124,6 @@ def test_a_read_only_spool_is_exit_7_from_the_lock_on(disk: Path) -> None:
         code, err = finish(start_worker(task))
     finally:
         assert mount("-o", "remount,rw", str(disk)) is None
-    assert code == EXIT_STORAGE, err
+    assert code == ExitCode.STORAGE, err
     assert "EROFS" in err and "Traceback" not in err
-    assert run_worker(task) == EXIT_DONE
+    assert run_worker(task) == ExitCode.DONE

@@ -23,7 +23,8 @@ from tests.support import (
     unique_sleep,
 )
 from worker.errors import ConfigError, TaskSpecError
-from worker.loop import EXIT_DONE, tool_environment
+from worker.loop import tool_environment
+from worker.protocol import ExitCode
 from worker.tools.builtin import (
     BUILTIN_TOOLS,
     MAX_OUTPUT,
@@ -405,7 +406,7 @@ def test_worker_scrubs_the_api_key_from_commands(tmp_path: Path) -> None:
         ],
         name="canary",
     )
-    assert run_worker(task, env={"ANTHROPIC_API_KEY": CANARY}) == EXIT_DONE
+    assert run_worker(task, env={"ANTHROPIC_API_KEY": CANARY}) == ExitCode.DONE
     (result,) = of_kind(journal_records(task), "result")
     assert "key=[]" in result["content"]
     workspace = task.path / "workspace"

@@ -30,7 +30,7 @@ from tests.support import (
     tool_use,
 )
 from worker.lock import is_locked
-from worker.loop import EXIT_CONFIG, EXIT_DONE, EXIT_FAILED, EXIT_LOCKED, EXIT_STOPPED
+from worker.protocol import ExitCode
 from worker.spool import Spool, TaskDir
 from worker.state import fold
 from worker.store.durable import atomic_write_json, read_json
@@ -66,7 +66,7 @@ def test_success(spool: Spool) -> None:
     )
     proc = start_worker(task)
     code, err = finish(proc)
-    assert code == EXIT_DONE, err
+    assert code == ExitCode.DONE, err
     assert exit_record(task) | {"pid": 0, "at": ""} == {
         "code": 0,
         "state": "done",
@@ -90,7 +90,7 @@ def test_second_worker_exits_at_once_while_the_first_holds_the_lock(spool: Spool
         started = time.monotonic()
         code, err = finish(start_worker(task), timeout=15)
         elapsed = time.monotonic() - started
-        assert code == EXIT_LOCKED
+        assert code == ExitCode.LOCKED
         assert elapsed < 5, f"the second worker took {elapsed:.1f} s to give up"
         lines = err.strip().splitlines()
         assert len(lines) == 1, err
@@ -119,7 +119,7 @@ def test_bad_spec_fails_with_a_one_line_reason(spool: Spool, damage: Any, messag
     spec = json.loads(task.spec.read_text())
     task.spec.write_text(damage(spec))
     code, err = finish(start_worker(task))
-    assert code == EXIT_FAILED
+    assert code == ExitCode.FAILED
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("agentd worker: ")
@@ -134,7 +134,7 @@ def test_missing_script_fails_clearly(spool: Spool) -> None:
     task = scripted_task(spool, [DONE], name="noscript")
     task.script.unlink()
     code, err = finish(start_worker(task))
-    assert code == EXIT_FAILED
+    assert code == ExitCode.FAILED
     assert "the task has no script" in err
     assert len(err.strip().splitlines()) == 1
 
@@ -144,10 +144,10 @@ def test_bad_config_exits_78(spool: Spool, tmp_path: Path) -> None:
     config = tmp_path / "agentd.toml"
     config.write_text("max_workers = 0\n")
     code, err = finish(start_worker(task, args=["--config", str(config)]))
-    assert code == EXIT_CONFIG
+    assert code == ExitCode.CONFIG
     assert "max_workers" in err
     assert len(err.strip().splitlines()) == 1
-    assert exit_record(task)["code"] == EXIT_CONFIG
+    assert exit_record(task)["code"] == ExitCode.CONFIG
 
 
 def test_sigterm_during_a_model_call_stops_cleanly_and_resumes(spool: Spool) -> None:
@@ -166,7 +166,7 @@ def test_sigterm_during_a_model_call_stops_cleanly_and_resumes(spool: Spool) -> 
         code, err = finish(proc, timeout=10)
     finally:
         reap(proc)
-    assert code == EXIT_STOPPED, err
+    assert code == ExitCode.STOPPED, err
     assert time.monotonic() - started < 5, "SIGTERM waited for the model call"
     assert exit_record(task)["state"] == "stopped"
     scan = read_file(task.journal)
@@ -177,7 +177,7 @@ def test_sigterm_during_a_model_call_stops_cleanly_and_resumes(spool: Spool) -> 
     script = json.loads(task.script.read_text())
     script["responses"][1].pop("delay")
     atomic_write_json(task.script, script)
-    assert run_worker(task) == EXIT_DONE
+    assert run_worker(task) == ExitCode.DONE
     after = journal_records(task)
     assert after[: len(before)] == before
     assert [r["turn"] for r in of_kind(after, "turn")] == [1, 2, 3]
@@ -221,7 +221,7 @@ def test_kill_9_mid_run_then_resume_loses_no_turn(spool: Spool, kill_after: int)
     assert len(turns_before) >= kill_after
     assert not of_kind(before, "end"), "the worker finished before it was killed"
 
-    assert run_worker(task) == EXIT_DONE
+    assert run_worker(task) == ExitCode.DONE
     after = journal_records(task)
     turns_after = of_kind(after, "turn")
     assert turns_after[: len(turns_before)] == turns_before, "a recorded turn was lost"

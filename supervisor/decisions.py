@@ -1,0 +1,185 @@
+"""Operator decisions on held calls, and the operator lock they are taken under.
+
+* Decisions on held calls and a cancel are files written exclusively, so of two operators
+  deciding one call exactly one wins.
+* The commands that settle what becomes of a task (a decision, cancel, rewind, retry)
+  check and write under the task's operator lock, one at a time: each sees what the one
+  before it did. So a cancel and a decision that race have exactly one winner, and a
+  cancel is final: no decision, rewind or retry is taken after it.
+* ``pending_decisions`` tells the daemon when a held task may go back to the queue: every
+  held call has a decision its worker will apply (``worker.protocol.usable_decision``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from supervisor.record import ENDED, TaskRecord
+from supervisor.status import held_calls, load_state
+from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
+from worker.events import append_event, utc_now
+from worker.lock import TaskLock
+from worker.protocol import TaskStatus, usable_decision
+from worker.spool import TaskDir
+from worker.store.durable import private_dir, read_bytes, write_exclusive
+from worker.store.files import refuse_symlinks
+
+OPERATOR_LOCK = "operator.lock"  # in the task folder: see ``operator_lock``
+OPERATOR_WAIT = 30.0  # seconds a command waits for another one on the same task
+
+
+@contextlib.contextmanager
+def operator_lock(task: TaskDir, wait: float = OPERATOR_WAIT) -> Iterator[None]:
+    """Hold ``task``'s operator lock for the block (an flock: a killed command drops it).
+
+    Every command that settles what becomes of a task checks and writes under it, so it
+    sees what the command before it did: of a cancel and a decision that race, the first
+    to take the lock wins, and the other finds the cancel (or the decision) and exits 3."""
+    lock = TaskLock(task.path / OPERATOR_LOCK)
+    try:
+        lock.acquire(wait=wait)
+    except LockBusyError as exc:
+        raise StateConflictError(
+            f"another command on task {task.id} (pid {exc.holder_pid}) did not end within "
+            f"{wait:g} s; try again once it has."
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def cancelled(task: TaskDir, record: TaskRecord | None = None) -> bool:
+    """Whether an operator cancelled ``task`` (the daemon may not have applied it yet). A
+    cancel record of a task that ended ``done`` or ``failed`` before the daemon could
+    apply it is moot (``drop_moot_cancel``)."""
+    state = (record or TaskRecord.load(task)).state
+    return state == TaskStatus.CANCELLED or (state not in ENDED and task.cancellation.exists())
+
+
+def refuse_if_cancelled(task: TaskDir, verb: str) -> None:
+    """A cancel is final: StateConflictError for any command that would revive the task."""
+    if cancelled(task):
+        raise StateConflictError(
+            f"task {task.id} was cancelled; a cancelled task takes no {verb}. "
+            f"`agentd fork {task.id} --at TURN` starts a new task from it."
+        )
+
+
+def record_cancel(task: TaskDir) -> None:
+    """Durably record the operator's cancel of ``task`` (``TaskDir.cancellation``, created
+    exclusively), for the daemon to apply; the caller holds the operator lock. Refused
+    when the task has ended, and when a call of it was decided and the decision is not
+    carried out yet: that decision won the race, and the cancel would cut it off."""
+    record = TaskRecord.load(task)
+    if cancelled(task, record):
+        raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
+    record.check_cancel(task.id)
+    decided = _decided_calls(task)
+    if decided:
+        raise StateConflictError(
+            f"call {decided[0]} of task {task.id} was already decided and is not carried out "
+            "yet; cancel the task once its result is recorded (`agentd logs`)."
+        )
+    stamp = {"cancelled_at": utc_now(), "pid": os.getpid()}
+    if not write_exclusive(task.cancellation, json.dumps(stamp).encode()):
+        raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
+
+
+def drop_moot_cancel(task: TaskDir, record: TaskRecord) -> None:
+    """Remove the cancel record of a task that ended ``done`` or ``failed`` before it was
+    applied, so that a rewind or retry of it is not cancelled afterwards. Only under the
+    operator lock: no other command can be reading it then."""
+    if record.state in ENDED:
+        with contextlib.suppress(FileNotFoundError):
+            task.cancellation.unlink()
+
+
+def _decided_calls(task: TaskDir) -> list[str]:
+    """Calls of ``task`` whose operator decision is not carried out yet: held with a
+    decision for the held attempt, or being re-run on one (a dangling attempt right after
+    a decided one, not held again)."""
+    if not task.decisions.is_dir() or task.decisions.is_symlink():
+        return []
+    try:
+        state = load_state(task)
+        held = {h["call_id"]: h.get("attempt") for h in state.held}
+        found = []
+        for call in state.calls.values():
+            if not call.dangling or call.key is None:
+                continue
+            decided = call.attempt if held.get(call.call_id) == call.attempt else call.attempt - 1
+            if decided > 0 and _usable_decision(task.decision_file(call.key, decided)):
+                found.append(call.call_id)
+        return found
+    except (AgentdError, OSError, ValueError, KeyError, TypeError):
+        return []  # a journal no worker can replay: nothing of it will be carried out
+
+
+def decide(
+    task: TaskDir,
+    call_id: str,
+    *,
+    action: str,
+    reason: str | None = None,
+    result: str | None = None,
+) -> dict[str, Any]:
+    """Durably record an operator's decision on one held call of ``task``; refused once
+    the task was cancelled (under the operator lock, so a racing cancel has one winner)."""
+    with operator_lock(task):
+        refuse_if_cancelled(task, "decision")
+        return _decide(task, call_id, action=action, reason=reason, result=result)
+
+
+def _decide(
+    task: TaskDir, call_id: str, *, action: str, reason: str | None, result: str | None
+) -> dict[str, Any]:
+    record = TaskRecord.load(task)
+    rows = {row["call_id"]: row for row in held_calls(task)}
+    if call_id not in rows:
+        raise NotFoundError(
+            f"task {task.id} has no held call {call_id!r} (state {record.state}); "
+            f"`agentd dangling {task.id}` lists the calls that wait for a decision."
+        )
+    row = rows[call_id]
+    decision = {
+        "call_id": call_id,
+        "attempt": row["attempt"],
+        "action": action,
+        "reason": reason,
+        "result": result,
+        "decided_at": utc_now(),
+    }
+    refuse_symlinks(task)
+    private_dir(task.decisions)
+    path = task.decision_file(row["idempotency_key"], row["attempt"])
+    if not write_exclusive(path, json.dumps(decision).encode()):
+        raise StateConflictError(
+            f"call {call_id} of task {task.id} was already decided by someone else "
+            f"({path.name}); `agentd dangling {task.id}` shows what still waits."
+        )
+    append_event(task.events, "dangling_decided", task=task.id, call_id=call_id, action=action)
+    return decision
+
+
+def pending_decisions(task: TaskDir) -> bool:
+    """True when every held call of a held task has a decision file."""
+    rows = held_calls(task)
+    if task.decisions.is_symlink():  # never read through it (the worker does not either)
+        return False
+    return bool(rows) and all(
+        _usable_decision(task.decision_file(r["idempotency_key"], r["attempt"])) for r in rows
+    )
+
+
+def _usable_decision(path: Path) -> bool:
+    """Whether the worker can apply this decision file (``worker.protocol.usable_decision``)."""
+    try:
+        return usable_decision(read_bytes(path))
+    except OSError:
+        return False

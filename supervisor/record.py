@@ -1,0 +1,113 @@
+"""The supervisor's own record of a task (``state.json``): its state, restarts, last exit
+and reason.
+
+Only the holder of the supervisor lock writes it: the running daemon, or a CLI command
+while no daemon runs (``supervisor.control.change_record``). The moves an operator makes
+(cancel, retry, requeue, release a hold) are methods of the record, so the daemon and the
+CLI, which both make them, make them the same way and refuse them the same way: a refused
+move raises ``StateConflictError`` (exit 3) with the one line the CLI prints, and leaves
+the record as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from worker.errors import StateConflictError
+from worker.events import utc_now
+from worker.protocol import TaskStatus
+from worker.spool import TaskDir
+from worker.store.durable import atomic_write_json, read_json
+
+#: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
+FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
+#: The final states a task reaches on its own (a cancel is the operator's).
+ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
+CANCEL_REASON = "cancelled by operator"
+
+
+@dataclass
+class TaskRecord:
+    state: TaskStatus = TaskStatus.QUEUED
+    reason: str | None = None
+    restarts: int = 0
+    last_exit: dict[str, Any] | None = None
+    pid: int | None = None
+    pid_started: float | None = None  # the worker's process start time, for adoption
+    crashes: list[dict[str, Any]] = field(default_factory=list)  # recent: {turn, at}
+    updated_at: str = ""
+
+    @classmethod
+    def load(cls, task: TaskDir) -> TaskRecord:
+        try:
+            data = read_json(task.state)
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError):
+            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is unreadable")
+        state = data.get("state") if isinstance(data, dict) else None
+        if state not in tuple(TaskStatus):
+            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        try:
+            return cls(**{**known, "state": TaskStatus(state)})
+        except TypeError:
+            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
+
+    def save(self, task: TaskDir, *, durable: bool = True) -> None:
+        """Replace the record atomically; ``durable=False`` skips the fsyncs, for a state
+        that recovery never trusts anyway (``running``: the task lock decides)."""
+        self.updated_at = utc_now()
+        atomic_write_json(task.state, asdict(self), durable=durable)
+
+    # -- an operator's moves (task_id only names the task in a refusal) -----------------
+
+    def check_cancel(self, task_id: str) -> None:
+        """Refuse a cancel of a task that has ended: there is nothing left to cancel."""
+        if self.state in FINAL_STATES:
+            raise StateConflictError(f"task {task_id} is already {self.state}; nothing to cancel.")
+
+    def cancel(self, task_id: str) -> None:
+        """Cancel for good: no decision, rewind or retry is taken after it."""
+        self.check_cancel(task_id)
+        self.state, self.reason = TaskStatus.CANCELLED, CANCEL_REASON
+
+    def check_retry(self, task_id: str) -> None:
+        """Refuse a retry of a task that has not failed."""
+        if self.state != TaskStatus.FAILED:
+            raise StateConflictError(
+                f"task {task_id} is {self.state}; only a failed task can be retried."
+            )
+
+    def retry(self, task_id: str) -> None:
+        """Queue a failed task again, with a clean crash history (a crash loop that made it
+        fail would otherwise fail it again at its first crash)."""
+        self.check_retry(task_id)
+        self._queue()
+
+    def requeue(self, task_id: str) -> None:
+        """Queue the task on a scene an operator changed (a rewind), from whatever state it
+        was in, with a clean crash history; never a cancelled one (a cancel is final)."""
+        if self.state == TaskStatus.CANCELLED:
+            raise StateConflictError(
+                f"task {task_id} was cancelled; a cancelled task takes no requeue."
+            )
+        self._queue()
+
+    def release_hold(self, task_id: str) -> None:
+        """Queue a held task whose held calls are all decided: its worker carries the
+        decisions out. Its crash history stays: the hold was no recovery from a crash."""
+        if self.state != TaskStatus.HELD:
+            raise StateConflictError(
+                f"task {task_id} is {self.state}, not held; no hold to release."
+            )
+        self.state, self.reason = TaskStatus.QUEUED, None
+
+    def _queue(self) -> None:
+        self.state, self.reason, self.crashes = TaskStatus.QUEUED, None, []
+
+
+#: One of the moves above, as ``TaskRecord.retry``: applied to a record with its task's id.
+Move = Callable[[TaskRecord, str], None]

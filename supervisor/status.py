@@ -1,0 +1,137 @@
+"""What a task is now, read from its files alone: ``status_row`` builds the JSON of
+DESIGN.md section 3, so `agentd status` works whether or not the daemon runs.
+
+A running task is shown from its worker's heartbeat (cheap, and as fresh as the worker);
+any other from its journal, folded from the snapshot on (``load_state(full=False)``). The
+heartbeat's age is read on the monotonic clock, as the daemon's verdicts are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from supervisor.liveness import Beat
+from supervisor.record import TaskRecord
+from worker.errors import NotFoundError, SpoolError, TaskSpecError
+from worker.protocol import TaskStatus, parse_heartbeat
+from worker.spool import TaskDir
+from worker.state import Call, TaskState
+from worker.store import replay
+from worker.store.durable import read_bytes
+from worker.store.files import FileStore
+
+
+def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
+    """Fold the task's journal (read-only) into its state: ``worker.store.replay.load``.
+    ``full=False`` starts from the snapshot when there is a usable one: fast, but without
+    the per-turn boundaries that rewind and fork need."""
+    return replay.load(FileStore(task.root), task.id, full=full)
+
+
+def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
+    """The worker's last heartbeat, or None when there is none or it does not have the
+    shape a worker writes (``worker.protocol.parse_heartbeat``)."""
+    try:
+        return parse_heartbeat(read_bytes(task.heartbeat))
+    except OSError:
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def beat_age(beat: dict[str, Any]) -> float:
+    """Seconds since the worker wrote ``beat`` (a ``read_heartbeat`` result), now."""
+    mono = time.monotonic()
+    return Beat.of(beat, time.time(), mono).age(mono)
+
+
+def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
+    """The task's dangling calls that wait for an operator, as `agentd dangling` shows them."""
+    state = state or load_state(task)
+    rows = []
+    for hold in state.held:
+        call: Call | None = state.calls.get(hold["call_id"])
+        if call is None or call.result is not None or call.attempt != hold.get("attempt"):
+            continue
+        rows.append(
+            {
+                "task": task.id,
+                "call_id": call.call_id,
+                "tool": call.tool,
+                "input": call.input,
+                "effect": call.effect,
+                "idempotency_key": call.key,
+                "attempt": call.attempt,
+                "started_at": call.started_at,
+                "why": hold.get("why"),
+            }
+        )
+    return rows
+
+
+def status_row(task: TaskDir) -> dict[str, Any]:
+    """One task as `agentd status --json` shows it (DESIGN.md section 3). The heartbeat's
+    age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
+    never shows an age below 0 or an hour off."""
+    record = TaskRecord.load(task)
+    beat = read_heartbeat(task)
+    spec_error = None
+    try:
+        spec = task.load_spec()
+    except (SpoolError, TaskSpecError, NotFoundError) as exc:
+        spec, spec_error = None, str(exc)
+    running = record.state == TaskStatus.RUNNING
+    turn, usage, dangling = 0, {"input_tokens": 0, "output_tokens": 0}, []
+    tokens_used: int | None = None
+    compactions = 0
+    if not running or beat is None:
+        with contextlib.suppress(Exception):  # status must show a broken task, not die on it
+            state = load_state(task, full=False)
+            turn = state.turn
+            tokens_used = state.tokens_used if state.turn else None
+            compactions = len(state.live_compactions())
+            usage = {
+                "input_tokens": state.usage_total.input_tokens,
+                "output_tokens": state.usage_total.output_tokens,
+            }
+            if record.state == TaskStatus.HELD:
+                dangling = held_calls(task, state)
+    if running and beat is not None:
+        turn = int(beat.get("turn", turn))
+        beat_usage = beat.get("usage") or {}
+        usage = {
+            "input_tokens": int(beat_usage.get("input_tokens", 0)),
+            "output_tokens": int(beat_usage.get("output_tokens", 0)),
+        }
+        used = beat.get("tokens_used")
+        tokens_used = used if type(used) is int and turn else None
+        made = beat.get("compactions")
+        compactions = made if type(made) is int else compactions
+    return {
+        "id": task.id,
+        "state": record.state,
+        "pid": record.pid if running else None,
+        "turn": turn,
+        "restarts": record.restarts,
+        "last_exit": record.last_exit,
+        "heartbeat_age": round(beat_age(beat), 3) if running and beat else None,
+        "phase": beat.get("phase") if running and beat else None,
+        # how its last worker ran run_command (worker.tools.sandbox): a fact about that
+        # worker, so it stays shown after the worker ends, unlike the phase
+        "sandbox": _text(beat.get("sandbox")) if beat else None,
+        "usage": usage,
+        "dangling": dangling,
+        "reason": record.reason or spec_error,
+        "workspace": str(task.workspace_for(spec)) if spec else None,
+        "updated_at": record.updated_at or None,
+        "forked_from": spec.forked_from if spec else None,
+        "created_at": spec.created_at or None if spec else None,
+        # the context the model saw at its last call plus what it wrote; null before the
+        # first call, and for a running worker whose heartbeat does not carry it
+        "tokens_used": tokens_used,
+        "compactions": compactions,  # on the live branch (worker.compaction)
+    }

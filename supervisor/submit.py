@@ -1,0 +1,148 @@
+"""Submitting a task: checking what an operator gives, then making its folder.
+
+* ``submit`` checks every input (the prompt, the tools, a script, the workspace) and
+  raises before anything is written when one is bad.
+* ``create_task`` makes the folder; the spec is written last, so a folder without
+  ``spec.json`` is not a task yet and is never picked up half-made.
+* Files an operator names (a prompt, a script, a supplied result) are read up to a cap.
+* ``existing_task`` is how every other command finds a task by its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from supervisor.record import TaskRecord
+from worker.config import Config
+from worker.errors import NotFoundError, TaskSpecError, UsageError
+from worker.events import append_event, utc_now
+from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
+from worker.store.durable import atomic_write, atomic_write_json
+from worker.store.files import make_task_folder, refuse_symlinks
+
+#: Caps on the files an operator names on the command line. Each is read up to its cap and
+#: one byte more, never further, so a wrong path (``/dev/zero``, a log) is refused in one
+#: line instead of being read into memory. A prompt and a supplied result become part of
+#: every later model request; a script is a test fixture of model replies.
+PROMPT_FILE_LIMIT = 1024 * 1024
+SCRIPT_FILE_LIMIT = 16 * 1024 * 1024
+RESULT_FILE_LIMIT = 1024 * 1024
+
+
+def read_input(path: Path, limit: int, option: str) -> bytes:
+    """The bytes of a file named by ``option``, at most ``limit`` of them; a UsageError in
+    one line when it is missing, unreadable or larger."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file; check the path.") from None
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {path}: cannot read it ({exc.strerror or exc}); check the path and its "
+            "permissions."
+        ) from None
+    if len(data) > limit:
+        raise UsageError(
+            f"{option} {path} is larger than the {_size(limit)} a {option} may have; "
+            "name the file you meant, or shorten it."
+        )
+    return data
+
+
+def read_text_input(path: Path, limit: int, option: str) -> str:
+    """``read_input`` as UTF-8 text."""
+    try:
+        return read_input(path, limit, option).decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path} is not UTF-8 text; save it as UTF-8.") from None
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
+
+
+def submit(
+    spool: Spool,
+    config: Config,
+    *,
+    prompt: str,
+    name: str | None = None,
+    model: str | None = None,
+    script: Path | None = None,
+    tools: Sequence[str] | None = None,
+    system: str | None = None,
+    max_turns: int = 100,
+    workspace: Path | None = None,
+) -> TaskDir:
+    """Create a queued task; raises before anything is written when an input is bad."""
+    # Imported here: `agentd status` and the daemon import this module and need neither.
+    from worker.models.scripted import parse_script  # noqa: PLC0415
+    from worker.tools.registry import ToolRegistry  # noqa: PLC0415
+
+    task_id = validate_task_id(name) if name is not None else new_task_id()
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; give --prompt TEXT or --prompt-file FILE.")
+    if max_turns < 1:
+        raise UsageError("--max-turns must be at least 1.")
+    tool_names = normalize_tools(tools)
+    try:
+        ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(tool_names)
+    except TaskSpecError as exc:
+        raise UsageError(str(exc)) from None
+    script_bytes: bytes | None = None
+    if script is not None:
+        script_bytes = read_input(script, SCRIPT_FILE_LIMIT, "--script")
+        try:
+            parse_script(script_bytes, str(script))
+        except TaskSpecError as exc:
+            raise UsageError(str(exc)) from None
+    if workspace is not None:
+        workspace = workspace.expanduser().absolute()
+        if workspace.exists() and not workspace.is_dir():
+            raise UsageError(f"--workspace {workspace} exists and is not a folder.")
+    spec = TaskSpec(
+        id=task_id,
+        prompt=prompt,
+        model=None if model == "scripted" else model,
+        system=system,
+        tools=tool_names,
+        max_turns=max_turns,
+        workspace=str(workspace) if workspace else None,
+        scripted=script is not None or model == "scripted",
+        created_at=utc_now(),
+    )
+    if spec.scripted and script_bytes is None:
+        raise UsageError("the scripted model needs --script FILE with its responses.")
+    return create_task(spool, spec, script_bytes)
+
+
+def create_task(
+    spool: Spool,
+    spec: TaskSpec,
+    script: bytes | None,
+    *,
+    setup: Callable[[TaskDir], None] | None = None,
+) -> TaskDir:
+    """Make the task folder; ``setup`` adds files (a fork's journal) before the spec, which
+    is written last: until then the folder is not a task."""
+    spool.ensure()
+    task = spool.task(spec.id)
+    make_task_folder(task)
+    if script is not None:
+        atomic_write(task.script, script)
+    TaskRecord().save(task)
+    if setup is not None:
+        setup(task)
+    atomic_write_json(task.spec, spec.to_json())  # last: now it is a task
+    append_event(task.events, "task_submitted", task=spec.id)
+    return task
+
+
+def existing_task(spool: Spool, task_id: str) -> TaskDir:
+    task = spool.task(task_id)
+    refuse_symlinks(task)
+    if not task.exists():
+        raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
+    return task

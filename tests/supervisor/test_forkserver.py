@@ -1,0 +1,122 @@
+"""The fork queue (supervisor/forkserver.py): a start asked while the fork server warms
+up waits for it, and what it cannot serve in time is started fresh."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor import forkserver
+from supervisor.forkserver import ForkQueue, ForkServer
+from tests.daemon import Daemon, parse_time
+from tests.support import poll_for, reply, text
+
+
+def cmdline(pid: int) -> str:
+    return " ".join(psutil.Process(pid).cmdline())
+
+
+def test_a_restart_in_the_first_seconds_waits_for_the_warming_fork_server(
+    tmp_path: Path,
+) -> None:
+    """The first scan after `agentd start` finds the task while the fork server is still
+    importing: its first worker starts fresh, as always. Killed at once, it is replaced
+    by a worker the server forks once it is ready, not by another cold start."""
+    daemon = Daemon(tmp_path, "max_workers = 2\n[restart]\nbackoff_initial = 0.05\n")
+    try:
+        task_id = daemon.submit([reply(text("Done."), delay=3.0)], "early")
+        daemon.start()
+        first = poll_for(lambda: daemon.events(task_id, "worker_spawned"), 30, what="a worker")
+        pid = first[0]["pid"]
+        assert "worker.forkserver" not in cmdline(pid)  # a first start does not wait
+        os.kill(pid, signal.SIGKILL)
+        spawned = poll_for(
+            lambda: daemon.events(task_id, "worker_spawned")[1:], 30, what="the restart"
+        )
+        assert "worker.forkserver" in cmdline(spawned[0]["pid"])  # forked, not cold
+        ready = [e for e in daemon.log_events() if e["event"] == "forkserver_ready"]
+        assert ready and parse_time(ready[0]["timestamp"]) <= parse_time(spawned[0]["timestamp"])
+        assert daemon.wait_state(task_id, "done", timeout=30)["restarts"] == 1
+    finally:
+        daemon.cleanup()
+
+
+def never_ready(tmp_path: Path) -> ForkServer:
+    """A fork server whose process lives and never says it is ready."""
+    server = ForkServer(tmp_path / "forkserver.log", {})
+    server.proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    return server
+
+
+class Queue:
+    """A fork queue on a server that is never ready, with what it hands back recorded."""
+
+    def __init__(self, tmp_path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tmp_path = tmp_path
+        self.server = never_ready(tmp_path)
+        self.lost: list[str] = []  # the items handed back to be started fresh
+        self.events: list[str] = []
+        self.queue: ForkQueue[str] = ForkQueue(
+            self.server,
+            answered=lambda asked, pid: None,
+            settle=lambda lost: self.lost.extend(a.item for a in lost),
+            emit=lambda event, **k: self.events.append(event),
+            clock=clock,
+        )
+
+    def ask(self, item: str, *, wait: bool) -> bool:
+        return self.queue.ask(item, 0, self.tmp_path, None, {}, self.tmp_path / "o", wait=wait)
+
+    def run(self, scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            asyncio.run(scenario())
+        finally:
+            self.queue.close()
+            self.server.stop()
+
+
+def test_a_start_waits_for_a_warming_server_only_so_long(tmp_path: Path) -> None:
+    now = [0.0]
+    q = Queue(tmp_path, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        assert not q.ask("t0", wait=False)  # a first start does not wait: started fresh
+        assert q.ask("t1", wait=True)  # waits while the server warms up
+        assert not q.queue.answering  # nothing was sent: no sweep has to wait for it
+        now[0] = forkserver.WARMUP_WAIT - 0.1
+        q.queue.tend()
+        assert q.lost == []
+        now[0] = forkserver.WARMUP_WAIT
+        q.queue.tend()
+        assert q.lost == ["t1"]
+
+    q.run(scenario)
+
+
+def test_a_server_that_dies_warming_up_hands_its_starts_back(tmp_path: Path) -> None:
+    q = Queue(tmp_path)
+
+    async def scenario() -> None:
+        assert q.ask("t1", wait=True)
+        assert q.server.proc is not None
+        q.server.proc.kill()  # its output closes: the watched descriptor says so at once
+        deadline = time.monotonic() + 5.0
+        while not q.lost and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert q.lost == ["t1"]
+        assert "forkserver_failed" in q.events
+
+    q.run(scenario)

@@ -1,0 +1,160 @@
+"""What the worker and the daemon share: the words of the file protocol between them.
+
+The worker writes, the daemon (and the CLI) read: exit codes, task states, the heartbeat,
+the exit record and operator decisions. Each is defined once here, so the two sides
+cannot drift apart, and each works on parsed data (a dict, the bytes of a file): where
+the bytes are kept is the store's business (``worker.store``), not the protocol's.
+
+* ``ExitCode``: a worker's exit status, the daemon's input to its verdict (DESIGN.md
+  section 8). The numbers are public: scripts and unit files test them.
+* ``TaskStatus``: the states of a task record (``state.json``, ``status --json``).
+* ``heartbeat_shaped``/``parse_heartbeat``: what a heartbeat must look like to be used.
+* ``exit_record``/``exit_reason``: the worker's last words (``exit.json``).
+* ``parse_decision``/``usable_decision``: an operator's decision on a held call, as the
+  worker applies it; the daemon requeues a held task only on one the worker will apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import IntEnum, StrEnum
+from typing import Any
+
+
+class ExitCode(IntEnum):
+    """A worker's exit status. Any other code, or a signal, is a crash."""
+
+    DONE = 0
+    ERROR = 1  # an error a restart may fix: the daemon counts it as a crash
+    FAILED = 3
+    HELD = 4
+    STOPPED = 5
+    LOCKED = 6
+    STORAGE = 7  # a storage fault: a wait, never counted as a crash
+    CONFIG = 78
+
+
+#: Exit codes that are a worker's own verdict on its task; any other code, or a signal, is
+#: a crash, whose ``worker_exited`` is a warning (DESIGN.md section 8).
+VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERROR)
+
+
+class TaskStatus(StrEnum):
+    """The state of a task record; its value is what ``state.json`` and ``status --json``
+    carry. A StrEnum compares equal to its text, so a record of an earlier release reads
+    back unchanged."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    HELD = "held"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
+FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
+#: The final states a task reaches on its own (a cancel is the operator's).
+ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
+
+
+# -- the heartbeat ----------------------------------------------------------------------
+
+#: Numbers a heartbeat may carry besides ``at`` (a worker of an earlier release wrote no
+#: monotonic stamps and no interval: ``supervisor.liveness.Beat.of`` falls back for it).
+OPTIONAL_BEAT_TIMES = ("phase_started", "at_mono", "phase_started_mono", "interval")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def heartbeat_shaped(beat: Any) -> bool:
+    """Whether ``beat`` (parsed JSON) has the shape a worker writes. A heartbeat is
+    advisory: garbage in one must not break `agentd status` or the daemon."""
+    if not isinstance(beat, dict):
+        return False
+    usage = beat.get("usage", {})
+    return (
+        _number(beat.get("at"))
+        and all(_number(beat.get(key, 0)) for key in OPTIONAL_BEAT_TIMES)
+        and _whole(beat.get("turn", 0))
+        and _whole(beat.get("pid", 0))
+        and isinstance(beat.get("phase", ""), str)
+        and isinstance(usage, dict)
+        and all(_whole(v) for v in usage.values())
+    )
+
+
+def parse_heartbeat(data: bytes) -> dict[str, Any] | None:
+    """The heartbeat in ``data`` (a heartbeat file's bytes), or None when it is not one."""
+    try:
+        beat = json.loads(data)
+    except ValueError:
+        return None
+    return beat if heartbeat_shaped(beat) else None
+
+
+# -- the exit record --------------------------------------------------------------------
+
+
+def exit_record(code: ExitCode, state: str, reason: str, *, pid: int, at: str) -> dict[str, Any]:
+    """The worker's last words for the daemon: how it ended and why."""
+    return {"code": int(code), "state": state, "reason": reason, "pid": pid, "at": at}
+
+
+def exit_reason(data: bytes, pid: int | None = None) -> str | None:
+    """The reason in an exit record's bytes; with ``pid``, only if that worker wrote it (one
+    that could not write leaves an earlier worker's)."""
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and (pid is None or record.get("pid") == pid):
+        return str(record.get("reason"))
+    return None
+
+
+# -- operator decisions -----------------------------------------------------------------
+
+DECISION_ACTIONS = ("rerun", "skip", "result")
+#: Text fields of a decision the worker records with it, when they are strings.
+DECISION_TEXTS = ("reason", "result", "by")
+
+
+def parse_decision(data: bytes) -> dict[str, str]:
+    """The decision in ``data`` (a decision file's bytes) as the worker records it: its
+    ``action`` and the text fields it carries. ValueError, whose text is the one the
+    worker logs as ``decision_invalid``, when the worker cannot apply it."""
+    return decision_fields(json.loads(data))
+
+
+def decision_fields(decision: Any) -> dict[str, str]:
+    """``parse_decision`` of a decision already parsed as JSON (as a store returns it)."""
+    if not isinstance(decision, dict):
+        decision = {}
+    action = decision.get("action")
+    if action not in DECISION_ACTIONS:
+        raise ValueError("bad action")
+    fields = {"action": str(action)}
+    for name in DECISION_TEXTS:
+        if isinstance(decision.get(name), str):
+            fields[name] = decision[name]
+    return fields
+
+
+def usable_decision(data: bytes) -> bool:
+    """Whether the worker can apply the decision in ``data``. One it cannot must not
+    requeue a held task: the worker would only hold again, and the daemon would restart it
+    for ever."""
+    try:
+        parse_decision(data)
+    except ValueError:
+        return False
+    return True
