@@ -410,8 +410,9 @@ class TaskState:
             ],
         )
         offset = int(data["offset"])
-        if offset < 0:
-            raise ValueError(f"snapshot offset {offset} is negative")
+        if offset <= 0:  # a snapshot follows the journal's header at least: one at the
+            # start would fold the whole journal onto a state that already holds it
+            raise ValueError(f"snapshot offset {offset} is not past the journal's header")
         return state, offset
 
     def clone(self) -> TaskState:

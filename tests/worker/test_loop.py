@@ -704,6 +704,7 @@ def test_resume_from_a_snapshot_equals_a_full_replay(
         "past_the_end",
         "mid_record",
         "negative_offset",
+        "at_the_start",
         "flipped_bit",
     ],
 )
@@ -724,6 +725,9 @@ def test_a_bad_snapshot_is_ignored(spool: Spool, damage: str) -> None:
         "past_the_end": seal_snapshot({**data, "offset": size + 100}),
         "mid_record": seal_snapshot({**data, "offset": size - 7}),
         "negative_offset": seal_snapshot({**data, "offset": -5}),
+        # found by the full fuzz campaign: from offset 0 the whole journal was folded
+        # again onto a state that already held it
+        "at_the_start": seal_snapshot({**data, "offset": 0}),
         "flipped_bit": good[:middle] + bytes([good[middle] ^ 4]) + good[middle + 1 :],
     }[damage]
     assert damaged != good
