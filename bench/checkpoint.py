@@ -514,8 +514,8 @@ def langgraph_graph(conn: Any, agent: Callable[..., Any], route: Callable[..., s
 
     # Functional syntax: with postponed annotations a class body here could not resolve
     # the locally imported add_messages when LangGraph reads the type hints.
-    state_type = TypedDict("State", {"messages": Annotated[list, add_messages]})  # type: ignore[misc]  # noqa: UP013
-    builder = StateGraph(state_type)
+    State = TypedDict("State", {"messages": Annotated[list[Any], add_messages]})  # noqa: UP013  (not a class: see above)
+    builder = StateGraph(State)
     builder.add_node("agent", agent)
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route, ["agent", END])
@@ -998,10 +998,13 @@ def _run(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
         f"{spent / len(agentd_cost):.3f} ms vs median "
         f"{statistics.median(agentd_cost.values()):.3f} ms"
     )
-    for label, p in (("snapshot current", parts), ("100 turns after the snapshot", parts_worst)):
+    for label, split in (
+        ("snapshot current", parts),
+        ("100 turns after the snapshot", parts_worst),
+    ):
         say(
             f"resume @ {fmt_turn(mid)} ({label}): "
-            + ", ".join(f"{k} {v:.2f} ms" for k, v in p.items())
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in split.items())
         )
     snap_size = loops[mid].task.snapshot.stat().st_size
     journal_size = loops[mid].task.journal.stat().st_size

@@ -67,7 +67,7 @@ QUICK = Plan(workers=3, levels=(10,), window=3.0, peer_levels=(), install=False)
 
 
 def hang_reply(turn: int) -> Any:
-    from tests.messages_api import Fault
+    from worker.testing.messages_api import Fault
 
     return Fault.hang(seconds=900.0)
 

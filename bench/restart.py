@@ -3,7 +3,7 @@ worker is killed (``kill -9``) or hangs (``SIGSTOP``), against supervisord resta
 same worker.
 
 The task runs on the real ``anthropic`` SDK against the local Messages API
-(``tests/messages_api.py``, in this process). Every model reply is a ``list_dir`` tool
+(``worker/testing/messages_api.py``, in this process). Every model reply is a ``list_dir`` tool
 call sent after ``REPLY_DELAY`` seconds, so the worker keeps going turn after turn. A
 trial waits until the worker has made progress since it started (a turn recorded, and
 the next model request has arrived) and then kills it while it waits on the model; the
@@ -86,7 +86,7 @@ class Trial:
 
 
 def reply_for_turn(turn: int) -> Any:
-    from tests.messages_api import Reply
+    from worker.testing.messages_api import Reply
 
     if turn >= 900:
         return Reply.text("That is enough listing.")

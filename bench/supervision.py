@@ -16,7 +16,7 @@ Not a benchmark itself (no ``run``); ``bench/restart.py``, ``bench/footprint.py`
 * ``Supervisord``: supervisord 4.3.0 from its own venv under ``bench/.peers/`` (its
   package is named ``supervisor`` like agentd's, so it never goes into agentd's venv),
   running ``python -m worker TASK_DIR`` programs with agentd's interpreter.
-* ``ModelServer``: ``tests.messages_api.MessagesAPIServer`` in this process; it stamps
+* ``ModelServer``: ``worker.testing.messages_api.MessagesAPIServer`` in this process; it stamps
   every request's arrival (``time.monotonic``) so a worker's first model request after
   a kill is the end point of a restart, measured without a file in between.
 * ``child_env``: every process started here runs with bytecode caching on (a pip-installed
@@ -730,7 +730,7 @@ class ModelServer:
     """The local Messages API with a responder by turn, stamping each request's arrival."""
 
     def __init__(self, reply_for_turn: Callable[[int], Any]) -> None:
-        from tests.messages_api import MessagesAPIServer
+        from worker.testing.messages_api import MessagesAPIServer
 
         self.arrivals: list[tuple[float, int]] = []  # (monotonic, turn), in order
         self._cond = threading.Condition()

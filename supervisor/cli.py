@@ -105,7 +105,7 @@ def out(obj: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from worker.tools.registry import find_tool_modules  # noqa: PLC0415
+    from worker.tools.registry import find_tool_modules  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     find_tool_modules(config.tools.modules, source=config.source)
     if args.detach:
@@ -120,10 +120,10 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     # when they can, is kept out: 4.5 MB of the RSS of the one process that never stops
     # (workers and the fork server are processes of their own, with `ssl`).
     sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-    import asyncio  # noqa: PLC0415
+    import asyncio  # noqa: PLC0415  (after `ssl` is kept out, above; only the daemon needs it)
 
-    from supervisor import logging as agentd_logging  # noqa: PLC0415
-    from supervisor.daemon import Supervisor  # noqa: PLC0415
+    from supervisor import logging as agentd_logging  # noqa: PLC0415  (the same)
+    from supervisor.daemon import Supervisor  # noqa: PLC0415  (the same)
 
     if args.log_file:
         try:
@@ -252,7 +252,7 @@ REDRAW = "\033[H\033[J"
 
 
 def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.views import render_status  # noqa: PLC0415
+    from supervisor.views import render_status  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     if args.interval is not None and not args.watch:
         raise UsageError("--interval goes with --watch.")
@@ -339,7 +339,7 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.views import TaskLog, log_line  # noqa: PLC0415
+    from supervisor.views import TaskLog, log_line  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     task = tasks.existing_task(spool, args.task)
     if args.lines is not None and args.lines < 0:
@@ -399,7 +399,7 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.history import history_rows  # noqa: PLC0415
+    from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     task = tasks.existing_task(spool, args.task)
     rows = history_rows(task)
@@ -440,7 +440,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.history import rewind  # noqa: PLC0415
+    from supervisor.history import rewind  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     report = rewind(
         spool, config, args.task, args.to, restore_workspace=args.restore_workspace, yes=args.yes
@@ -461,7 +461,7 @@ def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.history import fork  # noqa: PLC0415
+    from supervisor.history import fork  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     report = fork(spool, config, args.task, args.at, name=args.name, prompt=args.prompt)
     print(report.task)
@@ -471,7 +471,7 @@ def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from worker import config as config_module  # noqa: PLC0415
+    from worker import config as config_module  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     if args.path is not None and args.system:
         raise UsageError("give a PATH or --system, not both.")
@@ -490,9 +490,9 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor import hooks  # noqa: PLC0415
-    from worker import config as config_module  # noqa: PLC0415
-    from worker.tools.registry import ToolRegistry  # noqa: PLC0415
+    from supervisor import hooks  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from worker import config as config_module  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from worker.tools.registry import ToolRegistry  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     if args.file is not None:
         config = load_config(Path(args.file))
@@ -523,8 +523,8 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
 
 
 def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor import unit  # noqa: PLC0415
-    from worker.config import CONFIG_ENV, SYSTEM_CONFIG  # noqa: PLC0415
+    from supervisor import unit  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from worker.config import CONFIG_ENV, SYSTEM_CONFIG  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     # The user unit serves what this user's CLI resolves; the system unit the machine's
     # config and its StateDirectory, unless the operator names others.
@@ -551,14 +551,14 @@ def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_completion(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor import clidoc  # noqa: PLC0415
+    from supervisor import clidoc  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     print(clidoc.completion(build_parser(), args.shell), end="")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.demo import run_demo  # noqa: PLC0415
+    from supervisor.demo import run_demo  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     return run_demo(keep=args.keep)
 

@@ -399,7 +399,7 @@ def _roff(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m supervisor.clidoc man|bash|zsh|fish``: print one rendering."""
     from supervisor.cli import build_parser  # noqa: PLC0415  (cli imports this module)
-    from worker import __version__  # noqa: PLC0415
+    from worker import __version__  # noqa: PLC0415  (beside the one above, for one place)
 
     what = (list(argv) if argv is not None else sys.argv[1:]) or ["man"]
     parser = build_parser()

@@ -471,7 +471,7 @@ class Supervisor:
         if fd is None:  # no inotify to be had: watchfiles (a thread that polls it)
             if "ssl" in sys.modules and sys.modules["ssl"] is None:
                 del sys.modules["ssl"]  # kept out by `agentd start`; anyio needs it
-            from watchfiles import awatch  # noqa: PLC0415
+            from watchfiles import awatch  # noqa: PLC0415  (after `ssl`, only without inotify)
 
             async for _changes in awatch(inbox, debounce=50, step=20, recursive=False):
                 self._doorbell(inbox)

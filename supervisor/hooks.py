@@ -114,7 +114,7 @@ class HookRunner:
         task, name = str(event["task"]), str(event["event"])
         try:
             stdin = tempfile.TemporaryFile()  # noqa: SIM115  (closed when the hook ends)
-            stderr = tempfile.TemporaryFile()  # noqa: SIM115
+            stderr = tempfile.TemporaryFile()  # noqa: SIM115  (the same)
         except OSError as exc:
             self._report(task, hook, f"cannot start it: {exc}")
             return

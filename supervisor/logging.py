@@ -5,7 +5,7 @@ Every event goes through the same processor chain::
     merge_contextvars -> add_log_level -> timestamp (ISO 8601, UTC) -> format_exc_info
         -> redact -> JSONRenderer | ConsoleRenderer
 
-``redact`` (from ``worker.events``, the one redactor) removes API keys and credentials
+``redact`` (from ``worker.redactor``, the one redactor) removes API keys and credentials
 anywhere in the event (DESIGN.md section 4: the key never appears in the logs).
 
 Lines are written by a ``LogSink``, never by the stream's own ``write``: a log on a full,
@@ -42,14 +42,8 @@ from typing import Any, Literal, TextIO, cast
 import structlog
 from structlog.typing import FilteringBoundLogger, Processor
 
-from worker.events import (
-    REDACTED,
-    Redactor,
-    TaskEventLog,
-    read_events,
-    read_events_from,
-    redact,
-)
+from worker.events import TaskEventLog, read_events, read_events_from
+from worker.redactor import REDACTED, Redactor, redact
 from worker.store.durable import open_private
 
 __all__ = [
@@ -221,7 +215,7 @@ def reset() -> None:
 def log_to_file(path: Path) -> None:
     """Send this process's stdout and stderr to ``path`` (appended; created 0600), and
     remember it for ``reopen_log_file``. Raises OSError when it cannot be opened."""
-    global _log_file  # noqa: PLW0603
+    global _log_file  # noqa: PLW0603  (the same)
     _redirect_output(path)
     _log_file = path
 

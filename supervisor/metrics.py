@@ -232,7 +232,7 @@ class Metrics:
 
 def families(sample: Sample) -> Iterator[Metric]:
     """The exposition of one sample."""
-    from prometheus_client.core import (  # noqa: PLC0415
+    from prometheus_client.core import (  # noqa: PLC0415  (only a daemon with [metrics] loads it)
         CounterMetricFamily,
         GaugeMetricFamily,
         HistogramMetricFamily,
@@ -310,8 +310,8 @@ class MetricsServer:
         is the caller's to report."""
         if "ssl" in sys.modules and sys.modules["ssl"] is None:
             del sys.modules["ssl"]  # kept out by `agentd start`; prometheus_client needs it
-        from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
-        from prometheus_client.registry import Collector  # noqa: PLC0415
+        from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415  (after `ssl`)
+        from prometheus_client.registry import Collector  # noqa: PLC0415  (the same)
 
         server = self
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from supervisor.logging import reset as reset_logging
+from tests import postgres
 from worker import config, credentials
 
 
@@ -44,3 +45,17 @@ def _reset_credentials() -> Iterator[None]:
     credentials.hold(credentials.Credentials())
     yield
     credentials.hold(credentials.Credentials())
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL for the whole run: ``$AGENTD_TEST_POSTGRES`` or a throwaway server;
+    skipped off CI when neither can be had (tests/postgres.py)."""
+    yield from postgres.server_url()
+
+
+@pytest.fixture
+def postgres_schema(postgres_url: str) -> Iterator[str]:
+    """The URL of an empty schema of the test's own (its search_path), dropped after."""
+    with postgres.fresh_schema(postgres_url) as url:
+        yield url

@@ -43,13 +43,14 @@ T = TypeVar("T")
 
 
 def poll_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = 10.0,
     *,
     interval: float = 0.01,
     what: str | None = None,
 ) -> T:
-    """Call ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    """Call ``predicate`` until it returns something truthy, and return that (never None);
+    fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -66,14 +66,14 @@ def say(line: str) -> None:
 
 def make_model(task: TaskDir, spec: TaskSpec) -> Model:
     if spec.scripted:
-        from worker.models.scripted import ScriptedModel  # noqa: PLC0415
+        from worker.models.scripted import ScriptedModel  # noqa: PLC0415  (scripted tasks only)
 
         return ScriptedModel.from_file(task.script)
     # The SDK's import (seconds, cold) is part of start-up, never of the first model
     # call, whose deadline would otherwise pay for it (free after the fork server's).
-    import anthropic  # noqa: F401, PLC0415
+    import anthropic  # noqa: F401, PLC0415  (imported for its cost at start-up: see above)
 
-    from worker.models.messages_api import MessagesAPIModel  # noqa: PLC0415
+    from worker.models.messages_api import MessagesAPIModel  # noqa: PLC0415  (API tasks only)
 
     held = credentials.held()
     return MessagesAPIModel(

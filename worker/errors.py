@@ -14,7 +14,9 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
     │   ├── LockBusyError                    another process holds the lock
     │   ├── FencedError                      a step of an owner whose ownership moved
-    │   └── RecordConflictError              a task record changed since it was read
+    │   ├── RecordConflictError              a task record changed since it was read
+    │   └── SchemaVersionError       exit 78 the database's schema is not this release's
+    ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
         ├── RetryableModelError              a fault worth retrying (429, 5xx, cut stream)
@@ -105,6 +107,17 @@ class FencedError(SpoolError):
 
 class RecordConflictError(SpoolError):
     """A task record was changed by someone else since it was read: read it again."""
+
+
+class SchemaVersionError(SpoolError):
+    """The shared store's schema is newer than this release, or not agentd's: running
+    against it could corrupt what newer nodes wrote, and a restart will not fix it."""
+
+    exit_code = 78
+
+
+class ClusterError(AgentdError):
+    """A throwaway PostgreSQL (``supervisor.pgcluster``) could not be made or started."""
 
 
 class TaskSpecError(AgentdError):

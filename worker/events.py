@@ -1,11 +1,8 @@
-"""Per-task lifecycle events and the one redactor of secrets.
+"""Per-task lifecycle events: ``TASK/events.jsonl``.
 
-``TASK/events.jsonl`` holds one redacted JSON object a line. Both the worker and the
-supervisor append to it (each event is one ``write`` with ``O_APPEND``), so ``agentd
-logs`` tells one story per task. ``Redactor`` is what keeps API keys and credentials
-out of every log line and event file (DESIGN.md section 4) and, through
-``clean_secrets``, the key out of every tool result before it is recorded or sent
-(section 5); ``supervisor.logging`` puts the same instance in the structlog chain.
+The file holds one redacted JSON object a line (``worker.redactor`` cleans each event
+before it is written). Both the worker and the supervisor append to it (each event is
+one ``write`` with ``O_APPEND``), so ``agentd logs`` tells one story per task.
 """
 
 from __future__ import annotations
@@ -13,143 +10,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from worker import credentials
+from worker.redactor import Redactor, redact
 
 
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-#: What a secret is replaced with.
-REDACTED = "[redacted]"
-
-# Values of keys named like these are secrets, whatever they hold. A key matches when
-# its last word is one of these (after lowercasing and turning "-" into "_"), so
-# `x-api-key` and `access_token` match while `input_tokens` and `max_tokens` do not.
-_SECRET_KEY = re.compile(
-    r"(?:^|_)(?:api_?key|access_key|private_key|authorization|token|secret|password|passwd"
-    r"|cookie|credentials?)$"
-)
-# Secrets inside any string: Anthropic keys, and the credential of an HTTP auth header.
-_ANTHROPIC_KEY = re.compile(r"sk-ant-[A-Za-z0-9_-]+")
-_AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-# The literal values of secret-named environment variables ($ANTHROPIC_API_KEY, say, or
-# $GITHUB_TOKEN) and of the secrets the process holds (worker.credentials: the key is in
-# no environment) are redacted too, unless too short to be real secrets: redacting every
-# "x" would make logs unreadable and protect nothing.
-_MIN_LITERAL_SECRET = 8
-_MAX_DEPTH = 16
-
-
-class Redactor:
-    """Processor that replaces secrets in an event dict, at any depth.
-
-    The value of a secret-named key becomes ``[redacted]``; inside every other string,
-    each substring shaped like a secret does (the rest of the message stays readable).
-    Containers are copied, never changed in place: they may belong to the caller.
-
-    ``environ``: where secret-named variables are read (default: this process's);
-    ``secrets``: the secret values to replace wherever they appear (default: those the
-    process holds at the time of each call, ``worker.credentials.held``).
-    """
-
-    def __init__(
-        self, environ: Mapping[str, str] | None = None, secrets: Collection[str] | None = None
-    ) -> None:
-        self._environ = os.environ if environ is None else environ
-        self._secrets = secrets
-
-    def __call__(self, logger: Any, method_name: str, event_dict: Any) -> Any:
-        """The structlog processor interface."""
-        return self.clean_mapping(event_dict)
-
-    def clean_mapping(self, mapping: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``mapping`` without secrets."""
-        return self._mapping(mapping, self._literals(), 0)
-
-    def clean_text(self, text: str) -> str:
-        """``text`` with every secret-shaped substring replaced."""
-        return self._text(text, self._literals())
-
-    def clean_secrets(self, text: str) -> str:
-        """``text`` with every known secret value replaced, and nothing else: for a tool's
-        output, which is the model's view of the world (a file that says "Basic idea" or
-        holds an example key keeps it; only values known to be secrets go)."""
-        return _replace_literals(text, self._literals())
-
-    def _literals(self) -> list[str]:
-        known = credentials.held().secrets() if self._secrets is None else self._secrets
-        found = {
-            value
-            for name, value in self._environ.items()
-            if len(value) >= _MIN_LITERAL_SECRET and _is_secret_key(name)
-        }
-        found.update(v for v in known if len(v) >= _MIN_LITERAL_SECRET)
-        # longest first: a secret that contains another is replaced whole
-        return sorted(found, key=len, reverse=True)
-
-    def _mapping(
-        self, mapping: Mapping[Any, Any], literals: list[str], depth: int
-    ) -> dict[Any, Any]:
-        clean: dict[Any, Any] = {}
-        for key, value in mapping.items():
-            if isinstance(key, str) and _is_secret_key(key):
-                clean[key] = REDACTED if value is not None else None
-            else:
-                clean[key] = self._value(value, literals, depth + 1)
-        return clean
-
-    def _value(self, value: Any, literals: list[str], depth: int) -> Any:
-        if value is None or isinstance(value, bool | int | float):
-            return value
-        if isinstance(value, str):
-            return self._text(value, literals)
-        if depth > _MAX_DEPTH:
-            return self._text(_safe_repr(value), literals)
-        if isinstance(value, Mapping):
-            return self._mapping(value, literals, depth)
-        if isinstance(value, list | tuple):
-            items = [self._value(v, literals, depth + 1) for v in value]
-            return items if isinstance(value, list) else tuple(items)
-        # Any other object is rendered through its repr later: if that would show a
-        # secret (an exception quoting a header, say), log the cleaned text instead.
-        text = _safe_repr(value)
-        clean = self._text(text, literals)
-        return value if clean == text else clean
-
-    def _text(self, text: str, literals: list[str]) -> str:
-        text = _replace_literals(text, literals)
-        if "sk-ant-" in text:
-            text = _ANTHROPIC_KEY.sub(REDACTED, text)
-        return _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
-
-
-#: The redaction processor, with the secrets this process holds and those of its environment.
-redact = Redactor()
-
-
-def _replace_literals(text: str, literals: list[str]) -> str:
-    for literal in literals:
-        if literal in text:
-            text = text.replace(literal, REDACTED)
-    return text
-
-
-def _is_secret_key(name: str) -> bool:
-    return _SECRET_KEY.search(name.lower().replace("-", "_")) is not None
-
-
-def _safe_repr(value: object) -> str:
-    try:
-        return repr(value)
-    except Exception:  # a broken __repr__ must not take logging down with it
-        return f"<{type(value).__name__} object>"
 
 
 # -- per-task event files --------------------------------------------------------------

@@ -39,13 +39,13 @@ from worker.credentials import take_over
 
 def preload() -> None:
     """Import everything a worker needs, then keep it out of the collector's way."""
-    import anthropic  # noqa: F401, PLC0415
-    import psutil  # noqa: F401, PLC0415
+    import anthropic  # noqa: F401, PLC0415  (imported to be in memory before the forks)
+    import psutil  # noqa: F401, PLC0415  (the same)
 
-    import worker.__main__  # noqa: PLC0415
-    import worker.models.messages_api  # noqa: PLC0415
-    import worker.models.scripted  # noqa: PLC0415
-    import worker.tools.builtin  # noqa: F401, PLC0415
+    import worker.__main__  # noqa: PLC0415  (preloaded here, not at the module's import)
+    import worker.models.messages_api  # noqa: PLC0415  (the same)
+    import worker.models.scripted  # noqa: PLC0415  (the same)
+    import worker.tools.builtin  # noqa: F401, PLC0415  (the same: it registers the tools)
 
     warm_sdk()
     gc.collect()
@@ -100,10 +100,10 @@ def warm_sdk() -> None:
     both clients are closed before any fork. Best effort: a failure here only leaves that
     work to the workers."""
     with contextlib.suppress(Exception):
-        import anthropic  # noqa: PLC0415
-        import httpx2  # noqa: PLC0415
+        import anthropic  # noqa: PLC0415  (inside the best-effort block: a failure is suppressed)
+        import httpx2  # noqa: PLC0415  (the same)
 
-        from worker.models.messages_api import tls_context  # noqa: PLC0415
+        from worker.models.messages_api import tls_context  # noqa: PLC0415  (the same)
 
         http_client = anthropic.DefaultHttpxClient(verify=tls_context())
         anthropic.Anthropic(api_key="preload", max_retries=0, http_client=http_client).close()
@@ -148,7 +148,7 @@ def _become_worker(request: dict[str, Any]) -> None:
     args = [request["task"]]
     if request.get("config"):
         args += ["--config", request["config"]]
-    from worker.__main__ import main  # noqa: PLC0415
+    from worker.__main__ import main  # noqa: PLC0415  (in the forked child, after its environment is set)
 
     code = 1
     try:

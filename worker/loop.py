@@ -48,12 +48,13 @@ from worker.errors import (
     TaskSpecError,
     storage_fault,
 )
-from worker.events import event_line, redact, utc_now
+from worker.events import event_line, utc_now
 from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
 from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
 from worker.models.retry import call_with_retries
 from worker.reconcile import Action, plan
+from worker.redactor import redact
 from worker.spool import TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay

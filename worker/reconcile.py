@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from worker.state import Call
-from worker.tools.registry import Effect, Tool
+from worker.tools.tool import Effect, Tool
 
 
 class Action(StrEnum):

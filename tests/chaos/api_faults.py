@@ -2,7 +2,7 @@
 
 A real daemon (``agentd start --detach``) runs tasks on the ``anthropic`` backend, whose
 ``ANTHROPIC_BASE_URL`` points at an in-process local Messages API
-(``tests.messages_api.MessagesAPIServer``) that validates every transcript it is sent the
+(``worker.testing.messages_api.MessagesAPIServer``) that validates every transcript it is sent the
 way the API does. Each task is a 5-turn tool-using script (``tests.faults.common.mixed_plan``:
 ``write_file``, unsafe ``append_file``, keyed ``outbox_send``; 6 turns in full mode) that
 the server answers by turn. At random turns of each task the server serves faults instead
@@ -68,9 +68,15 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure, format_figures, violations
-from tests.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply, stream_events
 from worker.lock import holder_pid, is_locked
 from worker.spool import Spool, TaskDir
+from worker.testing.messages_api import (
+    DEFAULT_API_KEY,
+    Fault,
+    MessagesAPIServer,
+    Reply,
+    stream_events,
+)
 
 FAULT = "api faults"
 JSON = dict[str, Any]

@@ -107,7 +107,9 @@ def _append(line: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _line(ctx: ToolContext, kind: str, name: str, effect: Effect, tag: str, result: str) -> dict:
+def _line(
+    ctx: ToolContext, kind: str, name: str, effect: Effect, tag: str, result: str
+) -> dict[str, Any]:
     return {
         "kind": kind,
         "tool": name,

@@ -164,8 +164,10 @@ def loop_pids(cells: list[Cell]) -> dict[str, set[int]]:
                 found[arg].add(proc.pid)
     for cell in cells:
         pid = recorded_pid(cell)
-        with contextlib.suppress(psutil.Error, TypeError):
-            proc = psutil.Process(pid)  # type: ignore[arg-type]
+        if pid is None:  # (psutil.Process(None) would be this process)
+            continue
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
             if proc.status() != psutil.STATUS_ZOMBIE and cell.token in proc.cmdline():
                 found[cell.token].add(proc.pid)
     return found

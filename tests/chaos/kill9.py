@@ -2,7 +2,7 @@
 
 Each trial submits a task (``supervisor.tasks.submit``) on the ``anthropic`` backend, whose
 ``ANTHROPIC_BASE_URL`` points at a standalone local Messages API server
-(``python -m tests.messages_api --by-turn``) that validates every transcript it is sent the
+(``python -m worker.testing.messages_api --by-turn``) that validates every transcript it is sent the
 way the real API does. The task runs a 10-turn script of 14 tool calls of every effect
 class (``tests.chaos.effect_tools``; 5 unsafe), four turns with two tool_uses, and every
 side effect lands in an external effects log outside the spool. Then, until it is done:
@@ -66,13 +66,13 @@ from tests.chaos.effect_tools import (
     read_log,
 )
 from tests.faults.report import Figure
-from tests.messages_api import DEFAULT_API_KEY
 from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
 from worker.store.journal import read_file
+from worker.testing.messages_api import DEFAULT_API_KEY
 
 JSON = dict[str, Any]
 MODEL = "claude-chaos-kill9"
@@ -398,7 +398,7 @@ def api_server(
     """The standalone local Messages API (by turn index): its base URL and record file."""
     script, port_file, record = root / "api-script.json", root / "api.port", root / "api.jsonl"
     script.write_text(json.dumps({"responses": responses, "api_key": DEFAULT_API_KEY}))
-    argv = [sys.executable, "-m", "tests.messages_api", "--by-turn", "--exit-with-parent"]
+    argv = [sys.executable, "-m", "worker.testing.messages_api", "--by-turn", "--exit-with-parent"]
     argv += ["--port-file", str(port_file), "--script-file", str(script)]
     argv += ["--record-file", str(record)]
     proc = procs.start(argv, _worker_env({}), root / "api.log")
@@ -775,7 +775,7 @@ class Trial:
 
         # no tool ran without a durable intent; keys stay the same across attempts
         intents: Counter[str] = Counter()
-        keys: dict[str, set[str]] = {}
+        keys: dict[str, set[str | None]] = {}  # None: a call recorded with no key
         for record in final:
             if record.get("k") == "intent":
                 intents[record["call_id"]] += 1
@@ -787,16 +787,15 @@ class Trial:
             if count > intents[call_id]:
                 res.ran_without_intent += count - intents[call_id]
                 res.fail(f"call {call_id} ran {count} times, {intents[call_id]} intents")
-        used: dict[str, set[str]] = {}
+        used: dict[str, set[str | None]] = {}
         for line in lines:
             if line.get("effect") == "keyed" and line.get("kind") in ("effect", "dup"):
                 used.setdefault(line["call_id"], set()).add(line.get("key"))
         for call_id, seen_keys in used.items():
             if len(keys.get(call_id, set()) | seen_keys) != 1:
                 res.keys_changed += 1
-                res.fail(
-                    f"keyed call {call_id} used keys {sorted(keys.get(call_id, set()) | seen_keys)}"
-                )
+                every = sorted(keys.get(call_id, set()) | seen_keys, key=str)
+                res.fail(f"keyed call {call_id} used keys {every}")
 
         world = self.effects.with_name(self.effects.name + ".world")
         for name, value in FINAL_KV.items():

@@ -322,11 +322,11 @@ def refused(daemon: Daemon, plan: Plan, tally: Tally, root: Path) -> None:
                 tally.note(f"{' '.join(command)}: {result.err!r}")
     for name in judged:
         row = daemon.wait_state(name, "done", "failed", "held", "cancelled", timeout=60)
-        result = call_result(daemon, name, first_call(daemon, name)) or {}
+        recorded = call_result(daemon, name, first_call(daemon, name)) or {}
         finished = workspace_file(daemon, name, "out.txt") == "start\nfinished\n"
-        if not finished or "exit code 0" not in str(result.get("content")):
+        if not finished or "exit code 0" not in str(recorded.get("content")):
             tally.cut_by_refused += 1
-            tally.note(f"{name}: cut off ({row['state']}, {result.get('content')!r})")
+            tally.note(f"{name}: cut off ({row['state']}, {recorded.get('content')!r})")
         left = changes_left(daemon, name)
         if row["state"] != "done" or left:
             tally.changed_by_refused += 1
@@ -511,8 +511,12 @@ def orphans(daemon: Daemon, tally: Tally, count: int) -> None:
         daemon.start()
     for name in names:
         tally.orphans += 1
+
+        def ended(pid: int = pids[name]) -> bool:
+            return not alive(pid)
+
         try:
-            poll_for(lambda n=name: not alive(pids[n]), 10, what=f"{name}'s worker to end")
+            poll_for(ended, 10, what=f"{name}'s worker to end")
         except AssertionError:
             tally.cancelled_ran_again += 1
             tally.note(f"{name}: its worker runs on after the cancel")

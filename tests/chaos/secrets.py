@@ -4,7 +4,7 @@ the spool, has (DESIGN.md section 5, "a tool cannot read the API key").
 A real daemon (``agentd start``, in the foreground and with ``--detach``) is given a canary
 key, in turn through each of its sources: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_API_KEY_FILE``
 and a systemd credential (``$CREDENTIALS_DIRECTORY/anthropic_api_key``). Its workers run
-on the real SDK against the local Messages API server (``tests.messages_api``), which
+on the real SDK against the local Messages API server (``worker.testing.messages_api``), which
 accepts no key but the canary, so every request that is answered proves the key reached
 the SDK. Tasks run fresh workers (queued before the daemon starts, so they start before
 the fork server is ready) and forked ones (after it is ready); every task's one tool call
@@ -60,9 +60,10 @@ from supervisor import tasks
 from supervisor.control import ring, running_pid
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
-from tests.messages_api import MessagesAPIServer, Reply, by_turn
 from tests.support import REPO, journal_records, of_kind, poll_for, worker_env
-from worker.events import REDACTED, read_events
+from worker.events import read_events
+from worker.redactor import REDACTED
+from worker.testing.messages_api import MessagesAPIServer, Reply, by_turn
 
 FAULT = "secrets"
 PREFIX = "agentd-canary-"

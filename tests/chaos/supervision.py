@@ -2,7 +2,7 @@
 
 Each class runs a real daemon (``python -m supervisor start``, ``tests.daemon.Daemon``) on
 its own spool, with real workers (forked by the daemon's fork server) on the scripted
-model, or on the real SDK against the local Messages API server (``tests.messages_api``).
+model, or on the real SDK against the local Messages API server (``worker.testing.messages_api``).
 
 6. ``kill -9`` of the daemon under load. Tasks of 15 to 60 turns call tools of every
    effect class (``list_dir``/``read_file`` read-only, ``write_file`` idempotent,
@@ -79,10 +79,10 @@ from supervisor.control import ring
 from supervisor.daemon import TOOL_DEADLINE_SLACK
 from tests.daemon import Daemon, WorkerCensus, alive, parse_time, subreaper
 from tests.faults.report import Figure, print_figures, violations
-from tests.messages_api import Fault, MessagesAPIServer, Reply
 from tests.support import assert_paired, journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.errors import AgentdError
 from worker.loop import EXIT_LOCKED
+from worker.testing.messages_api import Fault, MessagesAPIServer, Reply
 
 JSON = dict[str, Any]
 KILLS, HANGS, LOAD = "6 daemon kill -9", "7 hangs and stalls", "9 load + worker kill -9"

@@ -194,7 +194,10 @@ class Campaign:
         died meanwhile is counted and started again (it adopts the task's worker)."""
         self.count += 1
         task_id = self.daemon.submit(attack_script(command), name=f"a{self.count}")
-        ended = lambda r: r["state"] in FINAL  # noqa: E731
+
+        def ended(row: dict[str, Any]) -> bool:
+            return row["state"] in FINAL
+
         row = self.daemon.wait_row(task_id, lambda r: ended(r) or not self._daemon_alive(), 30)
         if not self._daemon_alive():
             self.tally.daemon_lost += 1

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from unittest import mock
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -50,7 +50,6 @@ from hypothesis import strategies as st
 
 from supervisor import cli
 from tests.faults.common import (
-    REPO,
     STABLE_ENV,
     clone_task,
     final_state,
@@ -62,7 +61,7 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure
-from tests.support import make_loop, reply, scene, scripted_task, text, tool_use, worker_env
+from tests.support import REPO, make_loop, reply, scene, scripted_task, text, tool_use, worker_env
 from worker.config import default_config_text, load_config
 from worker.errors import AgentdError
 from worker.models.base import ModelRequest
@@ -92,6 +91,8 @@ json_values = st.recursive(
     ),
     max_leaves=10,
 )
+
+T = TypeVar("T")
 
 
 def mutated(base: dict[str, Any]) -> st.SearchStrategy[Any]:
@@ -166,8 +167,9 @@ class Tally:
     changed: list[str] = field(default_factory=list)  # records changed / bad input taken
     changed_name: str = "records changed"
 
-    def run(self, fn: Callable[[], object], sample: Any) -> object:
-        """Call ``fn``; tally an AgentdError's lines and any other exception as a crash."""
+    def run(self, fn: Callable[[], T], sample: Any) -> T | None:
+        """Call ``fn`` and return what it did; tally an AgentdError's lines and any other
+        exception as a crash (then None)."""
         self.examples += 1
         try:
             return fn()
@@ -227,7 +229,7 @@ def fuzz_journal(n: int, seed: int, sample: list[dict[str, Any]]) -> Tally:
         found = tally.run(lambda: scan(data), example)
         if found is None:
             return
-        got = [r for r, _ in found.records]  # type: ignore[attr-defined]
+        got = [r for r, _ in found.records]
         if how == "random":
             return
         if any(r not in sample for r in got):
@@ -279,7 +281,7 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
             opened = tally.run(loop.open, example)
             if opened is None:
                 return
-            (snapshot,) = loaded  # type: ignore[misc]
+            (snapshot,) = loaded
             offset = snapshot.cursor.position if snapshot is not None else 0
             if kind == "flipped" and offset != 0:
                 tally.changed.append(f"a snapshot with a flipped bit was trusted: {data!r:.100}")
@@ -397,11 +399,11 @@ def fuzz_script(n: int, seed: int, root: Path) -> Tally:
         if responses is None:
             return
         tally.examples -= 1
-        ids = tally.run(lambda: replies(responses), example)  # type: ignore[arg-type]
+        ids = tally.run(lambda: replies(responses), example)
         if ids is None:
             return
-        bad = [i for i in ids if not isinstance(i, str) or not CALL_ID.fullmatch(i)]  # type: ignore[attr-defined]
-        if bad or len(set(ids)) != len(ids):  # type: ignore[arg-type]
+        bad = [i for i in ids if not isinstance(i, str) or not CALL_ID.fullmatch(i)]
+        if bad or len(set(ids)) != len(ids):
             tally.changed.append(f"tool_use ids {ids!r:.100} from {value!r:.160}")
 
     explore(strategy, check, n, seed)
@@ -518,9 +520,9 @@ def fuzz_config(n: int, seed: int, root: Path) -> Tally:
             path.write_text(value, errors="surrogatepass")
         config = tally.run(lambda: load_config(path, environ={}), example)
         if config is not None and not (
-            0 < config.heartbeat.interval < config.heartbeat.timeout  # type: ignore[attr-defined]
-            and config.max_workers >= 1  # type: ignore[attr-defined]
-            and listens(config.metrics.address)  # type: ignore[attr-defined]
+            0 < config.heartbeat.interval < config.heartbeat.timeout
+            and config.max_workers >= 1
+            and listens(config.metrics.address)
             and compacts_sensibly(config)
         ):
             tally.changed.append(f"accepted {value!r:.160}")
@@ -588,7 +590,7 @@ def fuzz_decisions(n: int, seed: int, root: Path) -> Tally:
         new = [r.get("k") for r in after[len(before) :]]
         if after[: len(before)] != before or any(k != "hold" for k in new):
             tally.changed.append(f"{how} decision {data!r:.100} recorded {new}")
-        elif outcome is not None and outcome.state != "held":  # type: ignore[attr-defined]
+        elif outcome is not None and outcome.state != "held":
             tally.changed.append(f"{how} decision {data!r:.100} ended the hold: {outcome}")
 
     explore(strategy, check, n, seed)

@@ -46,7 +46,6 @@ from typing import Any
 from supervisor import cli
 from supervisor.tasks import TaskRecord
 from tests.faults.common import (
-    REPO,
     STABLE_ENV,
     final_state,
     reap_spool,
@@ -55,7 +54,7 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure
-from tests.support import reply, scripted_task, text, tool_use, worker_env
+from tests.support import REPO, reply, scripted_task, text, tool_use, worker_env
 from worker.spool import Spool, TaskDir
 from worker.store.journal import JOURNAL_VERSION, encode
 

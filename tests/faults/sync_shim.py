@@ -24,7 +24,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
 
 BACKGROUND = "journal-sync"
 
@@ -61,8 +64,9 @@ def install(spec: str, log_path: str | None, journal_kill: int = 0) -> None:
         if hit:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def fdatasync(fd: int) -> None:
+    def fdatasync(fd: FileDescriptorLike) -> None:  # os.fdatasync's own signature
         nonlocal count
+        fd = fd if isinstance(fd, int) else fd.fileno()
         journal_call(_path(fd))
         thread = threading.current_thread().name
         hit = False

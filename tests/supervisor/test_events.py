@@ -211,7 +211,11 @@ def test_a_hook_that_hangs_is_cut_at_10_s_while_the_daemon_serves_on(
     def cut() -> list[dict[str, Any]]:
         return [e for e in daemon.log_events() if e["event"] == "hook_failed"]
 
-    failed = poll_for(lambda: len(cut()) == 2 and cut(), 15, what="both hooks cut")
+    def both() -> list[dict[str, Any]] | None:
+        found = cut()
+        return found if len(found) == 2 else None
+
+    failed = poll_for(both, 15, what="both hooks cut")
     assert {e["task"] for e in failed} == {first, second}
     assert all(e["level"] == "warning" and e["why"] == "killed after 10 s" for e in failed)
     assert all(e["hook"] == "on_done" for e in failed)

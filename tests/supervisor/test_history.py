@@ -17,7 +17,6 @@ import pytest
 from supervisor import history, tasks
 from supervisor.cli import main
 from supervisor.history import fork, history_rows, rewind
-from tests.messages_api import MessagesAPIServer, Reply
 from tests.support import (
     REPO,
     assert_paired,
@@ -38,6 +37,7 @@ from worker.lock import TaskLock
 from worker.models.messages_api import MessagesAPIModel
 from worker.spool import Spool, TaskDir
 from worker.store.journal import Journal
+from worker.testing.messages_api import MessagesAPIServer, Reply
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
 CONFIG = Config()

@@ -127,7 +127,11 @@ def test_a_hup_to_the_daemons_process_group_reaches_no_worker(daemon: Daemon) ->
     assert daemon.proc is not None
     for n in range(1, 4):
         os.killpg(daemon.proc.pid, signal.SIGHUP)  # (its own session: its group is its pid)
-        poll_for(lambda n=n: len(logged(daemon, "config_reloaded")()) == n, 10, what="a reload")
+
+        def reloaded(n: int = n) -> bool:
+            return len(logged(daemon, "config_reloaded")()) == n
+
+        poll_for(reloaded, 10, what="a reload")
     assert all(alive(pid) for pid in pids.values())
     for task_id in ids:
         row = daemon.wait_state(task_id, "done", timeout=30)

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from supervisor.tasks import submit
-from tests.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply
 from tests.support import (
     assert_paired,
     finish,
@@ -31,6 +30,7 @@ from worker.loop import EXIT_DONE
 from worker.models.messages_api import MessagesAPIModel
 from worker.spool import Spool, TaskDir
 from worker.state import fold
+from worker.testing.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply
 
 TURNS = 30  # write_file calls before the last reply
 LIMIT = 3000  # the server's window, in its tokens (a request's JSON size over 4)

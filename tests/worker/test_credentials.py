@@ -27,8 +27,8 @@ from tests.support import (
 from worker import credentials
 from worker.credentials import API_KEY, AUTH_TOKEN, HANDOVER, Credentials
 from worker.errors import ConfigError
-from worker.events import REDACTED, Redactor
 from worker.loop import EXIT_DONE
+from worker.redactor import REDACTED, Redactor
 
 CANARY = "canary-key-0123456789abcdef"
 

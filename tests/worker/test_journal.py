@@ -11,6 +11,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -38,6 +39,9 @@ from worker.store.journal import (
     scan,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
+
 FIXTURES = Path(__file__).parent / "fixtures"
 V1_JOURNAL = FIXTURES / "journal-v1"  # a finished 4-turn task, written by the format-1 code
 
@@ -51,11 +55,11 @@ def no_umask() -> Iterator[None]:
         os.umask(old)
 
 
-def _records(n: int, size: int = 40) -> list[dict[str, object]]:
+def _records(n: int, size: int = 40) -> list[dict[str, Any]]:
     return [{"k": "turn", "turn": i, "text": f"record {i} " + "x" * size} for i in range(n)]
 
 
-def _write_journal(path: Path, records: list[dict[str, object]]) -> list[int]:
+def _write_journal(path: Path, records: list[dict[str, Any]]) -> list[int]:
     """A journal holding ``records`` after its header; the end offset of every record."""
     journal, replay = Journal.open(path)
     assert [r["k"] for r in replay] == ["header"]  # a new journal hands back its header
@@ -365,7 +369,12 @@ def test_deferred_records_become_durable_with_the_next_sync(
     journal, _ = Journal.open(path)
     syncs: list[int] = []
     real = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd))[1])
+
+    def sync(fd: int) -> None:
+        syncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
     with journal:
         journal.append([{"k": "result", "call_id": "a"}], sync=False)
         assert syncs == []
@@ -406,9 +415,12 @@ def test_background_syncs_share_one_thread_that_ends_with_the_journal(
 ) -> None:
     syncs: list[str] = []
     real = os.fdatasync
-    monkeypatch.setattr(
-        os, "fdatasync", lambda fd: (syncs.append(threading.current_thread().name), real(fd))[1]
-    )
+
+    def sync(fd: int) -> None:
+        syncs.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
 
     def sync_threads() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "journal-sync"]
@@ -432,7 +444,12 @@ def test_held_records_ride_on_the_next_write(
     journal, _ = Journal.open(path)
     writes: list[int] = []
     real = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: (writes.append(len(data)), real(fd, data))[1])
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(len(data))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
     size = journal.size
     journal.hold([{"k": "turn", "turn": 1}])
     assert writes == [] and path.stat().st_size == size == journal.size  # not on disk yet
@@ -475,8 +492,8 @@ def observed_syncs() -> Iterator[list[int]]:
     sizes: list[int] = []
     real = os.fdatasync
 
-    def observed(fd: int) -> None:
-        size = os.fstat(fd).st_size
+    def observed(fd: FileDescriptorLike) -> None:  # os.fdatasync's own signature
+        size = os.fstat(fd if isinstance(fd, int) else fd.fileno()).st_size
         real(fd)
         sizes.append(size)
 

@@ -669,9 +669,9 @@ def test_resume_from_a_snapshot_equals_a_full_replay(
     assert 0 < snapshot["offset"] < task.journal.stat().st_size
 
     starts: list[int] = []
-    real_open = journal_module.Journal.open.__func__  # type: ignore[attr-defined]
+    real_open = journal_module.Journal.open.__func__  # type: ignore[attr-defined]  # a classmethod's function
 
-    def spy(cls: type, path: Path, start: int = 0, **header: Any) -> Any:
+    def spy(cls: type[journal_module.Journal], /, path: Path, start: int = 0, **header: Any) -> Any:
         starts.append(start)
         return real_open(cls, path, start, **header)
 
@@ -750,7 +750,7 @@ def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> N
     task = scripted_task(spool, [*responses, DONE], name="cadence")
     writes: list[tuple[int, int, int]] = []  # (turn, journal size, snapshot size)
     loop = make_loop(task, snapshot_every=1)
-    real = files_module.atomic_write
+    real = files_module.atomic_write  # type: ignore[attr-defined]  # patched where it is used
 
     def spy(path: Path, data: bytes, **kw: Any) -> None:
         if path == task.snapshot:  # on the snapshot thread: the loop may be past it

@@ -24,11 +24,17 @@ from typing import Any
 
 import pytest
 
-from tests.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply, validate_request
 from worker.errors import ModelError, RetryableModelError
 from worker.models.base import ModelRequest, Usage
 from worker.models.messages_api import MessagesAPIModel
 from worker.models.retry import call_with_retries
+from worker.testing.messages_api import (
+    DEFAULT_API_KEY,
+    Fault,
+    MessagesAPIServer,
+    Reply,
+    validate_request,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 5.0  # the model's silence timeout
@@ -39,7 +45,7 @@ USAGE = {
     "cache_creation_input_tokens": 30,
     "cache_read_input_tokens": 900,
 }
-HELLO = [{"role": "user", "content": "hello"}]
+HELLO: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
 TOOLS = [{"name": "write_file", "description": "w", "input_schema": {"type": "object"}}]
 
 
@@ -288,15 +294,16 @@ def test_non_streaming_sdk_calls_work_too(server: MessagesAPIServer) -> None:
     import anthropic
 
     client = anthropic.Anthropic(api_key=server.api_key, base_url=server.base_url, max_retries=0)
+    hello: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hello"}]
     try:
         server.replies.append(Reply.tool_use("write_file", {"path": "a"}, usage=USAGE))
-        message = client.messages.create(model="m", max_tokens=50, messages=HELLO)
+        message = client.messages.create(model="m", max_tokens=50, messages=hello)
         assert message.stop_reason == "tool_use"
         assert message.content[0].type == "tool_use"
         assert message.usage.cache_read_input_tokens == 900
         server.faults.append(Fault.overloaded())
         with pytest.raises(anthropic.InternalServerError) as info:
-            client.messages.create(model="m", max_tokens=50, messages=HELLO)
+            client.messages.create(model="m", max_tokens=50, messages=hello)
         assert info.value.status_code == 529
     finally:
         client.close()
@@ -413,7 +420,7 @@ def test_standalone_server_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     }
     (tmp_path / "script.json").write_text(json.dumps(script))
     port_file, record = tmp_path / "port", tmp_path / "requests.jsonl"
-    argv = [sys.executable, "-m", "tests.messages_api", "--port-file", str(port_file)]
+    argv = [sys.executable, "-m", "worker.testing.messages_api", "--port-file", str(port_file)]
     argv += ["--script-file", str(tmp_path / "script.json"), "--record-file", str(record)]
     with subprocess.Popen(argv, cwd=REPO) as proc:
         try:

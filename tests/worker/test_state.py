@@ -218,7 +218,7 @@ def journals(draw: st.DrawFn) -> list[dict[str, Any]]:
             stop = draw(st.sampled_from(["end_turn", "max_tokens", "pause_turn", "refusal"]))
         else:  # the loop calls the model again only after these
             stop = draw(st.sampled_from(["max_tokens", "pause_turn"]))
-        if ids and draw(st.integers(0, 4)):
+        if ids and draw(st.integers(0, 4)) != 0:
             stop = "tool_use"
         records.append(turn(n, *ids, stop=stop))
         if stop == "max_tokens":  # the loop answers cut-off calls at once, unexecuted

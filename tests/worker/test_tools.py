@@ -72,7 +72,8 @@ def ctx_for(
     return ToolContext(workspace, "t1", "toolu_1", key, timeout, env, sandbox or Sandbox())
 
 
-def run(t: Tool, workspace: Path, sandbox: Sandbox | None = None, **data: object) -> str:
+def run(t: Tool, workspace: Path, sandbox: Sandbox | None = None, /, **data: object) -> str:
+    """Run tool ``t`` with input ``data`` (any name, ``sandbox`` too: it is positional)."""
     return t.run(ctx_for(workspace, sandbox=sandbox), t.check_input(data))
 
 
@@ -91,7 +92,7 @@ def tree(path: Path) -> dict[str, bytes | None]:
 
 
 @tool(effect=Effect.READ_ONLY)
-def sample(
+def sample(  # type: ignore[no-untyped-def]  # `loose` has no hint on purpose (its schema)
     ctx: ToolContext,
     name: str,
     count: int,

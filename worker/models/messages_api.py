@@ -29,6 +29,7 @@ from worker import credentials
 from worker.errors import ContextTooLongError, ModelError, RetryableModelError
 from worker.models.base import JSON, ModelReply, ModelRequest, Usage
 from worker.models.retry import ThrottledError
+from worker.redactor import REDACTED
 
 if TYPE_CHECKING:
     import ssl
@@ -53,7 +54,7 @@ def tls_context() -> ssl.SSLContext:
 
 @functools.cache
 def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
-    import httpx2  # noqa: PLC0415 - lazy, with the SDK
+    import httpx2  # noqa: PLC0415  (lazy, with the SDK)
 
     return httpx2.create_ssl_context(verify=True, trust_env=True)
 
@@ -87,8 +88,8 @@ class MessagesAPIModel:
     # -- the Model protocol ---------------------------------------------------------------
 
     def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
-        import anthropic  # noqa: PLC0415 - lazy: the SDK takes a second to import
-        import httpx2  # noqa: PLC0415 - lazy, with the SDK
+        import anthropic  # noqa: PLC0415  (lazy: the SDK takes a second to import)
+        import httpx2  # noqa: PLC0415  (lazy, with the SDK)
 
         params: dict[str, Any] = {
             "model": request.model,
@@ -131,7 +132,7 @@ class MessagesAPIModel:
     def _get_client(self) -> anthropic.Anthropic:
         if self._client is not None:
             return self._client
-        import anthropic  # noqa: PLC0415 - lazy: the SDK takes a second to import
+        import anthropic  # noqa: PLC0415  (lazy: the SDK takes a second to import)
 
         options: dict[str, Any] = {"max_retries": 0}
         if self._api_key is not None:
@@ -263,7 +264,7 @@ class MessagesAPIModel:
     def _scrub(self, text: str) -> str:
         """One line, bounded, with every known secret replaced."""
         for secret in self._secrets():
-            text = text.replace(secret, "[redacted]")
+            text = text.replace(secret, REDACTED)
         text = " ".join(text.split())
         return text if len(text) <= 400 else text[:397] + "..."
 

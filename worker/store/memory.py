@@ -30,7 +30,7 @@ from worker.errors import (
     StateConflictError,
     StorageError,
 )
-from worker.events import redact
+from worker.redactor import redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState
 from worker.store.base import (

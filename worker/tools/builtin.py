@@ -18,8 +18,8 @@ from typing import IO
 
 from worker.store.durable import atomic_write, private_dir, write_exclusive
 from worker.tools.paths import confine
-from worker.tools.registry import Effect, Tool, ToolContext, ToolError, tool
 from worker.tools.sandbox import SandboxRefused
+from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
 
 MAX_READ = 1024 * 1024
 MAX_OUTPUT = 64 * 1024

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from worker.tools.registry import ToolError
+from worker.tools.tool import ToolError
 
 
 def confine(workspace: Path, user_path: str) -> Path:

@@ -1,162 +1,34 @@
-"""Declaring tools: the ``@tool`` decorator, effect classes and the registry.
+"""The tools one task may use: ``ToolRegistry``, made of the built-in tools
+(``worker.tools.builtin``) and the ``Tool`` objects of the user modules that
+``[tools] modules`` names.
 
-A tool is a plain function whose first parameter is a ``ToolContext`` and whose other
-parameters are its input; the JSON schema the model sees is built from their type hints::
-
-    @tool(effect=Effect.IDEMPOTENT)
-    def write_file(ctx: ToolContext, path: str, content: str) -> str:
-        "Write a file in the workspace."
-
-The effect class says what happens to a *dangling* call (started, never recorded as
-finished) on resume (DESIGN.md section 5). A tool may add a reconcile check,
-``reconcile(ctx, input) -> str | None``: it returns the call's result when it can tell
-that the call already took effect, and None when it cannot tell.
+Tools are declared with ``worker.tools.tool`` (``@tool``, ``Effect``, ``ToolContext``);
+those names are re-exported here, the import path the README gives to users who write
+tools.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
-import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from worker.errors import ConfigError, TaskSpecError
-from worker.tools.sandbox import Sandbox
+from worker.tools import builtin
+from worker.tools.tool import Effect, Reconcile, Tool, ToolContext, ToolError, tool
 
-
-class Effect(StrEnum):
-    READ_ONLY = "read_only"
-    IDEMPOTENT = "idempotent"
-    KEYED = "keyed"
-    UNSAFE = "unsafe"
-
-    @property
-    def rerun_safe(self) -> bool:
-        return self is not Effect.UNSAFE
-
-
-class ToolError(Exception):
-    """Raised by a tool to give the model an error result with this message."""
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What one call of a tool is given. ``env`` is the scrubbed environment a tool's
-    processes get; ``sandbox`` how ``run_command`` contains them (``worker.tools.sandbox``)."""
-
-    workspace: Path
-    task_id: str
-    call_id: str
-    idempotency_key: str
-    timeout: float
-    env: Mapping[str, str] = field(default_factory=dict)
-    sandbox: Sandbox = field(default_factory=Sandbox)
-
-
-Reconcile = Callable[[ToolContext, dict[str, Any]], str | None]
-
-_JSON_TYPES: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    dict: "object",
-    list: "array",
-}
-
-
-def _schema_of(hint: Any) -> dict[str, Any]:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _schema_of(args[0]) if len(args) == 1 else {}
-    if origin is list:
-        (item,) = typing.get_args(hint) or (Any,)
-        items = _schema_of(item)
-        return {"type": "array", "items": items} if items else {"type": "array"}
-    if origin is dict:
-        return {"type": "object"}
-    if hint in _JSON_TYPES:
-        return {"type": _JSON_TYPES[hint]}
-    return {}
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    effect: Effect
-    input_schema: dict[str, Any]
-    func: Callable[..., str]
-    reconcile: Reconcile | None = None
-
-    def api_definition(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-        }
-
-    def check_input(self, data: Any) -> dict[str, Any]:
-        """Validate ``data`` against the schema; raise ToolError saying what is wrong."""
-        if not isinstance(data, dict):
-            raise ToolError(f"{self.name}: input must be a JSON object")
-        props: dict[str, Any] = self.input_schema["properties"]
-        for key in self.input_schema.get("required", []):
-            if key not in data:
-                raise ToolError(f"{self.name}: missing required input {key!r}")
-        for key, value in data.items():
-            if key not in props:
-                raise ToolError(f"{self.name}: unknown input {key!r}; allowed: {sorted(props)}")
-            expected = props[key].get("type")
-            if expected and not _matches(value, expected):
-                raise ToolError(f"{self.name}: input {key!r} must be of type {expected}")
-        return data
-
-    def run(self, ctx: ToolContext, data: dict[str, Any]) -> str:
-        return str(self.func(ctx, **data))
-
-
-def _matches(value: Any, expected: str) -> bool:
-    if expected == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if expected == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
-    return isinstance(value, kinds.get(expected, object))
-
-
-def tool(
-    name: str | None = None,
-    *,
-    effect: Effect,
-    description: str | None = None,
-    reconcile: Reconcile | None = None,
-) -> Callable[[Callable[..., str]], Tool]:
-    """Turn a function into a ``Tool``; see the module docstring."""
-
-    def wrap(func: Callable[..., str]) -> Tool:
-        hints = typing.get_type_hints(func)
-        params = list(inspect.signature(func).parameters.values())[1:]
-        properties: dict[str, Any] = {}
-        required: list[str] = []
-        for param in params:
-            properties[param.name] = _schema_of(hints.get(param.name, Any))
-            if param.default is inspect.Parameter.empty:
-                required.append(param.name)
-        schema: dict[str, Any] = {"type": "object", "properties": properties}
-        if required:
-            schema["required"] = required
-        doc = description or inspect.getdoc(func) or func.__name__
-        return Tool(name or func.__name__, doc, Effect(effect), schema, func, reconcile)
-
-    return wrap
+__all__ = [
+    "Effect",
+    "Reconcile",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "find_tool_modules",
+    "tool",
+]
 
 
 class ToolRegistry:
@@ -194,8 +66,6 @@ class ToolRegistry:
     def standard(cls, modules: Iterable[str] = (), *, source: Path | None = None) -> ToolRegistry:
         """The built-in tools plus every ``Tool`` defined in the user modules; ``source``
         is the config file that lists them, named in the error when one fails."""
-        from worker.tools import builtin  # noqa: PLC0415  (builtin imports this module)
-
         registry = cls(builtin.BUILTIN_TOOLS)
         for i, module_name in enumerate(modules):
             try:

@@ -34,7 +34,7 @@ Faults (``Fault.<name>(...)``, or ``{"fault": "<name>", ...}`` in JSON): ``statu
 closed mid-stream), ``no_message_stop``, ``bad_tool_json``, ``hang`` (silence, or a stall
 after some events, bounded by ``seconds`` and ended at once by ``close()``).
 
-Standalone: ``python -m tests.messages_api --port-file F --script-file S [--record-file R]
+Standalone: ``python -m worker.testing.messages_api --port-file F --script-file S [--record-file R]
 [--by-turn] [--exit-with-parent]`` where S is
 ``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
 Replies are served in order, one per request; with ``--by-turn`` (``by_turn(responses)``
@@ -67,7 +67,7 @@ Event = tuple[str, JSON]
 DEFAULT_API_KEY = "sk-ant-test-local-key"
 
 TOP_LEVEL_FIELDS = frozenset(
-    "model max_tokens messages system tools tool_choice stream temperature top_p top_k "  # noqa: SIM905
+    "model max_tokens messages system tools tool_choice stream temperature top_p top_k "  # noqa: SIM905  (a word list reads shorter)
     "metadata stop_sequences thinking service_tier container mcp_servers context_management "
     "output_config".split()
 )
@@ -238,7 +238,7 @@ class Fault:
 
 
 FAULT_NAMES = frozenset(  # what ``{"fault": NAME, ...}`` may name: the Fault class methods
-    "status_error rate_limit server_error overloaded drop cut no_message_stop bad_tool_json "  # noqa: SIM905
+    "status_error rate_limit server_error overloaded drop cut no_message_stop bad_tool_json "  # noqa: SIM905  (the same)
     "stream_error hang".split()
 )
 
@@ -706,7 +706,9 @@ class MessagesAPIServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.messages_api", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.testing.messages_api", description=__doc__
+    )
     parser.add_argument("--port-file", required=True, type=Path)
     parser.add_argument("--script-file", required=True, type=Path)
     parser.add_argument("--record-file", type=Path, help="append one JSON line per request")

@@ -1,0 +1,272 @@
+"""The fenced append, the claim and the renewal (worker/store/pglease.py), on a real
+PostgreSQL: fencing, SKIP LOCKED races between real connections, round trips counted."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.postgres import SeverableProxy
+from tests.support import poll_for
+from worker.errors import FencedError, NotFoundError
+from worker.store import pgschema
+from worker.store.pglease import Lease, append, claim, renew
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@pytest.fixture
+def db(postgres_schema: str) -> Iterator[str]:
+    """A URL of a migrated, empty schema."""
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        pgschema.migrate(conn)
+    yield postgres_schema
+
+
+def connect(url: str) -> Conn:
+    return psycopg.connect(url, autocommit=True)
+
+
+def add_tasks(conn: Conn, *ids: str, state: str = "queued", after: str = "0 s") -> None:
+    for task_id in ids:
+        conn.execute(
+            "INSERT INTO tasks (id, spec, state, runnable_at) "
+            "VALUES (%s, '{}', %s, now() + %s::interval)",
+            (task_id, state, after),
+        )
+
+
+def journal(conn: Conn, task_id: str) -> list[tuple[int, int, bytes]]:
+    rows = conn.execute(
+        "SELECT seq, epoch, record FROM journal WHERE task = %s ORDER BY seq", (task_id,)
+    ).fetchall()
+    return [(seq, epoch, bytes(record)) for seq, epoch, record in rows]
+
+
+def only(leases: list[Lease]) -> Lease:
+    assert len(leases) == 1, leases
+    return leases[0]
+
+
+# -- the fenced append -----------------------------------------------------------------
+
+
+def test_appends_under_the_lease_record_in_order_and_advance_the_seq(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        lease = only(claim(conn, "a", 1, 30))
+        assert (lease.epoch, lease.seq) == (1, 0)
+        assert append(conn, "t1", lease.epoch, 0, [b"header"]) == 1
+        assert append(conn, "t1", lease.epoch, 1, [b"turn 1", b"result 1"]) == 3
+        assert append(conn, "t1", lease.epoch, 3, []) == 3
+        assert journal(conn, "t1") == [(1, 1, b"header"), (2, 1, b"turn 1"), (3, 1, b"result 1")]
+        assert conn.execute("SELECT seq FROM tasks WHERE id = 't1'").fetchone() == (3,)
+
+
+def test_an_append_after_a_takeover_records_nothing(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        old = only(claim(conn, "a", 1, 0.2))
+        append(conn, "t1", old.epoch, 0, [b"one"])
+        new = only(poll_for(lambda: claim(conn, "b", 1, 30), what="the lease to expire"))
+        assert (new.epoch, new.seq, new.node) == (old.epoch + 1, 1, "b")
+
+        with pytest.raises(FencedError, match="lease moved to epoch 2") as caught:
+            append(conn, "t1", old.epoch, 1, [b"two from the old owner", b"and more"])
+        assert "\n" not in str(caught.value)
+        assert journal(conn, "t1") == [(1, 1, b"one")]
+        assert conn.execute("SELECT seq FROM tasks WHERE id = 't1'").fetchone() == (1,)
+
+        assert append(conn, "t1", new.epoch, new.seq, [b"two"]) == 2
+        assert journal(conn, "t1") == [(1, 1, b"one"), (2, 2, b"two")]
+
+
+def test_an_append_after_a_stale_seq_records_nothing(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        lease = only(claim(conn, "a", 1, 30))
+        append(conn, "t1", lease.epoch, 0, [b"one", b"two"])
+        for stale in (0, 1, 3):
+            with pytest.raises(FencedError, match=f"at seq 2, not {stale}"):
+                append(conn, "t1", lease.epoch, stale, [b"other"])
+        assert journal(conn, "t1") == [(1, 1, b"one"), (2, 1, b"two")]
+
+
+def test_retrying_an_append_that_committed_unseen_is_not_a_second_step(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        lease = only(claim(conn, "a", 1, 30))
+        assert append(conn, "t1", lease.epoch, 0, [b"one", b"two"]) == 2
+        assert append(conn, "t1", lease.epoch, 0, [b"one", b"two"]) == 2  # the retry
+        assert journal(conn, "t1") == [(1, 1, b"one"), (2, 1, b"two")]
+
+
+def test_an_append_to_a_missing_task_says_so(db: str) -> None:
+    with connect(db) as conn, pytest.raises(NotFoundError, match="no longer exists"):
+        append(conn, "gone", 1, 0, [b"x"])
+
+
+def test_an_append_costs_one_round_trip(db: str, postgres_url: str) -> None:
+    """One statement, its own transaction: no BEGIN, no COMMIT, no read of the fence."""
+    with SeverableProxy.in_front_of(postgres_url) as proxy, connect(proxy.url_for(db)) as conn:
+        add_tasks(conn, "t1")
+        lease = only(claim(conn, "a", 1, 30))
+        seq = 0
+        for _ in range(8):  # past psycopg's prepare_threshold: the steady state
+            seq = append(conn, "t1", lease.epoch, seq, [b"x" * 1000])
+        before = proxy.exchanges
+        for _ in range(5):
+            seq = append(conn, "t1", lease.epoch, seq, [b"y" * 1000])
+        assert proxy.exchanges - before == 5
+        before = proxy.exchanges
+        renew(conn, lease, 30)
+        assert proxy.exchanges - before == 1
+
+
+def test_a_connection_cut_before_the_reply_leaves_the_step_whole_or_absent(
+    db: str, postgres_url: str
+) -> None:
+    with connect(db) as setup:
+        add_tasks(setup, "t1")
+        lease = only(claim(setup, "a", 1, 30))
+    with SeverableProxy.in_front_of(postgres_url) as proxy:
+        conn = connect(proxy.url_for(db))
+        append(conn, "t1", lease.epoch, 0, [b"one"])
+        proxy.sever()
+        with pytest.raises(psycopg.OperationalError):
+            append(conn, "t1", lease.epoch, 1, [b"two", b"three"])
+        proxy.restore()
+        with connect(proxy.url_for(db)) as again:
+            # Whether or not it landed, the retry leaves exactly one copy of the step.
+            assert append(again, "t1", lease.epoch, 1, [b"two", b"three"]) == 3
+            assert [r for _, _, r in journal(again, "t1")] == [b"one", b"two", b"three"]
+
+
+# -- the claim -------------------------------------------------------------------------
+
+
+def test_a_claim_takes_runnable_tasks_up_to_its_limit_oldest_first(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "q1", "q2", "q3")
+        add_tasks(conn, "later", state="backoff", after="1 hour")
+        add_tasks(conn, "due", state="backoff", after="-1 hour")
+        add_tasks(conn, "h", state="held")
+        add_tasks(conn, "d", state="done")
+        first = claim(conn, "a", 2, 30)
+        assert [lease.task_id for lease in first] == ["due", "q1"]
+        assert {(lease.node, lease.epoch) for lease in first} == {("a", 1)}
+        rest = claim(conn, "b", 10, 30)
+        assert [lease.task_id for lease in rest] == ["q2", "q3"]
+        assert claim(conn, "c", 10, 30) == []
+        assert claim(conn, "c", 0, 30) == []
+        rows = conn.execute("SELECT id, state, node FROM tasks ORDER BY id").fetchall()
+        assert rows == [("d", "done", None), ("due", "running", "a"), ("h", "held", None),
+                        ("later", "backoff", None), ("q1", "running", "a"),
+                        ("q2", "running", "b"), ("q3", "running", "b")]  # fmt: skip
+
+
+def test_a_claim_skips_a_task_another_transaction_has_locked_without_waiting(db: str) -> None:
+    with connect(db) as conn, connect(db) as other:
+        add_tasks(conn, "t1", "t2")
+        with other.transaction():
+            other.execute("SELECT id FROM tasks WHERE id = 't1' FOR UPDATE")
+            conn.execute("SET statement_timeout = '5s'")  # a wait would fail the test
+            assert [lease.task_id for lease in claim(conn, "a", 10, 30)] == ["t2"]
+        assert [lease.task_id for lease in claim(conn, "a", 10, 30)] == ["t1"]
+
+
+def test_racing_nodes_claim_each_task_exactly_once(db: str) -> None:
+    tasks = [f"t{n:03}" for n in range(120)]
+    with connect(db) as conn:
+        add_tasks(conn, *tasks)
+    nodes = [f"node-{n}" for n in range(8)]
+    claimed: dict[str, list[Lease]] = {node: [] for node in nodes}
+    start = threading.Barrier(len(nodes))
+    errors: list[BaseException] = []
+
+    def run(node: str) -> None:
+        try:
+            with connect(db) as mine:
+                start.wait(30)
+                while leases := claim(mine, node, 3, 60):
+                    claimed[node] += leases
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(node,)) for node in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    every = [lease.task_id for leases in claimed.values() for lease in leases]
+    assert sorted(every) == tasks  # each task once: none lost, none twice
+    assert {lease.epoch for leases in claimed.values() for lease in leases} == {1}
+    assert sum(1 for leases in claimed.values() if leases) > 1, "no race happened"
+    with connect(db) as conn:
+        owners: dict[str, str] = dict(conn.execute("SELECT id, node FROM tasks").fetchall())
+    assert all(owners[lease.task_id] == node for node, ls in claimed.items() for lease in ls)
+
+
+# -- the renewal -----------------------------------------------------------------------
+
+
+def test_a_renewal_extends_the_lease_while_the_epoch_holds(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        lease = only(claim(conn, "a", 1, 0.5))
+        renewed = renew(conn, lease, 60)
+        assert renewed.expires > lease.expires
+        assert (renewed.task_id, renewed.epoch) == ("t1", lease.epoch)
+        assert claim(conn, "b", 1, 30) == []  # still held: the renewal kept it
+
+
+def test_a_renewal_after_a_takeover_is_refused(db: str) -> None:
+    with connect(db) as conn:
+        add_tasks(conn, "t1")
+        old = only(claim(conn, "a", 1, 0.2))
+        new = only(poll_for(lambda: claim(conn, "b", 1, 30), what="the lease to expire"))
+        with pytest.raises(FencedError, match="taken over"):
+            renew(conn, old, 30)
+        assert renew(conn, new, 30).epoch == new.epoch
+
+
+def test_an_append_racing_a_takeover_waits_for_it_and_then_records_nothing(db: str) -> None:
+    """The fence is checked on the row as the takeover left it, not as the append's
+    snapshot saw it (READ COMMITTED re-checks an updated row)."""
+    with connect(db) as conn, connect(db) as taker, connect(db) as watcher:
+        add_tasks(conn, "t1")
+        old = only(claim(conn, "a", 1, 0.2))
+        poll_for(
+            lambda: (
+                watcher.execute("SELECT lease_expires < now() FROM tasks").fetchone() == (True,)
+            ),
+            what="the lease to expire",
+        )
+        outcome: list[BaseException | int] = []
+        with taker.transaction():
+            new = only(claim(taker, "b", 1, 30))  # the row stays locked until COMMIT
+
+            def step() -> None:
+                try:
+                    outcome.append(append(conn, "t1", old.epoch, 0, [b"late"]))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            racer = threading.Thread(target=step)
+            racer.start()
+            poll_for(
+                lambda: watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%WITH fence AS%'"
+                ).fetchone() == (1,),
+                what="the append to wait on the takeover's row lock",
+            )  # fmt: skip
+        racer.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], FencedError), outcome
+        assert journal(conn, "t1") == []
+        assert append(conn, "t1", new.epoch, 0, [b"first"]) == 1
