@@ -9,14 +9,18 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.postgres import SeverableProxy, with_query
 from tests.store.conftest import new_task
+from tests.store.test_loop_on_store import make_loop
 from tests.support import REPO, poll_for
 from worker.errors import FencedError, LockBusyError, StorageError, storage_fault
+from worker.loop import EXIT_DONE, EXIT_STORAGE, Outcome
+from worker.spool import TaskSpec
 from worker.store.base import JSON
 from worker.store.postgres import PostgresStore
 
@@ -101,6 +105,46 @@ def test_a_lost_database_is_a_storage_fault_and_the_store_comes_back_with_it(
         assert records[1:] == [user("before the cut")]  # the cut step recorded nothing
         again.append([user("after the cut")])
         assert store.replay(task)[1:] == [user("before the cut"), user("after the cut")]
+    finally:
+        store.close()
+
+
+def test_a_worker_that_loses_the_database_waits_and_then_finishes_the_task(
+    postgres_schema: str, proxy: SeverableProxy, tmp_path: Path
+) -> None:
+    """Invariant 8 on the loop: the cut is a storage fault (exit 7, "stopped"), never
+    a failure of the task, and a worker started once the database is back finishes it."""
+    store = make(proxy.url_for(postgres_schema), "node-a")
+    try:
+        store.create(TaskSpec(id="t1", prompt="Write a file."), {"state": "queued"})
+        workspace = tmp_path / "workspace"
+        workspace.mkdir()
+        loop = make_loop(store, workspace)
+        loop.open()
+        writer = loop._journal
+        real_append = writer.append
+
+        def cut_after_the_first_turn(records: Iterable[JSON], *, sync: bool = True) -> None:
+            records = list(records)
+            real_append(records, sync=sync)
+            if any(r["k"] == "turn" for r in records):
+                proxy.sever()
+
+        writer.append = cut_after_the_first_turn  # type: ignore[method-assign]
+        cut = loop.run()
+        assert (cut.state, cut.exit_code) == ("stopped", EXIT_STORAGE)
+        assert "cannot be reached" in cut.reason
+        proxy.restore()
+        poll_for(lambda: _reachable(store), what="the store to reconnect")
+        loop.close()
+        assert store.get_record("t1")[0] == {"state": "queued"}  # nothing counted
+
+        resumed = make_loop(store, workspace)
+        assert resumed.run() == Outcome("done", "end_turn", EXIT_DONE)
+        resumed.close()
+        assert (workspace / "a.txt").read_text() == "hi!"
+        kinds = [r["k"] for r in store.replay("t1")]
+        assert kinds.count("turn") == 3 and kinds[-1] == "end"  # no turn recorded twice
     finally:
         store.close()
 
