@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,8 @@ from tests.support import REPO, poll_for
 from worker.errors import FencedError, LockBusyError, StorageError, storage_fault
 from worker.loop import EXIT_DONE, EXIT_STORAGE, Outcome
 from worker.spool import TaskSpec
-from worker.store.base import JSON
+from worker.state import TaskState
+from worker.store.base import JSON, Snapshot
 from worker.store.postgres import PostgresStore
 
 SECRET = "not-to-be-shown-7f3a"  # noqa: S105  (a made-up password the test looks for)
@@ -77,6 +78,43 @@ def test_a_node_whose_lease_ran_out_is_fenced_by_the_node_that_took_over(
     finally:
         a.close()
         b.close()
+
+
+def test_every_step_costs_one_round_trip(postgres_schema: str, proxy: SeverableProxy) -> None:
+    """One statement a step, in its own transaction: no BEGIN, no COMMIT, no read of the
+    fence first (a held record's check is a read, and rides on nothing)."""
+    store = make(proxy.url_for(postgres_schema), "node-a")
+    try:
+        task = new_task(store)
+        owner = store.acquire(task)
+        writer, _ = store.open_journal(owner, header={"task": task})
+        _, version = store.get_record(task)
+        steps: dict[str, Callable[[int], object]] = {
+            "append": lambda i: writer.append([user(f"step {i}")]),
+            "put_snapshot": lambda i: store.put_snapshot(
+                owner, Snapshot(writer.cursor, TaskState("Do the thing."))
+            ),
+            "record_decision": lambda i: store.record_decision(task, "agentd-k", i, {"n": i}),
+            "request_cancel": lambda i: store.request_cancel(task, {"n": i}),
+            "append_event": lambda i: store.append_event(task, {"event": "e", "n": i}),
+            "publish_heartbeat": lambda i: store.publish_heartbeat(task, {"turn": i}),
+            "renew": lambda i: store.renew(owner),
+            "get_record": lambda i: store.get_record(task),
+            "replay": lambda i: store.replay(task, writer.cursor),
+        }
+        for i in range(8):  # past psycopg's prepare_threshold: the steady state
+            for step in steps.values():
+                step(i)
+        version = store.get_record(task)[1]
+        for name, step in steps.items():
+            before = proxy.exchanges
+            step(100)
+            assert proxy.exchanges - before == 1, name
+        before = proxy.exchanges
+        store.cas_record(task, version, {"state": "running"})
+        assert proxy.exchanges - before == 1, "cas_record"
+    finally:
+        store.close()
 
 
 def test_a_lost_database_is_a_storage_fault_and_the_store_comes_back_with_it(
