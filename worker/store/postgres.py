@@ -68,8 +68,17 @@ DEFAULT_LEASE = 30.0
 #: Idle connections kept for reuse; more are opened while more threads need one at once.
 IDLE_CONNECTIONS = 8
 
-#: How long a connection attempt may take before the database counts as unreachable.
-CONNECT_TIMEOUT = 5
+#: libpq settings a URL may give, and what they are when it does not: how long a
+#: connection attempt may take, and how soon a connection whose packets vanish (a cut
+#: network, a frozen server) counts as lost, so a step fails in seconds, a storage fault,
+#: rather than hanging for the kernel's retransmission timeout.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "tcp_user_timeout": "10000",  # milliseconds
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+}
 
 
 def _encoded(record: Mapping[str, Any]) -> bytes:
@@ -105,9 +114,10 @@ class _Database:
     connection that failed, so the next step reconnects by itself once the database is
     back."""
 
-    def __init__(self, url: str) -> None:
-        self._url = url
+    def __init__(self, url: str, application: str) -> None:
         params = conninfo_to_dict(url)
+        given = {"application_name": application, **CONNECTION_DEFAULTS}
+        self._conninfo = make_conninfo(url, **{k: v for k, v in given.items() if k not in params})
         self._secret = str(params.get("password") or "")
         shown = {k: str(v) for k, v in params.items() if k in ("host", "port", "dbname", "user")}
         self.shown = make_conninfo(**shown) or "the default database"  # no password in it
@@ -119,7 +129,7 @@ class _Database:
         return redact.clean_text(text.replace(self._secret, REDACTED) if self._secret else text)
 
     def _connect(self) -> Connection:
-        conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        conn = psycopg.connect(self._conninfo, autocommit=True)
         conn.execute("SET synchronous_commit = on")
         return conn
 
@@ -246,8 +256,8 @@ class PostgresStore:
         lease: float = DEFAULT_LEASE,
         migrate: bool = False,
     ) -> None:
-        self.db = _Database(url)
         self.node = node or socket.gethostname()
+        self.db = _Database(url, application=f"agentd {self.node}")
         self.lease = lease
         with self.db.step() as conn:
             if migrate:
