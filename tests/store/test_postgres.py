@@ -5,6 +5,7 @@ psycopg imported by no other module."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from tests.postgres import SeverableProxy, with_query
 from tests.store.conftest import new_task
 from tests.store.test_loop_on_store import make_loop
 from tests.support import REPO, poll_for
-from worker.errors import FencedError, LockBusyError, StorageError, storage_fault
+from worker.errors import ConfigError, FencedError, LockBusyError, StorageError, storage_fault
 from worker.loop import EXIT_DONE, EXIT_STORAGE, Outcome
 from worker.spool import TaskSpec
 from worker.state import TaskState
@@ -195,9 +196,10 @@ def _reachable(store: PostgresStore) -> bool:
     return True
 
 
-def test_the_password_is_in_no_message_and_no_repr(
-    postgres_schema: str, proxy: SeverableProxy
+def test_the_password_is_in_no_message_no_repr_and_no_log(
+    postgres_schema: str, proxy: SeverableProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)  # psycopg's own logger included
     url, secret = with_secret(proxy.url_for(postgres_schema))
     store = make(url, "node-a")
     try:
@@ -215,6 +217,12 @@ def test_the_password_is_in_no_message_and_no_repr(
         PostgresStore(url, node="node-b")
     shown = "".join(traceback.format_exception(refused.value))
     assert refused.value.fault and secret not in shown
+    malformed = url.replace("@", "@[", 1)  # a URL the driver refuses, quoting all of it
+    with pytest.raises(ConfigError) as bad:
+        PostgresStore(malformed, node="node-c")
+    shown = "".join(traceback.format_exception(bad.value))
+    assert "store URL" in shown and secret not in shown
+    assert secret not in caplog.text
 
 
 def test_journal_records_are_committed_with_synchronous_commit_on(postgres_schema: str) -> None:

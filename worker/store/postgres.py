@@ -43,6 +43,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker.errors import (
+    ConfigError,
     FencedError,
     JournalCorruptError,
     LockBusyError,
@@ -81,6 +82,15 @@ CONNECTION_DEFAULTS = {
 }
 
 
+#: The password of a URL in a text: ``scheme://user:PASSWORD@``.
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def without_password(text: str) -> str:
+    """``text`` with the password of every URL in it replaced (``[redacted]``)."""
+    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+
+
 def _encoded(record: Mapping[str, Any]) -> bytes:
     data = dump_json(record)
     if len(data) > MAX_RECORD:
@@ -115,7 +125,13 @@ class _Database:
     back."""
 
     def __init__(self, url: str, application: str) -> None:
-        params = conninfo_to_dict(url)
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:  # its message quotes the whole URL
+            raise ConfigError(
+                f"the store URL cannot be used: {without_password(str(exc)).strip()}; "
+                "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE."
+            ) from None
         given = {"application_name": application, **CONNECTION_DEFAULTS}
         self._conninfo = make_conninfo(url, **{k: v for k, v in given.items() if k not in params})
         self._secret = str(params.get("password") or "")
@@ -126,7 +142,8 @@ class _Database:
 
     def scrub(self, text: str) -> str:
         """``text`` without the password (a driver's message may quote the URL)."""
-        return redact.clean_text(text.replace(self._secret, REDACTED) if self._secret else text)
+        text = text.replace(self._secret, REDACTED) if self._secret else text
+        return redact.clean_text(without_password(text))
 
     def _connect(self) -> Connection:
         conn = psycopg.connect(self._conninfo, autocommit=True)
