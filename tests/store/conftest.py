@@ -13,11 +13,22 @@ from worker.spool import TaskSpec
 from worker.store.base import TaskStore
 from worker.store.files import FileStore
 from worker.store.memory import MemoryStore
+from worker.store.postgres import PostgresStore
 
-#: name -> how to make an empty store of that backend in a test's own folder
-BACKENDS: dict[str, Callable[[Path], TaskStore]] = {
-    "files": lambda folder: FileStore(folder / "spool"),
-    "memory": lambda folder: MemoryStore(),
+
+def _postgres(request: pytest.FixtureRequest, folder: Path) -> TaskStore:
+    """A store in an empty schema of the test's own on a real server (skipped off CI
+    when there is none: tests/postgres.py), its connections closed after the test."""
+    store = PostgresStore(request.getfixturevalue("postgres_schema"), node="test", migrate=True)
+    request.addfinalizer(store.close)
+    return store
+
+
+#: name -> how to make an empty store of that backend for a test, in its own folder
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], TaskStore]] = {
+    "files": lambda request, folder: FileStore(folder / "spool"),
+    "memory": lambda request, folder: MemoryStore(),
+    "postgres": _postgres,
 }
 
 
@@ -35,8 +46,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-def store(backend_name: str, tmp_path: Path) -> TaskStore:
-    return BACKENDS[backend_name](tmp_path)
+def store(backend_name: str, request: pytest.FixtureRequest, tmp_path: Path) -> TaskStore:
+    return BACKENDS[backend_name](request, tmp_path)
 
 
 def new_task(store: TaskStore, task_id: str = "t1", prompt: str = "Do the thing.") -> str:

@@ -1,0 +1,697 @@
+"""The ``TaskStore`` on PostgreSQL (DESIGN.md section 10): every node of a cluster shares
+one database, and the conformance suite (``tests/store/``) runs on it unchanged.
+
+The tables are ``worker.store.pgschema``'s; the fenced append and the lease renewal are
+``worker.store.pglease``'s. Each method is one statement on an autocommit connection:
+one transaction, one round trip, one WAL flush (``synchronous_commit`` is set on for
+every connection, whatever the server's or role's default, so a returned append is on
+the server's disk). How each promise of the Protocol is kept:
+
+- ownership is the lease on the task row: ``acquire`` takes it only when no live lease
+  is there and bumps the epoch, ``renew`` extends ``lease_expires`` on the server's
+  clock while the epoch is still the owner's, ``release`` clears it;
+- an append checks the owner's epoch and the journal's seq in the statement that writes
+  the records, so a moved fence writes nothing and raises ``FencedError``; snapshots are
+  fenced the same way;
+- decisions are exactly once by their primary key, cancels by ``cancel IS NULL``, the
+  task record is a compare-and-set on its version;
+- events are numbered under the task row's lock, so their order is the order of commits.
+
+Cursors are sequence numbers (a journal ``seq``, an events ``n``). A lost database (any
+``psycopg.OperationalError``: refused, cut, restarted) is a storage fault
+(``StorageError`` with ``EIO``), a wait for the worker (invariant 8), never a crash. The
+password in the URL is a secret: it appears in no message and no repr. This is the one
+module that imports psycopg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from worker.errors import (
+    ConfigError,
+    FencedError,
+    JournalCorruptError,
+    LockBusyError,
+    NotFoundError,
+    RecordConflictError,
+    StateConflictError,
+    StorageError,
+)
+from worker.redactor import REDACTED, redact
+from worker.spool import TaskSpec, validate_call_id, validate_task_id
+from worker.state import TaskState
+from worker.store import pglease, pgschema
+from worker.store.base import JSON, MAX_RECORD, START, Cursor, Owner, Snapshot, Unreadable, Version
+from worker.store.durable import dump_json
+from worker.store.journal import JOURNAL_VERSION
+
+if TYPE_CHECKING:
+    from worker.store.pgschema import Connection
+
+#: How long an acquisition lasts without a ``renew`` (``[cluster] lease``), seconds.
+DEFAULT_LEASE = 30.0
+
+#: Idle connections kept for reuse; more are opened while more threads need one at once.
+IDLE_CONNECTIONS = 8
+
+#: libpq settings a URL may give, and what they are when it does not: how long a
+#: connection attempt may take, and how soon a connection whose packets vanish (a cut
+#: network, a frozen server) counts as lost, so a step fails in seconds, a storage fault,
+#: rather than hanging for the kernel's retransmission timeout.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "tcp_user_timeout": "10000",  # milliseconds
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+}
+
+
+#: The password of a URL in a text: ``scheme://user:PASSWORD@``.
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def without_password(text: str) -> str:
+    """``text`` with the password of every URL in it replaced (``[redacted]``)."""
+    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+
+
+def _encoded(record: Mapping[str, Any]) -> bytes:
+    data = dump_json(record)
+    if len(data) > MAX_RECORD:
+        raise StorageError(
+            f"a journal record of {len(data)} bytes is over the {MAX_RECORD}-byte limit; "
+            "shorten the tool result or message that produced it."
+        )
+    return data
+
+
+#: A NUL character in a JSON string (after an even run of backslashes): jsonb refuses it.
+_NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _jsonb(value: Mapping[str, Any]) -> str:
+    """``value`` as the text of a jsonb parameter (the statements cast it)."""
+    return _without_nul(dump_json(value).decode())
+
+
+def _without_nul(text: str) -> str:
+    """JSON ``text`` that jsonb takes: jsonb cannot hold NUL, which a tool's output may
+    carry into an event, so it becomes U+FFFD, as an undecodable byte does. (Journal
+    records are bytea, kept byte for byte.)"""
+    return _NUL.sub(r"\1\\ufffd", text)
+
+
+class _Database:
+    """The connections of one store to one database, and the one place that turns a
+    driver error into the repo's: ``step`` lends an autocommit connection for one
+    statement, opening one when none is idle (so threads step in parallel), and drops a
+    connection that failed, so the next step reconnects by itself once the database is
+    back."""
+
+    def __init__(self, url: str, application: str) -> None:
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:  # its message quotes the whole URL
+            raise ConfigError(
+                f"the store URL cannot be used: {without_password(str(exc)).strip()}; "
+                "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE."
+            ) from None
+        given = {"application_name": application, **CONNECTION_DEFAULTS}
+        self._conninfo = make_conninfo(url, **{k: v for k, v in given.items() if k not in params})
+        self._secret = str(params.get("password") or "")
+        shown = {k: str(v) for k, v in params.items() if k in ("host", "port", "dbname", "user")}
+        self.shown = make_conninfo(**shown) or "the default database"  # no password in it
+        self._idle: list[Connection] = []
+        self._guard = threading.Lock()
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the password (a driver's message may quote the URL)."""
+        text = text.replace(self._secret, REDACTED) if self._secret else text
+        return redact.clean_text(without_password(text))
+
+    def _connect(self) -> Connection:
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        conn.execute("SET synchronous_commit = on")
+        return conn
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[Connection]:
+        with self._guard:
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                conn = self._connect()
+            yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn is not None:
+                conn.close()
+            raise StorageError(
+                f"the PostgreSQL store ({self.shown}) cannot be reached: "
+                f"{self.scrub(str(exc)).strip()}. The worker waits, and goes on from what the "
+                "database recorded once it is back.",
+                errno.EIO,
+            ) from None
+        except BaseException:
+            if conn is not None:
+                self._give_back(conn)  # autocommit: a failed statement leaves it idle
+            raise
+        else:
+            self._give_back(conn)
+
+    def _give_back(self, conn: Connection) -> None:
+        with self._guard:
+            if not conn.closed and len(self._idle) < IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._guard:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class PostgresJournal:
+    """A ``JournalWriter`` on a ``PostgresStore``: its cursor is the seq of the last
+    record it wrote, and every append is one fenced statement (``pglease.append``)."""
+
+    def __init__(self, store: PostgresStore, owner: Owner, seq: int, sizes: Sequence[int]) -> None:
+        self._store = store
+        self._owner = owner
+        self._seq = seq
+        self._base = seq - len(sizes)  # volume[i]: bytes recorded after seq base + i
+        self._volume = [0]
+        for size in sizes:
+            self._volume.append(self._volume[-1] + size)
+        self._held: list[bytes] = []
+        self._failed: str | None = None
+
+    @property
+    def owner(self) -> Owner:
+        return self._owner
+
+    @property
+    def cursor(self) -> Cursor:
+        return Cursor(self._seq)
+
+    def volume_since(self, cursor: Cursor) -> int:
+        at = cursor.position - self._base
+        if at >= 0:
+            return self._volume[-1] - self._volume[min(at, len(self._volume) - 1)]
+        before = self._store.volume_between(self._owner.task_id, cursor.position, self._base)
+        return before + self._volume[-1]
+
+    def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
+        """Record the held records and ``records`` in one fenced statement. ``sync`` is
+        moot: a commit with ``synchronous_commit`` on is durable when it returns."""
+        data = self._held + [_encoded(r) for r in records]
+        if not data:
+            return
+        if self._failed is not None:
+            raise StorageError(
+                f"task {self._owner.task_id}'s journal refuses appends after a failed "
+                f"write ({self._failed}); reopen it.",
+                errno.EIO,
+            )
+        try:
+            with self._store.db.step() as conn:
+                self._seq = pglease.append(
+                    conn, self._owner.task_id, self._owner.epoch, self._seq, data
+                )
+        except StorageError as exc:
+            if exc.fault:
+                self._failed = str(exc)
+            raise
+        self._held = []
+        for item in data:
+            self._volume.append(self._volume[-1] + len(item))
+
+    def hold(self, records: Iterable[JSON]) -> None:
+        self._store.check_fence(self._owner)
+        self._held += [_encoded(r) for r in records]
+
+    def sync(self) -> None:
+        self.append([])
+
+    def sync_in_background(self) -> None:
+        self.sync()
+
+    def close(self) -> None:
+        self._held = []  # like a killed process's: never written
+
+
+class PostgresStore:
+    """The ``TaskStore`` in one PostgreSQL database (the schema of the URL's search_path).
+
+    ``node`` names this node in leases and messages (default: the hostname); ``lease`` is
+    how long, in seconds, an acquisition lasts without a ``renew``. ``migrate`` creates or
+    upgrades the schema (``agentd start``, ``agentd store init``); without it a database
+    this release cannot use is refused at once (``SchemaVersionError``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        node: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        migrate: bool = False,
+    ) -> None:
+        self.node = node or socket.gethostname()
+        self.db = _Database(url, application=f"agentd {self.node}")
+        self.lease = lease
+        with self.db.step() as conn:
+            if migrate:
+                pgschema.migrate(conn)
+            else:
+                pgschema.check(conn)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.db.shown!r}, node={self.node!r})"
+
+    def close(self) -> None:
+        """Close the idle connections (the store reconnects if it is used again)."""
+        self.db.close()
+
+    def _one(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        with self.db.step() as conn:
+            return conn.execute(sql, params).fetchone()
+
+    def _row(self, sql: str, task_id: str, **params: Any) -> tuple[Any, ...]:
+        """The one row ``sql`` returns for the task, or ``NotFoundError``."""
+        row = self._one(sql, {"task": validate_task_id(task_id), **params})
+        if row is None:
+            raise NotFoundError(f"no task {task_id!r} in this store; create it first.")
+        return row
+
+    def _done(self, sql: str, task_id: str, **params: Any) -> bool:
+        """Run a write ``sql`` that has a ``done`` CTE (its RETURNING): whether it wrote,
+        and ``NotFoundError`` when the task does not exist. One statement, one trip."""
+        found = sql + _WROTE_AND_FOUND
+        wrote, exists = self._row(found, task_id, **params)
+        if not exists:
+            raise NotFoundError(f"no task {task_id!r} in this store; create it first.")
+        return bool(wrote)
+
+    def _fenced_refusal(self, owner: Owner) -> FencedError:
+        return FencedError(
+            f"task {owner.task_id} is no longer owned by {owner.holder} (epoch "
+            f"{owner.epoch}); its worker stops, and the task's new owner carries on."
+        )
+
+    def check_fence(self, owner: Owner) -> None:
+        """``FencedError`` unless ``owner``'s epoch is still the task's (a read: no WAL)."""
+        (epoch,) = self._row("SELECT epoch FROM tasks WHERE id = %(task)s", owner.task_id)
+        if epoch != owner.epoch:
+            raise self._fenced_refusal(owner)
+
+    def volume_between(self, task_id: str, after: int, upto: int) -> int:
+        """Bytes of the journal records after seq ``after`` up to seq ``upto``."""
+        row = self._one(
+            "SELECT coalesce(sum(octet_length(record)), 0) FROM journal "
+            "WHERE task = %(task)s AND seq > %(after)s AND seq <= %(upto)s",
+            {"task": validate_task_id(task_id), "after": after, "upto": upto},
+        )
+        return int(row[0]) if row else 0
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def create(
+        self,
+        spec: TaskSpec,
+        record: JSON,
+        *,
+        script: bytes | None = None,
+        journal: Sequence[JSON] = (),
+    ) -> None:
+        validate_task_id(spec.id)
+        header = {"k": "header", "v": JOURNAL_VERSION, "task": spec.id}
+        items = [_encoded(header), *(_encoded(r) for r in journal)] if journal else []
+        params: list[Any] = [spec.id, _jsonb(spec.to_json()), script, _jsonb(record)]
+        params += [_state_of(record), len(items), *items]
+        sql = _create_sql(len(items))
+        try:
+            with self.db.step() as conn:
+                conn.execute(sql, params)
+        except pgerrors.UniqueViolation:
+            raise StateConflictError(
+                f"a task named {spec.id!r} already exists; pick another --name."
+            ) from None
+
+    def task_ids(self) -> list[str]:
+        with self.db.step() as conn:
+            return sorted(row[0] for row in conn.execute("SELECT id FROM tasks"))
+
+    def exists(self, task_id: str) -> bool:
+        row = self._one(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = %(task)s)",
+            {"task": validate_task_id(task_id)},
+        )
+        return bool(row and row[0])
+
+    def load_spec(self, task_id: str) -> TaskSpec:
+        (spec,) = self._row("SELECT spec FROM tasks WHERE id = %(task)s", task_id)
+        return TaskSpec.from_json(spec, where=f"task {task_id}'s spec in the database")
+
+    def load_script(self, task_id: str) -> bytes:
+        (script,) = self._row("SELECT script FROM tasks WHERE id = %(task)s", task_id)
+        if script is None:
+            raise FileNotFoundError(f"task {task_id} has no script")
+        return bytes(script)
+
+    # -- ownership --------------------------------------------------------------------
+
+    def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
+        """Take the lease when no live one is on the task, bumping the epoch (which
+        fences every earlier owner); poll until ``wait`` runs out."""
+        deadline = time.monotonic() + wait
+        while True:
+            row = self._row(
+                """
+                WITH done AS (
+                    UPDATE tasks SET epoch = epoch + 1, node = %(node)s, updated_at = now(),
+                        lease_expires = now() + make_interval(secs => %(lease)s)
+                    WHERE id = %(task)s AND (lease_expires IS NULL OR lease_expires <= now())
+                    RETURNING epoch
+                )
+                SELECT (SELECT epoch FROM done), node FROM tasks WHERE id = %(task)s
+                """,
+                task_id,
+                node=self.node,
+                lease=self.lease,
+            )
+            epoch, holder = row
+            if epoch is not None:
+                return Owner(task_id, self.node, int(epoch))
+            if time.monotonic() >= deadline:
+                raise LockBusyError(
+                    f"task {task_id} is owned by {holder}; another worker is running this "
+                    "task. Wait for it to exit or stop it first."
+                )
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def renew(self, owner: Owner) -> None:
+        lease = pglease.Lease(owner.task_id, self.node, owner.epoch, 0, _NEVER)
+        with self.db.step() as conn:
+            pglease.renew(conn, lease, self.lease)
+
+    def release(self, owner: Owner) -> None:
+        """Clear the lease, if it is still ``owner``'s (a stale release takes nothing)."""
+        self._done(
+            "WITH done AS (UPDATE tasks SET lease_expires = NULL, updated_at = now() "
+            "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING 1)",
+            owner.task_id,
+            epoch=owner.epoch,
+        )
+
+    def owned(self, task_id: str) -> bool:
+        (live,) = self._row(
+            "SELECT coalesce(lease_expires > now(), false) FROM tasks WHERE id = %(task)s", task_id
+        )
+        return bool(live)
+
+    # -- the journal ------------------------------------------------------------------
+
+    _RECORDS = """
+    SELECT epoch, seq, ARRAY(
+        SELECT record FROM journal WHERE task = %(task)s AND seq > %(after)s ORDER BY seq
+    ) FROM tasks WHERE id = %(task)s
+    """
+
+    def _records(self, task_id: str, after: Cursor) -> tuple[int, int, list[bytes]]:
+        epoch, seq, records = self._row(self._RECORDS, task_id, after=after.position)
+        if not 0 <= after.position <= seq:
+            raise JournalCorruptError(
+                f"task {task_id}: no record starts at {after.position}; read the journal "
+                "from its start."
+            )
+        return int(epoch), int(seq), [bytes(r) for r in records]
+
+    def open_journal(
+        self, owner: Owner, *, after: Cursor = START, header: Mapping[str, Any] | None = None
+    ) -> tuple[PostgresJournal, list[JSON]]:
+        epoch, seq, records = self._records(owner.task_id, after)
+        if epoch != owner.epoch:
+            raise self._fenced_refusal(owner)
+        writer = PostgresJournal(self, owner, seq, [len(r) for r in records])
+        if seq == 0:
+            first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
+            writer.append([first])
+            return writer, [first]
+        return writer, [json.loads(r) for r in records]
+
+    def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
+        _, seq, records = self._records(task_id, after)
+        return [json.loads(r) for r in records] if seq else []
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def get_snapshot(self, task_id: str) -> Snapshot | None:
+        row = self._one(
+            "SELECT s.state FROM tasks t LEFT JOIN snapshots s ON s.task = t.id "
+            "WHERE t.id = %(task)s",
+            {"task": validate_task_id(task_id)},
+        )
+        if row is None:
+            raise NotFoundError(f"no task {task_id!r} in this store; create it first.")
+        if row[0] is None:
+            return None
+        data = bytes(row[0])
+        state, position = TaskState.from_snapshot(json.loads(data))
+        return Snapshot(Cursor(position), state, len(data))
+
+    def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
+        data = dump_json(snapshot.state.compact().to_snapshot(snapshot.cursor.position))
+        wrote = self._done(
+            """
+            WITH done AS (
+                INSERT INTO snapshots (task, seq, state)
+                SELECT id, %(seq)s, %(state)s FROM tasks WHERE id = %(task)s AND epoch = %(epoch)s
+                ON CONFLICT (task) DO UPDATE SET seq = excluded.seq, state = excluded.state,
+                    at = now()
+                RETURNING 1
+            )
+            """,
+            owner.task_id,
+            seq=snapshot.cursor.position,
+            state=data,
+            epoch=owner.epoch,
+        )
+        if not wrote:
+            raise self._fenced_refusal(owner)
+        return len(data)
+
+    # -- operator decisions and the cancel ----------------------------------------------
+
+    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+        """One winner by the primary key (task, key, attempt): the losers' inserts find
+        the row there and do nothing."""
+        return self._done(
+            """
+            WITH done AS (
+                INSERT INTO decisions (task, key, attempt, decision)
+                SELECT id, %(key)s, %(attempt)s, %(decision)s::jsonb FROM tasks
+                WHERE id = %(task)s
+                ON CONFLICT DO NOTHING RETURNING 1
+            )
+            """,
+            task_id,
+            key=validate_call_id(key),
+            attempt=attempt,
+            decision=_jsonb(decision),
+        )
+
+    def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
+        validate_call_id(key)
+        (decision,) = self._row(
+            "SELECT (SELECT decision FROM decisions WHERE task = %(task)s AND key = %(key)s "
+            "AND attempt = %(attempt)s) FROM tasks WHERE id = %(task)s",
+            task_id,
+            key=key,
+            attempt=attempt,
+        )
+        if decision is None:
+            return None
+        if not isinstance(decision, dict):
+            raise Unreadable(f"decision {key}/{attempt}", "the decision is not a JSON object")
+        return decision
+
+    def request_cancel(self, task_id: str, stamp: JSON) -> bool:
+        return self._done(
+            "WITH done AS (UPDATE tasks SET cancel = %(stamp)s::jsonb, updated_at = now() "
+            "WHERE id = %(task)s AND cancel IS NULL RETURNING 1)",
+            task_id,
+            stamp=_jsonb(stamp),
+        )
+
+    def cancel_requested(self, task_id: str) -> bool:
+        (asked,) = self._row("SELECT cancel IS NOT NULL FROM tasks WHERE id = %(task)s", task_id)
+        return bool(asked)
+
+    def withdraw_cancel(self, task_id: str) -> None:
+        self._done(
+            "WITH done AS (UPDATE tasks SET cancel = NULL WHERE id = %(task)s RETURNING 1)",
+            task_id,
+        )
+
+    # -- the task record --------------------------------------------------------------
+
+    def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
+        record, version = self._row(
+            "SELECT record, version FROM tasks WHERE id = %(task)s", task_id
+        )
+        if not isinstance(record, dict):
+            raise ValueError(f"task {task_id}'s record in the database is not a JSON object")
+        return record, Version(str(version))
+
+    def cas_record(
+        self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
+    ) -> Version:
+        """Replace the record while its version is ``expected``; the row's ``state``
+        column (what the claim scans) follows the record's state when it is one."""
+        token = int(expected.token) if expected.token.isdigit() else -1
+        row = self._row(
+            """
+            WITH done AS (
+                UPDATE tasks SET record = %(record)s::jsonb, version = version + 1,
+                    state = coalesce(%(state)s, state), updated_at = now()
+                WHERE id = %(task)s AND version = %(expected)s
+                RETURNING version
+            )
+            SELECT (SELECT version FROM done) FROM tasks WHERE id = %(task)s
+            """,
+            task_id,
+            record=_jsonb(record),
+            state=_state_of(record),
+            expected=token,
+        )
+        if row[0] is None:
+            raise RecordConflictError(
+                f"the record of task {task_id} changed since it was read; read it again."
+            )
+        return Version(str(row[0]))
+
+    # -- events, heartbeats and exits -------------------------------------------------
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
+        """The event's number is taken by the UPDATE of the task row, whose lock lasts
+        until the commit: numbers follow commits, so a reader never skips one."""
+        clean = _without_nul(json.dumps(redact.clean_mapping(event), default=str))
+        self._done(
+            """
+            WITH n AS (
+                UPDATE tasks SET events = events + 1 WHERE id = %(task)s RETURNING events
+            ), done AS (
+                INSERT INTO events (task, n, event) SELECT %(task)s, n.events, %(event)s::jsonb
+                FROM n RETURNING 1
+            )
+            """,
+            task_id,
+            event=clean,
+        )
+
+    def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
+        (events,) = self._row(
+            "SELECT ARRAY(SELECT jsonb_build_array(n, event) FROM events WHERE task = %(task)s "
+            "AND n > %(after)s ORDER BY n) FROM tasks WHERE id = %(task)s",
+            task_id,
+            after=after.position,
+        )
+        if not events:
+            return [], after
+        return [dict(e[1]) for e in events], Cursor(int(events[-1][0]))
+
+    def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
+        """Replace the beat, stamped with the lease (epoch, node) the task has now."""
+        self._done(
+            """
+            WITH done AS (
+                INSERT INTO heartbeats (task, epoch, node, beat)
+                SELECT id, epoch, coalesce(node, %(node)s), %(beat)s::jsonb FROM tasks
+                WHERE id = %(task)s
+                ON CONFLICT (task) DO UPDATE SET epoch = excluded.epoch, node = excluded.node,
+                    beat = excluded.beat, at = now()
+                RETURNING 1
+            )
+            """,
+            task_id,
+            node=self.node,
+            beat=_jsonb(beat),
+        )
+
+    def read_heartbeat(self, task_id: str) -> JSON | None:
+        return self._latest("heartbeats", "beat", task_id)
+
+    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+        self._done(
+            """
+            WITH done AS (
+                INSERT INTO exits (task, outcome) SELECT id, %(outcome)s::jsonb FROM tasks
+                WHERE id = %(task)s
+                ON CONFLICT (task) DO UPDATE SET outcome = excluded.outcome, at = now()
+                RETURNING 1
+            )
+            """,
+            task_id,
+            outcome=_jsonb(outcome),
+        )
+
+    def read_exit(self, task_id: str) -> JSON | None:
+        return self._latest("exits", "outcome", task_id)
+
+    def _latest(self, table: str, column: str, task_id: str) -> JSON | None:
+        (value,) = self._row(
+            f"SELECT (SELECT {column} FROM {table} WHERE task = %(task)s) "  # noqa: S608  (names are constants)
+            "FROM tasks WHERE id = %(task)s",
+            task_id,
+        )
+        return None if value is None else dict(value)
+
+
+@functools.lru_cache(maxsize=8)
+def _create_sql(count: int) -> str:
+    """The creation of a task row and, for a fork, its first ``count`` journal records:
+    one statement, so a fork is all there or not at all."""
+    task = (
+        "INSERT INTO tasks (id, spec, script, record, state, seq) "
+        "VALUES (%s, %s::jsonb, %s, %s::jsonb, coalesce(%s, 'queued'), %s)"
+    )
+    if not count:
+        return task
+    rows = ", ".join(f"({n}, %s::bytea)" for n in range(1, count + 1))
+    return f"""
+WITH made AS ({task} RETURNING id)
+INSERT INTO journal (task, seq, epoch, record)
+SELECT made.id, r.n, 0, r.record FROM made, (VALUES {rows}) AS r (n, record)
+"""  # noqa: S608  (only placeholders are formatted in; every value is a parameter)
+
+
+#: What ``_done`` appends to its statement: whether it wrote, and whether the task exists.
+_WROTE_AND_FOUND = (
+    " SELECT EXISTS (SELECT 1 FROM done), EXISTS (SELECT 1 FROM tasks WHERE id = %(task)s)"
+)
+
+#: A lease's expiry that ``pglease.renew`` replaces with the server's (never compared).
+_NEVER = datetime.max
+
+
+def _state_of(record: Mapping[str, Any]) -> str | None:
+    """The record's state when it is one the task row's ``state`` column takes, else None."""
+    state = record.get("state")
+    return state if isinstance(state, str) and state in pgschema.STATES else None
