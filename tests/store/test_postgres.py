@@ -20,7 +20,8 @@ from tests.store.conftest import new_task
 from tests.store.test_loop_on_store import make_loop
 from tests.support import REPO, poll_for
 from worker.errors import ConfigError, FencedError, LockBusyError, StorageError, storage_fault
-from worker.loop import EXIT_DONE, EXIT_STORAGE, Outcome
+from worker.loop import Outcome
+from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.state import TaskState
 from worker.store.base import JSON, Snapshot
@@ -171,7 +172,7 @@ def test_a_worker_that_loses_the_database_waits_and_then_finishes_the_task(
 
         writer.append = cut_after_the_first_turn  # type: ignore[method-assign]
         cut = loop.run()
-        assert (cut.state, cut.exit_code) == ("stopped", EXIT_STORAGE)
+        assert (cut.state, cut.exit_code) == ("stopped", ExitCode.STORAGE)
         assert "cannot be reached" in cut.reason
         proxy.restore()
         poll_for(lambda: _reachable(store), what="the store to reconnect")
@@ -179,7 +180,7 @@ def test_a_worker_that_loses_the_database_waits_and_then_finishes_the_task(
         assert store.get_record("t1")[0] == {"state": "queued"}  # nothing counted
 
         resumed = make_loop(store, workspace)
-        assert resumed.run() == Outcome("done", "end_turn", EXIT_DONE)
+        assert resumed.run() == Outcome("done", "end_turn", ExitCode.DONE)
         resumed.close()
         assert (workspace / "a.txt").read_text() == "hi!"
         kinds = [r["k"] for r in store.replay("t1")]
