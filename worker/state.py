@@ -410,9 +410,8 @@ class TaskState:
             ],
         )
         offset = int(data["offset"])
-        if offset <= 0:  # a snapshot follows the journal's header at least: one at the
-            # start would fold the whole journal onto a state that already holds it
-            raise ValueError(f"snapshot offset {offset} is not past the journal's header")
+        if offset < 0:
+            raise ValueError(f"snapshot offset {offset} is negative")
         return state, offset
 
     def clone(self) -> TaskState:

@@ -25,11 +25,16 @@ Ignored = Callable[[Exception], None]
 def latest_snapshot(store: TaskStore, task_id: str, on_ignored: Ignored | None) -> Snapshot | None:
     """The task's snapshot, or None when there is none or it cannot be used."""
     try:
-        return store.get_snapshot(task_id)
+        snapshot = store.get_snapshot(task_id)
+        if snapshot is not None and snapshot.cursor <= START:
+            # a snapshot follows the journal's header at least: replayed from the start,
+            # the whole journal would be folded onto a state that already holds it
+            raise ValueError("a snapshot at the start of the journal")
     except (OSError, *MISFITS) as exc:
         if on_ignored is not None:
             on_ignored(exc)
         return None
+    return snapshot
 
 
 def replay(
