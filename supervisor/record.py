@@ -28,6 +28,26 @@ ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
 CANCEL_REASON = "cancelled by operator"
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+#: What each field of a stored record must hold: a record of another shape is not ours.
+FIELD_SHAPES: dict[str, Callable[[Any], bool]] = {
+    "reason": _optional(lambda v: isinstance(v, str)),
+    "restarts": _whole,
+    "last_exit": _optional(lambda v: isinstance(v, dict)),
+    "pid": _optional(_whole),
+    "pid_started": _optional(lambda v: _whole(v) or isinstance(v, float)),
+    "crashes": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
+    "updated_at": lambda v: isinstance(v, str),
+}
+
+
 @dataclass
 class TaskRecord:
     state: TaskStatus = TaskStatus.QUEUED
@@ -51,10 +71,10 @@ class TaskRecord:
         if state not in tuple(TaskStatus):
             return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        try:
-            return cls(**{**known, "state": TaskStatus(state)})
-        except TypeError:
+        if not all(FIELD_SHAPES[k](v) for k, v in known.items() if k != "state"):
+            # a field of the wrong type would fail later, in the daemon's arithmetic
             return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
+        return cls(**{**known, "state": TaskStatus(state)})
 
     def save(self, task: TaskDir, *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsyncs, for a state

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.control import change_record, move_record
-from supervisor.record import CANCEL_REASON, FINAL_STATES, Move, TaskRecord
+from supervisor.record import CANCEL_REASON, FIELD_SHAPES, FINAL_STATES, Move, TaskRecord
 from tests.support import make_spool, reply, scripted_task, text
 from worker.errors import StateConflictError
 from worker.protocol import TaskStatus
@@ -43,6 +43,33 @@ def test_a_record_of_no_known_state_is_a_failed_task(task: TaskDir, content: str
     record = TaskRecord.load(task)
     assert record.state is TaskStatus.FAILED
     assert record.reason == f"{task.state} is not a task record"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"restarts": "y"},  # found by the fuzz campaign: the daemon compared it with 0
+        {"restarts": True},
+        {"reason": 3},
+        {"last_exit": "x"},
+        {"pid": "x"},
+        {"pid_started": "1.0"},
+        {"crashes": {"turn": 1}},
+        {"crashes": [1]},
+        {"updated_at": None},
+    ],
+)
+def test_a_record_with_a_field_of_the_wrong_type_is_a_failed_task(
+    task: TaskDir, field: dict[str, object]
+) -> None:
+    task.state.write_text(json.dumps({"state": "running", "pid": 1, **field}))
+    record = TaskRecord.load(task)
+    assert record.state is TaskStatus.FAILED
+    assert record.reason == f"{task.state} is not a task record"
+
+
+def test_every_field_of_a_record_has_a_shape_to_check() -> None:
+    assert set(FIELD_SHAPES) == set(TaskRecord.__dataclass_fields__) - {"state"}
 
 
 @pytest.mark.parametrize(
