@@ -32,9 +32,11 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from worker.credentials import take_over
+from worker.store.durable import open_private
 
 
 def preload() -> None:
@@ -132,9 +134,8 @@ def _become_worker(request: dict[str, Any]) -> None:
     """In the grandchild: set up the process as ``python -m worker`` would be, run it."""
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-    try:
-        out = os.open(request["output"], flags, 0o600)
+    try:  # never through a symlink planted at worker.log: open_private will not follow it
+        out = open_private(Path(request["output"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError:  # a full or read-only spool: the worker runs (and says so by its exit code)
         out = os.open(os.devnull, os.O_WRONLY)
     null = os.open(os.devnull, os.O_RDONLY)
