@@ -503,6 +503,7 @@ class AgentLoop:
             self._request(),
             messages=asked,
             summary=SummaryOf(len(self.state.live_compactions()), first, last),
+            compact_trigger=None,  # a summary call summarises: the API must not compact it
         )
         try:
             reply = self._ask(request, "compaction")

@@ -21,14 +21,15 @@ from tests.worker.test_compaction_api import (
     WORKER_CONFIG,
     Agent,
     check_finished,
+    is_summary_call,
     long_task,
     resume_to_the_end,
     run_in_process,
     run_worker_until,
 )
 from worker.events import read_events
-from worker.models.base import Usage
-from worker.models.messages_api import COMPACTION_BETA, _reply_usage
+from worker.models.base import ModelRequest, Usage
+from worker.models.messages_api import COMPACTION_BETA, MessagesAPIModel, _reply_usage
 from worker.spool import Spool
 from worker.testing.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply
 
@@ -236,3 +237,46 @@ def test_kill_9_after_the_compaction_turn_resumes_from_it_sent_back_verbatim(
     assert compaction_blocks(resumed) == [first]
     paused = [t for t in of_kind(journal_records(task), "turn") if t["stop_reason"] == "compaction"]
     assert [t["message"]["content"] for t in paused] == [[b] for b in server.compactions]
+
+
+def test_a_request_that_sends_a_compaction_back_takes_the_beta_without_the_edit(
+    server: MessagesAPIServer,
+) -> None:
+    """A client compaction's summary call (the reactive fallback) compacts nothing on the
+    server, but the transcript it summarises may hold the API's compaction blocks."""
+    model = MessagesAPIModel(api_key=DEFAULT_API_KEY, base_url=server.base_url, timeout=10)
+    ask: JSON = {"role": "user", "content": [{"type": "text", "text": "Write the files. " * 20}]}
+    try:
+        first = model.complete(
+            ModelRequest("claude-test", 100, [ask], compact_trigger=10), turn_index=0
+        )
+        assert first.stop_reason == "compaction"
+        go_on = {"role": "user", "content": [{"type": "text", "text": "Summarise."}]}
+        messages = [ask, {"role": "assistant", "content": first.content}, go_on]
+        model.complete(ModelRequest("claude-test", 100, messages), turn_index=1)
+    finally:
+        model.close()
+    assert server.rejected == []
+    assert "context_management" not in server.requests[-1]
+    assert COMPACTION_BETA in server.headers[-1]["anthropic-beta"]
+
+
+def test_a_prompt_too_long_for_the_server_trigger_falls_back_to_a_client_compaction(
+    spool: Spool, server: MessagesAPIServer
+) -> None:
+    """The worker thinks the window larger than the server's: the API refuses before its
+    trigger, and the loop compacts as the client strategy does, once per refusal; its
+    summary calls carry no compaction edit (they must summarise, not compact)."""
+    config = dataclasses.replace(
+        SERVER, context=dataclasses.replace(SERVER.context, window=10 * LIMIT)
+    )
+    task = long_task(spool, config)
+    outcome, _ = run_in_process(task, server, config)
+
+    assert outcome.state == "done"
+    made = of_kind(check_finished(task, server), "compaction")
+    assert made and {c["trigger"] for c in made} == {"too_long"}
+    summary_calls = [b for b in server.requests if is_summary_call(b)]
+    assert len(summary_calls) == len(made)
+    assert all("context_management" not in b for b in summary_calls)
+    assert server.compactions == []

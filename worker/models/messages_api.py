@@ -121,7 +121,8 @@ class MessagesAPIModel:
             params["tools"] = list(request.tools)
         if request.compact_trigger is not None:
             params["context_management"] = {"edits": [compaction_edit(request.compact_trigger)]}
-            params["betas"] = [COMPACTION_BETA]
+        if request.compact_trigger is not None or _holds_compaction(params["messages"]):
+            params["betas"] = [COMPACTION_BETA]  # a compaction block takes it too
         try:
             return self._stream(self._get_client(), params)
         except anthropic.APIStatusError as exc:
@@ -323,6 +324,17 @@ def one_role_a_message(messages: Sequence[JSON]) -> list[JSON]:
         else:
             joined.append(message)
     return joined
+
+
+def _holds_compaction(messages: Sequence[JSON]) -> bool:
+    """Whether a request sends back a compaction block (one with a summary: the API takes a
+    null one, a failed compaction, as a no-op)."""
+    return any(
+        b.get("type") == "compaction" and b.get("content") is not None
+        for m in messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+    )
 
 
 def _blocks(content: str | list[JSON]) -> list[JSON]:
