@@ -18,7 +18,10 @@ heartbeat): each journal write in ``_record``, each model call and each tool cal
 A transcript that outgrows ``[context] window`` is compacted at a turn boundary
 (``_compact``, the pure half in ``worker.compaction``): one summary call, then a
 ``compaction`` record, synced before the next model call reads the transcript it makes.
-A crash before the record only means the summary call is made again.
+A crash before the record only means the summary call is made again. With ``[context]
+strategy = "server"`` on a backend that offers it, the API compacts instead, in the
+request itself: its compaction block comes back as a turn (``stop_reason``
+``compaction``), recorded like any other, and the loop goes on from it.
 
 Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
 recorded then); during a tool call it takes effect once the result is recorded.
