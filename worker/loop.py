@@ -387,14 +387,14 @@ class AgentLoop:
     # -- the model ----------------------------------------------------------------------
 
     def _request(self) -> ModelRequest:
-        model = self.spec.model or self.config.model.name
+        name = self.spec.model or self.config.model.name
         return ModelRequest(
-            model=model,
+            model=name,
             max_tokens=self.spec.max_tokens or self.config.model.max_tokens,
             messages=self.state.transcript(),
             system=self.spec.system,
             tools=[t.api_definition() for t in self.tools],
-            compact_trigger=self.config.context.threshold_for(model)
+            compact_trigger=self.config.context.threshold_for(name)
             if self._server_compacts
             else None,
         )
