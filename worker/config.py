@@ -671,9 +671,11 @@ not send). Set it for a model not listed, or a proxy with a window of its own.""
 The latest turns kept verbatim in a compaction (0 or more); a lower value frees more
 room when a compacted prompt is still too long.""",
     "context.strategy": """\
-"client": agentd makes the summary call, on every backend. "server" (the Messages
-API's own compaction) is not built yet: a worker falls back to "client" and says so in
-a context_strategy_fallback warning event.""",
+"client": agentd makes the summary call, on every backend. "server": the Messages API
+compacts by itself (the anthropic backend's beta compact_20260112 edit, triggered at
+compact_at of the window); its compaction blocks are recorded with their turn and sent
+back verbatim. A backend without it (scripted) compacts as "client" and says so in a
+context_strategy_fallback warning event.""",
     "context.instructions": "Appended to the summary instruction, e.g. what must never be dropped.",
 }
 _EXAMPLES: dict[str, str] = {

@@ -18,7 +18,10 @@ heartbeat): each journal write in ``_record``, each model call and each tool cal
 A transcript that outgrows ``[context] window`` is compacted at a turn boundary
 (``_compact``, the pure half in ``worker.compaction``): one summary call, then a
 ``compaction`` record, synced before the next model call reads the transcript it makes.
-A crash before the record only means the summary call is made again.
+A crash before the record only means the summary call is made again. With ``[context]
+strategy = "server"`` on a backend that offers it, the API compacts instead, in the
+request itself: its compaction block comes back as a turn (``stop_reason``
+``compaction``), recorded like any other, and the loop goes on from it.
 
 Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
 recorded then); during a tool call it takes effect once the result is recorded.
@@ -51,7 +54,14 @@ from worker.errors import (
 from worker.events import event_line, utc_now
 from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
-from worker.models.base import JSON, Model, ModelReply, ModelRequest, SummaryOf
+from worker.models.base import (
+    JSON,
+    Model,
+    ModelReply,
+    ModelRequest,
+    SummaryOf,
+    offers_server_compaction,
+)
 from worker.models.retry import call_with_retries
 from worker.protocol import ExitCode, decision_fields, exit_record
 from worker.reconcile import Action, plan
@@ -184,6 +194,10 @@ class AgentLoop:
         self._snapshot_size = 0  # and the bytes it took
         self._snapshots = SnapshotWriter(store)  # writes them while the model thinks
         self._vcs = vcs.uses_vcs(self.workspace, explicit=spec.workspace is not None)
+        #: [context] strategy "server" on a backend that offers it: the API compacts
+        self._server_compacts = config.context.strategy == "server" and (
+            offers_server_compaction(model)
+        )
 
     # -- opening ----------------------------------------------------------------------
 
@@ -291,11 +305,12 @@ class AgentLoop:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
-            if self.config.context.strategy == "server":
+            if self.config.context.strategy == "server" and not self._server_compacts:
                 self._event(
                     "context_strategy_fallback",
                     level="warning",
-                    error='[context] strategy "server" is not built yet; compacting as "client"',
+                    error='[context] strategy "server": this model backend offers no server '
+                    'compaction; compacting as "client"',
                 )
             return self._loop()
         except StopRequested:
@@ -346,7 +361,8 @@ class AgentLoop:
             return "failed", "refusal: the model declined to continue this task"
         if stop == "model_context_window_exceeded":  # recorded before compaction existed
             return "failed", "model_context_window_exceeded: the transcript no longer fits"
-        if stop not in (None, "tool_use", "max_tokens", "pause_turn"):
+        # pause_turn and compaction (the API compacted and paused): the model goes on
+        if stop not in (None, "tool_use", "max_tokens", "pause_turn", "compaction"):
             return "failed", f"unknown stop_reason {stop!r} from the model"
         if self.state.turn >= self.spec.max_turns:
             return "done", "max_turns"
@@ -371,12 +387,16 @@ class AgentLoop:
     # -- the model ----------------------------------------------------------------------
 
     def _request(self) -> ModelRequest:
+        name = self.spec.model or self.config.model.name
         return ModelRequest(
-            model=self.spec.model or self.config.model.name,
+            model=name,
             max_tokens=self.spec.max_tokens or self.config.model.max_tokens,
             messages=self.state.transcript(),
             system=self.spec.system,
             tools=[t.api_definition() for t in self.tools],
+            compact_trigger=self.config.context.threshold_for(name)
+            if self._server_compacts
+            else None,
         )
 
     def _ask(self, request: ModelRequest, phase: str) -> ModelReply:
@@ -433,6 +453,7 @@ class AgentLoop:
                 "usage": reply.usage.to_json(),
                 "model": reply.model,
             }
+            | ({} if reply.context_tokens is None else {"tokens_used": reply.context_tokens})
         ]
         if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
             records += [
@@ -458,7 +479,10 @@ class AgentLoop:
 
     def _compaction_due(self) -> bool:
         """``tokens_used`` is at or past ``[context] compact_at`` of the window, and this
-        boundary was not compacted yet (a compaction's own estimate may still be over)."""
+        boundary was not compacted yet (a compaction's own estimate may still be over);
+        never when the API compacts (it would always come first, at the same threshold)."""
+        if self._server_compacts:
+            return False
         threshold = self.config.context.threshold_for(self.spec.model or self.config.model.name)
         return self.state.tokens_used >= threshold and not (
             self.state.compacted_at(self.state.turn)
@@ -482,6 +506,7 @@ class AgentLoop:
             self._request(),
             messages=asked,
             summary=SummaryOf(len(self.state.live_compactions()), first, last),
+            compact_trigger=None,  # a summary call summarises: the API must not compact it
         )
         try:
             reply = self._ask(request, "compaction")

@@ -9,7 +9,8 @@ of the turn has a result, and a second result for a call is ignored.
 
 Records (see worker/store/journal.py for the frame format)::
 
-    turn      {"turn", "message", "stop_reason", "usage", "model", "at"}
+    turn      {"turn", "message", "stop_reason", "usage", "model", "tokens_used"?, "at"}
+              ``tokens_used``: when the usage's own sum is not it (a server compaction)
     intent    {"call_id", "tool", "input", "effect", "key", "attempt", "at"}
     result    {"call_id", "content", "is_error", "outcome", "at"}
     user      {"content": [blocks], "at"}                 an extra user message
@@ -192,7 +193,7 @@ class TaskState:
         self.turn = int(record["turn"])
         self.usage = self.usage + usage
         self.usage_total = self.usage_total + usage
-        self.tokens_used = usage.context_tokens
+        self.tokens_used = int(record.get("tokens_used", usage.context_tokens))
         self.stop_reason = record.get("stop_reason")
         self.messages.append({"role": "assistant", "content": message["content"]})
         self.turn_calls = []

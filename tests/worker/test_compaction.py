@@ -445,7 +445,9 @@ def test_summaries_must_be_a_list_of_strings(spool: Spool) -> None:
         validate_script({"responses": [reply(text("hi"))], "summaries": ["ok", 3]}, "s.json")
 
 
-def test_the_server_strategy_compacts_as_client_and_says_so(spool: Spool) -> None:
+def test_the_server_strategy_on_the_scripted_model_compacts_as_client_and_says_so(
+    spool: Spool,
+) -> None:
     config = dataclasses.replace(
         CONFIG, context=dataclasses.replace(CONFIG.context, strategy="server")
     )
@@ -457,5 +459,5 @@ def test_the_server_strategy_compacts_as_client_and_says_so(spool: Spool) -> Non
         loop.close()
 
     (fallback,) = [e for e in read_events(task.events) if e["event"] == "context_strategy_fallback"]
-    assert fallback["level"] == "warning" and '"server" is not built yet' in fallback["error"]
+    assert fallback["level"] == "warning" and "offers no server compaction" in fallback["error"]
     assert len(of_kind(journal_records(task), "compaction")) == 2

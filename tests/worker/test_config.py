@@ -507,3 +507,9 @@ def test_context_keys_are_read(tmp_path: Path) -> None:
         "Keep ids.",
         "client",
     )
+
+
+@pytest.mark.parametrize("strategy", ["client", "server"])
+def test_both_context_strategies_are_accepted(tmp_path: Path, strategy: str) -> None:
+    path = _write(tmp_path, f'[context]\nstrategy = "{strategy}"\n')
+    assert load_config(path).context.strategy == strategy

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 JSON = dict[str, Any]
 
@@ -76,6 +76,9 @@ class ModelRequest:
     system: str | None = None
     tools: Sequence[JSON] = ()
     summary: SummaryOf | None = None  # set on a compaction's summary call, None on a turn
+    #: ``[context] strategy = "server"`` on a backend that offers it: the input tokens at
+    #: which the API compacts the transcript itself; None: it never does
+    compact_trigger: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class ModelReply:
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+    #: ``tokens_used`` after this reply when ``usage`` does not say it: a reply that
+    #: compacted on the server bills the old context it summarised, but holds only
+    #: the summary and what came after it; None: ``usage.context_tokens``
+    context_tokens: int | None = None
 
 
 class Model(Protocol):
@@ -92,3 +99,17 @@ class Model(Protocol):
     def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ServerCompaction(Protocol):
+    """A backend that honours ``ModelRequest.compact_trigger`` with the API's own
+    compaction (``[context] strategy = "server"``); a backend without it gets the client
+    strategy, and the worker says so once in a ``context_strategy_fallback`` warning."""
+
+    offers_server_compaction: bool
+
+
+def offers_server_compaction(model: Model) -> bool:
+    """Whether ``model`` compacts on the server when a request asks it to."""
+    return isinstance(model, ServerCompaction) and model.offers_server_compaction

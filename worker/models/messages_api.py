@@ -16,13 +16,29 @@ to fix; a 400 saying the prompt is too long is a ``ContextTooLongError``, which 
 answers with a compaction. No message ever contains the API key: known secrets are
 scrubbed from every text that leaves this module, and SDK exceptions are not chained
 (their text carries the raw response).
+
+``[context] strategy = "server"`` (a request with ``compact_trigger``) goes through the
+SDK's beta Messages API with the ``compact_20260112`` context-management edit (beta
+``compact-2026-01-12``): the API compacts on its own once the prompt reaches the trigger.
+The edit is the one of the SDK's two forms that takes a trigger, so the decision stays
+with ``[context] window`` and ``compact_at`` and needs no call of its own (the newer
+``compaction`` parameter, beta ``compact-2026-09-04``, makes every request that carries
+it a compaction request: agentd would have to decide when, as its client strategy does).
+``pause_after_compaction`` is on: the reply is the ``compaction`` block alone, with
+``stop_reason`` ``compaction``, which the loop records as a turn (durable before the
+model goes on from it) and continues with a new request. Its usage is counted once
+(``_reply_usage``). Consecutive messages of one role are sent as one message, as the API
+reads them anyway: the reply that continues a paused turn is recorded as a turn of its
+own, and the API gets it as the rest of the turn, after the compaction block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from worker import credentials
@@ -38,6 +54,7 @@ if TYPE_CHECKING:
     from anthropic.types import ContentBlock
 
 RETRY_TASK = "run `agentd retry TASK`"
+COMPACTION_BETA = "compact-2026-01-12"  # the beta of the compact_20260112 edit
 _RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
 NO_KEY = (
     "set ANTHROPIC_API_KEY for the daemon (in its environment, in the file "
@@ -69,6 +86,8 @@ class MessagesAPIModel:
     (10 minutes). The whole call is bounded by the supervisor's progress deadline.
     """
 
+    offers_server_compaction = True  # worker.models.base.ServerCompaction
+
     def __init__(
         self,
         *,
@@ -94,12 +113,16 @@ class MessagesAPIModel:
         params: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_tokens,
-            "messages": list(request.messages),
+            "messages": one_role_a_message(request.messages),
         }
         if request.system:
             params["system"] = request.system
         if request.tools:
             params["tools"] = list(request.tools)
+        if request.compact_trigger is not None:
+            params["context_management"] = {"edits": [compaction_edit(request.compact_trigger)]}
+        if request.compact_trigger is not None or _holds_compaction(params["messages"]):
+            params["betas"] = [COMPACTION_BETA]  # a compaction block takes it too
         try:
             return self._stream(self._get_client(), params)
         except anthropic.APIStatusError as exc:
@@ -152,7 +175,13 @@ class MessagesAPIModel:
         return client
 
     def _stream(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ModelReply:
-        with client.messages.stream(**params) as stream:
+        # the beta API's stream and message types are the same shapes as the GA ones'
+        manager: contextlib.AbstractContextManager[Any] = (
+            client.beta.messages.stream(**params)
+            if "betas" in params
+            else client.messages.stream(**params)
+        )
+        with manager as stream:
             stopped = False
             tool_json: dict[int, str] = {}  # block index -> its input JSON, as streamed
             try:
@@ -184,17 +213,13 @@ class MessagesAPIModel:
                 raise self._retryable(
                     "The Anthropic API sent a tool_use input that is not valid JSON"
                 )
-        usage = message.usage
+        usage, context_tokens = _reply_usage(message.usage)
         return ModelReply(
             content=content,
             stop_reason=message.stop_reason,
-            usage=Usage(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-                cache_read_input_tokens=usage.cache_read_input_tokens or 0,
-            ),
+            usage=usage,
             model=message.model,
+            context_tokens=context_tokens,
         )
 
     def _status_error(self, exc: anthropic.APIStatusError, request: ModelRequest) -> ModelError:
@@ -273,6 +298,76 @@ class MessagesAPIModel:
 
     def _retryable(self, what: str) -> RetryableModelError:
         return RetryableModelError(self._scrub(f"{what}."))
+
+
+def compaction_edit(trigger: int) -> JSON:
+    """The context-management edit that has the API compact at ``trigger`` input tokens
+    and pause there (the reply is then the compaction block, ``stop_reason``
+    ``compaction``)."""
+    return {
+        "type": "compact_20260112",
+        "trigger": {"type": "input_tokens", "value": trigger},
+        "pause_after_compaction": True,
+    }
+
+
+def one_role_a_message(messages: Sequence[JSON]) -> list[JSON]:
+    """``messages`` with each run of one role joined into one message, as the API reads
+    them: a paused turn (``pause_turn``, ``compaction``) and the turn that continues it."""
+    joined: list[JSON] = []
+    for message in messages:
+        if joined and joined[-1]["role"] == message["role"]:
+            joined[-1] = {
+                "role": message["role"],
+                "content": [*_blocks(joined[-1]["content"]), *_blocks(message["content"])],
+            }
+        else:
+            joined.append(message)
+    return joined
+
+
+def _holds_compaction(messages: Sequence[JSON]) -> bool:
+    """Whether a request sends back a compaction block (one with a summary: the API takes a
+    null one, a failed compaction, as a no-op)."""
+    return any(
+        b.get("type") == "compaction" and b.get("content") is not None
+        for m in messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+    )
+
+
+def _blocks(content: str | list[JSON]) -> list[JSON]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def _usage_of(usage: Any) -> Usage:
+    return Usage(
+        input_tokens=usage.input_tokens or 0,
+        output_tokens=usage.output_tokens or 0,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+        cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+    )
+
+
+def _reply_usage(usage: Any) -> tuple[Usage, int | None]:
+    """What a reply counts, once, and its ``tokens_used`` when its usage does not say it.
+
+    The top-level usage is the sampling's alone: a server compaction is reported only as
+    a ``compaction`` entry of ``usage.iterations`` ("not included in the top-level usage
+    fields", the SDK says). So a reply counts the top level plus each compaction entry;
+    adding every entry would count the sampling twice. Its context is not the
+    compaction's input (the old context, now gone) but the last sampling entry's, or,
+    when the reply ends on its compaction (paused), the summary alone: its output."""
+    top = _usage_of(usage)
+    iterations = getattr(usage, "iterations", None) or []
+    compactions = [it for it in iterations if it.type == "compaction"]
+    if not compactions:
+        return top, None
+    billed = sum((_usage_of(it) for it in compactions), top)
+    last = iterations[-1]
+    context = last.output_tokens if last.type == "compaction" else _usage_of(last).context_tokens
+    return billed, context
 
 
 def _block_json(block: ContentBlock) -> JSON:

@@ -34,6 +34,18 @@ Faults (``Fault.<name>(...)``, or ``{"fault": "<name>", ...}`` in JSON): ``statu
 closed mid-stream), ``no_message_stop``, ``bad_tool_json``, ``hang`` (silence, or a stall
 after some events, bounded by ``seconds`` and ended at once by ``close()``).
 
+Server compaction: a request with the ``compact_20260112`` context-management edit (and
+the ``compact-2026-01-12`` beta, refused without it) whose prompt reaches the edit's
+trigger is compacted as the API does: the reply holds a ``compaction`` block (a summary,
+an opaque ``encrypted_content`` and a ``signature`` over both) and ``usage.iterations``
+with its ``compaction`` entry, which the top-level usage leaves out. With
+``pause_after_compaction`` the block is the whole reply (``stop_reason`` ``compaction``);
+without, the reply the responder gives follows it in the same message. Later requests
+send the block back: one whose fields were changed fails its signature and gets the
+API's 400, and the prompt counts from the last compaction block on (the API drops what
+precedes it). A block whose ``content`` is null is a no-op, as in the API. Issued blocks
+land in ``srv.compactions``; the responder still sees the whole request.
+
 Standalone: ``python -m worker.testing.messages_api --port-file F --script-file S [--record-file R]
 [--by-turn] [--exit-with-parent]`` where S is
 ``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
@@ -45,7 +57,10 @@ client that crashed and resumed, or many clients at once, get the reply of their
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -81,6 +96,9 @@ BLOCK_FIELDS: dict[str, frozenset[str]] = {
     "redacted_thinking": frozenset({"type", "data"}),
     "image": frozenset({"type", "source", "cache_control"}),
     "document": frozenset({"type", "source", "title", "context", "citations", "cache_control"}),
+    "compaction": frozenset(
+        {"type", "content", "encrypted_content", "signature", "tool_changes", "cache_control"}
+    ),
 }
 BLOCK_REQUIRED: dict[str, dict[str, type]] = {
     "text": {"text": str},
@@ -89,7 +107,16 @@ BLOCK_REQUIRED: dict[str, dict[str, type]] = {
     "thinking": {"thinking": str, "signature": str},
     "redacted_thinking": {"data": str},
 }
-BLOCK_ROLE = {"tool_use": "assistant", "thinking": "assistant", "tool_result": "user"}
+BLOCK_ROLE = {
+    "tool_use": "assistant",
+    "thinking": "assistant",
+    "compaction": "assistant",
+    "tool_result": "user",
+}
+COMPACTION_BETA = "compact-2026-01-12"
+COMPACT_EDIT = "compact_20260112"
+DEFAULT_TRIGGER = 150_000  # the API's, when the edit names none
+_SEAL_KEY = b"agentd local Messages API: compaction blocks"
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 
@@ -100,8 +127,106 @@ def _new_id(prefix: str) -> str:
 
 def prompt_tokens(request: JSON) -> int:
     """The tokens a request's prompt counts as: its messages' JSON size over 4, so that
-    ``input_tokens`` (and a client's tokens_used) grows with the transcript as it would."""
-    return max(1, len(json.dumps(request.get("messages", []))) // 4)
+    ``input_tokens`` (and a client's tokens_used) grows with the transcript as it would;
+    from the last compaction block on, when it holds one (the API drops what precedes)."""
+    return max(1, len(json.dumps(after_compaction(request.get("messages", [])))) // 4)
+
+
+def _is_compaction(block: Any) -> bool:
+    """A compaction block that compacts: one with null ``content`` is a no-op."""
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "compaction"
+        and block.get("content") is not None
+    )
+
+
+def after_compaction(messages: Any) -> Any:
+    """``messages`` from their last compaction block on (all of them when there is none)."""
+    if not isinstance(messages, list):
+        return messages
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content") if isinstance(messages[i], dict) else None
+        if not isinstance(content, list):
+            continue
+        for j in range(len(content) - 1, -1, -1):
+            if _is_compaction(content[j]):
+                return [{"role": messages[i]["role"], "content": content[j:]}, *messages[i + 1 :]]
+    return messages
+
+
+def _seal(content: Any, encrypted: Any) -> str:
+    """The signature a compaction block carries: over its summary and opaque field."""
+    digest = hmac.new(_SEAL_KEY, json.dumps([content, encrypted]).encode(), hashlib.sha256)
+    return base64.b64encode(digest.digest()).decode()
+
+
+def compact_edit(body: JSON) -> JSON | None:
+    """The request's ``compact_20260112`` edit, if it asks for server compaction."""
+    management = body.get("context_management")
+    edits = management.get("edits") if isinstance(management, dict) else None
+    for edit in edits if isinstance(edits, list) else []:
+        if isinstance(edit, dict) and edit.get("type") == COMPACT_EDIT:
+            return edit
+    return None
+
+
+def check_compaction(body: JSON, betas: set[str]) -> str | None:
+    """The API's 400 message for the request's compaction parts, or None: the edit and
+    compaction blocks take the beta, and every block must be sent back as it was issued."""
+    edit = compact_edit(body)
+    if edit is not None and COMPACTION_BETA not in betas:
+        return (
+            f"context_management.edits: `{COMPACT_EDIT}` requires the "
+            f"`anthropic-beta: {COMPACTION_BETA}` header"
+        )
+    if edit is not None:
+        trigger = edit.get("trigger")
+        value = trigger.get("value") if isinstance(trigger, dict) else DEFAULT_TRIGGER
+        if trigger is not None and (not isinstance(value, int) or value < 1):
+            return "context_management.edits.trigger.value: Input should be a positive integer"
+    for i, message in enumerate(body["messages"]):
+        content = message["content"]
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if not _is_compaction(block):
+                continue
+            if COMPACTION_BETA not in betas:
+                return f"messages.{i}.content.{j}: `compaction` blocks require the beta"
+            if block.get("signature") != _seal(block["content"], block.get("encrypted_content")):
+                return (
+                    f"messages.{i}.content.{j}: the `compaction` block's `signature` does not "
+                    "verify; send compaction blocks back exactly as they were returned"
+                )
+    return None
+
+
+def compaction_reply(body: JSON, tokens: int, then: Reply | None) -> Reply:
+    """The reply of a request compacted at ``tokens``: the block, then ``then``'s
+    content when the edit does not pause."""
+    summary = (
+        f"Summary of {len(after_compaction(body['messages']))} messages ({tokens} tokens): "
+        "the task so far, what was done, and the next step."
+    )
+    encrypted = base64.b64encode(os.urandom(48)).decode()
+    block = {
+        "type": "compaction",
+        "content": summary,
+        "encrypted_content": encrypted,
+        "signature": _seal(summary, encrypted),
+    }
+    compacting = {
+        "type": "compaction",
+        "input_tokens": tokens,
+        "output_tokens": max(1, len(summary) // 4),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    if then is None:
+        usage = {"input_tokens": 0, "output_tokens": 0, "iterations": [compacting]}
+        return Reply([block], stop_reason="compaction", usage=usage)
+    sampled = then.message({"messages": [{"role": "assistant", "content": [block]}]})["usage"]
+    usage = {**sampled, "iterations": [compacting, {"type": "message", **sampled}]}
+    return Reply([block, *then.content], then.stop_reason, usage, then.model, then.delay)
 
 
 @dataclass
@@ -257,13 +382,21 @@ def by_turn(responses: list[Reply | Fault | JSON]) -> Callable[[JSON], Reply | F
     def respond(request: JSON) -> Reply | Fault | None:
         messages = request.get("messages")
         turn = (
-            sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+            sum(1 for m in messages if isinstance(m, dict) and _answers(m))
             if isinstance(messages, list)
             else 0
         )
         return actions[turn] if turn < len(actions) else None
 
     return respond
+
+
+def _answers(message: JSON) -> bool:
+    """An assistant message that is a reply of the script's, not a compaction alone."""
+    content = message.get("content")
+    return message.get("role") == "assistant" and not (
+        isinstance(content, list) and content and all(_is_compaction(b) for b in content)
+    )
 
 
 @dataclass
@@ -434,6 +567,11 @@ def stream_events(message: JSON, *, bad_json: bool = False) -> list[Event]:
             first = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"])]
             deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        elif _is_compaction(block):  # the summary and opaque field come in one delta
+            # (a null one, a failed compaction, comes whole in its start event)
+            first = {k: v for k, v in block.items() if k not in ("content", "encrypted_content")}
+            fields = {k: block.get(k) for k in ("content", "encrypted_content")}
+            deltas = [{"type": "compaction_delta", **fields}]
         else:
             first, deltas = block, []
         start_block = {"type": "content_block_start", "index": index, "content_block": first}
@@ -520,6 +658,7 @@ class MessagesAPIServer:
         self.requests: list[JSON] = []  # every request body that parsed as JSON
         self.headers: list[dict[str, str]] = []
         self.rejected: list[Rejection] = []
+        self.compactions: list[JSON] = []  # the compaction blocks served, in order
         self.errors: list[str] = []  # exceptions inside the server itself
         self.on_request: Callable[[JSON, Rejection | None], None] | None = None
         #: called with a request and what was served for it, once it is written out
@@ -571,6 +710,23 @@ class MessagesAPIServer:
             if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout):
                 raise AssertionError(f"{len(self.requests)} requests arrived, expected {count}")
 
+    def _compacting(self, body: JSON, tokens: int) -> Reply | Fault | None:
+        """The responder's answer, compacted first when the request asks for it and
+        its prompt reached the trigger."""
+        edit = compact_edit(body)
+        trigger = (edit or {}).get("trigger") or {"value": DEFAULT_TRIGGER}
+        if edit is None or tokens < trigger["value"]:
+            return self.responder(body)
+        then = None
+        if not edit.get("pause_after_compaction"):
+            answer = self.responder(body)
+            if not isinstance(answer, Reply):
+                return answer  # a fault, or nothing scripted: no compaction is served
+            then = answer
+        reply = compaction_reply(body, tokens, then)
+        self.compactions.append(reply.content[0])
+        return reply
+
     def _next_scripted(self, request: JSON) -> Reply | Fault | None:
         return as_action(self.replies.popleft()) if self.replies else None
 
@@ -613,11 +769,14 @@ class MessagesAPIServer:
             )
         if error := validate_request(body):
             return self._reject(h, 400, "invalid_request_error", error, body)
+        betas = {b.strip() for b in (h.headers.get("anthropic-beta") or "").split(",")}
+        if error := check_compaction(body, betas):
+            return self._reject(h, 400, "invalid_request_error", error, body)
         tokens = prompt_tokens(body)
         if self.context_limit is not None and tokens > self.context_limit:
             msg = f"prompt is too long: {tokens} tokens > {self.context_limit} maximum"
             return self._reject(h, 400, "invalid_request_error", msg, body)
-        action = self.faults.popleft() if self.faults else self.responder(body)
+        action = self.faults.popleft() if self.faults else self._compacting(body, tokens)
         if action is None:  # a test that scripted too few replies: make it visible
             msg = f"test server: no reply scripted for request {len(self.requests)}"
             return self._reject(h, 400, "invalid_request_error", msg, body)
