@@ -44,6 +44,7 @@ from worker import compaction, credentials, vcs
 from worker.config import Config
 from worker.errors import (
     ContextTooLongError,
+    FencedError,
     InvalidIdError,
     JournalCorruptError,
     ModelError,
@@ -99,12 +100,17 @@ class Outcome:
     state: str  # done, failed, held, stopped
     reason: str
     exit_code: ExitCode
+    fenced: bool = False  # the task has a new owner: it, not this worker, speaks for it
 
 
 def storage_outcome(exc: BaseException) -> Outcome:
     """How a worker ends on ``exc``, a write's error: a storage fault is a wait (exit 7,
     nothing recorded was changed); any other error is re-raised, except a StorageError of
-    ours, which is a crash with a one-line reason (a restart re-reads what is on disk)."""
+    ours, which is a crash with a one-line reason (a restart re-reads what is on disk). A
+    step refused by the fence (``FencedError``: ownership moved) stops the worker at once,
+    with nothing recorded and no tool run: ``lease_lost``, never a crash."""
+    if isinstance(exc, FencedError):
+        return Outcome("stopped", f"lease_lost: {exc}", ExitCode.STOPPED, fenced=True)
     fault = storage_fault(exc)
     if fault is not None:
         return Outcome("stopped", str(fault), ExitCode.STORAGE)
@@ -315,7 +321,7 @@ class AgentLoop:
             return self._loop()
         except StopRequested:
             return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
-        except (StorageError, OSError) as exc:
+        except (StorageError, FencedError, OSError) as exc:
             return storage_outcome(exc)
         except JournalCorruptError as exc:
             return Outcome("failed", str(exc), ExitCode.FAILED)
@@ -734,7 +740,10 @@ class AgentLoop:
 
 
 def write_exit(store: TaskStore, task_id: str, outcome: Outcome) -> None:
-    """The worker's last words for the supervisor (best effort: a crash writes none)."""
+    """The worker's last words for the supervisor (best effort: a crash writes none; a
+    fenced worker writes none either, the exit record is its task's new owner's)."""
+    if outcome.fenced:
+        return
     data = exit_record(
         outcome.exit_code, outcome.state, outcome.reason, pid=os.getpid(), at=utc_now()
     )

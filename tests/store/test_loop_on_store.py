@@ -77,3 +77,30 @@ def test_a_task_runs_holds_and_resumes_on_every_store(store: TaskStore, tmp_path
     assert kinds.count("hold") == 1 and kinds.count("decision") == 1 and kinds[-1] == "end"
     events = [e["event"] for e in store.read_events("t1")[0]]
     assert "dangling_held" in events and "dangling_decided" in events
+
+
+def test_a_worker_whose_ownership_moved_stops_with_lease_lost_and_records_nothing(
+    store: TaskStore, tmp_path: Path
+) -> None:
+    store.create(TaskSpec(id="t1", prompt="Write a file."), {"state": "queued"})
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    loop = make_loop(store, workspace)
+    loop.open()
+    before = store.replay("t1")
+    assert loop.owner is not None
+    store.release(loop.owner)  # its lease ended while it was away: another node took it
+    taken = store.acquire("t1")
+    try:
+        outcome = loop.run()
+        assert (outcome.state, outcome.exit_code, outcome.fenced) == (
+            "stopped",
+            ExitCode.STOPPED,
+            True,
+        )
+        assert outcome.reason.startswith("lease_lost: ")
+        assert store.replay("t1") == before, "a fenced worker recorded a step"
+        assert not (workspace / "a.txt").exists(), "a fenced worker ran a tool"
+    finally:
+        loop.close()
+        store.release(taken)
