@@ -231,6 +231,30 @@ def test_a_stale_owners_steps_are_refused_after_ownership_moves(store: TaskStore
     writer.close()
 
 
+def test_an_owner_that_released_its_task_is_fenced_before_anyone_takes_it(
+    store: TaskStore,
+) -> None:
+    task = new_task(store)
+    owner = store.acquire(task)
+    writer, _ = store.open_journal(owner, header=HEADER)
+    writer.append([user("while owned")])
+    writer.hold([user("held, never written")])
+    store.release(owner)  # nobody owns it now: the old owner must not write, nor take it back
+
+    with pytest.raises(FencedError):
+        writer.append([user("after the release")])
+    with pytest.raises(FencedError):
+        writer.sync()  # the held record would ride on it
+    with pytest.raises(FencedError):
+        store.put_snapshot(owner, Snapshot(writer.cursor, TaskState("p")))
+    with pytest.raises(FencedError):
+        store.renew(owner)
+    writer.close()
+    assert not store.owned(task)
+    assert [r.get("content") for r in store.replay(task)[1:]] == [user("while owned")["content"]]
+    store.release(store.acquire(task))  # and the next owner takes it at once
+
+
 # -- decisions, the cancel and the task record ------------------------------------------------
 
 

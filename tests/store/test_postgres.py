@@ -271,3 +271,21 @@ def test_an_event_carrying_a_nul_is_kept_with_a_replacement_character(
         assert event["error"] == "bad\ufffdbyte \\u0000 kept"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "p%zzss-" + SECRET,  # bad percent-encoding: the driver quotes the token
+        "s3 cr3t-" + SECRET,  # a space: the same
+        "pa/ss-" + SECRET,  # a bare slash: read as host, port and database instead
+    ],
+)
+def test_a_password_libpq_cannot_read_is_refused_without_a_trace_of_it(written: str) -> None:
+    url = f"postgresql://agentd:{written}@127.0.0.1:1/agentd"
+    with pytest.raises(ConfigError) as bad:
+        PostgresStore(url, node="node-a")
+    shown = "".join(traceback.format_exception(bad.value))
+    assert "store URL cannot be parsed" in shown
+    for piece in (SECRET, "zzss", "cr3t", "ss-"):
+        assert piece not in shown

@@ -69,12 +69,16 @@ class FileJournal:
         self.journal.hold(records)
 
     def sync(self) -> None:
+        self._store.check(self._owner)  # it writes what is held: a step like an append
         self.journal.sync()
 
     def sync_in_background(self) -> None:
+        self._store.check(self._owner)
         self.journal.sync_in_background()
 
     def close(self) -> None:
+        if not self._store.holds(self._owner):
+            self.journal.drop_held()  # a fenced owner's held records are never written
         self.journal.close()
 
 
@@ -138,11 +142,15 @@ class FileStore:
             self._owners[task_id] = (owner, lock)
         return owner
 
-    def check(self, owner: Owner) -> None:
-        """``FencedError`` unless ``owner`` still holds its task's lock."""
+    def holds(self, owner: Owner) -> bool:
+        """Whether ``owner`` still holds its task's lock."""
         with self._guard:
             held = self._owners.get(owner.task_id)
-        if held is None or held[0] != owner:
+        return held is not None and held[0] == owner
+
+    def check(self, owner: Owner) -> None:
+        """``FencedError`` unless ``owner`` still holds its task's lock."""
+        if not self.holds(owner):
             raise FencedError(
                 f"task {owner.task_id} is no longer owned by {owner.holder} (epoch "
                 f"{owner.epoch}); its worker stops, and the task's new owner carries on."

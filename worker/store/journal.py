@@ -322,6 +322,10 @@ class Journal:
         than the one of the write that carries them, never claim too much."""
         self._held += self._encode(records)
 
+    def drop_held(self) -> None:
+        """Forget the held records: their writer lost the right to write them."""
+        self._held = b""
+
     def append(self, records: Iterable[Record], *, sync: bool = True) -> int:
         """Append the held records and ``records`` as one write; with ``sync``, durable
         (with every deferred record before them) when this returns. Returns the journal

@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -86,6 +87,11 @@ CONNECTION_DEFAULTS = {
 _URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
 
 
+#: The password as written in a URL's user information, up to its last ``@``: what libpq
+#: may quote back, or misread as a host or a port when it holds a ``/`` or a space.
+_WRITTEN_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:/@\s]*:(.*)@", re.IGNORECASE | re.DOTALL)
+
+
 def without_password(text: str) -> str:
     """``text`` with the password of every URL in it replaced (``[redacted]``)."""
     return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
@@ -125,13 +131,19 @@ class _Database:
     back."""
 
     def __init__(self, url: str, application: str) -> None:
+        bad_url = ConfigError(  # never with the driver's words: they quote the password
+            "the store URL cannot be parsed; write it as "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE, with the password's special "
+            "characters (such as / @ : % and spaces) percent-encoded, or leave the password "
+            "out of the URL and give it by PGPASSFILE or PGPASSWORD."
+        )
         try:
             params = conninfo_to_dict(url)
-        except psycopg.ProgrammingError as exc:  # its message quotes the whole URL
-            raise ConfigError(
-                f"the store URL cannot be used: {without_password(str(exc)).strip()}; "
-                "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE."
-            ) from None
+        except psycopg.ProgrammingError:
+            raise bad_url from None
+        written = _WRITTEN_PASSWORD.match(url)
+        if written and unquote(written.group(1)) != params.get("password"):
+            raise bad_url  # libpq read the password as something else: a host, a port...
         given = {"application_name": application, **CONNECTION_DEFAULTS}
         self._conninfo = make_conninfo(url, **{k: v for k, v in given.items() if k not in params})
         self._secret = str(params.get("password") or "")
@@ -412,9 +424,12 @@ class PostgresStore:
             pglease.renew(conn, lease, self.lease)
 
     def release(self, owner: Owner) -> None:
-        """Clear the lease, if it is still ``owner``'s (a stale release takes nothing)."""
+        """Clear the lease, if it is still ``owner``'s (a stale release takes nothing), and
+        move the epoch on: the released owner is fenced at once, not when a node next
+        claims the task."""
         self._done(
-            "WITH done AS (UPDATE tasks SET lease_expires = NULL, updated_at = now() "
+            "WITH done AS (UPDATE tasks SET lease_expires = NULL, epoch = epoch + 1, "
+            "updated_at = now() "
             "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING 1)",
             owner.task_id,
             epoch=owner.epoch,
