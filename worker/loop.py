@@ -276,7 +276,12 @@ class AgentLoop:
 
     def _maybe_snapshot(self) -> None:
         """Take a snapshot at this boundary when one is due; it is written on the
-        snapshot thread (``worker.store.snapshots``) while the model thinks."""
+        snapshot thread (``worker.store.snapshots``) while the model thinks. A snapshot
+        that failed is raised at the first boundary after it, due or not, as a synchronous
+        write would have been (a full disk stops the worker now, not a hundred turns on)."""
+        written = self._snapshots.collect()
+        if written is not None:
+            self._snapshot_size = written
         if (
             self.state.turn - self._snapshot_turn < self.snapshot_every
             or self.state.pending_calls()

@@ -4,6 +4,7 @@ its snapshot to the same end."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from worker.models.scripted import ScriptedModel
 from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.state import fold
-from worker.store.base import JSON, TaskStore
+from worker.store.base import JSON, Owner, Snapshot, TaskStore
+from worker.store.memory import MemoryStore
 from worker.tools.registry import ToolRegistry
 
 SCRIPT = [
@@ -104,3 +106,30 @@ def test_a_worker_whose_ownership_moved_stops_with_lease_lost_and_records_nothin
     finally:
         loop.close()
         store.release(taken)
+
+
+def test_a_failed_snapshot_stops_the_worker_at_the_next_boundary(tmp_path: Path) -> None:
+    class FullDisk(MemoryStore):
+        def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    store = FullDisk()
+    store.create(TaskSpec(id="t1", prompt="Write files."), {"state": "queued"})
+    script = [reply(tool_use("write_file", path=f"f{i}.txt", content="x")) for i in range(8)]
+    loop = AgentLoop(
+        store,
+        store.load_spec("t1"),
+        Config(),
+        ScriptedModel([*script, reply(text("Done."))]),
+        ToolRegistry.standard(),
+        workspace=tmp_path,
+        snapshot_every=3,
+    )
+    try:
+        outcome = loop.run()
+    finally:
+        loop.close()
+    assert outcome.exit_code == ExitCode.STORAGE  # a wait, never a crash
+    # the snapshot of turn 3 failed on its thread: the boundary after turn 4 says so,
+    # not the next snapshot's, three turns later
+    assert loop.state.turn == 4
