@@ -81,6 +81,12 @@ class FileJournal:
 class FileStore:
     """The ``TaskStore`` of one spool folder."""
 
+    @classmethod
+    def of(cls, task: TaskDir) -> FileStore:
+        """The store of the spool ``task`` lives in: one per spool in a process, so that
+        the daemon and the commands share its ownership epochs (``spool_store``)."""
+        return spool_store(task.root)
+
     def __init__(self, root: Path) -> None:
         self.spool = Spool(root)
         self._guard = threading.Lock()
@@ -234,17 +240,34 @@ class FileStore:
     # -- the task record --------------------------------------------------------------
 
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
+        """``Unreadable`` (``where`` the file) when it cannot be read or parsed
+        (``UNREADABLE``) or is no JSON object (``NOT_A_RECORD``)."""
         path = self.task(task_id).state
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None, Version()
-        with os.fdopen(fd, "rb") as f:
-            version = _version(os.fstat(f.fileno()))
-            data = json.loads(f.read())
+        except OSError:
+            raise Unreadable(str(path), UNREADABLE) from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                version = _version(os.fstat(f.fileno()))
+                data = json.loads(f.read())
+        except (OSError, ValueError):
+            raise Unreadable(str(path), UNREADABLE) from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path} is not a task record")
+            raise Unreadable(str(path), NOT_A_RECORD)
         return data, version
+
+    def record_version(self, task_id: str) -> Version:
+        """The record's version as it is now, without reading it: for a writer that holds
+        the right to write it alone (the supervisor lock), whose write replaces whatever
+        is there, a damaged record too."""
+        return _current_version(self.task(task_id).state)
+
+    def record_name(self, task_id: str) -> str:
+        """What names the task record in a message: its file."""
+        return str(self.task(task_id).state)
 
     def cas_record(
         self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
@@ -279,6 +302,23 @@ class FileStore:
 
     def read_exit(self, task_id: str) -> JSON | None:
         return _read_object(self.task(task_id).exit)
+
+
+#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
+UNREADABLE = "unreadable"
+NOT_A_RECORD = "not a task record"
+
+_stores: dict[Path, FileStore] = {}
+_stores_guard = threading.Lock()
+
+
+def spool_store(root: Path) -> FileStore:
+    """The one ``FileStore`` of the spool at ``root`` in this process."""
+    with _stores_guard:
+        store = _stores.get(root)
+        if store is None:
+            store = _stores[root] = FileStore(root)
+        return store
 
 
 def make_task_folder(task: TaskDir) -> None:
