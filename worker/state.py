@@ -409,11 +409,7 @@ class TaskState:
                 for c in data.get("compactions", [])
             ],
         )
-        offset = int(data["offset"])
-        if offset <= 0:  # a snapshot follows the journal's header at least: one at the
-            # start would fold the whole journal onto a state that already holds it
-            raise ValueError(f"snapshot offset {offset} is not past the journal's header")
-        return state, offset
+        return state, int(data["offset"])
 
     def clone(self) -> TaskState:
         return copy.deepcopy(self)
@@ -477,7 +473,17 @@ def parse_snapshot(data: bytes) -> tuple[TaskState, int]:
     """The state and offset of a snapshot file; ValueError (or KeyError, TypeError) if it
     is damaged or not one of ours. A snapshot is a cache: the caller falls back to the
     journal."""
-    return TaskState.from_snapshot(open_snapshot(data))
+    return past_header(*TaskState.from_snapshot(open_snapshot(data)))
+
+
+def past_header(state: TaskState, offset: int) -> tuple[TaskState, int]:
+    """A snapshot's state and offset, ValueError when the offset is not past the journal's
+    header: a snapshot follows the header at least, and one at the start would fold the
+    whole journal onto a state that already holds it. (A fork's ``base`` record carries a
+    scene at offset 0, folded as it is: that check is the snapshot's, not the scene's.)"""
+    if offset <= 0:
+        raise ValueError(f"snapshot offset {offset} is not past the journal's header")
+    return state, offset
 
 
 def _tool_result_block(result: JSON, call_id: str) -> JSON:

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, 
 from worker.store.durable import (
     atomic_write,
     atomic_write_json,
+    private_dir,
     read_bytes,
     read_json,
     write_exclusive,
@@ -107,8 +108,11 @@ class FileStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
+        prepare: Callable[[TaskDir], None] | None = None,
     ) -> None:
-        """Make the folder; the spec is written last: until then the folder is no task."""
+        """Make the folder; the spec is written last: until then the folder is no task.
+        ``prepare`` adds what lives beside the store's files (a fork's workspace) before
+        the spec, so a kill leaves no task or a whole one."""
         self.spool.ensure()
         task = self.task(spec.id)
         make_task_folder(task)
@@ -119,6 +123,8 @@ class FileStore:
             opened, _ = Journal.open(task.journal, task=task.id)
             with opened:
                 opened.append(journal)
+        if prepare is not None:
+            prepare(task)
         atomic_write_json(task.spec, spec.to_json())
 
     def task_ids(self) -> list[str]:
@@ -185,6 +191,15 @@ class FileStore:
             return []
         return [record for record, _ in scan.records]
 
+    def journal_end(self, task_id: str) -> Cursor:
+        """After the last record recorded so far (a torn tail's bytes too), read-only:
+        where a new worker starts, to tell afterwards what it recorded (``START`` when
+        the task has no journal yet)."""
+        try:
+            return Cursor(self.task(task_id).journal.stat().st_size)
+        except OSError:
+            return START
+
     # -- snapshots --------------------------------------------------------------------
 
     def get_snapshot(self, task_id: str) -> Snapshot | None:
@@ -211,8 +226,12 @@ class FileStore:
         task = self.task(task_id)
         path = task.decision_file(key, attempt)
         refuse_symlinks(task)
-        task.decisions.mkdir(mode=0o700, exist_ok=True)
+        private_dir(task.decisions)
         return write_exclusive(path, json.dumps(decision).encode())
+
+    def decision_name(self, task_id: str, key: str, attempt: int) -> str:
+        """What names a decision in a message: its file's name."""
+        return self.task(task_id).decision_file(key, attempt).name
 
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
         task = self.task(task_id)
@@ -290,6 +309,14 @@ class FileStore:
     def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
         events, end = read_events_from(self.task(task_id).events, after.position)
         return events, Cursor(end)
+
+    def events_end(self, task_id: str) -> Cursor:
+        """After the last event appended so far, without reading any: where a reader that
+        wants only what comes next starts (``START`` when there are none)."""
+        try:
+            return Cursor(os.stat(self.task(task_id).events, follow_symlinks=False).st_size)
+        except OSError:
+            return START
 
     def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
         atomic_write_json(self.task(task_id).heartbeat, beat, durable=False)
