@@ -68,9 +68,13 @@ class TaskRecord:
         fsyncs, for a state that recovery never trusts anyway (``running``: the task lock
         decides). Only the holder of the supervisor lock writes a record, so the last
         write wins, as it always did: the version compared is the one just read."""
-        self.updated_at = utc_now()
         store = FileStore.of(task)
-        store.cas_record(task.id, store.record_version(task.id), asdict(self), durable=durable)
+        store.cas_record(task.id, store.record_version(task.id), self.stamped(), durable=durable)
+
+    def stamped(self) -> dict[str, Any]:
+        """The record as it is stored, stamped with the time now (``updated_at``)."""
+        self.updated_at = utc_now()
+        return asdict(self)
 
     # -- an operator's moves (task_id only names the task in a refusal) -----------------
 
