@@ -473,10 +473,10 @@ class Supervisor:
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view, relay the events other
         processes wrote (``supervisor.relay``) and apply pending requests."""
-        for task_id in self.spool.task_ids():
+        for task_id in self.store.task_ids():
             slot = self.slots.get(task_id)
             task = slot.task if slot is not None else self.spool.task(task_id)
-            if not task.exists():
+            if not self.store.exists(task_id):
                 continue
             if slot is None:
                 slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))

@@ -135,9 +135,15 @@ def create_task(
     return store.task(spec.id)
 
 
+def listed_tasks(spool: Spool) -> list[TaskDir]:
+    """Every task the spool's store lists (``TaskStore.task_ids``), in id order."""
+    store = spool_store(spool.root)
+    return [store.task(task_id) for task_id in store.task_ids()]
+
+
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
     refuse_symlinks(task)
-    if not task.exists():
+    if not spool_store(spool.root).exists(task_id):
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task

@@ -50,6 +50,11 @@ FILE_NAMES = frozenset(
 )
 #: Modules whose import is a task file's format: the store's alone.
 STORE_INTERNALS = frozenset({"worker.store.journal"})
+#: ``TaskDir`` methods that read a task file (the spec), and ``Spool`` ones that list the
+#: task folders: the store's ``load_spec``, ``exists`` and ``task_ids``.
+TASK_READS = frozenset({"load_spec", "exists"})
+SPOOL_LISTS = frozenset({"tasks", "task_ids"})
+SPOOL_NAMES = frozenset({"spool"})
 #: The names a ``TaskDir`` goes by in worker/ and supervisor/.
 TASK_NAMES = frozenset({"task", "parent", "child", "task_dir"})
 SCANNED = ("worker", "supervisor")
@@ -68,12 +73,17 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
+def _named(node: ast.expr, names: frozenset[str]) -> bool:
+    """Whether ``node`` is a name or an attribute (``x.name``) in ``names``."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    return isinstance(node, ast.Attribute) and node.attr in names
+
+
 def _is_task_dir(node: ast.expr) -> bool:
     """Whether ``node`` names a ``TaskDir``: ``task``, ``x.task``, ``spool.task(id)``."""
-    if isinstance(node, ast.Name):
-        return node.id in TASK_NAMES
-    if isinstance(node, ast.Attribute):
-        return node.attr in TASK_NAMES
+    if _named(node, TASK_NAMES):
+        return True
     if isinstance(node, ast.Call):
         func = node.func
         return (isinstance(func, ast.Attribute) and func.attr == "task") or (
@@ -99,8 +109,9 @@ def reaches(source: str, module: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         what = None
-        if isinstance(node, ast.Attribute) and node.attr in TASK_FILES:
-            if _is_task_dir(node.value) and id(node) not in messages:
+        if isinstance(node, ast.Attribute) and id(node) not in messages:
+            on_task = node.attr in TASK_FILES | TASK_READS and _is_task_dir(node.value)
+            if on_task or (node.attr in SPOOL_LISTS and _named(node.value, SPOOL_NAMES)):
                 what = node.attr
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             folder, name = node.left, node.right
@@ -161,6 +172,8 @@ def test_the_scan_finds_a_planted_violation() -> None:
         "json.loads(worker.task.exit.read_text())": "exit",
         "(task.path / 'heartbeat.json').read_bytes()": "heartbeat.json",
         "open(slot.task.path / 'journal', 'rb')": "journal",
+        "spec = task.load_spec()": "load_spec",
+        "[t for t in self.spool.task_ids()]": "task_ids",
     }
     for line, attr in planted.items():
         assert violations(line, "supervisor/planted.py") == [f"supervisor/planted.py:1: {attr}"]
