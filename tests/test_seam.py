@@ -66,10 +66,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the scripted model reads its script file itself (its errors name the file); "
         "a test fixture of model replies, not a record of the task"
     ),
-    ("worker/__main__.py", "events"): (
-        "worker.descendants logs processes_killed by path as the worker leaves, after the "
-        "store's owner is released"
-    ),
 }
 
 
