@@ -35,7 +35,6 @@ import psutil
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, reap
 from worker.errors import JournalCorruptError, SpoolError
-from worker.lock import holder_pid, is_locked
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 from worker.store.durable import open_private
@@ -204,15 +203,16 @@ def process_started(pid: int) -> float | None:
 def adopt(task: TaskDir) -> WorkerProcess | None:
     """Re-attach to the process that holds ``task``'s lock (a worker an earlier daemon
     started, recorded or not), or None when no live process holds it."""
-    pid = holder_pid(task.lock)
-    if pid is None or pid == os.getpid() or not is_locked(task.lock):
+    store = FileStore.of(task)
+    pid = store.owner_pid(task.id)
+    if pid is None or pid == os.getpid() or not store.owned(task.id):
         return None
     try:
         pidfd = os.pidfd_open(pid)
     except (ProcessLookupError, PermissionError):
         return None
     # the pidfd pins the process; make sure it is still the holder, not a pid reused
-    if not is_locked(task.lock) or holder_pid(task.lock) != pid:
+    if not store.owned(task.id) or store.owner_pid(task.id) != pid:
         os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_at=journal_end(task))

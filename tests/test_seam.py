@@ -31,6 +31,7 @@ TASK_FILES = frozenset(
         "cancellation",
         "spec",
         "script",
+        "lock",
     }
 )
 #: The names of those files in a task folder (``task.path / "state.json"`` reaches one).
@@ -46,6 +47,7 @@ FILE_NAMES = frozenset(
         "cancelled.json",
         "spec.json",
         "script.json",
+        "lock",
     }
 )
 #: Modules whose import is a task file's format: the store's alone.

@@ -27,7 +27,7 @@ from typing import Any
 
 from worker.errors import FencedError, RecordConflictError, SpoolError, StateConflictError
 from worker.events import TaskEventLog, read_events_from
-from worker.lock import TaskLock, is_locked
+from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import parse_snapshot, snapshot_bytes
 from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, Version
@@ -173,6 +173,11 @@ class FileStore:
 
     def owned(self, task_id: str) -> bool:
         return is_locked(self.task(task_id).lock)
+
+    def owner_pid(self, task_id: str) -> int | None:
+        """The pid the task's lock names (its last holder's, live or not; None if none):
+        for the daemon to re-attach to a worker an earlier daemon started (``adopt``)."""
+        return holder_pid(self.task(task_id).lock)
 
     # -- the journal ------------------------------------------------------------------
 
