@@ -47,6 +47,7 @@ from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
     existing_task,
+    listed_tasks,
     read_text_input,
     submit,
 )
@@ -61,6 +62,7 @@ from worker.errors import (
 )
 from worker.protocol import TaskStatus
 from worker.spool import Spool, default_spool, validate_call_id
+from worker.store.files import spool_store
 from worker.tools.sandbox import Sandbox
 
 Handler = Callable[[argparse.Namespace, Config, Spool], int]
@@ -250,10 +252,10 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 
 
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
-    task_dirs = list(spool.tasks()) if task_id is None else [existing_task(spool, task_id)]
+    task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
     return {
         "supervisor": _supervisor_json(spool),
-        "tasks": [status_row(t) for t in task_dirs if t.exists()],
+        "tasks": [status_row(t) for t in task_dirs if spool_store(spool.root).exists(t.id)],
     }
 
 
@@ -302,7 +304,7 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task_dirs = list(spool.tasks()) if args.task is None else [existing_task(spool, args.task)]
+    task_dirs = listed_tasks(spool) if args.task is None else [existing_task(spool, args.task)]
     rows = []
     for task in task_dirs:
         if TaskRecord.load(task).state == TaskStatus.HELD:
@@ -414,7 +416,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.json:
         out(rows)
         return 0
-    spec = task.load_spec()
+    spec = spool_store(spool.root).load_spec(task.id)
     if spec.forked_from:
         print(f"{task.id} was forked from {spec.forked_from['task']} at turn "
               f"{spec.forked_from['turn']}")  # fmt: skip

@@ -30,11 +30,13 @@ from typing import Any
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from worker.errors import LockBusyError, StateConflictError, storage_fault
-from worker.events import read_events_from, utc_now
-from worker.lock import TaskLock, holder_pid, is_locked
+from worker.events import utc_now
+from worker.lock import is_locked
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
+from worker.store.base import Owner
 from worker.store.durable import atomic_write, open_private, private_dir, read_json
+from worker.store.files import FileStore
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
@@ -206,34 +208,36 @@ def pause_holder_alive(task: TaskDir) -> bool:
 @dataclass(frozen=True)
 class Pause:
     """How a pause began: ``cut_off`` when the worker did not reach a safe point within
-    ``restart.stop_grace`` and the daemon killed it (its running call has no result)."""
+    ``restart.stop_grace`` and the daemon killed it (its running call has no result).
+    ``owner``: the task's ownership, held for the block, for what the pauser records."""
 
     cut_off: bool
+    owner: Owner
 
 
 @contextlib.contextmanager
 def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
-    """Hold ``task``'s worker lock for the block; a running worker is first asked (through
-    the daemon) to stop at a safe point. Raises StateConflictError if it does not."""
-    try:
-        seen = task.events.stat().st_size
-    except OSError:
-        seen = 0
+    """Own ``task`` (``TaskStore.acquire``: its worker lock) for the block; a running
+    worker is first asked (through the daemon) to stop at a safe point. Raises
+    StateConflictError if it does not."""
+    store = FileStore.of(task)
+    seen = store.events_end(task.id)
     request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
     ring(spool, task.id)
-    lock = TaskLock(task.lock)
+    owner = None
     try:
         try:
-            lock.acquire(wait=wait if running_pid(spool) is not None else 0.2)
-        except LockBusyError:
+            owner = store.acquire(task.id, wait=wait if running_pid(spool) is not None else 0.2)
+        except LockBusyError as exc:
             raise StateConflictError(
-                f"task {task.id} is running (worker pid {holder_pid(task.lock)}) and did not "
+                f"task {task.id} is running (worker pid {exc.holder_pid}) and did not "
                 f"stop at a safe point within {wait:g} s; nothing was changed. "
                 + ("Try again." if running_pid(spool) else "Start the daemon or stop the worker.")
             ) from None
-        events, _ = read_events_from(task.events, seen)
-        yield Pause(cut_off=any(e.get("event") == "worker_killed" for e in events))
+        events, _ = store.read_events(task.id, seen)
+        yield Pause(any(e.get("event") == "worker_killed" for e in events), owner)
     finally:
-        lock.release()
+        if owner is not None:
+            store.release(owner)
         take_request(task, PAUSE_REQUEST)
         ring(spool, task.id)

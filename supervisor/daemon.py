@@ -76,8 +76,8 @@ from supervisor.status import held_calls, read_heartbeat
 from supervisor.workers import (
     WorkerProcess,
     adopt,
+    journal_end,
     journal_progress,
-    journal_size,
     process_started,
     spawn,
     sweep_strays,
@@ -86,11 +86,11 @@ from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
 from worker.errors import AgentdError, ConfigError, SpoolError, StateConflictError, StorageError
-from worker.events import TaskEventLog, event_line, utc_now
-from worker.lock import is_locked
-from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_reason
+from worker.events import event_line, utc_now
+from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_record_reason
 from worker.spool import Spool, TaskDir
-from worker.store.durable import atomic_write, atomic_write_json, private_dir, read_bytes
+from worker.store.durable import atomic_write, atomic_write_json, private_dir
+from worker.store.files import spool_store
 
 RESCAN_INTERVAL = 5.0
 CRASH_MEMORY = 50
@@ -133,6 +133,7 @@ class Supervisor:
         preload: bool = True,
     ) -> None:
         self.spool = spool
+        self.store = spool_store(spool.root)  # every byte of a task goes through it
         self.config = config
         self.config_path = config_path
         self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
@@ -176,7 +177,7 @@ class Supervisor:
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
         self.metrics = Metrics()
         # the other processes' task events, into this log (and the counters they feed)
-        self.relay = EventRelay(self.log, self._relayed)
+        self.relay = EventRelay(self.log, self.store, self._relayed)
         self._scanned = False  # the first rescan is done: tasks found later are new
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
@@ -190,13 +191,13 @@ class Supervisor:
         """Log ``event``; a task's also goes to its events file, marked as the daemon's
         (``relay.DAEMON_MARK``), after what other processes wrote there before it."""
         if slot is not None:
-            self.relay.pull(slot.task.id, slot.task.events)
+            self.relay.pull(slot.task.id)
             kw = {"task": slot.task.id, **kw}
             mark, value = DAEMON_MARK
             line = event_line(event, level, **kw, **{mark: value})
-            log = TaskEventLog(slot.task.events)
+            task_id = slot.task.id
             with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
-                self.backlog.append(lambda: log.append(line))
+                self.backlog.append(lambda: self.store.append_event(task_id, line))
         getattr(self.log, level)(event, **kw)
 
     def _hook(self, slot: TaskSlot) -> None:
@@ -472,16 +473,16 @@ class Supervisor:
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view, relay the events other
         processes wrote (``supervisor.relay``) and apply pending requests."""
-        for task_id in self.spool.task_ids():
+        for task_id in self.store.task_ids():
             slot = self.slots.get(task_id)
             task = slot.task if slot is not None else self.spool.task(task_id)
-            if not task.exists():
+            if not self.store.exists(task_id):
                 continue
             if slot is None:
                 slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
-                self.relay.track(task.id, task.events, from_end=not self._scanned)
+                self.relay.track(task.id, from_end=not self._scanned)
                 self._recover(slot)
-            self.relay.pull(task.id, task.events)
+            self.relay.pull(task.id)
             self._apply_requests(slot)
             if slot.record.state == TaskStatus.HELD and pending_decisions(task):
                 self._move(slot, TaskRecord.release_hold)
@@ -493,7 +494,7 @@ class Supervisor:
         outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
         stopped (``_apply_requests``): a cancelled task runs nothing more."""
         final = slot.record.state in FINAL_STATES
-        if final and not slot.task.cancellation.exists():
+        if final and not self.store.cancel_requested(slot.task.id):
             return
         worker = adopt(slot.task)
         if worker is not None:
@@ -504,14 +505,14 @@ class Supervisor:
             self.emit("worker_adopted", slot, pid=worker.pid)
         elif final:
             return
-        elif is_locked(slot.task.lock):
+        elif self.store.owned(slot.task.id):
             slot.waiting_lock = True
             self.emit("worker_lock_wait", slot, level="warning")
         elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
             self._save(slot, TaskStatus.QUEUED)
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if slot.record.state not in FINAL_STATES and slot.task.cancellation.exists():
+        if slot.record.state not in FINAL_STATES and self.store.cancel_requested(slot.task.id):
             self._cancel(slot)
         if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
             self.emit("task_retried", slot)
@@ -559,7 +560,7 @@ class Supervisor:
                 break
             state = slot.record.state
             if slot.waiting_lock:
-                if is_locked(slot.task.lock):
+                if self.store.owned(slot.task.id):
                     continue
                 slot.waiting_lock = False
             elif state == TaskStatus.BACKOFF:
@@ -581,7 +582,7 @@ class Supervisor:
         forks = self.forks
         if forks is not None and forks.ask(
             slot,
-            journal_size(slot.task),
+            journal_end(slot.task),
             slot.task.path,
             self.worker_config,
             self._worker_env,
@@ -606,7 +607,7 @@ class Supervisor:
         if self.stopping:  # asked before the stop, answered after it
             worker.kill_reason = "stop"
             worker.signal_worker(signal.SIGTERM)
-        elif slot.task.cancellation.exists():  # cancelled while it was being started
+        elif self.store.cancel_requested(slot.task.id):  # cancelled while being started
             self._cancel(slot)
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
@@ -628,7 +629,7 @@ class Supervisor:
             self._start_fresh(slot)
             return
         worker = WorkerProcess(
-            slot.task, pid, pidfd, None, journal_size=asked.journal_size, forked=True
+            slot.task, pid, pidfd, None, journal_at=asked.journal_at, forked=True
         )
         self._started(slot, worker)
 
@@ -674,10 +675,7 @@ class Supervisor:
     def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
         """The reason in the worker's last words; with ``pid``, only if that worker wrote
         them (one that could not write leaves an earlier worker's)."""
-        try:
-            return exit_reason(read_bytes(slot.task.exit), pid)
-        except OSError:
-            return None
+        return exit_record_reason(self.store.read_exit(slot.task.id), pid)
 
     def _settle_exit(
         self,
@@ -794,7 +792,7 @@ class Supervisor:
             self.check_liveness(time.time(), now)
             for slot in self.slots.values():
                 if slot.worker is not None:
-                    self.relay.pull(slot.task.id, slot.task.events)
+                    self.relay.pull(slot.task.id)
             if watchdog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + watchdog

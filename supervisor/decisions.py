@@ -13,21 +13,19 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from supervisor.record import ENDED, TaskRecord
 from supervisor.status import held_calls, load_state
 from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
-from worker.events import append_event, utc_now
+from worker.events import record_event, utc_now
 from worker.lock import TaskLock
-from worker.protocol import TaskStatus, usable_decision
+from worker.protocol import TaskStatus, decision_fields
 from worker.spool import TaskDir
-from worker.store.durable import private_dir, read_bytes, write_exclusive
-from worker.store.files import refuse_symlinks
+from worker.store.base import Unreadable
+from worker.store.files import FileStore
 
 OPERATOR_LOCK = "operator.lock"  # in the task folder: see ``operator_lock``
 OPERATOR_WAIT = 30.0  # seconds a command waits for another one on the same task
@@ -59,7 +57,9 @@ def cancelled(task: TaskDir, record: TaskRecord | None = None) -> bool:
     cancel record of a task that ended ``done`` or ``failed`` before the daemon could
     apply it is moot (``drop_moot_cancel``)."""
     state = (record or TaskRecord.load(task)).state
-    return state == TaskStatus.CANCELLED or (state not in ENDED and task.cancellation.exists())
+    return state == TaskStatus.CANCELLED or (
+        state not in ENDED and FileStore.of(task).cancel_requested(task.id)
+    )
 
 
 def refuse_if_cancelled(task: TaskDir, verb: str) -> None:
@@ -72,8 +72,8 @@ def refuse_if_cancelled(task: TaskDir, verb: str) -> None:
 
 
 def record_cancel(task: TaskDir) -> None:
-    """Durably record the operator's cancel of ``task`` (``TaskDir.cancellation``, created
-    exclusively), for the daemon to apply; the caller holds the operator lock. Refused
+    """Durably record the operator's cancel of ``task`` (``TaskStore.request_cancel``: one
+    winner), for the daemon to apply; the caller holds the operator lock. Refused
     when the task has ended, and when a call of it was decided and the decision is not
     carried out yet: that decision won the race, and the cancel would cut it off."""
     record = TaskRecord.load(task)
@@ -87,7 +87,7 @@ def record_cancel(task: TaskDir) -> None:
             "yet; cancel the task once its result is recorded (`agentd logs`)."
         )
     stamp = {"cancelled_at": utc_now(), "pid": os.getpid()}
-    if not write_exclusive(task.cancellation, json.dumps(stamp).encode()):
+    if not FileStore.of(task).request_cancel(task.id, stamp):
         raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
 
 
@@ -96,16 +96,13 @@ def drop_moot_cancel(task: TaskDir, record: TaskRecord) -> None:
     applied, so that a rewind or retry of it is not cancelled afterwards. Only under the
     operator lock: no other command can be reading it then."""
     if record.state in ENDED:
-        with contextlib.suppress(FileNotFoundError):
-            task.cancellation.unlink()
+        FileStore.of(task).withdraw_cancel(task.id)
 
 
 def _decided_calls(task: TaskDir) -> list[str]:
     """Calls of ``task`` whose operator decision is not carried out yet: held with a
     decision for the held attempt, or being re-run on one (a dangling attempt right after
     a decided one, not held again)."""
-    if not task.decisions.is_dir() or task.decisions.is_symlink():
-        return []
     try:
         state = load_state(task)
         held = {h["call_id"]: h.get("attempt") for h in state.held}
@@ -114,7 +111,7 @@ def _decided_calls(task: TaskDir) -> list[str]:
             if not call.dangling or call.key is None:
                 continue
             decided = call.attempt if held.get(call.call_id) == call.attempt else call.attempt - 1
-            if decided > 0 and _usable_decision(task.decision_file(call.key, decided)):
+            if decided > 0 and _usable_decision(task, call.key, decided):
                 found.append(call.call_id)
         return found
     except (AgentdError, OSError, ValueError, KeyError, TypeError):
@@ -155,31 +152,35 @@ def _decide(
         "result": result,
         "decided_at": utc_now(),
     }
-    refuse_symlinks(task)
-    private_dir(task.decisions)
-    path = task.decision_file(row["idempotency_key"], row["attempt"])
-    if not write_exclusive(path, json.dumps(decision).encode()):
+    store = FileStore.of(task)
+    key, attempt = row["idempotency_key"], row["attempt"]
+    if not store.record_decision(task.id, key, attempt, decision):
         raise StateConflictError(
             f"call {call_id} of task {task.id} was already decided by someone else "
-            f"({path.name}); `agentd dangling {task.id}` shows what still waits."
+            f"({store.decision_name(task.id, key, attempt)}); `agentd dangling {task.id}` "
+            "shows what still waits."
         )
-    append_event(task.events, "dangling_decided", task=task.id, call_id=call_id, action=action)
+    record_event(store, task.id, "dangling_decided", task=task.id, call_id=call_id, action=action)
     return decision
 
 
 def pending_decisions(task: TaskDir) -> bool:
     """True when every held call of a held task has a decision file."""
     rows = held_calls(task)
-    if task.decisions.is_symlink():  # never read through it (the worker does not either)
-        return False
     return bool(rows) and all(
-        _usable_decision(task.decision_file(r["idempotency_key"], r["attempt"])) for r in rows
+        _usable_decision(task, r["idempotency_key"], r["attempt"]) for r in rows
     )
 
 
-def _usable_decision(path: Path) -> bool:
-    """Whether the worker can apply this decision file (``worker.protocol.usable_decision``)."""
+def _usable_decision(task: TaskDir, key: str, attempt: int) -> bool:
+    """Whether the worker can apply the decision on that attempt
+    (``worker.protocol.usable_decision``); one the store cannot read (a decisions folder
+    that is a symlink is never read through, by the worker either) is not."""
     try:
-        return usable_decision(read_bytes(path))
-    except OSError:
+        decision = FileStore.of(task).read_decision(task.id, key, attempt)
+        if decision is None:
+            return False
+        decision_fields(decision)
+    except (Unreadable, ValueError):
         return False
+    return True

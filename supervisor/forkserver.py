@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Generic, TypeVar
 
 from worker.credentials import Credentials, start_process
+from worker.store.base import Cursor
 
 
 class ForkServer:
@@ -177,7 +178,7 @@ class Asked(Generic[T]):
     """A worker asked of the fork server for ``item`` (the daemon's task slot)."""
 
     item: T
-    journal_size: int  # the task's journal before the worker could write to it
+    journal_at: Cursor  # the task's journal's end before the worker could write to it
     asked: float  # monotonic
     request: tuple[Path, Path | None, dict[str, str], Path] | None = None  # while warming
 
@@ -224,7 +225,7 @@ class ForkQueue(Generic[T]):
     def ask(
         self,
         item: T,
-        journal_size: int,
+        journal_at: Cursor,
         task_path: Path,
         config: Path | None,
         env: Mapping[str, str],
@@ -235,7 +236,7 @@ class ForkQueue(Generic[T]):
         """Ask for a worker for ``item``; False when the server cannot take it now (off,
         broken, or not ready and not to be waited for: ``wait`` False, or the server is not
         warming up): the caller starts one fresh."""
-        asked = Asked(item, journal_size, self._clock())
+        asked = Asked(item, journal_at, self._clock())
         server = self.server
         if server.ready:
             if not server.request(task_path, config, env, output):

@@ -33,11 +33,11 @@ from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
 from worker.errors import StateConflictError, UsageError
-from worker.events import append_event, utc_now
+from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, validate_task_id
-from worker.state import Call, TaskState, snapshot_bytes
-from worker.store.durable import atomic_write
-from worker.store.journal import Journal, read_file
+from worker.state import Call, TaskState
+from worker.store.base import Snapshot
+from worker.store.files import FileStore
 
 IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
@@ -53,9 +53,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
     live = 0  # the live branch's latest turn
-    if not task.journal.exists():  # a task that has not run yet has no history
-        return rows
-    for record, _ in read_file(task.journal).records:
+    for record in FileStore.of(task).replay(task.id):  # none before it ran: no history
         kind = record.get("k")
         if kind == "base":
             scene = record["scene"]
@@ -241,16 +239,20 @@ def rewind(
             # task recorded `done`, which no daemon would ever resume.
             drop_moot_cancel(task, TaskRecord.load(task))
             change_record(spool, task, REQUEUE_REQUEST, TaskRecord.requeue)
-            journal, _ = Journal.open(task.journal, task=task.id)
-            with journal:
-                size = journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
+            store = FileStore.of(task)
+            journal, _ = store.open_journal(pause.owner, header={"task": task.id})
+            try:
+                journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
+            finally:
+                journal.close()
             state.apply({"k": "rewind", "to": to})
-            atomic_write(task.snapshot, snapshot_bytes(state, size))
+            store.put_snapshot(pause.owner, Snapshot(journal.cursor, state))
             workspace = _rewind_workspace(task, state, to, restore=restore_workspace)
 
     cut = [c["call_id"] for c in cut_off]
-    append_event(
-        task.events,
+    record_event(
+        FileStore.of(task),
+        task.id,
         "task_rewound",
         "warning" if cut else "info",
         task=task.id,
@@ -264,7 +266,7 @@ def rewind(
 
 def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool) -> str:
     """Restore the workspace files of turn ``to`` when asked and possible; what was done."""
-    spec = task.load_spec()
+    spec = FileStore.of(task).load_spec(task.id)
     workspace_dir = task.workspace_for(spec)
     snapshot = state.vcs.get(to, {}).get("snapshot")
     if restore and snapshot:
@@ -296,9 +298,10 @@ def fork(
     prompt: str | None = None,
 ) -> ForkReport:
     parent = existing_task(spool, parent_id)
-    spec = parent.load_spec()
+    store = FileStore.of(parent)
+    spec = store.load_spec(parent_id)
     new_id = validate_task_id(name) if name else f"{parent_id[:50]}-fork-{secrets.token_hex(3)}"
-    if spool.task(new_id).exists():
+    if store.exists(new_id):
         raise StateConflictError(f"a task named {new_id!r} already exists; pick another --name.")
     if prompt is not None and not prompt.strip():
         raise UsageError("--prompt is empty; leave it out or give the extra user message.")
@@ -332,17 +335,17 @@ def fork(
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
-    def setup(task: TaskDir) -> None:
-        journal, _ = Journal.open(task.journal, task=task.id)
-        with journal:
-            journal.append(stamped)
+    def prepare(task: TaskDir) -> None:
         if worktree is not None and snapshot:
             vcs.add_worktree(parent_ws, snapshot, worktree)
         elif spec.workspace is None and parent_ws.is_dir():
             shutil.copytree(parent_ws, task.path / "workspace", symlinks=True)
 
-    script = parent.script.read_bytes() if parent.script.exists() else None
-    create_task(spool, new_spec, script, setup=setup)
-    append_event(parent.events, "task_forked", task=parent_id, fork=new_id, at=at)
+    try:
+        script: bytes | None = store.load_script(parent_id)
+    except FileNotFoundError:
+        script = None
+    create_task(spool, new_spec, script, journal=stamped, prepare=prepare)
+    record_event(store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at)
     ring(spool, new_id)
     return ForkReport(new_id, parent_id, at, note)

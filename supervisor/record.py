@@ -19,7 +19,8 @@ from worker.errors import StateConflictError
 from worker.events import utc_now
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
-from worker.store.durable import atomic_write_json, read_json
+from worker.store.base import Unreadable
+from worker.store.files import NOT_A_RECORD, FileStore
 
 #: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
 FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
@@ -61,26 +62,38 @@ class TaskRecord:
 
     @classmethod
     def load(cls, task: TaskDir) -> TaskRecord:
+        """The task's record through its store (``TaskStore.get_record``); one that cannot
+        be read, or is not a record, loads as a failed task that names it."""
+        store = FileStore.of(task)
         try:
-            data = read_json(task.state)
-        except FileNotFoundError:
+            data, _ = store.get_record(task.id)
+        except Unreadable as exc:
+            return cls(state=TaskStatus.FAILED, reason=f"{exc.where} is {exc.reason}")
+        if data is None:
             return cls()
-        except (OSError, ValueError):
-            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is unreadable")
-        state = data.get("state") if isinstance(data, dict) else None
+        not_a_record = cls(
+            state=TaskStatus.FAILED, reason=f"{store.record_name(task.id)} is {NOT_A_RECORD}"
+        )
+        state = data.get("state")
         if state not in tuple(TaskStatus):
-            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
+            return not_a_record
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if not all(FIELD_SHAPES[k](v) for k, v in known.items() if k != "state"):
-            # a field of the wrong type would fail later, in the daemon's arithmetic
-            return cls(state=TaskStatus.FAILED, reason=f"{task.state} is not a task record")
+            return not_a_record  # a field of the wrong type would fail in the daemon's arithmetic
         return cls(**{**known, "state": TaskStatus(state)})
 
     def save(self, task: TaskDir, *, durable: bool = True) -> None:
-        """Replace the record atomically; ``durable=False`` skips the fsyncs, for a state
-        that recovery never trusts anyway (``running``: the task lock decides)."""
+        """Replace the record (``TaskStore.cas_record``); ``durable=False`` skips the
+        fsyncs, for a state that recovery never trusts anyway (``running``: the task lock
+        decides). Only the holder of the supervisor lock writes a record, so the last
+        write wins, as it always did: the version compared is the one just read."""
+        store = FileStore.of(task)
+        store.cas_record(task.id, store.record_version(task.id), self.stamped(), durable=durable)
+
+    def stamped(self) -> dict[str, Any]:
+        """The record as it is stored, stamped with the time now (``updated_at``)."""
         self.updated_at = utc_now()
-        atomic_write_json(task.state, asdict(self), durable=durable)
+        return asdict(self)
 
     # -- an operator's moves (task_id only names the task in a refusal) -----------------
 

@@ -25,14 +25,12 @@ that held then holds again when it is resumed, and that hold is.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
-from worker.events import read_events_from
+from worker.store.base import JSON, START, Cursor
 
 #: The field and value the daemon puts in the event lines it writes itself.
 DAEMON_MARK = ("by", "daemon")
@@ -42,32 +40,44 @@ _LEVELS = ("debug", "info", "warning", "error", "critical")
 _OWN_FIELDS = ("event", "level", "timestamp")
 
 
+class TaskEvents(Protocol):
+    """Where the relay reads events: a store's (``FileStore``, ``MemoryStore``)."""
+
+    def events_end(self, task_id: str) -> Cursor: ...
+
+    def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]: ...
+
+
 class EventRelay:
-    """Each task's events file, read from where the last read ended."""
+    """Each task's events, read from where the last read ended."""
 
     def __init__(
-        self, log: FilteringBoundLogger, on_event: Callable[[str], None] | None = None
+        self,
+        log: FilteringBoundLogger,
+        store: TaskEvents,
+        on_event: Callable[[str], None] | None = None,
     ) -> None:
         self._log = log
+        self._store = store
         self._on_event = on_event  # told each relayed event's name (the daemon's counters)
-        self._offsets: dict[str, int] = {}
+        self._cursors: dict[str, Cursor] = {}
 
-    def track(self, task: str, path: Path, *, from_end: bool) -> None:
-        """Start tailing ``task``'s events at the file's end (a task found at start) or
-        at its first line."""
-        self._offsets[task] = _size(path) if from_end else 0
+    def track(self, task: str, *, from_end: bool) -> None:
+        """Start tailing ``task``'s events at their end (a task found at start) or at the
+        first one."""
+        self._cursors[task] = self._store.events_end(task) if from_end else START
 
-    def pull(self, task: str, path: Path) -> None:
-        """Log the lines of ``task`` written since the last pull by any other process."""
-        offset = self._offsets.get(task)
-        if offset is None:
+    def pull(self, task: str) -> None:
+        """Log the events of ``task`` written since the last pull by any other process."""
+        cursor = self._cursors.get(task)
+        if cursor is None:
             return
-        size = _size(path)
-        if size == offset:
+        end = self._store.events_end(task)  # one stat when there is nothing new
+        if end == cursor:
             return
-        if size < offset:  # the file was replaced (a folder restored): read it anew
-            offset = 0
-        events, self._offsets[task] = read_events_from(path, offset)
+        if end < cursor:  # the file was replaced (a folder restored): read it anew
+            cursor = START
+        events, self._cursors[task] = self._store.read_events(task, cursor)
         mark, value = DAEMON_MARK
         for event in events:
             if event.get(mark) == value:
@@ -82,11 +92,4 @@ class EventRelay:
                 self._on_event(str(name))
 
     def forget(self, task: str) -> None:
-        self._offsets.pop(task, None)
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path, follow_symlinks=False).st_size
-    except OSError:
-        return 0
+        self._cursors.pop(task, None)

@@ -15,28 +15,27 @@ from typing import Any
 from supervisor.liveness import Beat
 from supervisor.record import TaskRecord
 from worker.errors import NotFoundError, SpoolError, TaskSpecError
-from worker.protocol import TaskStatus, parse_heartbeat
-from worker.spool import TaskDir
+from worker.protocol import TaskStatus, heartbeat_shaped
+from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
-from worker.store.durable import read_bytes
 from worker.store.files import FileStore
 
 
-def load_state(task: TaskDir, *, full: bool = True) -> TaskState:
+def load_state(task: TaskDir, *, full: bool = True, spec: TaskSpec | None = None) -> TaskState:
     """Fold the task's journal (read-only) into its state: ``worker.store.replay.load``.
     ``full=False`` starts from the snapshot when there is a usable one: fast, but without
-    the per-turn boundaries that rewind and fork need."""
-    return replay.load(FileStore(task.root), task.id, full=full)
+    the per-turn boundaries that rewind and fork need. ``spec``: the task's, when the
+    caller has it (status reads it once per task, not twice)."""
+    prompt = spec.prompt if spec is not None else None
+    return replay.load(FileStore.of(task), task.id, full=full, prompt=prompt)
 
 
 def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
     """The worker's last heartbeat, or None when there is none or it does not have the
-    shape a worker writes (``worker.protocol.parse_heartbeat``)."""
-    try:
-        return parse_heartbeat(read_bytes(task.heartbeat))
-    except OSError:
-        return None
+    shape a worker writes (``worker.protocol.heartbeat_shaped``)."""
+    beat = FileStore.of(task).read_heartbeat(task.id)
+    return beat if heartbeat_shaped(beat) else None
 
 
 def _text(value: Any) -> str | None:
@@ -81,7 +80,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     beat = read_heartbeat(task)
     spec_error = None
     try:
-        spec = task.load_spec()
+        spec = FileStore.of(task).load_spec(task.id)
     except (SpoolError, TaskSpecError, NotFoundError) as exc:
         spec, spec_error = None, str(exc)
     running = record.state == TaskStatus.RUNNING
@@ -90,7 +89,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     compactions = 0
     if not running or beat is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
-            state = load_state(task, full=False)
+            state = load_state(task, full=False, spec=spec)
             turn = state.turn
             tokens_used = state.tokens_used if state.turn else None
             compactions = len(state.live_compactions())

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from supervisor.record import TaskRecord
 from worker.config import Config
 from worker.errors import NotFoundError, TaskSpecError, UsageError
-from worker.events import append_event, utc_now
+from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.store.durable import atomic_write, atomic_write_json
-from worker.store.files import make_task_folder, refuse_symlinks
+from worker.store.files import refuse_symlinks, spool_store
 
 #: Caps on the files an operator names on the command line. Each is read up to its cap and
 #: one byte more, never further, so a wrong path (``/dev/zero``, a log) is refused in one
@@ -123,26 +123,27 @@ def create_task(
     spec: TaskSpec,
     script: bytes | None,
     *,
-    setup: Callable[[TaskDir], None] | None = None,
+    journal: Sequence[dict[str, Any]] = (),
+    prepare: Callable[[TaskDir], None] | None = None,
 ) -> TaskDir:
-    """Make the task folder; ``setup`` adds files (a fork's journal) before the spec, which
-    is written last: until then the folder is not a task."""
-    spool.ensure()
-    task = spool.task(spec.id)
-    make_task_folder(task)
-    if script is not None:
-        atomic_write(task.script, script)
-    TaskRecord().save(task)
-    if setup is not None:
-        setup(task)
-    atomic_write_json(task.spec, spec.to_json())  # last: now it is a task
-    append_event(task.events, "task_submitted", task=spec.id)
-    return task
+    """Create the task in the spool's store (``FileStore.create``): a queued record, a
+    fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's
+    workspace) before the spec, which is written last: until then it is not a task."""
+    store = spool_store(spool.root)
+    store.create(spec, TaskRecord().stamped(), script=script, journal=journal, prepare=prepare)
+    record_event(store, spec.id, "task_submitted", task=spec.id)
+    return store.task(spec.id)
+
+
+def listed_tasks(spool: Spool) -> list[TaskDir]:
+    """Every task the spool's store lists (``TaskStore.task_ids``), in id order."""
+    store = spool_store(spool.root)
+    return [store.task(task_id) for task_id in store.task_ids()]
 
 
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
     refuse_symlinks(task)
-    if not task.exists():
+    if not spool_store(spool.root).exists(task_id):
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task

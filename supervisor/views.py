@@ -29,9 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from supervisor.record import FINAL_STATES, TaskRecord
-from worker.events import read_events_from
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
+from worker.store.base import START, Cursor
+from worker.store.files import FileStore
 
 # -- the status table -------------------------------------------------------------------
 
@@ -218,15 +219,16 @@ class TaskLog:
 
     def __init__(self, task: TaskDir) -> None:
         self.task = task
-        self._offset = 0
-        self._journal_size = -1
+        self._store = FileStore.of(task)
+        self._events_at = START
+        self._journal_at: Cursor | None = None  # where the rows were folded to
         self._rows: list[dict[str, Any]] = []
         self._turns_shown = 0
         self._last_end: str | None = None
         self._ended_since: float | None = None
 
     def read(self, *, settled: bool = False) -> list[dict[str, Any]]:
-        events, self._offset = read_events_from(self.task.events, self._offset)
+        events, self._events_at = self._store.read_events(self.task.id, self._events_at)
         rows = self._history()[self._turns_shown :]
         if settled and rows and not _settled(rows[-1]):
             rows = rows[:-1]
@@ -252,14 +254,11 @@ class TaskLog:
         return now - self._ended_since >= END_GRACE
 
     def _history(self) -> list[dict[str, Any]]:
-        try:
-            size = self.task.journal.stat().st_size
-        except OSError:
-            return self._rows
-        if size != self._journal_size:
+        end = self._store.journal_end(self.task.id)
+        if end != self._journal_at:
             from supervisor.history import history_rows  # noqa: PLC0415 (`status` needs none of it)
 
-            self._rows, self._journal_size = history_rows(self.task), size
+            self._rows, self._journal_at = history_rows(self.task), end
         return self._rows
 
 

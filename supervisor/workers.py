@@ -34,11 +34,11 @@ import psutil
 
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, reap
-from worker.errors import JournalCorruptError
-from worker.lock import holder_pid, is_locked
+from worker.errors import JournalCorruptError, SpoolError
 from worker.spool import TaskDir
-from worker.store.durable import open_private, read_json
-from worker.store.journal import scan
+from worker.store.base import START, Cursor
+from worker.store.durable import open_private
+from worker.store.files import FileStore
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 REPARENT_WAIT = 0.2  # seconds a forked worker's exit may wait for it to become our child
@@ -51,7 +51,7 @@ class WorkerProcess:
     pidfd: int
     popen: subprocess.Popen[bytes] | None  # set when started from a fresh interpreter
     started: float = field(default_factory=time.monotonic)
-    journal_size: int = 0
+    journal_at: Cursor = START  # the journal's end when it started (``journal_end``)
     kill_reason: str | None = None  # hung, stalled, cancel, stop
     term_deadline: float | None = None
     beat_due: float = 0.0  # monotonic time before which no liveness verdict can fall due
@@ -67,9 +67,9 @@ class WorkerProcess:
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
-        with contextlib.suppress(OSError, ValueError):  # not our child: its last words
-            data = read_json(self.task.exit)
-            if isinstance(data, dict) and data.get("pid") == self.pid:
+        with contextlib.suppress(ValueError):  # not our child: its last words
+            data = FileStore.of(self.task).read_exit(self.task.id)
+            if data is not None and data.get("pid") == self.pid:
                 return int(data["code"]), None
         return None, "unknown"
 
@@ -123,7 +123,7 @@ def spawn(
     """Start a worker for ``task`` in a fresh interpreter (the fork server's path is the
     daemon's ``_start``, which asks it without waiting). ``env`` holds no secret: the
     worker gets ``credentials`` through a handover pipe."""
-    size = journal_size(task)
+    start = journal_end(task)
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
         cmd += ["--config", str(config_path)]
@@ -141,7 +141,7 @@ def spawn(
         )
     finally:
         os.close(out)
-    return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_size=size)
+    return WorkerProcess(task, popen.pid, os.pidfd_open(popen.pid), popen, journal_at=start)
 
 
 def open_output(task: TaskDir) -> int:
@@ -154,11 +154,9 @@ def open_output(task: TaskDir) -> int:
         return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
-def journal_size(task: TaskDir) -> int:
-    try:
-        return task.journal.stat().st_size
-    except OSError:
-        return 0
+def journal_end(task: TaskDir) -> Cursor:
+    """Where the task's journal ends now: ``FileStore.journal_end``."""
+    return FileStore.of(task).journal_end(task.id)
 
 
 #: Records that move a task forward. A re-run's intent (or a hold, or an applied
@@ -179,23 +177,15 @@ class Progress:
 def journal_progress(worker: WorkerProcess) -> Progress:
     """Read what the worker appended to its journal (for a crash: the heartbeat's turn
     may be up to an interval old, the journal's is exact)."""
+    store = FileStore.of(worker.task)
     try:
-        with open(worker.task.journal, "rb") as f:
-            f.seek(worker.journal_size)
-            tail = f.read()
-    except OSError:
-        return Progress(False)
-    try:
-        found = [
-            record
-            for record, _ in scan(
-                tail, name=str(worker.task.journal), base=worker.journal_size
-            ).records
-        ]
+        found = store.replay(worker.task.id, worker.journal_at)
     except JournalCorruptError:
         found = []
+    except (OSError, SpoolError):
+        return Progress(False)
     if not found:  # not aligned on a frame (a torn tail was cut first): judge by size
-        return Progress(bool(tail) and journal_size(worker.task) > worker.journal_size)
+        return Progress(store.journal_end(worker.task.id) > worker.journal_at)
     turn = None
     for record in found:
         if record["k"] in ("turn", "rewind"):
@@ -213,18 +203,19 @@ def process_started(pid: int) -> float | None:
 def adopt(task: TaskDir) -> WorkerProcess | None:
     """Re-attach to the process that holds ``task``'s lock (a worker an earlier daemon
     started, recorded or not), or None when no live process holds it."""
-    pid = holder_pid(task.lock)
-    if pid is None or pid == os.getpid() or not is_locked(task.lock):
+    store = FileStore.of(task)
+    pid = store.owner_pid(task.id)
+    if pid is None or pid == os.getpid() or not store.owned(task.id):
         return None
     try:
         pidfd = os.pidfd_open(pid)
     except (ProcessLookupError, PermissionError):
         return None
     # the pidfd pins the process; make sure it is still the holder, not a pid reused
-    if not is_locked(task.lock) or holder_pid(task.lock) != pid:
+    if not store.owned(task.id) or store.owner_pid(task.id) != pid:
         os.close(pidfd)
         return None
-    return WorkerProcess(task, pid, pidfd, None, journal_size=journal_size(task))
+    return WorkerProcess(task, pid, pidfd, None, journal_at=journal_end(task))
 
 
 def sweep_strays(keep: Collection[int]) -> list[int]:

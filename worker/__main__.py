@@ -38,6 +38,7 @@ from worker.errors import (
     TaskSpecError,
     storage_fault,
 )
+from worker.events import record_event
 from worker.heartbeat import Heartbeat
 from worker.loop import (
     AgentLoop,
@@ -98,7 +99,8 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
         say(f"agentd worker: {outcome.reason}")
         return ExitCode.FAILED
     try:
-        with contained(task.events, task=task.id):  # no tool process outlives it
+        killed = functools.partial(processes_killed, store, task.id)
+        with contained(killed):  # no tool process outlives it
             return run_owned(store, task, owner, config_path, output)
     finally:
         store.release(owner)
@@ -212,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if output is not None:
             output.close()
+
+
+def processes_killed(store: TaskStore, task_id: str, pids: list[int]) -> None:
+    """What ``contained`` killed as the worker left, in the task's events."""
+    record_event(store, task_id, "processes_killed", pid=os.getpid(), pids=pids, task=task_id)
 
 
 def stopped_by_storage(store: TaskStore, task_id: str, fault: StorageError) -> int:

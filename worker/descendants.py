@@ -28,11 +28,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-from worker.events import append_event
+from collections.abc import Callable, Iterator
 
 PR_SET_CHILD_SUBREAPER = 36
 #: How long ``kill_all`` keeps killing: a process in uninterruptible sleep may take a
@@ -121,14 +117,14 @@ def kill_all(patience: float = KILL_PATIENCE) -> list[int]:
 
 
 @contextlib.contextmanager
-def contained(events: Path | None = None, **fields: Any) -> Iterator[None]:
+def contained(on_killed: Callable[[list[int]], None] | None = None) -> Iterator[None]:
     """Inside the block this process is a child subreaper; leaving it, however, kills
-    every process still below it, and says so (``processes_killed``, with ``fields``) in
-    the ``events`` file of its task."""
+    every process still below it, and tells ``on_killed`` their pids (the worker records
+    ``processes_killed`` in its task's events)."""
     become_subreaper()
     try:
         yield
     finally:
         killed = kill_all()
-        if killed and events is not None:
-            append_event(events, "processes_killed", pid=os.getpid(), pids=killed, **fields)
+        if killed and on_killed is not None:
+            on_killed(killed)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from worker.redactor import Redactor, redact
 
@@ -90,6 +90,23 @@ def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int
 def event_line(event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
     """An event as it is written: its name, the time now, its level and its fields."""
     return {"event": event, "timestamp": utc_now(), "level": level, **fields}
+
+
+class EventSink(Protocol):
+    """What takes a task's events: a ``TaskStore`` (``append_event``)."""
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> None: ...
+
+
+def record_event(
+    sink: EventSink, task_id: str, event: str, level: str = "info", **fields: Any
+) -> dict[str, Any]:
+    """``append_event`` through a store: one event of the task, its failure to log never
+    stopping the caller. Returns the event as written (before redaction)."""
+    line = event_line(event, level, **fields)
+    with contextlib.suppress(OSError):
+        sink.append_event(task_id, line)
+    return line
 
 
 def append_event(path: Path, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:

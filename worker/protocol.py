@@ -116,6 +116,11 @@ def exit_reason(data: bytes, pid: int | None = None) -> str | None:
         record = json.loads(data)
     except ValueError:
         return None
+    return exit_record_reason(record, pid)
+
+
+def exit_record_reason(record: Any, pid: int | None = None) -> str | None:
+    """``exit_reason`` of an exit record already parsed (as a store returns it)."""
     if isinstance(record, dict) and (pid is None or record.get("pid") == pid):
         return str(record.get("reason"))
     return None

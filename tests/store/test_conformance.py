@@ -330,6 +330,29 @@ def test_events_read_back_in_order_from_a_cursor(store: TaskStore) -> None:
         assert [e["n"] for e in written if e["writer"] == i] == list(range(20))
 
 
+def test_the_ends_of_the_journal_and_the_events_are_where_the_next_read_starts(
+    store: TaskStore,
+) -> None:
+    """``journal_end`` and ``events_end``: a reader that starts there gets exactly what
+    was added after."""
+    task = new_task(store)
+    assert store.journal_end(task) == START and store.events_end(task) == START
+    owner = store.acquire(task)
+    writer, _ = store.open_journal(owner, header=HEADER)
+    with_header = store.journal_end(task)
+    assert with_header == writer.cursor and store.replay(task, with_header) == []
+    writer.append([user("one")])
+    assert store.replay(task, with_header) == [user("one")]
+    assert store.journal_end(task) == writer.cursor > with_header
+    writer.close()
+    store.release(owner)
+    store.append_event(task, {"event": "before"})
+    mark = store.events_end(task)
+    store.append_event(task, {"event": "after"})
+    events, end = store.read_events(task, mark)
+    assert [e["event"] for e in events] == ["after"] and end == store.events_end(task)
+
+
 def test_heartbeats_and_exits_are_published_and_read(store: TaskStore) -> None:
     task = new_task(store)
     assert store.read_heartbeat(task) is None and store.read_exit(task) is None

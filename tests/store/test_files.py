@@ -3,6 +3,7 @@ tail and the damaged middle of a framed journal, and races of whole processes.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,8 +16,8 @@ from tests.store.test_conformance import HEADER, turn, user
 from tests.support import REPO, poll_for
 from worker.errors import FencedError, JournalCorruptError, LockBusyError
 from worker.state import fold, snapshot_bytes
-from worker.store.base import Snapshot
-from worker.store.files import FileStore
+from worker.store.base import Snapshot, Unreadable
+from worker.store.files import NOT_A_RECORD, FileStore
 from worker.store.journal import Journal
 
 pytestmark = pytest.mark.backend("files")
@@ -160,3 +161,25 @@ def test_ownership_is_held_by_one_process_and_dies_with_it(tmp_path: Path) -> No
     store.release(owner)
     with pytest.raises(FencedError):
         store.open_journal(owner, header=HEADER)
+
+
+def test_what_the_daemon_reads_beside_the_protocol(tmp_path: Path) -> None:
+    """``owner_pid`` (adopt), ``record_version`` and the names a message gives: the file
+    store's own, for the daemon of a spool."""
+    store = FileStore(tmp_path / "spool")
+    task = new_task(store)
+    assert store.owner_pid(task) is None and not store.owned(task)
+    owner = store.acquire(task)
+    assert store.owned(task) and store.owner_pid(task) == os.getpid()
+    store.release(owner)
+    assert not store.owned(task)
+    _, version = store.get_record(task)
+    assert store.record_version(task) == version
+    newer = store.cas_record(task, store.record_version(task), {"state": "running"})
+    assert store.record_version(task) == newer != version
+    assert store.record_name(task) == str(store.task(task).state)
+    assert store.decision_name(task, "k1", 2) == store.task(task).decision_file("k1", 2).name
+    store.task(task).state.write_text("[1]")
+    with pytest.raises(Unreadable) as refused:
+        store.get_record(task)
+    assert (refused.value.where, refused.value.reason) == (store.record_name(task), NOT_A_RECORD)

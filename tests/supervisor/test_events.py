@@ -23,27 +23,33 @@ from supervisor.relay import DAEMON_MARK, EventRelay
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import charge_script, config_text, steps
 from tests.support import REPO, poll_for
-from worker.events import append_event
+from worker.events import record_event
 from worker.protocol import ExitCode
+from worker.spool import TaskSpec
+from worker.store.memory import MemoryStore
 
 # -- the relay ------------------------------------------------------------------------------
 
 
-def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons(
-    tmp_path: Path,
-) -> None:
-    events = tmp_path / "events.jsonl"
-    append_event(events, "task_submitted", task="t1")
-    relay = EventRelay(structlog.get_logger())
+def _store_with_task() -> MemoryStore:
+    store = MemoryStore()
+    store.create(TaskSpec(id="t1", prompt="p"), {"state": "queued"})
+    return store
+
+
+def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons() -> None:
+    store = _store_with_task()
+    record_event(store, "t1", "task_submitted", task="t1")
+    relay = EventRelay(structlog.get_logger(), store)
     with capture_logs() as seen:
-        relay.track("t1", events, from_end=False)
-        relay.pull("t1", events)
+        relay.track("t1", from_end=False)
+        relay.pull("t1")
         mark, value = DAEMON_MARK
-        append_event(events, "worker_spawned", task="t1", pid=1, **{mark: value})
-        append_event(events, "task_resumed", task="t1", pid=1, turn=2)
-        append_event(events, "dangling_held", "warning", task="t1", pid=1, call_id="c1")
-        relay.pull("t1", events)
-        relay.pull("t1", events)  # nothing new: nothing logged
+        record_event(store, "t1", "worker_spawned", task="t1", pid=1, **{mark: value})
+        record_event(store, "t1", "task_resumed", task="t1", pid=1, turn=2)
+        record_event(store, "t1", "dangling_held", "warning", task="t1", pid=1, call_id="c1")
+        relay.pull("t1")
+        relay.pull("t1")  # nothing new: nothing logged
     assert [(e["event"], e["log_level"]) for e in seen] == [
         ("task_submitted", "info"),
         ("task_resumed", "info"),
@@ -52,22 +58,22 @@ def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons(
     assert seen[2]["call_id"] == "c1" and seen[2]["pid"] == 1
 
 
-def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file(tmp_path: Path) -> None:
-    events = tmp_path / "events.jsonl"
-    append_event(events, "task_submitted", task="t1")
-    relay = EventRelay(structlog.get_logger())
+def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file() -> None:
+    store = _store_with_task()
+    record_event(store, "t1", "task_submitted", task="t1")
+    relay = EventRelay(structlog.get_logger(), store)
     with capture_logs() as seen:
-        relay.track("t1", events, from_end=True)
-        relay.pull("t1", events)
-        append_event(events, "task_resumed", task="t1")
-        relay.pull("t1", events)
+        relay.track("t1", from_end=True)
+        relay.pull("t1")
+        record_event(store, "t1", "task_resumed", task="t1")
+        relay.pull("t1")
     assert [e["event"] for e in seen] == ["task_resumed"]
 
 
 # -- the README's names -----------------------------------------------------------------------
 
 #: Calls that name an event, and the position of the name among their arguments.
-EMITTERS = {"emit": 0, "_event": 0, "append_event": 1, "event_line": 0}
+EMITTERS = {"emit": 0, "_event": 0, "append_event": 1, "record_event": 2, "event_line": 0}
 LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
 
 

@@ -19,6 +19,7 @@ from supervisor import forkserver
 from supervisor.forkserver import ForkQueue, ForkServer
 from tests.daemon import Daemon, parse_time
 from tests.support import poll_for, reply, text
+from worker.store.base import START
 
 
 def cmdline(pid: int) -> str:
@@ -78,7 +79,7 @@ class Queue:
         )
 
     def ask(self, item: str, *, wait: bool) -> bool:
-        return self.queue.ask(item, 0, self.tmp_path, None, {}, self.tmp_path / "o", wait=wait)
+        return self.queue.ask(item, START, self.tmp_path, None, {}, self.tmp_path / "o", wait=wait)
 
     def run(self, scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
         try:

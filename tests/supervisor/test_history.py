@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from supervisor import history
 from supervisor.cli import main
 from supervisor.history import fork, history_rows, rewind
 from supervisor.record import TaskRecord
@@ -39,6 +38,7 @@ from worker.lock import TaskLock
 from worker.models.messages_api import MessagesAPIModel
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
+from worker.store.files import FileStore
 from worker.store.journal import Journal
 from worker.testing.messages_api import MessagesAPIServer, Reply
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
@@ -364,7 +364,7 @@ def test_a_rewind_killed_after_its_record_leaves_the_task_queued_not_done(
     def killed(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # the process dies right after the rewind record
 
-    monkeypatch.setattr(history, "atomic_write", killed)  # the snapshot write that follows
+    monkeypatch.setattr(FileStore, "put_snapshot", killed)  # the snapshot write that follows
     with pytest.raises(KeyboardInterrupt):
         rewind(spool, CONFIG, "k2", 2, yes=True)
     assert load_state(task).turn == 2  # the new scene...

@@ -7,6 +7,7 @@ from pathlib import Path
 from supervisor.workers import Progress, WorkerProcess, journal_progress
 from tests.support import make_spool, reply, scripted_task, text
 from worker.spool import TaskDir
+from worker.store.base import Cursor
 from worker.store.journal import Journal
 
 
@@ -14,10 +15,10 @@ def _worker_after(task: TaskDir, *records: dict[str, object]) -> WorkerProcess:
     """A worker that started on ``task``'s journal as it is and appended ``records``."""
     journal, _ = Journal.open(task.journal, task=task.id)
     with journal:
-        start = journal.size
+        start = Cursor(journal.size)
         if records:
             journal.append(list(records))
-    return WorkerProcess(task, pid=0, pidfd=-1, popen=None, journal_size=start)
+    return WorkerProcess(task, pid=0, pidfd=-1, popen=None, journal_at=start)
 
 
 def _task(tmp_path: Path) -> TaskDir:

@@ -25,10 +25,14 @@ from worker.descendants import children, descendants, reap
 from worker.events import read_events
 
 CONTAINED = """
-import subprocess, sys
+import os, subprocess, sys
 from pathlib import Path
 from worker.descendants import contained
-with contained(Path(sys.argv[1]), task="t"):
+from worker.events import append_event
+events = Path(sys.argv[1])
+def killed(pids):
+    append_event(events, "processes_killed", pid=os.getpid(), pids=pids, task="t")
+with contained(killed):
     for line in sys.stdin:
         if not line.strip():
             break

@@ -185,6 +185,11 @@ class TaskStore(Protocol):
         task has no journal yet."""
         ...
 
+    def journal_end(self, task_id: str) -> Cursor:
+        """After the last record recorded so far, read-only: where a new worker starts, so
+        that what it recorded can be told afterwards (``START`` with no journal yet)."""
+        ...
+
     # -- snapshots --------------------------------------------------------------------
 
     def get_snapshot(self, task_id: str) -> Snapshot | None:
@@ -238,6 +243,11 @@ class TaskStore(Protocol):
 
     def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
         """The events after ``after``, in the order they were appended, and where to go on."""
+        ...
+
+    def events_end(self, task_id: str) -> Cursor:
+        """After the last event appended so far, without reading any: where a reader that
+        wants only what comes next starts (``START`` when there are none)."""
         ...
 
     def publish_heartbeat(self, task_id: str, beat: JSON) -> None:

@@ -21,19 +21,20 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from worker.errors import FencedError, RecordConflictError, SpoolError, StateConflictError
 from worker.events import TaskEventLog, read_events_from
-from worker.lock import TaskLock, is_locked
+from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import parse_snapshot, snapshot_bytes
 from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, Version
 from worker.store.durable import (
     atomic_write,
     atomic_write_json,
+    private_dir,
     read_bytes,
     read_json,
     write_exclusive,
@@ -85,6 +86,12 @@ class FileJournal:
 class FileStore:
     """The ``TaskStore`` of one spool folder."""
 
+    @classmethod
+    def of(cls, task: TaskDir) -> FileStore:
+        """The store of the spool ``task`` lives in: one per spool in a process, so that
+        the daemon and the commands share its ownership epochs (``spool_store``)."""
+        return spool_store(task.root)
+
     def __init__(self, root: Path) -> None:
         self.spool = Spool(root)
         self._guard = threading.Lock()
@@ -105,8 +112,11 @@ class FileStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
+        prepare: Callable[[TaskDir], None] | None = None,
     ) -> None:
-        """Make the folder; the spec is written last: until then the folder is no task."""
+        """Make the folder; the spec is written last: until then the folder is no task.
+        ``prepare`` adds what lives beside the store's files (a fork's workspace) before
+        the spec, so a kill leaves no task or a whole one."""
         self.spool.ensure()
         task = self.task(spec.id)
         make_task_folder(task)
@@ -117,6 +127,8 @@ class FileStore:
             opened, _ = Journal.open(task.journal, task=task.id)
             with opened:
                 opened.append(journal)
+        if prepare is not None:
+            prepare(task)
         atomic_write_json(task.spec, spec.to_json())
 
     def task_ids(self) -> list[str]:
@@ -170,6 +182,11 @@ class FileStore:
     def owned(self, task_id: str) -> bool:
         return is_locked(self.task(task_id).lock)
 
+    def owner_pid(self, task_id: str) -> int | None:
+        """The pid the task's lock names (its last holder's, live or not; None if none):
+        for the daemon to re-attach to a worker an earlier daemon started (``adopt``)."""
+        return holder_pid(self.task(task_id).lock)
+
     # -- the journal ------------------------------------------------------------------
 
     def open_journal(
@@ -186,6 +203,15 @@ class FileStore:
         except FileNotFoundError:
             return []
         return [record for record, _ in scan.records]
+
+    def journal_end(self, task_id: str) -> Cursor:
+        """After the last record recorded so far (a torn tail's bytes too), read-only:
+        where a new worker starts, to tell afterwards what it recorded (``START`` when
+        the task has no journal yet)."""
+        try:
+            return Cursor(self.task(task_id).journal.stat().st_size)
+        except OSError:
+            return START
 
     # -- snapshots --------------------------------------------------------------------
 
@@ -213,8 +239,12 @@ class FileStore:
         task = self.task(task_id)
         path = task.decision_file(key, attempt)
         refuse_symlinks(task)
-        task.decisions.mkdir(mode=0o700, exist_ok=True)
+        private_dir(task.decisions)
         return write_exclusive(path, json.dumps(decision).encode())
+
+    def decision_name(self, task_id: str, key: str, attempt: int) -> str:
+        """What names a decision in a message: its file's name."""
+        return self.task(task_id).decision_file(key, attempt).name
 
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
         task = self.task(task_id)
@@ -242,17 +272,34 @@ class FileStore:
     # -- the task record --------------------------------------------------------------
 
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
+        """``Unreadable`` (``where`` the file) when it cannot be read or parsed
+        (``UNREADABLE``) or is no JSON object (``NOT_A_RECORD``)."""
         path = self.task(task_id).state
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None, Version()
-        with os.fdopen(fd, "rb") as f:
-            version = _version(os.fstat(f.fileno()))
-            data = json.loads(f.read())
+        except OSError:
+            raise Unreadable(str(path), UNREADABLE) from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                version = _version(os.fstat(f.fileno()))
+                data = json.loads(f.read())
+        except (OSError, ValueError):
+            raise Unreadable(str(path), UNREADABLE) from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path} is not a task record")
+            raise Unreadable(str(path), NOT_A_RECORD)
         return data, version
+
+    def record_version(self, task_id: str) -> Version:
+        """The record's version as it is now, without reading it: for a writer that holds
+        the right to write it alone (the supervisor lock), whose write replaces whatever
+        is there, a damaged record too."""
+        return _current_version(self.task(task_id).state)
+
+    def record_name(self, task_id: str) -> str:
+        """What names the task record in a message: its file."""
+        return str(self.task(task_id).state)
 
     def cas_record(
         self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
@@ -276,6 +323,14 @@ class FileStore:
         events, end = read_events_from(self.task(task_id).events, after.position)
         return events, Cursor(end)
 
+    def events_end(self, task_id: str) -> Cursor:
+        """After the last event appended so far, without reading any: where a reader that
+        wants only what comes next starts (``START`` when there are none)."""
+        try:
+            return Cursor(os.stat(self.task(task_id).events, follow_symlinks=False).st_size)
+        except OSError:
+            return START
+
     def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
         atomic_write_json(self.task(task_id).heartbeat, beat, durable=False)
 
@@ -287,6 +342,23 @@ class FileStore:
 
     def read_exit(self, task_id: str) -> JSON | None:
         return _read_object(self.task(task_id).exit)
+
+
+#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
+UNREADABLE = "unreadable"
+NOT_A_RECORD = "not a task record"
+
+_stores: dict[Path, FileStore] = {}
+_stores_guard = threading.Lock()
+
+
+def spool_store(root: Path) -> FileStore:
+    """The one ``FileStore`` of the spool at ``root`` in this process."""
+    with _stores_guard:
+        store = _stores.get(root)
+        if store is None:
+            store = _stores[root] = FileStore(root)
+        return store
 
 
 def make_task_folder(task: TaskDir) -> None:

@@ -48,6 +48,7 @@ data); the worker stops and the next open reads what the disk really holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -226,10 +227,20 @@ def read_file(path: Path, start: int = 0) -> Scan:
             "in the task folder."
         ) from None
     with os.fdopen(fd, "rb") as f:
-        data = f.read()
-    result = scan(data, start, name=str(path))
-    _check_header(path, result, start)
-    return result
+        if start == 0:
+            data = f.read()
+            result = scan(data, name=str(path))
+            _check_header(path, result, start)
+            return result
+        f.seek(start)  # only the bytes after ``start``: frames parse where they stand
+        tail = f.read()
+    found = scan(tail, name=str(path), base=start)
+    return dataclasses.replace(
+        found,
+        records=[(record, end + start) for record, end in found.records],
+        good_end=found.good_end + start,
+        size=found.size + start,
+    )
 
 
 def _check_header(path: Path, result: Scan, start: int) -> None:

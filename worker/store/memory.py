@@ -251,6 +251,11 @@ class MemoryStore:
             task = self.get(task_id)
             return self._records(task, after) if task.journal else []
 
+    def journal_end(self, task_id: str) -> Cursor:
+        """After the last record recorded so far (``FileStore.journal_end``)."""
+        with self.guard:
+            return Cursor(len(self.get(task_id).journal))
+
     @staticmethod
     def _records(task: _Task, after: Cursor) -> list[JSON]:
         if not 0 <= after.position <= len(task.journal):
@@ -341,6 +346,11 @@ class MemoryStore:
         with self.guard:
             events = self.get(task_id).events
             return [dict(e) for e in events[after.position :]], Cursor(len(events))
+
+    def events_end(self, task_id: str) -> Cursor:
+        """After the last event appended so far (``FileStore.events_end``)."""
+        with self.guard:
+            return Cursor(len(self.get(task_id).events))
 
     def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
         data = dump_json(beat)

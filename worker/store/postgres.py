@@ -475,6 +475,10 @@ class PostgresStore:
         _, seq, records = self._records(task_id, after)
         return [json.loads(r) for r in records] if seq else []
 
+    def journal_end(self, task_id: str) -> Cursor:
+        (seq,) = self._row("SELECT seq FROM tasks WHERE id = %(task)s", task_id)
+        return Cursor(int(seq))
+
     # -- snapshots --------------------------------------------------------------------
 
     def get_snapshot(self, task_id: str) -> Snapshot | None:
@@ -631,6 +635,10 @@ class PostgresStore:
         if not events:
             return [], after
         return [dict(e[1]) for e in events], Cursor(int(events[-1][0]))
+
+    def events_end(self, task_id: str) -> Cursor:
+        (count,) = self._row("SELECT events FROM tasks WHERE id = %(task)s", task_id)
+        return Cursor(int(count))
 
     def publish_heartbeat(self, task_id: str, beat: JSON) -> None:
         """Replace the beat, stamped with the lease (epoch, node) the task has now."""

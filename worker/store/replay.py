@@ -58,10 +58,14 @@ def replay(
     return fold(prompt, read(START)), None
 
 
-def load(store: TaskStore, task_id: str, *, full: bool = True) -> TaskState:
+def load(
+    store: TaskStore, task_id: str, *, full: bool = True, prompt: str | None = None
+) -> TaskState:
     """The task's state, read-only. ``full=False`` starts from the snapshot when there is
-    a usable one: fast, but without the per-turn boundaries that rewind and fork need."""
-    prompt = store.load_spec(task_id).prompt
+    a usable one: fast, but without the per-turn boundaries that rewind and fork need.
+    ``prompt``: the spec's, from a caller that loaded the spec already (no second read)."""
+    if prompt is None:
+        prompt = store.load_spec(task_id).prompt
     snapshot = None if full else latest_snapshot(store, task_id, None)
     state, _ = replay(prompt, snapshot, lambda after: store.replay(task_id, after))
     return state
