@@ -303,6 +303,7 @@ class ForkQueue(Generic[T]):
         for asked in warming:
             request, asked.request = asked.request, None
             if request is not None and self.server.request(*request):
+                asked.asked = self._clock()  # its patience runs from now, not from the wait
                 self._answering.append(asked)
             else:
                 failed.append(asked)

@@ -107,6 +107,26 @@ def test_a_start_waits_for_a_warming_server_only_so_long(tmp_path: Path) -> None
     q.run(scenario)
 
 
+def test_a_start_that_waited_for_the_warm_up_gets_its_whole_patience_once_sent(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    q = Queue(tmp_path, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        assert q.ask("t1", wait=True)
+        now[0] = forkserver.WARMUP_WAIT - 0.1  # the server is ready just in time
+        q.server.ready = True
+        q.queue._ready()
+        assert q.queue.answering
+        now[0] += forkserver.PATIENCE - 0.1  # past PATIENCE since asked, not since sent
+        q.queue.tend()
+        assert "forkserver_failed" not in q.events and q.lost == []
+        q.queue.close()  # on the loop: it watches the server's answers there
+
+    q.run(scenario)
+
+
 def test_a_server_that_dies_warming_up_hands_its_starts_back(tmp_path: Path) -> None:
     q = Queue(tmp_path)
 
