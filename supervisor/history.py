@@ -335,11 +335,11 @@ def fork(
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
-    def prepare(task: TaskDir) -> None:
+    def prepare() -> None:
         if worktree is not None and snapshot:
             vcs.add_worktree(parent_ws, snapshot, worktree)
         elif spec.workspace is None and parent_ws.is_dir():
-            shutil.copytree(parent_ws, task.path / "workspace", symlinks=True)
+            shutil.copytree(parent_ws, spool.task(new_id).path / "workspace", symlinks=True)
 
     try:
         script: bytes | None = store.load_script(parent_id)

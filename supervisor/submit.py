@@ -124,7 +124,7 @@ def create_task(
     script: bytes | None,
     *,
     journal: Sequence[dict[str, Any]] = (),
-    prepare: Callable[[TaskDir], None] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> TaskDir:
     """Create the task in the spool's store (``FileStore.create``): a queued record, a
     fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's

@@ -112,11 +112,11 @@ class FileStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[TaskDir], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         """Make the folder; the spec is written last: until then the folder is no task.
-        ``prepare`` adds what lives beside the store's files (a fork's workspace) before
-        the spec, so a kill leaves no task or a whole one."""
+        ``prepare`` adds what lives beside the store's files (a fork's workspace, in the
+        folder) before the spec, so a kill leaves no task or a whole one."""
         self.spool.ensure()
         task = self.task(spec.id)
         make_task_folder(task)
@@ -128,7 +128,7 @@ class FileStore:
             with opened:
                 opened.append(journal)
         if prepare is not None:
-            prepare(task)
+            prepare()
         atomic_write_json(task.spec, spec.to_json())
 
     def task_ids(self) -> list[str]:
