@@ -97,6 +97,11 @@ class Unreadable(ValueError):
         self.reason = reason
 
 
+#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
+UNREADABLE = "unreadable"
+NOT_A_RECORD = "not a task record"
+
+
 class JournalWriter(Protocol):
     """One owner's open journal, positioned after its last record.
 

@@ -30,7 +30,17 @@ from worker.events import TaskEventLog, read_events_from
 from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import parse_snapshot, snapshot_bytes
-from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, Version
+from worker.store.base import (
+    JSON,
+    NOT_A_RECORD,
+    START,
+    UNREADABLE,
+    Cursor,
+    Owner,
+    Snapshot,
+    Unreadable,
+    Version,
+)
 from worker.store.durable import (
     atomic_write,
     atomic_write_json,
@@ -343,10 +353,6 @@ class FileStore:
     def read_exit(self, task_id: str) -> JSON | None:
         return _read_object(self.task(task_id).exit)
 
-
-#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
-UNREADABLE = "unreadable"
-NOT_A_RECORD = "not a task record"
 
 _stores: dict[Path, FileStore] = {}
 _stores_guard = threading.Lock()
