@@ -43,6 +43,7 @@ from supervisor.decisions import (
 )
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
+from supervisor.stores import store_for
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
@@ -62,7 +63,6 @@ from worker.errors import (
 )
 from worker.protocol import TaskStatus
 from worker.spool import Spool, default_spool, validate_call_id
-from worker.store.files import spool_store
 from worker.tools.sandbox import Sandbox
 
 Handler = Callable[[argparse.Namespace, Config, Spool], int]
@@ -255,7 +255,7 @@ def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
     task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
     return {
         "supervisor": _supervisor_json(spool),
-        "tasks": [status_row(t) for t in task_dirs if spool_store(spool.root).exists(t.id)],
+        "tasks": [status_row(t) for t in task_dirs if store_for(spool.root).exists(t.id)],
     }
 
 
@@ -416,7 +416,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.json:
         out(rows)
         return 0
-    spec = spool_store(spool.root).load_spec(task.id)
+    spec = store_for(spool.root).load_spec(task.id)
     if spec.forked_from:
         print(f"{task.id} was forked from {spec.forked_from['task']} at turn "
               f"{spec.forked_from['turn']}")  # fmt: skip

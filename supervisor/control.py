@@ -29,6 +29,7 @@ from typing import Any
 
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
 from supervisor.record import FINAL_STATES, Move, TaskRecord
+from supervisor.stores import store_of
 from worker.errors import LockBusyError, StateConflictError, storage_fault
 from worker.events import utc_now
 from worker.lock import is_locked
@@ -36,7 +37,6 @@ from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner
 from worker.store.durable import atomic_write, open_private, private_dir, read_json
-from worker.store.files import FileStore
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
@@ -220,7 +220,7 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
     """Own ``task`` (``TaskStore.acquire``: its worker lock) for the block; a running
     worker is first asked (through the daemon) to stop at a safe point. Raises
     StateConflictError if it does not."""
-    store = FileStore.of(task)
+    store = store_of(task)
     seen = store.events_end(task.id)
     request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
     ring(spool, task.id)

@@ -73,6 +73,7 @@ from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
 from supervisor.status import held_calls, read_heartbeat
+from supervisor.stores import store_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -90,7 +91,6 @@ from worker.events import event_line, utc_now
 from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_record_reason
 from worker.spool import Spool, TaskDir
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
-from worker.store.files import spool_store
 
 RESCAN_INTERVAL = 5.0
 CRASH_MEMORY = 50
@@ -133,7 +133,7 @@ class Supervisor:
         preload: bool = True,
     ) -> None:
         self.spool = spool
-        self.store = spool_store(spool.root)  # every byte of a task goes through it
+        self.store = store_for(spool.root)  # every byte of a task goes through it
         self.config = config
         self.config_path = config_path
         self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)

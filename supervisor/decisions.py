@@ -19,13 +19,13 @@ from typing import Any
 
 from supervisor.record import ENDED, TaskRecord
 from supervisor.status import held_calls, load_state
+from supervisor.stores import store_of
 from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
 from worker.events import record_event, utc_now
 from worker.lock import TaskLock
 from worker.protocol import TaskStatus, decision_fields
 from worker.spool import TaskDir
 from worker.store.base import Unreadable
-from worker.store.files import FileStore
 
 OPERATOR_LOCK = "operator.lock"  # in the task folder: see ``operator_lock``
 OPERATOR_WAIT = 30.0  # seconds a command waits for another one on the same task
@@ -58,7 +58,7 @@ def cancelled(task: TaskDir, record: TaskRecord | None = None) -> bool:
     apply it is moot (``drop_moot_cancel``)."""
     state = (record or TaskRecord.load(task)).state
     return state == TaskStatus.CANCELLED or (
-        state not in ENDED and FileStore.of(task).cancel_requested(task.id)
+        state not in ENDED and store_of(task).cancel_requested(task.id)
     )
 
 
@@ -87,7 +87,7 @@ def record_cancel(task: TaskDir) -> None:
             "yet; cancel the task once its result is recorded (`agentd logs`)."
         )
     stamp = {"cancelled_at": utc_now(), "pid": os.getpid()}
-    if not FileStore.of(task).request_cancel(task.id, stamp):
+    if not store_of(task).request_cancel(task.id, stamp):
         raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
 
 
@@ -96,7 +96,7 @@ def drop_moot_cancel(task: TaskDir, record: TaskRecord) -> None:
     applied, so that a rewind or retry of it is not cancelled afterwards. Only under the
     operator lock: no other command can be reading it then."""
     if record.state in ENDED:
-        FileStore.of(task).withdraw_cancel(task.id)
+        store_of(task).withdraw_cancel(task.id)
 
 
 def _decided_calls(task: TaskDir) -> list[str]:
@@ -152,7 +152,7 @@ def _decide(
         "result": result,
         "decided_at": utc_now(),
     }
-    store = FileStore.of(task)
+    store = store_of(task)
     key, attempt = row["idempotency_key"], row["attempt"]
     if not store.record_decision(task.id, key, attempt, decision):
         raise StateConflictError(
@@ -177,7 +177,7 @@ def _usable_decision(task: TaskDir, key: str, attempt: int) -> bool:
     (``worker.protocol.usable_decision``); one the store cannot read (a decisions folder
     that is a symlink is never read through, by the worker either) is not."""
     try:
-        decision = FileStore.of(task).read_decision(task.id, key, attempt)
+        decision = store_of(task).read_decision(task.id, key, attempt)
         if decision is None:
             return False
         decision_fields(decision)

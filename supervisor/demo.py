@@ -23,9 +23,9 @@ from typing import Any
 
 from supervisor.record import FINAL_STATES, TaskRecord
 from supervisor.status import load_state
+from supervisor.stores import store_of
 from worker.protocol import TaskStatus
 from worker.spool import Spool
-from worker.store.files import FileStore
 
 TURNS = 30
 DEMO_CONFIG = """\
@@ -170,7 +170,7 @@ class Demo:
         return self.summary(task, ledger)
 
     def summary(self, task: Any, ledger: Path) -> bool:
-        records = FileStore.of(task).replay(task.id)
+        records = store_of(task).replay(task.id)
         turns = [r["turn"] for r in records if r["k"] == "turn"]
         state = load_state(task)
         outcomes: dict[str, int] = {}

@@ -29,6 +29,7 @@ from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
 from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
+from supervisor.stores import store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
@@ -37,7 +38,6 @@ from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
-from worker.store.files import FileStore
 
 IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
@@ -53,7 +53,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
     live = 0  # the live branch's latest turn
-    for record in FileStore.of(task).replay(task.id):  # none before it ran: no history
+    for record in store_of(task).replay(task.id):  # none before it ran: no history
         kind = record.get("k")
         if kind == "base":
             scene = record["scene"]
@@ -239,7 +239,7 @@ def rewind(
             # task recorded `done`, which no daemon would ever resume.
             drop_moot_cancel(task, TaskRecord.load(task))
             change_record(spool, task, REQUEUE_REQUEST, TaskRecord.requeue)
-            store = FileStore.of(task)
+            store = store_of(task)
             journal, _ = store.open_journal(pause.owner, header={"task": task.id})
             try:
                 journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
@@ -251,7 +251,7 @@ def rewind(
 
     cut = [c["call_id"] for c in cut_off]
     record_event(
-        FileStore.of(task),
+        store_of(task),
         task.id,
         "task_rewound",
         "warning" if cut else "info",
@@ -266,7 +266,7 @@ def rewind(
 
 def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool) -> str:
     """Restore the workspace files of turn ``to`` when asked and possible; what was done."""
-    spec = FileStore.of(task).load_spec(task.id)
+    spec = store_of(task).load_spec(task.id)
     workspace_dir = task.workspace_for(spec)
     snapshot = state.vcs.get(to, {}).get("snapshot")
     if restore and snapshot:
@@ -298,7 +298,7 @@ def fork(
     prompt: str | None = None,
 ) -> ForkReport:
     parent = existing_task(spool, parent_id)
-    store = FileStore.of(parent)
+    store = store_of(parent)
     spec = store.load_spec(parent_id)
     new_id = validate_task_id(name) if name else f"{parent_id[:50]}-fork-{secrets.token_hex(3)}"
     if store.exists(new_id):
@@ -335,11 +335,11 @@ def fork(
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
-    def prepare(task: TaskDir) -> None:
+    def prepare() -> None:
         if worktree is not None and snapshot:
             vcs.add_worktree(parent_ws, snapshot, worktree)
         elif spec.workspace is None and parent_ws.is_dir():
-            shutil.copytree(parent_ws, task.path / "workspace", symlinks=True)
+            shutil.copytree(parent_ws, spool.task(new_id).path / "workspace", symlinks=True)
 
     try:
         script: bytes | None = store.load_script(parent_id)

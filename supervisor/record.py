@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from supervisor.stores import store_of
 from worker.errors import StateConflictError
 from worker.events import utc_now
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
-from worker.store.base import Unreadable
-from worker.store.files import NOT_A_RECORD, FileStore
+from worker.store.base import NOT_A_RECORD, Unreadable
 
 #: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
 FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
@@ -64,7 +64,7 @@ class TaskRecord:
     def load(cls, task: TaskDir) -> TaskRecord:
         """The task's record through its store (``TaskStore.get_record``); one that cannot
         be read, or is not a record, loads as a failed task that names it."""
-        store = FileStore.of(task)
+        store = store_of(task)
         try:
             data, _ = store.get_record(task.id)
         except Unreadable as exc:
@@ -87,7 +87,7 @@ class TaskRecord:
         fsyncs, for a state that recovery never trusts anyway (``running``: the task lock
         decides). Only the holder of the supervisor lock writes a record, so the last
         write wins, as it always did: the version compared is the one just read."""
-        store = FileStore.of(task)
+        store = store_of(task)
         store.cas_record(task.id, store.record_version(task.id), self.stamped(), durable=durable)
 
     def stamped(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ _OWN_FIELDS = ("event", "level", "timestamp")
 
 
 class TaskEvents(Protocol):
-    """Where the relay reads events: a store's (``FileStore``, ``MemoryStore``)."""
+    """Where the relay reads events: a ``TaskStore``'s."""
 
     def events_end(self, task_id: str) -> Cursor: ...
 

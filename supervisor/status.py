@@ -14,12 +14,12 @@ from typing import Any
 
 from supervisor.liveness import Beat
 from supervisor.record import TaskRecord
+from supervisor.stores import store_of
 from worker.errors import NotFoundError, SpoolError, TaskSpecError
 from worker.protocol import TaskStatus, heartbeat_shaped
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
-from worker.store.files import FileStore
 
 
 def load_state(task: TaskDir, *, full: bool = True, spec: TaskSpec | None = None) -> TaskState:
@@ -28,13 +28,13 @@ def load_state(task: TaskDir, *, full: bool = True, spec: TaskSpec | None = None
     the per-turn boundaries that rewind and fork need. ``spec``: the task's, when the
     caller has it (status reads it once per task, not twice)."""
     prompt = spec.prompt if spec is not None else None
-    return replay.load(FileStore.of(task), task.id, full=full, prompt=prompt)
+    return replay.load(store_of(task), task.id, full=full, prompt=prompt)
 
 
 def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
     """The worker's last heartbeat, or None when there is none or it does not have the
     shape a worker writes (``worker.protocol.heartbeat_shaped``)."""
-    beat = FileStore.of(task).read_heartbeat(task.id)
+    beat = store_of(task).read_heartbeat(task.id)
     return beat if heartbeat_shaped(beat) else None
 
 
@@ -80,7 +80,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     beat = read_heartbeat(task)
     spec_error = None
     try:
-        spec = FileStore.of(task).load_spec(task.id)
+        spec = store_of(task).load_spec(task.id)
     except (SpoolError, TaskSpecError, NotFoundError) as exc:
         spec, spec_error = None, str(exc)
     running = record.state == TaskStatus.RUNNING

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.record import TaskRecord
+from supervisor.stores import store_for
 from worker.config import Config
 from worker.errors import NotFoundError, TaskSpecError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.store.files import refuse_symlinks, spool_store
+from worker.store.files import refuse_symlinks
 
 #: Caps on the files an operator names on the command line. Each is read up to its cap and
 #: one byte more, never further, so a wrong path (``/dev/zero``, a log) is refused in one
@@ -124,26 +125,26 @@ def create_task(
     script: bytes | None,
     *,
     journal: Sequence[dict[str, Any]] = (),
-    prepare: Callable[[TaskDir], None] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> TaskDir:
-    """Create the task in the spool's store (``FileStore.create``): a queued record, a
+    """Create the task in the spool's store (``TaskStore.create``): a queued record, a
     fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's
     workspace) before the spec, which is written last: until then it is not a task."""
-    store = spool_store(spool.root)
+    store = store_for(spool.root)
     store.create(spec, TaskRecord().stamped(), script=script, journal=journal, prepare=prepare)
     record_event(store, spec.id, "task_submitted", task=spec.id)
-    return store.task(spec.id)
+    return spool.task(spec.id)
 
 
 def listed_tasks(spool: Spool) -> list[TaskDir]:
     """Every task the spool's store lists (``TaskStore.task_ids``), in id order."""
-    store = spool_store(spool.root)
-    return [store.task(task_id) for task_id in store.task_ids()]
+    store = store_for(spool.root)
+    return [spool.task(task_id) for task_id in store.task_ids()]
 
 
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
     refuse_symlinks(task)
-    if not spool_store(spool.root).exists(task_id):
+    if not store_for(spool.root).exists(task_id):
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task

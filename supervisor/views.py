@@ -29,10 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.stores import store_of
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
-from worker.store.files import FileStore
 
 # -- the status table -------------------------------------------------------------------
 
@@ -219,7 +219,7 @@ class TaskLog:
 
     def __init__(self, task: TaskDir) -> None:
         self.task = task
-        self._store = FileStore.of(task)
+        self._store = store_of(task)
         self._events_at = START
         self._journal_at: Cursor | None = None  # where the rows were folded to
         self._rows: list[dict[str, Any]] = []

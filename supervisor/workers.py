@@ -32,13 +32,13 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, reap
 from worker.errors import JournalCorruptError, SpoolError
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 from worker.store.durable import open_private
-from worker.store.files import FileStore
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 REPARENT_WAIT = 0.2  # seconds a forked worker's exit may wait for it to become our child
@@ -68,7 +68,7 @@ class WorkerProcess:
             code = os.waitstatus_to_exitcode(status)
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
         with contextlib.suppress(ValueError):  # not our child: its last words
-            data = FileStore.of(self.task).read_exit(self.task.id)
+            data = store_of(self.task).read_exit(self.task.id)
             if data is not None and data.get("pid") == self.pid:
                 return int(data["code"]), None
         return None, "unknown"
@@ -155,8 +155,8 @@ def open_output(task: TaskDir) -> int:
 
 
 def journal_end(task: TaskDir) -> Cursor:
-    """Where the task's journal ends now: ``FileStore.journal_end``."""
-    return FileStore.of(task).journal_end(task.id)
+    """Where the task's journal ends now: ``TaskStore.journal_end``."""
+    return store_of(task).journal_end(task.id)
 
 
 #: Records that move a task forward. A re-run's intent (or a hold, or an applied
@@ -177,7 +177,7 @@ class Progress:
 def journal_progress(worker: WorkerProcess) -> Progress:
     """Read what the worker appended to its journal (for a crash: the heartbeat's turn
     may be up to an interval old, the journal's is exact)."""
-    store = FileStore.of(worker.task)
+    store = store_of(worker.task)
     try:
         found = store.replay(worker.task.id, worker.journal_at)
     except JournalCorruptError:
@@ -203,7 +203,7 @@ def process_started(pid: int) -> float | None:
 def adopt(task: TaskDir) -> WorkerProcess | None:
     """Re-attach to the process that holds ``task``'s lock (a worker an earlier daemon
     started, recorded or not), or None when no live process holds it."""
-    store = FileStore.of(task)
+    store = store_of(task)
     pid = store.owner_pid(task.id)
     if pid is None or pid == os.getpid() or not store.owned(task.id):
         return None

@@ -185,3 +185,41 @@ def test_the_scan_finds_a_planted_violation() -> None:
     assert violations('raise E(f"{task.journal} is damaged")', "supervisor/x.py") == []
     assert violations("record.state == TaskStatus.DONE", "supervisor/x.py") == []
     assert violations("task.journal.stat()", "worker/x.py") != []
+
+
+#: The modules of the backends: the supervisor names one only where it chooses its store.
+BACKEND_MODULES = frozenset({"worker.store.files", "worker.store.memory", "worker.store.postgres"})
+#: What supervisor/ may import from a backend, each with its reason.
+BACKEND_IMPORTS = {
+    ("supervisor/stores.py", "spool_store"): "the one place the supervisor's store is chosen",
+    ("supervisor/submit.py", "refuse_symlinks"): "a task folder that is a symlink is refused "
+    "before any step (the spool's folders, beside whichever store holds the bytes)",
+}
+
+
+def backend_imports(source: str, module: str) -> list[tuple[str, str]]:
+    """The (module, name) pairs ``source`` imports from a backend module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in BACKEND_MODULES:
+            found += [(module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(module, a.name) for a in node.names if a.name in BACKEND_MODULES]
+    return found
+
+
+def test_the_supervisor_chooses_its_store_in_one_place() -> None:
+    """Everything else in supervisor/ works on the ``TaskStore`` Protocol (``store_for``,
+    ``store_of``), so another backend is chosen in ``supervisor/stores.py`` alone."""
+    used = [
+        pair
+        for path in sorted((REPO / "supervisor").rglob("*.py"))
+        for pair in backend_imports(path.read_text(), path.relative_to(REPO).as_posix())
+    ]
+    assert [pair for pair in used if pair not in BACKEND_IMPORTS] == []
+    assert set(BACKEND_IMPORTS) - set(used) == set()  # each exception still needed
+    planted = "from worker.store.files import FileStore\nimport worker.store.postgres"
+    assert backend_imports(planted, "supervisor/x.py") == [
+        ("supervisor/x.py", "FileStore"),
+        ("supervisor/x.py", "worker.store.postgres"),
+    ]

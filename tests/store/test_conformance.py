@@ -6,6 +6,7 @@ own bytes is marked ``@pytest.mark.backend(...)`` and lives in ``test_files.py``
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,23 @@ def test_a_forks_first_records_come_after_a_header(store: TaskStore) -> None:
     records = store.replay("f1")
     assert [r["k"] for r in records] == ["header", "user"]
     assert records[0]["task"] == "f1" and records[1] == base
+
+
+def test_what_prepare_makes_comes_before_the_task_and_a_failed_one_leaves_none(
+    store: TaskStore,
+) -> None:
+    seen: list[bool] = []
+    store.create(TaskSpec(id="f1", prompt="p"), {}, prepare=lambda: seen.append(store.exists("f1")))
+    assert seen == [False] and store.exists("f1")
+
+    def fail() -> None:
+        raise OSError("no room for the workspace")
+
+    with pytest.raises(OSError, match="no room"):
+        store.create(TaskSpec(id="f2", prompt="p"), {"state": "queued"}, prepare=fail)
+    assert not store.exists("f2")
+    new_task(store, "f2")  # the id is still free
+    assert store.get_record("f2")[0] == {"state": "queued"}
 
 
 # -- the journal --------------------------------------------------------------------------
@@ -200,6 +218,14 @@ def test_one_owner_at_a_time(store: TaskStore) -> None:
     store.release(second)
 
 
+def test_owner_pid_names_no_process_until_the_task_is_owned(store: TaskStore) -> None:
+    task = new_task(store)
+    assert store.owner_pid(task) is None
+    owner = store.acquire(task)
+    assert store.owner_pid(task) in (os.getpid(), None)  # None: an owner it cannot name
+    store.release(owner)
+
+
 def test_a_stale_owners_steps_are_refused_after_ownership_moves(store: TaskStore) -> None:
     task = new_task(store)
     old = store.acquire(task)
@@ -295,6 +321,22 @@ def test_compare_and_set_refuses_a_stale_version(store: TaskStore) -> None:
     assert store.get_record(task)[0] == {"state": "backoff"}
 
 
+def test_the_record_version_is_the_one_the_record_was_read_with(store: TaskStore) -> None:
+    task = new_task(store)
+    _, version = store.get_record(task)
+    assert store.record_version(task) == version
+    newer = store.cas_record(task, store.record_version(task), {"state": "running"})
+    assert store.record_version(task) == newer != version
+    assert store.get_record(task) == ({"state": "running"}, newer)
+
+
+def test_the_names_a_message_gives_tell_the_items_apart(store: TaskStore) -> None:
+    task = new_task(store)
+    assert task in store.record_name(task)
+    names = {store.decision_name(task, key, n) for key in ("k1", "k2") for n in (1, 2)}
+    assert len(names) == 4 and all("k1" in n or "k2" in n for n in names)
+
+
 @pytest.mark.parametrize("writers", [2, 8])
 def test_compare_and_set_has_one_winner_in_a_race(store: TaskStore, writers: int) -> None:
     task = new_task(store)
@@ -375,6 +417,8 @@ def test_an_id_no_store_accepts_is_refused_before_anything(store: TaskStore, bad
         store.get_snapshot,
         store.read_heartbeat,
         store.cancel_requested,
+        store.owner_pid,
+        store.record_name,
         lambda task_id: store.create(TaskSpec(id=task_id, prompt="p"), {}),
     ):
         with pytest.raises(InvalidIdError):
@@ -389,3 +433,5 @@ def test_a_decision_key_no_store_accepts_is_refused(store: TaskStore, key: str) 
         store.record_decision(task, key, 1, {"action": "rerun"})
     with pytest.raises(InvalidIdError):
         store.read_decision(task, key, 1)
+    with pytest.raises(InvalidIdError):
+        store.decision_name(task, key, 1)

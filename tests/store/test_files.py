@@ -16,8 +16,8 @@ from tests.store.test_conformance import HEADER, turn, user
 from tests.support import REPO, poll_for
 from worker.errors import FencedError, JournalCorruptError, LockBusyError
 from worker.state import fold, snapshot_bytes
-from worker.store.base import Snapshot, Unreadable
-from worker.store.files import NOT_A_RECORD, FileStore
+from worker.store.base import NOT_A_RECORD, Snapshot, Unreadable
+from worker.store.files import FileStore
 from worker.store.journal import Journal
 
 pytestmark = pytest.mark.backend("files")
@@ -164,8 +164,8 @@ def test_ownership_is_held_by_one_process_and_dies_with_it(tmp_path: Path) -> No
 
 
 def test_what_the_daemon_reads_beside_the_protocol(tmp_path: Path) -> None:
-    """``owner_pid`` (adopt), ``record_version`` and the names a message gives: the file
-    store's own, for the daemon of a spool."""
+    """``owner_pid`` (adopt), ``record_version`` and the names a message gives, as the
+    file store answers them: the lock's holder, the file's identity, the files' names."""
     store = FileStore(tmp_path / "spool")
     task = new_task(store)
     assert store.owner_pid(task) is None and not store.owned(task)

@@ -31,7 +31,7 @@ step of an owner that no longer owns it, ``RecordConflictError`` for a stale ver
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +97,11 @@ class Unreadable(ValueError):
         self.reason = reason
 
 
+#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
+UNREADABLE = "unreadable"
+NOT_A_RECORD = "not a task record"
+
+
 class JournalWriter(Protocol):
     """One owner's open journal, positioned after its last record.
 
@@ -140,9 +145,12 @@ class TaskStore(Protocol):
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         """Create the task with its first ``record`` (and a fork's first journal records):
-        all or nothing, and ``StateConflictError`` when the id is taken."""
+        all or nothing, and ``StateConflictError`` when the id is taken. ``prepare`` makes
+        what lives beside the store (a fork's workspace) before the task can be seen: if
+        it raises, there is no task."""
         ...
 
     def task_ids(self) -> list[str]: ...
@@ -167,6 +175,12 @@ class TaskStore(Protocol):
 
     def owned(self, task_id: str) -> bool:
         """Whether some owner holds the task now."""
+        ...
+
+    def owner_pid(self, task_id: str) -> int | None:
+        """The pid of the process on this machine that holds the task (or held it last),
+        for the daemon to re-attach to a worker an earlier daemon started; None when there
+        is none, or the backend cannot tell (an owner on another node)."""
         ...
 
     # -- the journal ------------------------------------------------------------------
@@ -208,6 +222,10 @@ class TaskStore(Protocol):
         ``key``, unless one is recorded already: True for the one writer that wins."""
         ...
 
+    def decision_name(self, task_id: str, key: str, attempt: int) -> str:
+        """What names that decision in a message (a file, a row): the backend's choice."""
+        ...
+
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
         """The decision on that attempt, or None; ``Unreadable`` when it cannot be used."""
         ...
@@ -226,6 +244,16 @@ class TaskStore(Protocol):
 
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
         """The task record and its version; ``ValueError`` when it is unreadable."""
+        ...
+
+    def record_version(self, task_id: str) -> Version:
+        """The record's version now, without reading it: for the one writer allowed to
+        replace it whatever it holds (the supervisor lock's holder), a damaged record too."""
+        ...
+
+    def record_name(self, task_id: str) -> str:
+        """What names the task record in a message (a file, a row): the backend's choice,
+        the ``where`` of an ``Unreadable`` it raises for the record."""
         ...
 
     def cas_record(

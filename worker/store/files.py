@@ -30,7 +30,17 @@ from worker.events import TaskEventLog, read_events_from
 from worker.lock import TaskLock, holder_pid, is_locked
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import parse_snapshot, snapshot_bytes
-from worker.store.base import JSON, START, Cursor, Owner, Snapshot, Unreadable, Version
+from worker.store.base import (
+    JSON,
+    NOT_A_RECORD,
+    START,
+    UNREADABLE,
+    Cursor,
+    Owner,
+    Snapshot,
+    Unreadable,
+    Version,
+)
 from worker.store.durable import (
     atomic_write,
     atomic_write_json,
@@ -112,11 +122,11 @@ class FileStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[TaskDir], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         """Make the folder; the spec is written last: until then the folder is no task.
-        ``prepare`` adds what lives beside the store's files (a fork's workspace) before
-        the spec, so a kill leaves no task or a whole one."""
+        ``prepare`` adds what lives beside the store's files (a fork's workspace, in the
+        folder) before the spec, so a kill leaves no task or a whole one."""
         self.spool.ensure()
         task = self.task(spec.id)
         make_task_folder(task)
@@ -128,7 +138,7 @@ class FileStore:
             with opened:
                 opened.append(journal)
         if prepare is not None:
-            prepare(task)
+            prepare()
         atomic_write_json(task.spec, spec.to_json())
 
     def task_ids(self) -> list[str]:
@@ -343,10 +353,6 @@ class FileStore:
     def read_exit(self, task_id: str) -> JSON | None:
         return _read_object(self.task(task_id).exit)
 
-
-#: ``Unreadable.reason`` of a task record that cannot be read, or is not one.
-UNREADABLE = "unreadable"
-NOT_A_RECORD = "not a task record"
 
 _stores: dict[Path, FileStore] = {}
 _stores_guard = threading.Lock()

@@ -15,6 +15,7 @@ database would fence it. Nothing survives the process, which is the point.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -160,6 +161,7 @@ class MemoryStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         header = _encoded({"k": "header", "v": JOURNAL_VERSION, "task": spec.id})
         items = [header, *(_encoded(r) for r in journal)] if journal else []
@@ -168,6 +170,8 @@ class MemoryStore:
                 raise StateConflictError(
                     f"a task named {spec.id!r} already exists; pick another --name."
                 )
+            if prepare is not None:
+                prepare()
             task = _Task(spec, script, dump_json(record))
             for item in items:
                 task.journal.append(item)
@@ -232,6 +236,10 @@ class MemoryStore:
             task = self.get(task_id)
             return task.owner is not None and task.expires > self._clock()
 
+    def owner_pid(self, task_id: str) -> int | None:
+        """This process's while the task is owned: every owner is one of its threads."""
+        return os.getpid() if self.owned(task_id) else None
+
     # -- the journal ------------------------------------------------------------------
 
     def open_journal(
@@ -293,6 +301,9 @@ class MemoryStore:
             decisions[slot] = dump_json(decision)
             return True
 
+    def decision_name(self, task_id: str, key: str, attempt: int) -> str:
+        return f"decision {validate_call_id(key)}/{attempt} of task {validate_task_id(task_id)}"
+
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
         slot = (validate_call_id(key), attempt)
         with self.guard:
@@ -321,6 +332,13 @@ class MemoryStore:
         with self.guard:
             task = self.get(task_id)
             return dict(json.loads(task.record)), Version(str(task.version))
+
+    def record_version(self, task_id: str) -> Version:
+        with self.guard:
+            return Version(str(self.get(task_id).version))
+
+    def record_name(self, task_id: str) -> str:
+        return f"the record of task {validate_task_id(task_id)}"
 
     def cas_record(
         self, task_id: str, expected: Version, record: JSON, *, durable: bool = True

@@ -34,7 +34,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -351,13 +351,18 @@ class PostgresStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> None:
+        """One transaction makes the task; ``prepare`` runs before it, so a failed
+        ``prepare`` leaves no task (and a refused insert leaves what it made)."""
         validate_task_id(spec.id)
         header = {"k": "header", "v": JOURNAL_VERSION, "task": spec.id}
         items = [_encoded(header), *(_encoded(r) for r in journal)] if journal else []
         params: list[Any] = [spec.id, _jsonb(spec.to_json()), script, _jsonb(record)]
         params += [_state_of(record), len(items), *items]
         sql = _create_sql(len(items))
+        if prepare is not None:
+            prepare()
         try:
             with self.db.step() as conn:
                 conn.execute(sql, params)
@@ -440,6 +445,11 @@ class PostgresStore:
             "SELECT coalesce(lease_expires > now(), false) FROM tasks WHERE id = %(task)s", task_id
         )
         return bool(live)
+
+    def owner_pid(self, task_id: str) -> int | None:
+        """None: a lease names the node that holds it, not a process."""
+        validate_task_id(task_id)
+        return None
 
     # -- the journal ------------------------------------------------------------------
 
@@ -548,8 +558,12 @@ class PostgresStore:
         if decision is None:
             return None
         if not isinstance(decision, dict):
-            raise Unreadable(f"decision {key}/{attempt}", "the decision is not a JSON object")
+            where = self.decision_name(task_id, key, attempt)
+            raise Unreadable(where, "the decision is not a JSON object")
         return decision
+
+    def decision_name(self, task_id: str, key: str, attempt: int) -> str:
+        return f"decision {validate_call_id(key)}/{attempt} of task {validate_task_id(task_id)}"
 
     def request_cancel(self, task_id: str, stamp: JSON) -> bool:
         return self._done(
@@ -578,6 +592,13 @@ class PostgresStore:
         if not isinstance(record, dict):
             raise ValueError(f"task {task_id}'s record in the database is not a JSON object")
         return record, Version(str(version))
+
+    def record_version(self, task_id: str) -> Version:
+        (version,) = self._row("SELECT version FROM tasks WHERE id = %(task)s", task_id)
+        return Version(str(version))
+
+    def record_name(self, task_id: str) -> str:
+        return f"task {validate_task_id(task_id)}'s record in the database"
 
     def cas_record(
         self, task_id: str, expected: Version, record: JSON, *, durable: bool = True
