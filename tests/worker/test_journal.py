@@ -27,7 +27,7 @@ from tests.faults.common import (
 from tests.support import scripted_task
 from worker.errors import JournalCorruptError, StorageError
 from worker.spool import Spool
-from worker.store import journal as journal_module
+from worker.store import base as base_module
 from worker.store.journal import (
     FRAMINGS,
     JOURNAL_VERSION,
@@ -309,7 +309,7 @@ def test_failed_write_refuses_further_appends(
 
 
 def test_oversized_record_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(journal_module, "MAX_RECORD", 64)
+    monkeypatch.setattr(base_module, "MAX_RECORD", 64)  # the one limit, in every backend
     with pytest.raises(StorageError, match="over the 64-byte limit"):
         encode({"k": "result", "content": "z" * 100})
 

@@ -35,13 +35,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from worker.errors import StorageError
 from worker.spool import TaskSpec
 from worker.state import TaskState
+from worker.store.durable import dump_json
 
 JSON = dict[str, Any]
 
 #: The largest record (its JSON, in bytes) a journal takes, in every backend.
 MAX_RECORD = 64 * 1024 * 1024
+
+
+def record_bytes(record: Mapping[str, Any]) -> bytes:
+    """A journal record as every backend stores it: its JSON; ``StorageError`` when it is
+    over ``MAX_RECORD`` (nothing is written)."""
+    data = dump_json(record)
+    if len(data) > MAX_RECORD:
+        raise StorageError(
+            f"a journal record of {len(data)} bytes is over the {MAX_RECORD}-byte limit; "
+            "shorten the tool result or message that produced it."
+        )
+    return data
 
 
 @dataclass(frozen=True, order=True)

@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import JournalCorruptError, SpoolError, StorageError
-from worker.store.base import MAX_RECORD
-from worker.store.durable import dump_json, fsync_dir, open_private, storage_error
+from worker.store.base import MAX_RECORD, record_bytes
+from worker.store.durable import fsync_dir, open_private, storage_error
 
 JOURNAL_VERSION = 2
 
@@ -129,12 +129,7 @@ HEADER_FRAMING = FRAMINGS[1]
 def encode(record: Record, durable: int = 0, *, version: int = JOURNAL_VERSION) -> bytes:
     """``record`` as a frame of journal ``version`` carrying the durable mark ``durable``
     (a header record is always a version-1 frame)."""
-    payload = dump_json(record)
-    if len(payload) > MAX_RECORD:
-        raise StorageError(
-            f"a journal record of {len(payload)} bytes is over the {MAX_RECORD}-byte limit; "
-            "shorten the tool result or message that produced it."
-        )
+    payload = record_bytes(record)
     framing = HEADER_FRAMING if record.get("k") == "header" else FRAMINGS[version]
     return framing.frame(payload, durable)
 

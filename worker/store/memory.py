@@ -29,32 +29,21 @@ from worker.errors import (
     NotFoundError,
     RecordConflictError,
     StateConflictError,
-    StorageError,
 )
 from worker.redactor import redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState
 from worker.store.base import (
     JSON,
-    MAX_RECORD,
     START,
     Cursor,
     Owner,
     Snapshot,
     Version,
+    record_bytes,
 )
 from worker.store.durable import dump_json
 from worker.store.journal import JOURNAL_VERSION
-
-
-def _encoded(record: Mapping[str, Any]) -> bytes:
-    data = dump_json(record)
-    if len(data) > MAX_RECORD:
-        raise StorageError(
-            f"a journal record of {len(data)} bytes is over the {MAX_RECORD}-byte limit; "
-            "shorten the tool result or message that produced it."
-        )
-    return data
 
 
 @dataclass
@@ -99,7 +88,7 @@ class MemoryJournal:
             return volume[-1] - volume[min(cursor.position, len(volume) - 1)]
 
     def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
-        data = self._held + [_encoded(r) for r in records]
+        data = self._held + [record_bytes(r) for r in records]
         with self._store.guard:
             task = self._store.fenced(self._owner)
             for item in data:
@@ -110,7 +99,7 @@ class MemoryJournal:
     def hold(self, records: Iterable[JSON]) -> None:
         with self._store.guard:
             self._store.fenced(self._owner)
-        self._held += [_encoded(r) for r in records]
+        self._held += [record_bytes(r) for r in records]
 
     def sync(self) -> None:
         if self._held:
@@ -163,8 +152,8 @@ class MemoryStore:
         journal: Sequence[JSON] = (),
         prepare: Callable[[], None] | None = None,
     ) -> None:
-        header = _encoded({"k": "header", "v": JOURNAL_VERSION, "task": spec.id})
-        items = [header, *(_encoded(r) for r in journal)] if journal else []
+        header = record_bytes({"k": "header", "v": JOURNAL_VERSION, "task": spec.id})
+        items = [header, *(record_bytes(r) for r in journal)] if journal else []
         with self.guard:
             if validate_task_id(spec.id) in self._tasks:
                 raise StateConflictError(

@@ -57,7 +57,16 @@ from worker.redactor import REDACTED, redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState
 from worker.store import pglease, pgschema
-from worker.store.base import JSON, MAX_RECORD, START, Cursor, Owner, Snapshot, Unreadable, Version
+from worker.store.base import (
+    JSON,
+    START,
+    Cursor,
+    Owner,
+    Snapshot,
+    Unreadable,
+    Version,
+    record_bytes,
+)
 from worker.store.durable import dump_json
 from worker.store.journal import JOURNAL_VERSION
 
@@ -95,16 +104,6 @@ _WRITTEN_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:/@\s]*:(.*)@", re.IGNOR
 def without_password(text: str) -> str:
     """``text`` with the password of every URL in it replaced (``[redacted]``)."""
     return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
-
-
-def _encoded(record: Mapping[str, Any]) -> bytes:
-    data = dump_json(record)
-    if len(data) > MAX_RECORD:
-        raise StorageError(
-            f"a journal record of {len(data)} bytes is over the {MAX_RECORD}-byte limit; "
-            "shorten the tool result or message that produced it."
-        )
-    return data
 
 
 #: A NUL character in a JSON string (after an even run of backslashes): jsonb refuses it.
@@ -233,7 +232,7 @@ class PostgresJournal:
     def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
         """Record the held records and ``records`` in one fenced statement. ``sync`` is
         moot: a commit with ``synchronous_commit`` on is durable when it returns."""
-        data = self._held + [_encoded(r) for r in records]
+        data = self._held + [record_bytes(r) for r in records]
         if not data:
             return
         if self._failed is not None:
@@ -257,7 +256,7 @@ class PostgresJournal:
 
     def hold(self, records: Iterable[JSON]) -> None:
         self._store.check_fence(self._owner)
-        self._held += [_encoded(r) for r in records]
+        self._held += [record_bytes(r) for r in records]
 
     def sync(self) -> None:
         self.append([])
@@ -357,7 +356,7 @@ class PostgresStore:
         ``prepare`` leaves no task (and a refused insert leaves what it made)."""
         validate_task_id(spec.id)
         header = {"k": "header", "v": JOURNAL_VERSION, "task": spec.id}
-        items = [_encoded(header), *(_encoded(r) for r in journal)] if journal else []
+        items = [record_bytes(header), *(record_bytes(r) for r in journal)] if journal else []
         params: list[Any] = [spec.id, _jsonb(spec.to_json()), script, _jsonb(record)]
         params += [_state_of(record), len(items), *items]
         sql = _create_sql(len(items))
