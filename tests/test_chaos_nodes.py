@@ -19,13 +19,19 @@ from tests.chaos.nodes import (
     Fault,
     Row,
     audit,
+    claims_of,
+    events_named,
     freeze_tree,
+    journal_rows,
     kill_tree,
+    leases_of,
     task_script,
     thaw,
 )
 from tests.daemon import Daemon, parse_time, subreaper
 from tests.support import poll_for, reply, text, tool_use
+from worker.spool import TaskSpec
+from worker.store.postgres import PostgresStore
 
 #: A process that starts a child in a session of its own (as the fork server starts a
 #: worker), which starts a grandchild; each prints its pid.
@@ -203,3 +209,32 @@ def test_a_task_not_ended_is_lost_and_its_missing_effects_are_not_counted() -> N
     )
     assert (found.lost, found.completed, found.effects_missing) == (1, 0, 0)
     assert STOP not in found.failover  # never taken over
+
+
+# -- the readers of the database, against what the store writes --------------------------------
+
+
+def test_the_readers_see_what_the_postgres_store_wrote(postgres_schema: str) -> None:
+    store = PostgresStore(postgres_schema, node="n1", lease=30.0, migrate=True)
+    try:
+        store.create(TaskSpec(id="t1", prompt="Go."), {"state": "queued"})
+        first = store.acquire("t1")
+        writer, _ = store.open_journal(first)
+        writer.append([{"k": "user", "content": [], "at": "2026-01-01T00:00:01.000Z"}])
+        assert leases_of(postgres_schema, "n1") == {"t1": first.epoch}
+        assert leases_of(postgres_schema, "n2") == {}
+        store.release(first)
+        assert leases_of(postgres_schema, "n1") == {}
+        second = store.acquire("t1")
+        store.open_journal(second)[0].append([{"k": "user", "content": [], "at": "x"}])
+        store.append_event("t1", {"event": "task_claimed", "node": "n1", "epoch": second.epoch,
+                                  "timestamp": "2026-01-01T00:00:02.000Z"})  # fmt: skip
+        store.append_event("t1", {"event": "lease_lost", "node": "n1"})
+    finally:
+        store.close()
+    rows = journal_rows(postgres_schema)["t1"]
+    assert [(r.seq, r.record["k"]) for r in rows] == [(1, "header"), (2, "user"), (3, "user")]
+    assert [r.epoch for r in rows] == [first.epoch, first.epoch, second.epoch]
+    claimed = claims_of(events_named(postgres_schema, "task_claimed"))
+    assert claimed == {"t1": [(second.epoch, "n1", parse_time("2026-01-01T00:00:02.000Z"))]}
+    assert list(events_named(postgres_schema, "lease_lost")) == ["t1"]

@@ -54,6 +54,7 @@ violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 import signal
@@ -149,6 +150,18 @@ def freeze_tree(root: int) -> list[psutil.Process]:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGSTOP)  # (psutil checks it is still that process)
                 frozen[proc.pid] = proc
+        # A signal is delivered when its process is next scheduled: walk again only once
+        # each has stopped, so that no fork of theirs can come after the walk.
+        poll_for(functools.partial(_halted, new), 5.0, what="SIGSTOP to land")
+
+
+def _halted(procs: list[psutil.Process]) -> bool:
+    """Each stopped, or gone (a zombie, or reaped)."""
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                return False
+    return True
 
 
 def thaw(frozen: list[psutil.Process]) -> None:
@@ -274,8 +287,7 @@ def leases_of(url: str, node: str) -> dict[str, int]:
         return {
             task: int(epoch)
             for task, epoch in conn.execute(
-                "SELECT id, epoch FROM tasks WHERE node = %s AND state = 'running' "
-                "AND lease_expires > now()",
+                "SELECT id, epoch FROM tasks WHERE node = %s AND lease_expires > now()",
                 (node,),
             )
         }
