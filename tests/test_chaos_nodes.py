@@ -1,9 +1,11 @@
-"""Node chaos (class 21): the harness's own parts against real processes and made-up
-journals, so that each of its figures is known to be able to fail."""
+"""Node chaos (class 21) in CI: the quick mode of ``tests/chaos/nodes.py``, and the
+harness's own parts against real processes, the real store and made-up journals, so that
+each of its figures is known to be able to fail."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
+from supervisor.pgcluster import find_binaries
 from tests.chaos.nodes import (
     KILL,
     STOP,
@@ -25,11 +29,15 @@ from tests.chaos.nodes import (
     journal_rows,
     kill_tree,
     leases_of,
+    run,
     task_script,
     thaw,
 )
 from tests.daemon import Daemon, parse_time, subreaper
+from tests.faults.report import format_figures, violations
+from tests.postgres import HOW_TO_RUN
 from tests.support import poll_for, reply, text, tool_use
+from worker.errors import ClusterError
 from worker.spool import TaskSpec
 from worker.store.postgres import PostgresStore
 
@@ -238,3 +246,26 @@ def test_the_readers_see_what_the_postgres_store_wrote(postgres_schema: str) -> 
     claimed = claims_of(events_named(postgres_schema, "task_claimed"))
     assert claimed == {"t1": [(second.epoch, "n1", parse_time("2026-01-01T00:00:02.000Z"))]}
     assert list(events_named(postgres_schema, "lease_lost")) == ["t1"]
+
+
+# -- the quick mode, in make test -----------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_nodes_campaign(capsys: pytest.CaptureFixture[str]) -> None:
+    """The quick mode of class 21 (about a minute): every violation must be 0. It needs the
+    PostgreSQL server binaries, for a server of its own that it restarts: it fails in CI
+    without them and skips elsewhere (tests/postgres.py). ``AGENTD_CHAOS_SEED`` replays a
+    run's choices."""
+    try:
+        find_binaries()
+    except ClusterError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc} (CI must run the node chaos class)")
+        pytest.skip(HOW_TO_RUN)
+    seed = os.environ.get("AGENTD_CHAOS_SEED")
+    figures = run(quick=True, seed=int(seed) if seed else None)
+    with capsys.disabled():
+        print("\n" + format_figures(figures), flush=True)
+    bad = violations(figures)
+    assert not bad, "; ".join(f"{f.fault}/{f.name}: {f.value}" for f in bad)
