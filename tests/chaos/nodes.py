@@ -401,7 +401,8 @@ class Cluster:
         return sorted(self.turns.keys() - self.ended)
 
     def top_up(self, rng: random.Random) -> None:
-        while len(self.turns) < self.plan.tasks and len(self.unfinished()) < self.plan.level:
+        room = self.plan.level - len(self.unfinished())
+        for _ in range(min(room, self.plan.tasks - len(self.turns))):
             self.submit(rng)
 
     def decide_holds(self) -> None:
