@@ -177,7 +177,7 @@ def test_a_clean_run_audits_clean_and_times_the_failover() -> None:
     for name in ("lost", "steps_lost", "doubled", "fenced_records", "runs_without_intent",
                  "unsafe_repeated", "keyed_repeated", "effects_missing", "unpaired"):  # fmt: skip
         assert getattr(found, name) == 0, (name, found.examples)
-    [failover] = found.failover[KILL]
+    [(failover, _)] = found.failover[KILL]
     assert failover == 1.75  # to row 6, the first of epoch 2, stamped 00:00:06
 
 
