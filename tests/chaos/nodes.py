@@ -450,8 +450,8 @@ class Cluster:
     def kill(self, rng: random.Random) -> Fault:
         name = self.victim(rng)
         node = self.nodes[name]
-        assert node.proc is not None and node.pid is not None
-        frozen = freeze_tree(node.pid)  # dead to the cluster from here on
+        assert node.proc is not None
+        frozen = freeze_tree(node.proc.pid)  # dead to the cluster from here on
         if node.proc.poll() is not None:  # (it ended by itself just before)
             self.died(node)
         fault = Fault(KILL, name, time.time(), leases_of(self.url, name))
@@ -468,8 +468,8 @@ class Cluster:
     def stop(self, rng: random.Random) -> Fault:
         name = self.victim(rng)
         node = self.nodes[name]
-        assert node.pid is not None
-        frozen = freeze_tree(node.pid)
+        assert node.proc is not None
+        frozen = freeze_tree(node.proc.pid)  # (a daemon that ended meanwhile: chores see it)
         fault = Fault(STOP, name, time.time(), leases_of(self.url, name), len(frozen))
         time.sleep(self.plan.lease + rng.uniform(1.0, 2.0))  # the fault: longer than the lease
         thaw(frozen)
