@@ -345,8 +345,27 @@ def test_metrics_count_nodes_and_lost_leases(tmp_path: Path, postgres_schema: st
                     for s in family.samples
                 }
 
-            values = poll_for(lambda: (v := scrape()).get("agentd_nodes") == 2 and v, 10)
-            assert values["agentd_lease_lost_total"] == 0
+            def both_nodes() -> dict[str, float] | None:
+                values = scrape()
+                return values if values.get("agentd_nodes") == 2 else None
+
+            assert poll_for(both_nodes, 10)["agentd_lease_lost_total"] == 0
         finally:
             for node in made:
                 node.daemon.cleanup()
+
+
+def test_a_task_running_on_one_node_is_rewound_from_the_other(nodes: list[Node]) -> None:
+    a, b = nodes
+    a.submit("t8", steps(40, pause=0.2))
+    holder = running_on(a, "t8")
+    operator = b if holder == "a" else a  # the command runs where the task does not
+    poll_for(lambda: operator.row("t8")["turn"] >= 4, 20, interval=0.1, what="turn 4")
+    done = operator.agentd("rewind", "t8", "--to", "2", "--yes")
+    assert done.returncode == 0, done.stderr
+    row = poll_for(
+        lambda: (r := operator.row("t8"))["state"] == "done" and r, 60, interval=0.2, what="done"
+    )
+    assert row["reason"] == "end_turn" and row["turn"] == 41  # the live branch, whole
+    rewinds = [e for e in operator.events_json("t8") if e["event"] == "task_rewound"]
+    assert len(rewinds) == 1

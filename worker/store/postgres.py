@@ -585,6 +585,23 @@ class PostgresStore:
         finally:
             conn.close()
 
+    def request_pause(self, task_id: str, seconds: float) -> None:
+        self._row(
+            "UPDATE tasks SET paused_until = now() + make_interval(secs => %(secs)s) "
+            "WHERE id = %(task)s RETURNING 1",
+            task_id,
+            secs=seconds,
+        )
+
+    def end_pause(self, task_id: str) -> None:
+        self._row("UPDATE tasks SET paused_until = NULL WHERE id = %(task)s RETURNING 1", task_id)
+
+    def pause_requested(self, task_id: str) -> bool:
+        (paused,) = self._row(
+            "SELECT coalesce(paused_until > now(), false) FROM tasks WHERE id = %(task)s", task_id
+        )
+        return bool(paused)
+
     def wake(self, task_id: str) -> None:
         with self.db.step() as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (WAKE_CHANNEL, validate_task_id(task_id)))
