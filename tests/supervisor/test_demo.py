@@ -9,6 +9,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from supervisor.demo import run_cluster_demo
+from supervisor.pgcluster import HOW_TO_GET, find_binaries
 from tests.supervisor.test_cli import AGENTD, run_agentd
 
 
@@ -33,3 +37,21 @@ def test_demo_keep_leaves_its_spool_and_the_next_commands_work() -> None:
             assert ran.returncode == 0, (command, ran.stderr)
     finally:
         shutil.rmtree(spool.parent, ignore_errors=True)
+
+
+def test_demo_cluster_without_the_server_binaries_says_how_to_get_them_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def nowhere() -> Path:
+        return find_binaries(path=str(tmp_path), fallbacks=[tmp_path])
+
+    assert run_cluster_demo(binaries=nowhere) == 1
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err == f"agentd demo --cluster: {HOW_TO_GET}\n"
+
+
+def test_demo_cluster_refuses_keep_in_one_line() -> None:
+    done = run_agentd("demo", "--cluster", "--keep")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "keeps nothing" in done.stderr
