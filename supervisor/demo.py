@@ -92,7 +92,7 @@ class Node:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.name = name
-        self.spool = Spool(root / "spool")
+        self.spool = Spool(root / "spool").ensure()  # commands refuse a spool not there
         self.config = root / "agentd.toml"
         self.config.write_text(config)
         self.env = {**os.environ, "AGENTD_STORE": store} if store else None
@@ -122,7 +122,6 @@ class Node:
     def start(self) -> None:
         """Start the daemon in the background; returns once it serves (its own
         ``status`` says so)."""
-        self.spool.ensure()  # `status` refuses a named spool that does not exist yet
         log = open(self.root / "daemon.log", "wb")  # noqa: SIM115  (lives as long as the daemon)
         self.daemon = subprocess.Popen(
             self.argv("--log-format", "json", "start"),
