@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import functools
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from worker.descendants import contained
 from worker.errors import (
     AgentdError,
     ConfigError,
+    FencedError,
     InvalidIdError,
     JournalCorruptError,
     LockBusyError,
@@ -40,6 +42,7 @@ from worker.errors import (
 )
 from worker.events import record_event
 from worker.heartbeat import Heartbeat
+from worker.lease import LeaseKeeper
 from worker.loop import (
     AgentLoop,
     Outcome,
@@ -49,11 +52,14 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import ExitCode
-from worker.spool import TaskDir, TaskSpec
-from worker.store.base import Owner, TaskStore
+from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, ExitCode
+from worker.spool import Spool, TaskDir, TaskSpec
+from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
 from worker.tools.registry import ToolRegistry
+
+#: A lease the daemon did not say (``[cluster] lease``'s default).
+DEFAULT_LEASE = 10.0
 
 
 def say(line: str) -> None:
@@ -62,11 +68,17 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def make_model(task: TaskDir, spec: TaskSpec) -> Model:
+def make_model(store: TaskStore, task: TaskDir, spec: TaskSpec) -> Model:
     if spec.scripted:
         from worker.models.scripted import ScriptedModel  # noqa: PLC0415  (scripted tasks only)
 
-        return ScriptedModel.from_file(task.script)
+        if isinstance(store, FileStore):
+            return ScriptedModel.from_file(task.script)
+        try:
+            script = store.load_script(task.id)
+        except FileNotFoundError:
+            raise TaskSpecError(f"task {task.id} has no script; submit it with --script.") from None
+        return ScriptedModel.from_bytes(script, f"task {task.id}'s script")
     # The SDK's import (seconds, cold) is part of start-up, never of the first model
     # call, whose deadline would otherwise pay for it (free after the fork server's).
     import anthropic  # noqa: F401, PLC0415  (imported for its cost at start-up: see above)
@@ -79,11 +91,37 @@ def make_model(task: TaskDir, spec: TaskSpec) -> Model:
     )
 
 
-def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None = None) -> int:
-    """Own the task (its lock), then run it: everything it records goes through the store;
-    the task folder gives only what lives beside it (workspace, script, output)."""
-    store = FileStore(task_path.parent.parent)
-    task = store.task(task_path.name)
+def open_store(spool: Path) -> TaskStore:
+    """The store the task lives in: the spool's files, or the shared store whose URL the
+    daemon handed over with the other secrets (``credentials.STORE``)."""
+    url = credentials.held().get(credentials.STORE)
+    if url is None:
+        return FileStore(spool)
+    from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: a shared store only)
+
+    lease = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE)
+    return PostgresStore(url, node=os.environ.get(NODE_ENV) or None, lease=lease)
+
+
+def handed_over(store: TaskStore, task_id: str) -> Owner | None:
+    """The claim a daemon on a shared store runs this worker under (``EPOCH_ENV``)."""
+    epoch = os.environ.get(EPOCH_ENV, "")
+    if not epoch.isdigit() or credentials.held().get(credentials.STORE) is None:
+        return None
+    return Owner(task_id, os.environ.get(NODE_ENV) or socket.gethostname(), int(epoch))
+
+
+def run(
+    store: TaskStore, task: TaskDir, config_path: Path | None, output: BoundedOutput | None = None
+) -> int:
+    """Own the task (its lock, or the claim handed over), then run it: everything it
+    records goes through the store; the task folder gives only what lives beside it
+    (workspace, script, output)."""
+    owner = handed_over(store, task.id)
+    if owner is not None:  # the daemon's claim: the daemon ends it, not this worker
+        killed = functools.partial(processes_killed, store, task.id)
+        with contained(killed):
+            return run_owned(store, task, owner, config_path, output, handed_over=True)
     try:
         owner = store.acquire(task.id, wait=1.0)
     except LockBusyError as exc:
@@ -107,13 +145,16 @@ def run(task_path: Path, config_path: Path | None, output: BoundedOutput | None 
 
 
 def run_owned(
-    store: FileStore,
+    store: TaskStore,
     task: TaskDir,
     owner: Owner,
     config_path: Path | None,
     output: BoundedOutput | None,
+    *,
+    handed_over: bool = False,
 ) -> int:
-    """``run`` once the task is owned."""
+    """``run`` once the task is owned; a claim ``handed_over`` is kept alive from the
+    heartbeat (``worker.lease``)."""
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -132,7 +173,7 @@ def run_owned(
                 f"{workspace} is a symlink; a task's own workspace must be a folder "
                 "inside the spool (give --workspace to use a folder elsewhere)."
             )
-        model = make_model(task, spec)
+        model = make_model(store, task, spec)
     except AgentdError as exc:
         if storage_fault(exc) is not None:
             raise
@@ -141,8 +182,9 @@ def run_owned(
         say(f"agentd worker: {exc}")
         return outcome.exit_code
     metrics = StepMetrics()  # the loop measures, the heartbeat publishes
+    lease = lease_keeper(store, owner, output) if handed_over else None
     heartbeat = Heartbeat(
-        functools.partial(store.publish_heartbeat, task.id),
+        functools.partial(beat, store, task.id, lease),
         config.heartbeat.interval,
         patience=config.heartbeat.timeout / 2,
         on_fault=lambda fault: storage_exit(store, task.id, fault, output),
@@ -156,9 +198,10 @@ def run_owned(
         tools,
         heartbeat,
         workspace=workspace,
-        spool=store.spool.root,
+        spool=task.root,
         owner=owner,
         metrics=metrics,
+        fence=lease.check if lease is not None else None,
     )
     loop.install_signal_handlers()
     try:
@@ -197,15 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     if ".." in task_dir.parts or task_dir.parent.name != "tasks":
         say(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)")
         return 2
-    store = FileStore(task_dir.parent.parent)
     try:
-        task = store.task(task_dir.name)
+        task = Spool(task_dir.parent.parent).task(task_dir.name)
     except InvalidIdError as exc:
         say(f"agentd worker: {exc}")
         return 2
     output = BoundedOutput.install(task.output)
+    store: TaskStore | None = None
     try:
-        return run(task_dir, args.config, output)
+        store = open_store(task.root)
+        return run(store, task, args.config, output)
     except (AgentdError, OSError) as exc:  # whatever raised it, a storage fault is a wait
         fault = storage_fault(exc)
         if fault is None:
@@ -216,14 +260,38 @@ def main(argv: list[str] | None = None) -> int:
             output.close()
 
 
+def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:
+    """The keeper of the claim a daemon handed over, for the lease it said (``LEASE_ENV``)."""
+    lease = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE)
+    return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output))
+
+
+def beat(store: TaskStore, task_id: str, lease: LeaseKeeper | None, data: JSON) -> None:
+    """One heartbeat, and the lease kept alive with it."""
+    store.publish_heartbeat(task_id, data)
+    if lease is not None:
+        lease.keep()
+
+
+def lease_lost(output: BoundedOutput | None, exc: FencedError) -> None:
+    """End the worker at once: its lease moved or ran out, so another node may run the
+    task now, and this one must act no more (no exit record: the task is not its own)."""
+    say(f"agentd worker: {exc}")
+    if output is not None:
+        output.close()
+    os._exit(ExitCode.STOPPED)
+
+
 def processes_killed(store: TaskStore, task_id: str, pids: list[int]) -> None:
     """What ``contained`` killed as the worker left, in the task's events."""
     record_event(store, task_id, "processes_killed", pid=os.getpid(), pids=pids, task=task_id)
 
 
-def stopped_by_storage(store: TaskStore, task_id: str, fault: StorageError) -> int:
-    """The worker's last words on a storage fault (best effort: the disk may take none)."""
-    write_exit(store, task_id, Outcome("stopped", str(fault), ExitCode.STORAGE))
+def stopped_by_storage(store: TaskStore | None, task_id: str, fault: StorageError) -> int:
+    """The worker's last words on a storage fault (best effort: the disk may take none;
+    none when the store could not even be opened)."""
+    if store is not None:
+        write_exit(store, task_id, Outcome("stopped", str(fault), ExitCode.STORAGE))
     say(f"agentd worker: task {task_id} stopped: {fault}")
     return ExitCode.STORAGE
 

@@ -108,6 +108,17 @@ class MetricsConfig:
         return host.removeprefix("[").removesuffix("]"), int(port)
 
 
+@dataclass(frozen=True)
+class ClusterConfig:
+    lease: float = 10.0  # seconds a task's lease lasts unless its holder renews it
+
+
+#: The shortest lease: a renewal must fit in it, several times over.
+MIN_LEASE = 1.0
+#: A node's name: what leases, status and logs call it (the hostname by default).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
 #: What ``[context] strategy`` may be: who compacts a transcript that outgrows the window.
 CONTEXT_STRATEGIES = ("client", "server")
 
@@ -160,6 +171,9 @@ class Config:
     hooks: HooksConfig = HooksConfig()
     metrics: MetricsConfig = MetricsConfig()
     context: ContextConfig = ContextConfig()
+    store: str | None = None  # a postgresql:// URL: the shared store (None: the spool)
+    node: str | None = None  # this node's name in a cluster (None: the hostname)
+    cluster: ClusterConfig = ClusterConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -303,6 +317,17 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     )
     metrics = MetricsConfig(listen=_listen(top.table("metrics")))
     context = _context(top.table("context"), model)
+    store = _store(top) if "store" in doc else None
+    node = _node(top) if "node" in doc else None
+    t = top.table("cluster")
+    cluster = ClusterConfig(lease=t.duration("lease"))
+    if cluster.lease < max(MIN_LEASE, 2 * heartbeat.interval):
+        t.fail(
+            "lease",
+            f"must be a number of seconds of at least {MIN_LEASE:g} and at least twice "
+            f"heartbeat.interval ({heartbeat.interval}), which renews it; "
+            f"got {_show(cluster.lease)}",
+        )
 
     return Config(
         spool=spool,
@@ -315,6 +340,9 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         hooks=hooks,
         metrics=metrics,
         context=context,
+        store=store,
+        node=node,
+        cluster=cluster,
         source=source,
     )
 
@@ -413,6 +441,39 @@ def _spool(top: _Table, environ: Mapping[str, str]) -> Path:
         top.fail("spool", f"starts with a ~ that cannot be expanded, got {_show(value)}")
     # A relative spool is relative to the config file, whatever the daemon's cwd is.
     return path if path.is_absolute() else top.source.parent.absolute() / path
+
+
+def _store(top: _Table) -> str:
+    """``store``: a PostgreSQL URL without a password. The config file is copied into the
+    spool for workers (and is often world-readable), so a password never goes in it: it
+    goes in PGPASSFILE, the libpq environment or ``$AGENTD_STORE``."""
+    value = top.value("store")
+    if not isinstance(value, str) or not value.startswith(STORE_SCHEMES):
+        top.fail("store", f"must be a postgresql:// URL, got {_show(value)}")
+    if url_has_password(value):
+        top.fail(
+            "store",
+            "holds a password, which a config file must not (it is copied into the spool); "
+            "give it by PGPASSFILE or PGPASSWORD, or the whole URL by $AGENTD_STORE",
+        )
+    return value
+
+
+def url_has_password(url: str) -> bool:
+    """Whether ``url`` carries a password, in its user part or as a parameter."""
+    userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+    return ":" in userinfo or "password=" in url.partition("?")[2]
+
+
+#: What a ``store`` URL starts with: libpq's two schemes.
+STORE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _node(top: _Table) -> str:
+    value = top.value("node")
+    if not isinstance(value, str) or not NODE_NAME.fullmatch(value):
+        top.fail("node", f"must be a name of letters, digits, '.', '_' and '-', got {_show(value)}")
+    return value
 
 
 def _modules(tools: _Table) -> tuple[str, ...]:
@@ -551,6 +612,10 @@ def config_document(config: Config) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     if config.spool is not None:
         doc["spool"] = str(config.spool)
+    if config.store is not None:
+        doc["store"] = config.store
+    if config.node is not None:
+        doc["node"] = config.node
     doc["max_workers"] = config.max_workers
     for section in (config.heartbeat, config.deadlines, config.restart, config.model):
         name = next(f.name for f in fields(Config) if getattr(config, f.name) is section)
@@ -563,6 +628,7 @@ def config_document(config: Config) -> dict[str, Any]:
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
+    doc["cluster"] = {"lease": config.cluster.lease}
     doc["context"] = {  # window only when it is set: left out, each model has its own
         f.name: getattr(config.context, f.name)
         for f in fields(config.context)
@@ -676,10 +742,25 @@ compacts by itself (the anthropic backend's beta compact_20260112 edit, triggere
 compact_at of the window); its compaction blocks are recorded with their turn and sent
 back verbatim. A backend without it (scripted) compacts as "client" and says so in a
 context_strategy_fallback warning event.""",
+    "store": """\
+Several nodes on one PostgreSQL (README: "Running several nodes"): a postgresql:// URL
+puts every task, its journal and the queue in that database, shared by every node
+given the same URL. Left out, tasks live in the spool. --store and $AGENTD_STORE
+override it. No password here: PGPASSFILE, PGPASSWORD or $AGENTD_STORE (the whole URL).""",
+    "node": """\
+This node's name in the cluster (leases, status, logs); default the hostname. --node
+and $AGENTD_NODE override it. Two live nodes never share a name.""",
+    "cluster": "The shared store (store): how long a node keeps a task it runs.",
+    "cluster.lease": """\
+Seconds a task's lease lasts unless renewed. Its worker renews it from its heartbeat;
+a node that dies, hangs or loses the database for longer loses its tasks to the other
+nodes, and a worker that could not renew in time stops itself before it ends. At
+least twice heartbeat.interval.""",
     "context.instructions": "Appended to the summary instruction, e.g. what must never be dropped.",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
+    "store": 'store = "postgresql://agentd@db.example.com/agentd"\nnode = "web-1"',
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
     "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
     "metrics": 'listen = "127.0.0.1:9464"',
@@ -710,6 +791,7 @@ def _render_table(name: str, table: Mapping[str, Any]) -> str:
 def _render_default() -> str:
     """The default document as TOML, every table and key under its comment."""
     blocks = [_comment(""), _comment("spool") + _comment("spool", _EXAMPLES)]
+    blocks.append(_comment("store") + "#\n" + _comment("node") + _comment("store", _EXAMPLES))
     for key, value in default_config_document().items():
         if isinstance(value, dict):
             blocks.append(_render_table(key, value))

@@ -6,7 +6,8 @@ given when it was executed, whatever it did to ``os.environ`` afterwards, and a 
 child shows its parent's. The key therefore sits in no process environment once agentd
 has started (DESIGN.md section 5):
 
-* Sources, for each secret (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``), the first
+* Sources, for each secret (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``, and the
+  shared store's URL ``AGENTD_STORE``, whose password is one), the first
   that is set: the variable itself; ``NAME_FILE``, a file holding it; the systemd
   credential (``LoadCredential=anthropic_api_key:...`` in the unit, read from
   ``$CREDENTIALS_DIRECTORY``). ``gather`` reads them.
@@ -40,6 +41,7 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import unquote, urlsplit
 
 from worker.errors import ConfigError
 
@@ -48,10 +50,13 @@ if TYPE_CHECKING:
 
 API_KEY = "ANTHROPIC_API_KEY"
 AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105  (a variable's name, not a token)
+#: The shared store's URL (DESIGN.md section 10), which may hold its password.
+STORE = "AGENTD_STORE"
 #: Each secret by its environment name, with the name of its systemd credential.
 CREDENTIAL_NAMES: Mapping[str, str] = {
     API_KEY: "anthropic_api_key",
     AUTH_TOKEN: "anthropic_auth_token",
+    STORE: "agentd_store",
 }
 #: The environment variable that names the descriptor of a handover pipe.
 HANDOVER = "AGENTD_CREDENTIALS_FD"
@@ -75,8 +80,14 @@ class Credentials:
         return self.values.get(name)
 
     def secrets(self) -> frozenset[str]:
-        """The secret values, for redaction."""
-        return frozenset(v for v in self.values.values() if v)
+        """The secret values, for redaction: the store URL's password on its own too (a
+        driver's message may quote it without the URL)."""
+        found = {v for v in self.values.values() if v}
+        if store := self.values.get(STORE):
+            with contextlib.suppress(ValueError):
+                if password := urlsplit(store).password:
+                    found |= {password, unquote(password)}
+        return frozenset(found)
 
     def __bool__(self) -> bool:
         return bool(self.values)

@@ -150,7 +150,10 @@ class AgentLoop:
     """One task's loop on a ``TaskStore``: it never knows which backend it has.
 
     ``owner`` is the loop's ownership of the task (the worker takes it before it reads
-    anything); without one, ``open`` takes it and ``close`` gives it back. ``workspace``
+    anything); without one, ``open`` takes it and ``close`` gives it back. ``fence``,
+    when given, raises ``FencedError`` once this worker may no longer act (a lease it
+    could not renew in time: ``worker.lease``); it is asked right before every tool runs,
+    the one step the store cannot fence itself. ``workspace``
     is where the tools work; ``spool`` the folder the sandbox hides from them, if any."""
 
     def __init__(
@@ -168,8 +171,10 @@ class AgentLoop:
         snapshot_every: int = SNAPSHOT_EVERY,
         sleep: Callable[[float], None] = time.sleep,
         metrics: StepMetrics | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
+        self.fence = fence
         self.task_id = spec.id
         self.owner = owner
         self._own_owner = owner is None
@@ -608,6 +613,8 @@ class AgentLoop:
                 "attempt": attempt,
             }
         )
+        if self.fence is not None:
+            self.fence()  # (FencedError: the worker stops, the intent dangling for the next owner)
         self._phase(f"tool:{tool.name}")
         started = time.perf_counter()
         try:

@@ -40,6 +40,14 @@ class ExitCode(IntEnum):
 VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERROR)
 
 
+#: How a daemon on a shared store hands its worker the claim it runs under (the worker's
+#: environment; the store's URL, a secret, comes through the credentials pipe): the
+#: node's name, the lease in seconds, and the claim's epoch (``worker.store.base.Owner``).
+NODE_ENV = "AGENTD_NODE"
+LEASE_ENV = "AGENTD_LEASE"
+EPOCH_ENV = "AGENTD_EPOCH"
+
+
 class TaskStatus(StrEnum):
     """The state of a task record; its value is what ``state.json`` and ``status --json``
     carry. A StrEnum compares equal to its text, so a record of an earlier release reads

@@ -117,6 +117,8 @@ class Redactor:
 
     def _text(self, text: str, literals: list[str]) -> str:
         text = _replace_literals(text, literals)
+        if "://" in text:
+            text = without_password(text)
         if "sk-ant-" in text:
             text = _ANTHROPIC_KEY.sub(REDACTED, text)
         return _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
@@ -124,6 +126,15 @@ class Redactor:
 
 #: The redaction processor, with the secrets this process holds and those of its environment.
 redact = Redactor()
+
+
+#: The password of a URL in a text: ``scheme://user:PASSWORD@``.
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def without_password(text: str) -> str:
+    """``text`` with the password of every URL in it replaced (``[redacted]``)."""
+    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
 
 
 def _replace_literals(text: str, literals: list[str]) -> str:

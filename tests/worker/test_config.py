@@ -513,3 +513,49 @@ def test_context_keys_are_read(tmp_path: Path) -> None:
 def test_both_context_strategies_are_accepted(tmp_path: Path, strategy: str) -> None:
     path = _write(tmp_path, f'[context]\nstrategy = "{strategy}"\n')
     assert load_config(path).context.strategy == strategy
+
+
+# -- the shared store (DESIGN.md section 10) ------------------------------------------------
+
+
+def test_the_store_node_and_lease_are_read(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        'store = "postgresql://agentd@db.example.com/agentd"\nnode = "web-1"\n'
+        "[cluster]\nlease = 7.5\n",
+    )
+    config = load_config(path)
+    assert config.store == "postgresql://agentd@db.example.com/agentd"
+    assert config.node == "web-1"
+    assert config.cluster.lease == 7.5
+    assert Config().store is None and Config().node is None and Config().cluster.lease == 10.0
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://agentd:secret@db/agentd",
+        "postgres://agentd:s%40cret@db:5432/agentd",
+        "postgresql://db/agentd?user=agentd&password=secret",
+    ],
+)
+def test_a_store_url_with_a_password_is_refused(tmp_path: Path, url: str) -> None:
+    message = _error(_write(tmp_path, f'store = "{url}"\n'))
+    assert "store" in message and "PGPASSFILE" in message
+    assert "secret" not in message and "s%40cret" not in message
+
+
+@pytest.mark.parametrize("bad", ['"mysql://db/x"', '""', "3"])
+def test_a_store_must_be_a_postgresql_url(tmp_path: Path, bad: str) -> None:
+    assert "postgresql:// URL" in _error(_write(tmp_path, f"store = {bad}\n"))
+
+
+@pytest.mark.parametrize("bad", ['"a b"', '"-x"', '""', '"x/y"'])
+def test_a_node_name_is_letters_digits_dots_dashes(tmp_path: Path, bad: str) -> None:
+    assert "node" in _error(_write(tmp_path, f"node = {bad}\n"))
+
+
+@pytest.mark.parametrize("lease", ["0.5", "1.5"])
+def test_a_lease_must_outlast_two_heartbeats(tmp_path: Path, lease: str) -> None:
+    text = f"[heartbeat]\ninterval = 1.0\n[cluster]\nlease = {lease}\n"
+    assert "twice heartbeat.interval" in _error(_write(tmp_path, text))

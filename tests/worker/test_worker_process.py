@@ -251,7 +251,7 @@ def test_the_sdk_is_imported_at_start_up_not_inside_the_first_model_call() -> No
         "from worker.__main__ import make_model\n"
         "from worker.spool import TaskSpec\n"
         "assert 'anthropic' not in sys.modules\n"
-        "make_model(None, TaskSpec(id='t', prompt='p'))\n"
+        "make_model(None, None, TaskSpec(id='t', prompt='p'))\n"
         "print('anthropic' in sys.modules)\n"
     )
     done = subprocess.run(

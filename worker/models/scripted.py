@@ -159,8 +159,12 @@ class ScriptedModel:
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
-        raw = _read_script(path)
-        responses = parse_script(raw, str(path))
+        return cls.from_bytes(_read_script(path), str(path))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ScriptedModel:
+        """The script ``raw`` (read from a store); ``where`` names it in errors."""
+        responses = parse_script(raw, where)
         return cls(responses, summaries=list(json.loads(raw).get("summaries", [])))
 
     def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:

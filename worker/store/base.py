@@ -31,6 +31,7 @@ step of an owner that no longer owns it, ``RecordConflictError`` for a stale ver
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -303,3 +304,101 @@ class TaskStore(Protocol):
         ...
 
     def read_exit(self, task_id: str) -> JSON | None: ...
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of a cluster as the shared store knows it (``agentd nodes``)."""
+
+    name: str
+    host: str
+    pid: int
+    max_workers: int
+    tasks: int  # the tasks it holds a live lease on
+    heartbeat_age: float  # seconds since it last said it was alive
+    alive: bool  # it said so within a lease
+
+    def to_json(self) -> JSON:
+        return {
+            "name": self.name,
+            "host": self.host,
+            "pid": self.pid,
+            "max_workers": self.max_workers,
+            "tasks": self.tasks,
+            "heartbeat_age": round(self.heartbeat_age, 3),
+            "alive": self.alive,
+        }
+
+
+class SharedStore(TaskStore, Protocol):
+    """A ``TaskStore`` that several daemons (nodes) share: the queue, the leases and the
+    nodes live in it (DESIGN.md section 10). A node ``claim``s tasks; each claim is an
+    ``Owner`` whose epoch fences every earlier one, and that its worker appends with.
+    Ownership ends with ``put_record(..., release=True)``: the node's verdict on the task
+    and the end of its lease, in one fenced step."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def lease(self) -> float:
+        """Seconds a lease lasts unless renewed."""
+        ...
+
+    def close(self) -> None:
+        """Close its connections (it reconnects if used again)."""
+        ...
+
+    def check_fence(self, owner: Owner) -> None:
+        """``FencedError`` unless ``owner`` still owns the task (a read: writes nothing)."""
+        ...
+
+    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+        """Take up to ``limit`` runnable tasks no live lease holds (never waiting for
+        another node's claim), oldest first, each with a new epoch."""
+        ...
+
+    def handover(self, owner: Owner) -> Owner:
+        """The same node keeps the task for a new worker: a new epoch (fencing the last
+        worker, whatever is left of it) and a fresh lease; ``FencedError`` if it moved."""
+        ...
+
+    def renew_all(self, owners: Sequence[Owner]) -> list[Owner]:
+        """Renew every lease of ``owners`` in one step; returns the ones that moved."""
+        ...
+
+    def put_record(
+        self, owner: Owner, record: JSON, *, release: bool, runnable_in: float = 0.0
+    ) -> None:
+        """Replace the task record, fenced by ``owner``; with ``release``, end the lease
+        too, the task claimable again in ``runnable_in`` seconds (a backoff) if its state
+        is one a claim takes. ``FencedError`` (nothing written) once ownership moved."""
+        ...
+
+    def leases(self) -> dict[str, str]:
+        """The node holding a live lease on each task that has one."""
+        ...
+
+    def join(self, max_workers: int) -> None:
+        """Say this node is alive (at its start, then now and then); ``ConfigError`` when
+        a live node of another process has this name."""
+        ...
+
+    def leave(self) -> None: ...
+
+    def nodes(self) -> list[NodeInfo]: ...
+
+    def operator_lock(self, task_id: str, wait: float) -> contextlib.AbstractContextManager[None]:
+        """Hold the task's operator lock for the block, across every node (the commands
+        that settle a task's fate take it: ``supervisor.decisions``); ``LockBusyError``
+        when another command holds it for ``wait`` seconds."""
+        ...
+
+    def wake(self, task_id: str) -> None:
+        """Wake every node (a submit, a decision, a cancel): advisory, never the truth."""
+        ...
+
+    def listen(self, on_wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_wake`` (from another thread) whenever a node is woken; returns what
+        stops listening. Lost wake-ups cost a poll interval, never a task."""
+        ...

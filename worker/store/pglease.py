@@ -69,6 +69,7 @@ WITH picked AS (
     WHERE state IN ('queued', 'backoff', 'running')
       AND runnable_at <= now()
       AND (lease_expires IS NULL OR lease_expires < now())
+      AND NOT (id = ANY(%(exclude)s::text[]))
     ORDER BY runnable_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -76,6 +77,7 @@ WITH picked AS (
 UPDATE tasks AS t
 SET state = 'running', node = %(node)s, epoch = t.epoch + 1,
     lease_expires = now() + make_interval(secs => %(lease)s),
+    record = jsonb_set(t.record, '{state}', '"running"'),
     version = t.version + 1, updated_at = now()
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.epoch, t.seq, t.lease_expires
@@ -130,13 +132,17 @@ def append(conn: Connection, task_id: str, epoch: int, after: int, records: Sequ
     raise FencedError(f"task {task_id} was not advanced: {why}; this worker stops")
 
 
-def claim(conn: Connection, node: str, limit: int, lease: float) -> list[Lease]:
+def claim(
+    conn: Connection, node: str, limit: int, lease: float, exclude: Sequence[str] = ()
+) -> list[Lease]:
     """Take up to ``limit`` runnable tasks for ``node`` for ``lease`` seconds: queued ones,
-    ones whose backoff is over, and ones whose holder let its lease expire. Each comes
-    with a new epoch, which fences every earlier holder. Never blocks on another claim."""
+    ones whose backoff is over, and ones whose holder let its lease expire (but none of
+    ``exclude``). Each comes with a new epoch, which fences every earlier holder, and its
+    record says ``running``. Never blocks on another claim."""
     if limit <= 0:
         return []
-    rows = conn.execute(CLAIM, {"node": node, "limit": limit, "lease": lease}).fetchall()
+    params = {"node": node, "limit": limit, "lease": lease, "exclude": list(exclude)}
+    rows = conn.execute(CLAIM, params).fetchall()
     return [Lease(task, node, epoch, seq, expires) for task, epoch, seq, expires in rows]
 
 

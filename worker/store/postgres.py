@@ -30,6 +30,7 @@ import contextlib
 import errno
 import functools
 import json
+import os
 import re
 import socket
 import threading
@@ -53,7 +54,7 @@ from worker.errors import (
     StateConflictError,
     StorageError,
 )
-from worker.redactor import REDACTED, redact
+from worker.redactor import REDACTED, redact, without_password
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState
 from worker.store import pglease, pgschema
@@ -61,6 +62,7 @@ from worker.store.base import (
     JSON,
     START,
     Cursor,
+    NodeInfo,
     Owner,
     Snapshot,
     Unreadable,
@@ -74,10 +76,16 @@ if TYPE_CHECKING:
     from worker.store.pgschema import Connection
 
 #: How long an acquisition lasts without a ``renew`` (``[cluster] lease``), seconds.
-DEFAULT_LEASE = 30.0
+DEFAULT_LEASE = 10.0  # the default of `[cluster] lease`
 
 #: Idle connections kept for reuse; more are opened while more threads need one at once.
 IDLE_CONNECTIONS = 8
+#: The NOTIFY channel that wakes nodes (``SharedStore.wake``), and how often a listener
+#: looks whether it is to stop.
+WAKE_CHANNEL = "agentd_wake"
+#: The advisory-lock key space of operator locks (``operator_lock``): "op" in ASCII.
+OPERATOR_LOCKS = 0x6F70
+LISTEN_POLL = 1.0
 
 #: libpq settings a URL may give, and what they are when it does not: how long a
 #: connection attempt may take, and how soon a connection whose packets vanish (a cut
@@ -92,18 +100,9 @@ CONNECTION_DEFAULTS = {
 }
 
 
-#: The password of a URL in a text: ``scheme://user:PASSWORD@``.
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
-
-
 #: The password as written in a URL's user information, up to its last ``@``: what libpq
 #: may quote back, or misread as a host or a port when it holds a ``/`` or a space.
 _WRITTEN_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:/@\s]*:(.*)@", re.IGNORECASE | re.DOTALL)
-
-
-def without_password(text: str) -> str:
-    """``text`` with the password of every URL in it replaced (``[redacted]``)."""
-    return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
 
 
 #: A NUL character in a JSON string (after an even run of backslashes): jsonb refuses it.
@@ -155,6 +154,17 @@ class _Database:
         """``text`` without the password (a driver's message may quote the URL)."""
         text = text.replace(self._secret, REDACTED) if self._secret else text
         return redact.clean_text(without_password(text))
+
+    def connect(self) -> Connection:
+        """A new autocommit connection of the caller's own (a listener's)."""
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise StorageError(
+                f"the PostgreSQL store ({self.shown}) cannot be reached: "
+                f"{self.scrub(str(exc)).strip()}",
+                errno.EIO,
+            ) from None
 
     def _connect(self) -> Connection:
         conn = psycopg.connect(self._conninfo, autocommit=True)
@@ -449,6 +459,157 @@ class PostgresStore:
         """None: a lease names the node that holds it, not a process."""
         validate_task_id(task_id)
         return None
+
+    # -- the cluster (``SharedStore``) -------------------------------------------------
+
+    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+        with self.db.step() as conn:
+            leases = pglease.claim(conn, self.node, limit, self.lease, exclude)
+        return [Owner(lease.task_id, self.node, lease.epoch) for lease in leases]
+
+    def handover(self, owner: Owner) -> Owner:
+        row = self._one(
+            "UPDATE tasks SET epoch = epoch + 1, updated_at = now(), "
+            "lease_expires = now() + make_interval(secs => %(lease)s) "
+            "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING epoch",
+            {"task": owner.task_id, "epoch": owner.epoch, "lease": self.lease},
+        )
+        if row is None:
+            raise self._fenced_refusal(owner)
+        return Owner(owner.task_id, self.node, int(row[0]))
+
+    def renew_all(self, owners: Sequence[Owner]) -> list[Owner]:
+        if not owners:
+            return []
+        with self.db.step() as conn:
+            kept = {
+                (task, epoch)
+                for task, epoch in conn.execute(
+                    "UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %s) "
+                    "FROM unnest(%s::text[], %s::bigint[]) AS o (id, epoch) "
+                    "WHERE t.id = o.id AND t.epoch = o.epoch RETURNING t.id, t.epoch",
+                    (self.lease, [o.task_id for o in owners], [o.epoch for o in owners]),
+                )
+            }
+        return [o for o in owners if (o.task_id, o.epoch) not in kept]
+
+    def put_record(
+        self, owner: Owner, record: JSON, *, release: bool, runnable_in: float = 0.0
+    ) -> None:
+        wrote = self._done(
+            """
+            WITH done AS (
+                UPDATE tasks SET record = %(record)s::jsonb, version = version + 1,
+                    state = coalesce(%(state)s, state), updated_at = now(),
+                    lease_expires = CASE WHEN %(release)s THEN NULL ELSE lease_expires END,
+                    epoch = CASE WHEN %(release)s THEN epoch + 1 ELSE epoch END,
+                    runnable_at = CASE WHEN %(release)s
+                        THEN now() + make_interval(secs => %(delay)s) ELSE runnable_at END
+                WHERE id = %(task)s AND epoch = %(epoch)s
+                RETURNING 1
+            )
+            """,
+            owner.task_id,
+            record=_jsonb(record),
+            state=_state_of(record),
+            release=release,
+            delay=max(0.0, runnable_in),
+            epoch=owner.epoch,
+        )
+        if not wrote:
+            raise self._fenced_refusal(owner)
+
+    def leases(self) -> dict[str, str]:
+        with self.db.step() as conn:
+            rows = conn.execute("SELECT id, node FROM tasks WHERE lease_expires > now()")
+            return {task: node for task, node in rows}
+
+    def join(self, max_workers: int) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        with self.db.step() as conn:
+            other = conn.execute(
+                "SELECT host, pid FROM nodes WHERE name = %s AND (host, pid) <> (%s, %s) "
+                "AND seen_at > now() - make_interval(secs => %s)",
+                (self.node, host, pid, self.lease),
+            ).fetchone()
+            if other is not None:
+                raise ConfigError(
+                    f"node name {self.node!r} is in use by a live node (pid {other[1]} on "
+                    f"{other[0]}); give this node another name with --node or `node`."
+                )
+            conn.execute(
+                "INSERT INTO nodes (name, host, pid, max_workers, schema_version) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+                "host = excluded.host, pid = excluded.pid, max_workers = excluded.max_workers, "
+                "schema_version = excluded.schema_version, seen_at = now(), "
+                "started_at = CASE WHEN (nodes.host, nodes.pid) = (excluded.host, excluded.pid) "
+                "THEN nodes.started_at ELSE now() END",
+                (self.node, host, pid, max_workers, pgschema.SCHEMA_VERSION),
+            )
+
+    def leave(self) -> None:
+        with self.db.step() as conn:
+            conn.execute(
+                "DELETE FROM nodes WHERE name = %s AND (host, pid) = (%s, %s)",
+                (self.node, socket.gethostname(), os.getpid()),
+            )
+
+    def nodes(self) -> list[NodeInfo]:
+        with self.db.step() as conn:
+            rows = conn.execute(
+                "SELECT n.name, n.host, n.pid, n.max_workers, "
+                "extract(epoch FROM now() - n.seen_at)::float8, "
+                "(SELECT count(*) FROM tasks t WHERE t.node = n.name AND t.lease_expires > now()) "
+                "FROM nodes n ORDER BY n.name"
+            ).fetchall()
+        return [
+            NodeInfo(name, host, pid, workers, int(tasks), max(0.0, age), age <= self.lease)
+            for name, host, pid, workers, age, tasks in rows
+        ]
+
+    @contextlib.contextmanager
+    def operator_lock(self, task_id: str, wait: float) -> Iterator[None]:
+        """A session advisory lock on a connection of its own: closing it (a killed
+        command's too, once the server sees it gone) releases the lock."""
+        key = validate_task_id(task_id)
+        conn = self.db.connect()
+        try:
+            deadline = time.monotonic() + wait
+            while not conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OPERATOR_LOCKS, key)
+            ).fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() >= deadline:
+                    raise LockBusyError(f"another command holds task {task_id}'s operator lock")
+                time.sleep(0.05)
+            yield
+        finally:
+            conn.close()
+
+    def wake(self, task_id: str) -> None:
+        with self.db.step() as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", (WAKE_CHANNEL, validate_task_id(task_id)))
+
+    def listen(self, on_wake: Callable[[], None]) -> Callable[[], None]:
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._listen, args=(on_wake, stop), name="agentd-listen", daemon=True
+        )
+        thread.start()
+        return stop.set
+
+    def _listen(self, on_wake: Callable[[], None], stop: threading.Event) -> None:
+        """LISTEN on a connection of its own; a lost one is made again a second later, and
+        wakes the node once (what it missed meanwhile is the poll's, as always)."""
+        while not stop.is_set():
+            try:
+                with self.db.connect() as conn:
+                    conn.execute(f"LISTEN {WAKE_CHANNEL}")
+                    on_wake()
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=LISTEN_POLL):
+                            on_wake()
+            except (psycopg.Error, StorageError):
+                stop.wait(1.0)
 
     # -- the journal ------------------------------------------------------------------
 
