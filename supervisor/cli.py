@@ -41,9 +41,10 @@ from supervisor.decisions import (
     pending_decisions,
     refuse_if_cancelled,
 )
+from supervisor.hooks import node_name as local_node
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
-from supervisor.stores import store_for
+from supervisor.stores import shared, store_for, use_shared
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
@@ -53,7 +54,7 @@ from supervisor.submit import (
     submit,
 )
 from worker import __version__, credentials
-from worker.config import Config, load_config
+from worker.config import NODE_NAME, Config, load_config
 from worker.errors import (
     AgentdError,
     ConfigError,
@@ -61,8 +62,10 @@ from worker.errors import (
     StateConflictError,
     UsageError,
 )
-from worker.protocol import TaskStatus
+from worker.protocol import NODE_ENV, TaskStatus
+from worker.redactor import without_password
 from worker.spool import Spool, default_spool, validate_call_id
+from worker.store.pgschema import SCHEMA_VERSION
 from worker.tools.sandbox import Sandbox
 
 Handler = Callable[[argparse.Namespace, Config, Spool], int]
@@ -95,6 +98,27 @@ def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
     if config.spool is not None:
         return Spool(config.spool.expanduser().absolute())
     return Spool(default_spool())
+
+
+def store_url(args: argparse.Namespace, config: Config) -> str | None:
+    """The shared store's URL, first of: ``--store``, ``$AGENTD_STORE`` (or what a daemon
+    holds of it: ``credentials``), the config's ``store``; None: the spool's files."""
+    held = credentials.held().get(credentials.STORE)
+    return (
+        args.store
+        or held
+        or credentials.gather(os.environ).get(credentials.STORE)
+        or (config.store)
+    )
+
+
+def node_name(args: argparse.Namespace, config: Config) -> str | None:
+    """This node's name: ``--node``, ``$AGENTD_NODE``, the config's ``node``; None: the
+    hostname (the store's default)."""
+    name = args.node or os.environ.get(NODE_ENV) or config.node
+    if name is not None and not NODE_NAME.fullmatch(name):
+        raise UsageError(f"--node {name!r} is not a name of letters, digits, '.', '_' and '-'.")
+    return name
 
 
 def check_named_spool(args: argparse.Namespace) -> None:
@@ -130,10 +154,12 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     find_tool_modules(config.tools.modules, source=config.source)
     if args.detach:
         return _detach(args, spool)
-    # First of all: a key in this process's environment is moved out of it (the process
-    # executes itself again, same pid, the key handed over through a pipe), so that no
-    # tool can read it from /proc/PID/environ; then the daemon holds it in memory only.
-    credentials.take_over()
+    # (the daemon holds its secrets already: ``main`` took them over first of all)
+    cluster = shared()
+    if cluster is not None and (url := store_url(args, config)) is not None:
+        held = credentials.held()  # the store's URL, for the workers, through their pipe
+        values = {**held.values, credentials.STORE: url}
+        credentials.hold(credentials.Credentials(values, held.files))
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
@@ -164,6 +190,8 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     cmd = [sys.executable, "-m", "supervisor", "--spool", str(spool.root)]
     if args.config:
         cmd += ["--config", str(args.config)]
+    if args.node:
+        cmd += ["--node", args.node]
     log_file = Path(args.log_file).absolute() if args.log_file else spool.root / "supervisor.log"
     cmd += ["--log-format", args.log_format or "json", "start", "--log-file", str(log_file)]
     import subprocess  # noqa: PLC0415  (only --detach starts a process)
@@ -174,6 +202,9 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     # keeps refused lines until the disk takes them), and a log that cannot even be opened
     # leaves the daemon without one rather than without a start.
     secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
+    if args.store:  # (never in its command line, where any process can read it)
+        values = {**secrets.values, credentials.STORE: args.store}
+        secrets = credentials.Credentials(values, secrets.files)
     try:
         log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -252,11 +283,27 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 
 
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
+    """DESIGN.md section 3: the daemon that answers, and every task; on a shared store
+    every task of the cluster, each with the node that runs it, and ``nodes``."""
     task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
-    return {
-        "supervisor": _supervisor_json(spool),
-        "tasks": [status_row(t) for t in task_dirs if store_for(spool.root).exists(t.id)],
-    }
+    store = store_for(spool.root)
+    cluster = shared()
+    leases = cluster.leases() if cluster is not None else None
+    rows = []
+    for task in task_dirs:
+        if not store.exists(task.id):
+            continue
+        row = status_row(task)
+        if leases is not None:
+            row["node"] = leases.get(task.id)
+        else:  # one machine: its own name, while its worker runs
+            row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
+        rows.append(row)
+    doc: dict[str, Any] = {"supervisor": _supervisor_json(spool), "tasks": rows}
+    if cluster is not None:
+        doc["supervisor"]["node"] = cluster.node
+        doc["nodes"] = [n.to_json() for n in cluster.nodes()]
+    return doc
 
 
 def table_width() -> int | None:
@@ -301,6 +348,51 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             time.sleep(interval)
         except KeyboardInterrupt:
             return 0
+
+
+def cmd_nodes(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    """The nodes that share the store; on the spool's files, this machine alone."""
+    cluster = shared()
+    if cluster is not None:
+        nodes = [n.to_json() for n in cluster.nodes()]
+    else:
+        pid = running_pid(spool)
+        running = status_document(spool)["tasks"]
+        nodes = [
+            {
+                "name": local_node(),
+                "host": local_node(),
+                "pid": pid,
+                "max_workers": config.max_workers,
+                "tasks": sum(1 for t in running if t["state"] == TaskStatus.RUNNING),
+                "heartbeat_age": None,
+                "alive": pid is not None,
+            }
+        ]
+    if args.json:
+        out(nodes)
+        return 0
+    print(f"{'NAME':<16} {'HOST':<20} {'PID':>8} {'TASKS':>5} {'MAX':>4} {'SEEN':>7}  STATE")
+    for n in nodes:
+        age = n["heartbeat_age"]
+        seen = f"{age:.1f}s" if isinstance(age, (int, float)) else "-"
+        state = "alive" if n["alive"] else "gone"
+        print(
+            f"{n['name']:<16} {n['host']:<20} {n['pid'] or '-':>8} {n['tasks']:>5} "
+            f"{n['max_workers']:>4} {seen:>7}  {state}"
+        )
+    return 0
+
+
+def cmd_store(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    """``agentd store init``: ``main`` created or migrated the schema already."""
+    cluster = shared()
+    if cluster is None:
+        raise UsageError(
+            "no shared store is given; name one with --store URL, $AGENTD_STORE or `store`."
+        )
+    print(f"agentd store {cluster!r}: schema version {SCHEMA_VERSION}, ready")
+    return 0
 
 
 def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -588,6 +680,14 @@ def build_parser() -> Parser:
     parser.add_argument("--spool", metavar="DIR", help="spool folder (env AGENTD_SPOOL)")
     parser.add_argument("--config", metavar="FILE", help="config file (env AGENTD_CONFIG)")
     parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="a postgresql:// URL shared by several nodes (env AGENTD_STORE; default: the spool)",
+    )
+    parser.add_argument(
+        "--node", metavar="NAME", help="this node's name on a shared store (env AGENTD_NODE)"
+    )
+    parser.add_argument(
         "--log-format",
         choices=("json", "console"),
         default=None,
@@ -605,11 +705,18 @@ def build_parser() -> Parser:
         *,
         reads_spool: bool = True,
         reads_config: bool = True,
+        uses_store: bool = True,
     ) -> Parser:
         """A subcommand. ``reads_spool``: a spool the operator names must exist.
-        ``reads_config``: the config is loaded (and must be valid) before it runs."""
+        ``reads_config``: the config is loaded (and must be valid) before it runs.
+        ``uses_store``: it works on the shared store when one is given (``--store``)."""
         p: Parser = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler, reads_spool=reads_spool, reads_config=reads_config)
+        p.set_defaults(
+            handler=handler,
+            reads_spool=reads_spool,
+            reads_config=reads_config,
+            uses_store=uses_store and reads_config,
+        )
         return p
 
     def task_arg(p: Parser, *, optional: bool = False) -> None:
@@ -695,8 +802,16 @@ def build_parser() -> Parser:
     p.add_argument("--at", type=int, required=True, metavar="TURN", help="the turn to start from")
     p.add_argument("--name", metavar="ID", help="the new task's id (default: generated)")
     p.add_argument("--prompt", metavar="TEXT", help="an extra user message for the fork")
+    p = command("nodes", cmd_nodes, "the nodes that share the store")
+    json_flag(p, "the nodes")
+    p = command("store", cmd_store, "the shared store's schema", reads_spool=False)
+    p.add_argument("action", choices=("init",), metavar="init", help="create or migrate the schema")
     p = command(
-        "demo", cmd_demo, "self-contained demonstration on the scripted model", reads_spool=False
+        "demo",
+        cmd_demo,
+        "self-contained demonstration on the scripted model",
+        reads_spool=False,
+        uses_store=False,
     )
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
     p.add_argument(
@@ -715,14 +830,26 @@ def build_parser() -> Parser:
     )
     p.add_argument("--system", action="store_true", help="write /etc/agentd/agentd.toml")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p = command("config", cmd_config_check, "validate the configuration", reads_spool=False)
+    p = command(
+        "config",
+        cmd_config_check,
+        "validate the configuration",
+        reads_spool=False,
+        uses_store=False,
+    )
     p.add_argument(
         "action", choices=("check",), metavar="check", help="validate and report the file read"
     )
     p.add_argument(
         "file", nargs="?", metavar="FILE", help="the file to check (default: the one found)"
     )
-    p = command("unit", cmd_unit, "print a systemd unit for this installation", reads_spool=False)
+    p = command(
+        "unit",
+        cmd_unit,
+        "print a systemd unit for this installation",
+        reads_spool=False,
+        uses_store=False,
+    )
     p.add_argument("--user", action="store_true", help="a unit for ~/.config/systemd/user/")
     p = command(
         "completion",
@@ -748,10 +875,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         spool = resolve_spool(args, config)
         if args.reads_spool:
             check_named_spool(args)
+        if args.command == "start" and not args.detach:
+            # First of all: a secret in this process's environment (the API key, the
+            # store's URL) is moved out of it (the process executes itself again, same
+            # pid, the secrets handed over through a pipe), so that no tool can read it
+            # from /proc/PID/environ; then the daemon holds it in memory only.
+            credentials.take_over()
+        if args.uses_store and (url := store_url(args, config)) is not None:
+            use_shared(
+                url,
+                node=node_name(args, config),
+                lease=config.cluster.lease,
+                migrate=args.command in ("start", "store"),
+            )
         handler: Handler = args.handler
         return handler(args, config, spool)
     except AgentdError as exc:
-        print(f"agentd: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"agentd: {_one_line(without_password(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

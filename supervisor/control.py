@@ -8,6 +8,9 @@
   the daemon applies and removes. ``change_record`` applies a change directly when no
   daemon runs, and leaves a request when one does. A cancel is not a request but a
   record that stays (``TaskDir.cancellation``, ``supervisor.decisions.record_cancel``).
+  On a shared store (DESIGN.md section 10) there is no one daemon to ask: a command
+  moves the record itself by compare-and-set, and a task a node runs is cancelled by
+  that node, woken by ``ring`` (NOTIFY) or its next poll.
 * ``paused``: stops a task's worker at a safe point and holds its lock for the length of
   an operation (rewind), so no worker writes the journal meanwhile. The daemon waits
   ``restart.stop_grace`` for the safe point (a model call is abandoned at once, a running
@@ -29,8 +32,14 @@ from typing import Any
 
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
 from supervisor.record import FINAL_STATES, Move, TaskRecord
-from supervisor.stores import store_of
-from worker.errors import LockBusyError, StateConflictError, storage_fault
+from supervisor.stores import shared, store_of
+from worker.errors import (
+    LockBusyError,
+    RecordConflictError,
+    StateConflictError,
+    StorageError,
+    storage_fault,
+)
 from worker.events import utc_now
 from worker.lock import is_locked
 from worker.protocol import TaskStatus
@@ -41,6 +50,8 @@ from worker.store.durable import atomic_write, open_private, private_dir, read_j
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
 PAUSE_REQUEST = "pause.request"
+#: How many times a move reads the record again after losing a compare-and-set to a node.
+MOVE_ATTEMPTS = 20
 
 
 class SupervisorLock:
@@ -97,7 +108,12 @@ def running_pid(spool: Spool) -> int | None:
 
 
 def ring(spool: Spool, task_id: str) -> None:
-    """Tell a running daemon that ``task_id`` changed (harmless when none runs)."""
+    """Tell a running daemon that ``task_id`` changed (harmless when none runs); on a
+    shared store, every node (``SharedStore.wake``)."""
+    if (cluster := shared()) is not None:
+        with contextlib.suppress(StorageError):  # a wake-up is advisory: the poll is the truth
+            cluster.wake(task_id)
+        return
     inbox = private_dir(spool.root / "inbox")
     with contextlib.suppress(OSError):
         fd = open_private(inbox / f"{task_id}.{os.getpid()}.{time.monotonic_ns()}", os.O_CREAT)
@@ -106,7 +122,12 @@ def ring(spool: Spool, task_id: str) -> None:
 
 @contextlib.contextmanager
 def offline(spool: Spool) -> Iterator[bool]:
-    """Yield True while holding the supervisor lock (no daemon runs), else False."""
+    """Yield True while holding the supervisor lock (no daemon runs), else False. On a
+    shared store always True: the database settles who wins (``move_record``'s
+    compare-and-set), and no node's daemon takes a request file of another's."""
+    if shared() is not None:
+        yield True
+        return
     lock = SupervisorLock(spool)
     try:
         lock.acquire()
@@ -140,11 +161,23 @@ def take_request(task: TaskDir, name: str) -> bool:
 
 
 def move_record(task: TaskDir, move: Move) -> None:
-    """Make ``move`` (``TaskRecord.retry``, say) on the task record and save it; the caller
-    holds the supervisor lock. A refused move raises and writes nothing."""
-    record = TaskRecord.load(task)
-    move(record, task.id)
-    record.save(task)
+    """Make ``move`` (``TaskRecord.retry``, say) on the task record and save it, if the
+    record did not change meanwhile (else read it again and decide again: on a shared
+    store a node may write it); the caller holds the supervisor lock, on the spool's
+    files. A refused move raises and writes nothing."""
+    store = store_of(task)
+    for _ in range(MOVE_ATTEMPTS):
+        version = store.record_version(task.id)
+        record = TaskRecord.load(task)
+        move(record, task.id)
+        try:
+            store.cas_record(task.id, version, record.stamped())
+        except RecordConflictError:
+            continue
+        return
+    raise StateConflictError(
+        f"task {task.id}'s record kept changing while it was being moved; try again."
+    )
 
 
 def change_record(spool: Spool, task: TaskDir, request_name: str, move: Move) -> bool:
@@ -170,7 +203,8 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
     with operator_lock(task, wait=max(OPERATOR_WAIT, wait)):
         record_cancel(task)
         with offline(spool) as alone:
-            if alone:
+            # (on a shared store, a task a node runs is that node's to cancel)
+            if alone and not (shared() is not None and store_of(task).owned(task.id)):
                 move_record(task, TaskRecord.cancel)
                 return True
         ring(spool, task.id)
@@ -185,7 +219,7 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
                     f"task {task.id} ended {record.state} ({record.reason}) before the cancel "
                     "took effect; nothing was cancelled."
                 )
-            if time.monotonic() >= deadline or running_pid(spool) is None:
+            if time.monotonic() >= deadline or (shared() is None and running_pid(spool) is None):
                 return False
             time.sleep(0.02)
 

@@ -73,7 +73,7 @@ from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
 from supervisor.status import held_calls, read_heartbeat
-from supervisor.stores import store_for
+from supervisor.stores import shared, store_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -86,13 +86,34 @@ from supervisor.workers import (
 from worker import __version__, credentials
 from worker.config import Config, config_changes, read_config
 from worker.descendants import become_subreaper
-from worker.errors import AgentdError, ConfigError, SpoolError, StateConflictError, StorageError
+from worker.errors import (
+    AgentdError,
+    ConfigError,
+    FencedError,
+    SpoolError,
+    StateConflictError,
+    StorageError,
+)
 from worker.events import event_line, utc_now
-from worker.protocol import VERDICT_EXITS, ExitCode, TaskStatus, exit_record_reason
+from worker.protocol import (
+    EPOCH_ENV,
+    LEASE_ENV,
+    NODE_ENV,
+    VERDICT_EXITS,
+    ExitCode,
+    TaskStatus,
+    exit_record_reason,
+)
 from worker.spool import Spool, TaskDir
+from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
 
 RESCAN_INTERVAL = 5.0
+#: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
+#: wakes it at once; polling is the truth), and how long a task whose workspace this node
+#: cannot see is left to the other nodes before it is tried here again.
+CLAIM_POLL = 1.0
+UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
@@ -118,6 +139,7 @@ class TaskSlot:
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
     storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
+    owner: Owner | None = None  # on a shared store: this node's claim of the task
 
 
 class Supervisor:
@@ -134,6 +156,13 @@ class Supervisor:
     ) -> None:
         self.spool = spool
         self.store = store_for(spool.root)  # every byte of a task goes through it
+        # on a shared store: the queue, the leases and the nodes; None on the spool's files
+        self.shared = shared()
+        self._unseen: dict[str, float] = {}  # task -> when this node tries its workspace again
+        self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
+        self._claimed = 0.0  # when the tick last asked for a claim
+        self._claim_failing = False  # the database refused the last claim
+        self._stop_listening: Callable[[], None] | None = None
         self.config = config
         self.config_path = config_path
         self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
@@ -154,6 +183,8 @@ class Supervisor:
             ),
             "PYTHONUNBUFFERED": "1",
         }
+        if self.shared is not None:  # (the store's URL travels with the other secrets)
+            self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
         self._credentials = credentials.held()
         self.forkserver = (
             ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
@@ -245,12 +276,61 @@ class Supervisor:
         for key, value in changes.items():
             setattr(slot.record, key, value)
         record, task = slot.record, slot.task
+        write = lambda: record.save(task, durable=durable)  # noqa: E731  (the one write, kept if refused)
+        if self.shared is not None:
+            if slot.owner is None:  # not this node's to write (the claim was lost)
+                return
+            write = self._shared_write(self.shared, slot, slot.owner)
         try:  # refused by a storage fault: kept, and rewritten as it is then (``backlog``)
-            self.backlog.replace(("record", task.id), lambda: record.save(task, durable=durable))
+            self.backlog.replace(("record", task.id), write)
         except SpoolError as exc:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
         if arrived and state in HOOK_STATES:
             self._hook(slot)
+
+    def _shared_write(
+        self, shared: SharedStore, slot: TaskSlot, owner: Owner
+    ) -> Callable[[], None]:
+        """The write of ``slot``'s record on a shared store, fenced by this node's claim: a
+        task this node no longer runs is released with it (claimable again when its
+        backoff ends) and leaves this node's view. A write the fence refuses (the lease
+        was taken over) is the new owner's to make: ``lease_lost``, nothing written."""
+        record, task_id = slot.record, slot.task.id
+        release = slot.worker is None and not slot.starting and record.state != TaskStatus.RUNNING
+        delay = max(0.0, slot.due - self.clock()) if record.state == TaskStatus.BACKOFF else 0.0
+        data = record.stamped()
+        if release:
+            self._forget(slot)
+
+        def write() -> None:
+            try:
+                shared.put_record(owner, data, release=release, runnable_in=delay)
+            except FencedError as exc:
+                self._lease_lost(task_id, str(exc))
+
+        return write
+
+    def _forget(self, slot: TaskSlot) -> None:
+        """A task this node no longer runs leaves its view (a shared store)."""
+        if self.slots.get(slot.task.id) is slot:
+            del self.slots[slot.task.id]
+            self.relay.forget(slot.task.id)
+            self.metrics.forget(slot.task.id)
+        slot.owner = None
+
+    def _lease_lost(self, task_id: str, why: str) -> None:
+        """Another node took the task over: whatever of it runs here stops at once (its
+        appends are refused anyway), and the task leaves this node's view."""
+        self.metrics.lease_lost += 1
+        slot = self.slots.get(task_id)
+        if slot is None:
+            self.log.warning("lease_lost", task=task_id, why=why)
+            return
+        self.emit("lease_lost", slot, level="warning", why=why)
+        if slot.worker is not None:
+            slot.worker.kill_reason = "lease_lost"
+            slot.worker.signal_group(signal.SIGKILL)
+        self._forget(slot)
 
     def _move(self, slot: TaskSlot, move: Move) -> bool:
         """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
@@ -304,7 +384,17 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGUSR1, self.log_status)
         loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
         self._accept_config_file(at_start=True)
-        self.emit("supervisor_started", pid=os.getpid(), spool=str(self.spool.root))
+        if self.shared is not None:
+            self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
+
+            def wake() -> None:  # (on the listener's thread)
+                loop.call_soon_threadsafe(self._doorbell)
+
+            self._stop_listening = self.shared.listen(wake)
+        where: dict[str, Any] = {"spool": str(self.spool.root)}
+        if self.shared is not None:
+            where |= {"node": self.shared.node, "store": repr(self.shared)}
+        self.emit("supervisor_started", pid=os.getpid(), **where)
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
         # watcher task set up its inotify watch.)
@@ -342,6 +432,11 @@ class Supervisor:
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.stop()
+            if self._stop_listening is not None:
+                self._stop_listening()
+            if self.shared is not None:
+                with contextlib.suppress(StorageError):
+                    self.shared.leave()
             watcher.cancel()
             ticker.cancel()
             with contextlib.suppress(BaseException):
@@ -472,7 +567,16 @@ class Supervisor:
 
     def rescan(self) -> None:
         """Bring every task folder into the daemon's view, relay the events other
-        processes wrote (``supervisor.relay``) and apply pending requests."""
+        processes wrote (``supervisor.relay``) and apply pending requests. On a shared
+        store the view is the tasks this node claimed (``_claim``): the others are other
+        nodes' or the queue's, and operators' moves on them are the CLI's (compare-and-set
+        in the database)."""
+        if self.shared is not None:
+            for mine in list(self.slots.values()):
+                self.relay.pull(mine.task.id)
+                with contextlib.suppress(StorageError):  # the database is away: next time
+                    self._apply_requests(mine)
+            return
         for task_id in self.store.task_ids():
             slot = self.slots.get(task_id)
             task = slot.task if slot is not None else self.spool.task(task_id)
@@ -546,6 +650,9 @@ class Supervisor:
         free = self.config.max_workers - self.running_count()
         if free <= 0:
             return
+        if self.shared is not None:
+            self._claim(self.shared, free)
+            return
         # Only the tasks that could start, oldest first (a spool keeps every finished task).
         waiting = [
             slot
@@ -571,6 +678,59 @@ class Supervisor:
             self._start(slot)
             free -= 1
 
+    def _claim(self, shared: SharedStore, free: int) -> None:
+        """Take up to ``free`` runnable tasks from the shared queue and start a worker for
+        each, under the claim (its epoch goes to the worker: ``EPOCH_ENV``). A task whose
+        workspace this node cannot see is given back, saying why, and left to the other
+        nodes for ``UNSEEN_PATIENCE`` seconds."""
+        now = self.clock()
+        self._unseen = {t: until for t, until in self._unseen.items() if until > now}
+        try:
+            owners = shared.claim(free, exclude=list(self._unseen))
+        except StorageError as exc:
+            if not self._claim_failing:  # once per outage, not once a second
+                self._claim_failing = True
+                self.metrics.storage_faults += 1
+                self.log.warning("storage_fault", error=str(exc), store=repr(shared))
+            return
+        if self._claim_failing:
+            self._claim_failing = False
+            self.log.info("storage_recovered", store=repr(shared))
+        for owner in owners:
+            task = self.spool.task(owner.task_id)
+            slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task), owner=owner)
+            self.relay.track(task.id, from_end=True)
+            self.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch)
+            unseen = self._unseen_workspace(slot, shared.node)
+            if unseen is not None:
+                self._unseen[task.id] = now + UNSEEN_PATIENCE
+                self.emit("workspace_unseen", slot, level="warning", why=unseen)
+                self._save(slot, TaskStatus.QUEUED, reason=unseen)
+            elif self.store.cancel_requested(task.id):
+                self._cancel(slot)
+            else:
+                self._start(slot)
+
+    def _unseen_workspace(self, slot: TaskSlot, node: str) -> str | None:
+        """Why this node cannot run ``slot``'s task here (its workspace is not a folder
+        it can see: a shared mount missing on this node), or None."""
+        try:
+            spec = self.store.load_spec(slot.task.id)
+        except (AgentdError, OSError):
+            return None  # the worker says what is wrong with the spec, as on one machine
+        if spec.workspace is None or Path(spec.workspace).is_dir():
+            return None
+        return (
+            f"waiting: its workspace {spec.workspace} is not a folder on node "
+            f"{node}; mount it there or let another node run the task"
+        )
+
+    def _env_for(self, slot: TaskSlot) -> dict[str, str]:
+        """The worker's environment: with the claim it runs under, on a shared store."""
+        if slot.owner is None:
+            return self._worker_env
+        return {**self._worker_env, EPOCH_ENV: str(slot.owner.epoch)}
+
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
         answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
@@ -585,7 +745,7 @@ class Supervisor:
             journal_end(slot.task),
             slot.task.path,
             self.worker_config,
-            self._worker_env,
+            self._env_for(slot),
             slot.task.output,
             wait=slot.record.restarts > 0,
         ):
@@ -595,7 +755,7 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.worker_config, self._worker_env, self._credentials)
+            worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
         except OSError as exc:
             self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
@@ -669,6 +829,9 @@ class Supervisor:
         self.emit(
             "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
         )
+        if worker.kill_reason == "lease_lost":  # the task is another node's now
+            self._wake.set()
+            return
         self._settle_exit(slot, worker, code, turn, last_exit)
         self._wake.set()
 
@@ -705,6 +868,8 @@ class Supervisor:
                 self._save(slot, TaskStatus.HELD, reason=self._exit_reason(slot))
         elif code == ExitCode.STOPPED and worker.kill_reason == "stop":
             self._save(slot, TaskStatus.QUEUED, reason=None)
+        elif code == ExitCode.STOPPED and self.shared is not None and slot.owner is not None:
+            self._worker_fenced(self.shared, slot, slot.owner)
         elif code == ExitCode.LOCKED:
             slot.waiting_lock = True
             self._save(slot, TaskStatus.QUEUED)
@@ -712,6 +877,20 @@ class Supervisor:
             self._storage_wait(slot, worker)
         else:
             self._crashed(slot, worker, code, turn)
+
+    def _worker_fenced(self, shared: SharedStore, slot: TaskSlot, owner: Owner) -> None:
+        """A worker on a shared store stopped by itself: its lease moved, or it could not
+        renew it in time (``worker.lease``). If another claim took the task, it is that
+        node's; if the lease merely ran out (the database was away), the task is given
+        back to the queue, the same as a stop: no crash, nothing run twice."""
+        try:
+            shared.check_fence(owner)
+        except FencedError as exc:
+            self._lease_lost(slot.task.id, str(exc))
+            return
+        except StorageError:
+            pass  # the database is away: the write below waits for it
+        self._save(slot, TaskStatus.QUEUED, reason=None)
 
     def _storage_wait(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         """Exit 7: the worker met a storage fault (a full, failing or read-only disk). A
@@ -753,6 +932,8 @@ class Supervisor:
         self.metrics.restarts += 1
         slot.due = self.clock() + move.delay
         if move.delay == 0 and self._restart_now(slot):
+            if not self._new_epoch(slot):
+                return  # the task is another node's now
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
             slot.record.reason = None
@@ -766,6 +947,22 @@ class Supervisor:
         self.emit("restart_scheduled", slot, delay=round(move.delay, 3), queued=queued, turn=turn)
         if move.delay > 0:
             asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+
+    def _new_epoch(self, slot: TaskSlot) -> bool:
+        """Before this node restarts a task of a shared store at once: a new epoch for the
+        new worker (``SharedStore.handover``), so nothing of the last one can append
+        again; False when the claim was lost meanwhile. (The database away: the last
+        epoch serves, its worker is dead and its group killed.)"""
+        if self.shared is None or slot.owner is None:
+            return True
+        try:
+            slot.owner = self.shared.handover(slot.owner)
+        except FencedError as exc:
+            self._lease_lost(slot.task.id, str(exc))
+            return False
+        except StorageError:
+            pass
+        return True
 
     def _restart_now(self, slot: TaskSlot) -> bool:
         """Whether ``slot`` may take its freed place at once: nothing holds it back and no
@@ -789,6 +986,8 @@ class Supervisor:
         while True:
             await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
+            if self.shared is not None:  # first: a worker whose lease moved is no hang
+                self._tend_leases(self.shared, now)
             self.check_liveness(time.time(), now)
             for slot in self.slots.values():
                 if slot.worker is not None:
@@ -804,6 +1003,26 @@ class Supervisor:
                 self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()
+
+    def _tend_leases(self, shared: SharedStore, now: float) -> None:
+        """A shared store, each tick: every third of a lease, renew this node's leases in
+        one step (a worker renews its own as well: ``worker.lease``) and say the node is
+        alive; a lease that moved meanwhile is lost. Every ``CLAIM_POLL``, claim again."""
+        if now - self._renewed >= shared.lease / 3:
+            sent = now
+            owners = [s.owner for s in self.slots.values() if s.owner is not None]
+            try:
+                lost = shared.renew_all(owners)
+                shared.join(self.config.max_workers)
+            except (StorageError, ConfigError) as exc:
+                self.log.warning("lease_renewal_failed", error=str(exc))
+            else:
+                self._renewed = sent
+                for owner in lost:
+                    self._lease_lost(owner.task_id, f"epoch {owner.epoch} was taken over")
+        if now - self._claimed >= CLAIM_POLL:
+            self._claimed = now
+            self._wake.set()
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):
@@ -945,7 +1164,11 @@ class Supervisor:
                 beat = read_heartbeat(slot.task)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
-        return self.metrics.sample(states, held)
+        nodes = None
+        if self.shared is not None:
+            with contextlib.suppress(StorageError):  # the database is away: not exposed
+                nodes = sum(1 for node in self.shared.nodes() if node.alive)
+        return self.metrics.sample(states, held, nodes=nodes)
 
     # -- status -------------------------------------------------------------------------
 

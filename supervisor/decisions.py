@@ -19,7 +19,7 @@ from typing import Any
 
 from supervisor.record import ENDED, TaskRecord
 from supervisor.status import held_calls, load_state
-from supervisor.stores import store_of
+from supervisor.stores import shared, store_of
 from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
 from worker.events import record_event, utc_now
 from worker.lock import TaskLock
@@ -38,6 +38,17 @@ def operator_lock(task: TaskDir, wait: float = OPERATOR_WAIT) -> Iterator[None]:
     Every command that settles what becomes of a task checks and writes under it, so it
     sees what the command before it did: of a cancel and a decision that race, the first
     to take the lock wins, and the other finds the cancel (or the decision) and exits 3."""
+    if (cluster := shared()) is not None:  # every node's commands: one lock in the database
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(cluster.operator_lock(task.id, wait))
+            except LockBusyError:
+                raise StateConflictError(
+                    f"another command on task {task.id} did not end within {wait:g} s; try "
+                    "again once it has."
+                ) from None
+            yield
+        return
     lock = TaskLock(task.path / OPERATOR_LOCK)
     try:
         lock.acquire(wait=wait)

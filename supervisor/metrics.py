@@ -134,6 +134,10 @@ class Sample:
     model_call: Histogram
     tool_call: Mapping[str, Histogram]
     tokens: Mapping[str, Histogram]
+    #: with a shared store: the tasks other nodes took over from this one, and the nodes
+    #: alive (None on the spool's files: the two are not exposed)
+    lease_lost: int | None = None
+    nodes: int | None = None
 
 
 class Metrics:
@@ -143,6 +147,7 @@ class Metrics:
         self.restarts = 0  # restarts the daemon decided (policy.decide: Restart)
         self.crash_loops = 0  # tasks it gave up on (GiveUp: crash_loop)
         self.storage_faults = 0  # storage-fault episodes, the daemon's and its workers'
+        self.lease_lost = 0  # tasks a shared store's other nodes took over from this one
         self.compactions = 0  # context compactions, counted as their events are relayed
         self.checkpoint = Histogram(CHECKPOINT_BOUNDS)
         self.model_call = Histogram(CALL_BOUNDS)
@@ -206,8 +211,15 @@ class Metrics:
             cached = self._held[task.id] = (updated_at, count)
         return cached[1]
 
-    def sample(self, states: Mapping[str, int], held: list[tuple[TaskDir, str]]) -> Sample:
-        """The values of a scrape; ``held``: each held task and its record's updated_at."""
+    def sample(
+        self,
+        states: Mapping[str, int],
+        held: list[tuple[TaskDir, str]],
+        *,
+        nodes: int | None = None,
+    ) -> Sample:
+        """The values of a scrape; ``held``: each held task and its record's updated_at;
+        ``nodes``: the live nodes of a shared store (None: the spool's files)."""
         now = datetime.now().astimezone()
         oldest = 0.0
         for _, updated_at in held:
@@ -228,6 +240,8 @@ class Metrics:
             model_call=self.model_call.copy(),
             tool_call={name: h.copy() for name, h in self.tool_call.items()},
             tokens={kind: h.copy() for kind, h in self.tokens.items()},
+            lease_lost=self.lease_lost if nodes is not None else None,
+            nodes=nodes,
         )
 
 
@@ -261,6 +275,16 @@ def families(sample: Sample) -> Iterator[Metric]:
     )
     for name, documentation, value in counters:
         yield CounterMetricFamily(name, documentation, value=value)
+    if sample.lease_lost is not None:
+        yield CounterMetricFamily(
+            "agentd_lease_lost",
+            "Tasks another node took over from this one (their lease moved).",
+            value=sample.lease_lost,
+        )
+    if sample.nodes is not None:
+        yield GaugeMetricFamily(
+            "agentd_nodes", "Nodes alive on the shared store.", value=sample.nodes
+        )
 
     def histogram(name: str, documentation: str, hist: Histogram) -> HistogramMetricFamily:
         return HistogramMetricFamily(

@@ -1,10 +1,15 @@
 """Which ``TaskStore`` the supervisor works on: chosen here, and nowhere else.
 
 Every other module of the supervisor reaches a task's durable bytes through the store
-this module hands out, typed as the ``TaskStore`` Protocol (``worker.store.base``), so a
-backend other than the spool's files can be chosen here alone. Today it is always the
-file store of the spool (one per spool in a process: ``spool_store``), so that the daemon
-and the commands it runs share its ownership epochs.
+this module hands out, typed as the ``TaskStore`` Protocol (``worker.store.base``), so
+the backend is chosen here alone:
+
+* the file store of the spool, by default (one per spool in a process: ``spool_store``,
+  so that the daemon and the commands it runs share its ownership epochs);
+* a PostgreSQL store that several nodes share, once ``use_shared`` was called (by the
+  command line, for ``--store``, ``$AGENTD_STORE`` or the config's ``store``): one per
+  process, whatever spool a task's local folder is in. ``shared_of`` tells the cluster's
+  part of it (the queue, leases, nodes) to the daemon and the commands that need it.
 """
 
 from __future__ import annotations
@@ -12,15 +17,40 @@ from __future__ import annotations
 from pathlib import Path
 
 from worker.spool import TaskDir
-from worker.store.base import TaskStore
+from worker.store.base import SharedStore, TaskStore
 from worker.store.files import spool_store
+
+_shared: SharedStore | None = None
+
+
+def use_shared(url: str, *, node: str | None, lease: float, migrate: bool = False) -> SharedStore:
+    """Put every task of this process in the PostgreSQL database at ``url`` (checked, or
+    created or migrated with ``migrate``: ``agentd start``, ``agentd store init``)."""
+    global _shared  # noqa: PLW0603  (the process's one choice of backend)
+    from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: only with a store)
+
+    _shared = PostgresStore(url, node=node, lease=lease, migrate=migrate)
+    return _shared
+
+
+def forget_shared() -> None:
+    """Back to the spool's files (a test that used a shared store, or a command done)."""
+    global _shared  # noqa: PLW0603  (see use_shared)
+    if _shared is not None:
+        _shared.close()
+    _shared = None
+
+
+def shared() -> SharedStore | None:
+    """The shared store this process works on, or None: the spool's files."""
+    return _shared
 
 
 def store_for(root: Path) -> TaskStore:
-    """The store of the tasks of the spool at ``root``."""
-    return spool_store(root)
+    """The store of the tasks of the spool at ``root``: the shared one when in use."""
+    return _shared if _shared is not None else spool_store(root)
 
 
 def store_of(task: TaskDir) -> TaskStore:
-    """The store ``task`` lives in: its spool's (``store_for``)."""
+    """The store ``task`` lives in (``store_for`` its spool)."""
     return store_for(task.root)

@@ -10,16 +10,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from supervisor.record import TaskRecord
-from supervisor.stores import store_for
+from supervisor.stores import shared, store_for
 from worker.config import Config
 from worker.errors import NotFoundError, TaskSpecError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
+from worker.store.durable import private_dir
 from worker.store.files import refuse_symlinks
 
 #: Caps on the files an operator names on the command line. Each is read up to its cap and
@@ -116,7 +118,23 @@ def submit(
     )
     if spec.scripted and script_bytes is None:
         raise UsageError("the scripted model needs --script FILE with its responses.")
-    return create_task(spool, spec, script_bytes)
+    if shared() is None:
+        return create_task(spool, spec, script_bytes)
+    # On a shared store a task's default workspace is a path every node of this machine
+    # reaches: the one in the submitting node's spool, named in the spec (a task folder
+    # of another spool is not the same folder); nodes elsewhere need --workspace on a
+    # shared mount (README: Running several nodes). It is made now, so that a node that
+    # cannot see it can tell (``Supervisor._unseen_workspace``).
+    folder = Path(spec.workspace) if spec.workspace else spool.task(task_id).path / "workspace"
+    spec = dataclasses.replace(spec, workspace=str(folder))
+
+    def prepare() -> None:
+        if folder.parent == spool.task(task_id).path:  # the default: in the spool, private
+            spool.ensure()
+            private_dir(folder.parent)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    return create_task(spool, spec, script_bytes, prepare=prepare)
 
 
 def create_task(

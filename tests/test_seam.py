@@ -192,6 +192,7 @@ BACKEND_MODULES = frozenset({"worker.store.files", "worker.store.memory", "worke
 #: What supervisor/ may import from a backend, each with its reason.
 BACKEND_IMPORTS = {
     ("supervisor/stores.py", "spool_store"): "the one place the supervisor's store is chosen",
+    ("supervisor/stores.py", "PostgresStore"): "the same, for a shared store",
     ("supervisor/submit.py", "refuse_symlinks"): "a task folder that is a symlink is refused "
     "before any step (the spool's folders, beside whichever store holds the bytes)",
 }

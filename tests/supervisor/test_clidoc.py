@@ -89,7 +89,7 @@ def test_the_bash_script_parses(bash_script: Path) -> None:
 def test_bash_completes_commands_options_and_values(bash_script: Path, tmp_path: Path) -> None:
     commands = [c.name for c in CLI.commands]
     assert bash_complete(bash_script, "") == commands
-    assert bash_complete(bash_script, "st") == ["start", "stop", "status"]
+    assert bash_complete(bash_script, "st") == ["start", "stop", "status", "store"]
     assert bash_complete(bash_script, "--spool", "/tmp", "sta") == ["start", "status"]
     assert set(bash_complete(bash_script, "status", "--")) == {
         "--help",
@@ -140,7 +140,7 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
         assert (done.returncode, done.stderr) == (0, ""), done
         return [row.split("\t")[0] for row in done.stdout.splitlines()]
 
-    assert set(complete("agentd st")) == {"start", "stop", "status"}
+    assert set(complete("agentd st")) == {"start", "stop", "status", "store"}
     assert set(complete("agentd status --")) == {"--help", "--json", "--watch", "--interval"}
     assert set(complete("agentd completion ")) == {"bash", "zsh", "fish"}
     assert set(complete("agentd --log-format ")) == {"json", "console"}

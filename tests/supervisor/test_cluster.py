@@ -1,0 +1,290 @@
+"""Several nodes on one PostgreSQL (DESIGN.md section 10), end to end: real daemons
+(``agentd start`` with ``$AGENTD_STORE`` and ``$AGENTD_NODE``), real workers, a real
+server, kill -9 and SIGSTOP of a node's whole process tree, and the CLI as operators
+run it, from any node.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pytest
+
+from tests.daemon import Daemon, subreaper
+from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
+
+LEASE = 2.0
+CONFIG = f"""
+max_workers = 4
+[heartbeat]
+interval = 0.25
+timeout = 5.0
+[cluster]
+lease = {LEASE}
+[tools.policy]
+run_command = "rerun"
+"""
+
+
+class Node:
+    """One node: a spool of its own, the shared store, and its name."""
+
+    def __init__(self, root: Path, name: str, url: str, config: str = CONFIG) -> None:
+        self.name = name
+        self.daemon = Daemon(root / name, config)
+        self.env = {"AGENTD_STORE": url, "AGENTD_NODE": name}
+
+    def start(self) -> None:
+        self.daemon.start(self.env)
+
+    def agentd(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.daemon.command(*args),
+            cwd=REPO,
+            env=worker_env(self.env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def status(self) -> dict[str, Any]:
+        done = self.agentd("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    def row(self, task_id: str) -> dict[str, Any]:
+        return next(t for t in self.status()["tasks"] if t["id"] == task_id)
+
+    def events_json(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's lifecycle events, as ``agentd logs --json`` gives them from here."""
+        done = self.agentd("logs", task_id, "--json")
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+        return [line for line in lines if "event" in line]
+
+    def submit(self, task_id: str, responses: list[dict[str, Any]]) -> None:
+        script = self.daemon.root / f"{task_id}.json"
+        script.write_text(json.dumps({"responses": responses}))
+        done = self.agentd("submit", "--name", task_id, "--prompt", "go", "--script", str(script))
+        assert done.returncode == 0, done.stderr
+
+    def signal_tree(self, sig: int) -> None:
+        """``sig`` to the daemon and every process under it (fork server, workers, tools)."""
+        assert self.daemon.proc is not None
+        top = psutil.Process(self.daemon.proc.pid)
+        for proc in [top, *top.children(recursive=True)]:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                continue
+        if sig == signal.SIGKILL:
+            self.daemon.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, postgres_schema: str) -> Iterator[list[Node]]:
+    made = [Node(tmp_path, name, postgres_schema) for name in ("a", "b")]
+    with subreaper():
+        try:
+            for node in made:
+                node.start()
+            yield made
+        finally:
+            for node in made:
+                node.daemon.cleanup()
+
+
+def steps(count: int, pause: float = 0.3) -> list[dict[str, Any]]:
+    """A task of ``count`` tool turns, each a short command that logs its turn."""
+    return [
+        *(
+            reply(tool_use("run_command", f"c{i}", command=f"sleep {pause}; echo {i} >> log.txt"))
+            for i in range(count)
+        ),
+        reply(text("done")),
+    ]
+
+
+def journal(url: str, task_id: str) -> list[tuple[int, int]]:
+    """(seq, epoch) of every journal record of the task, from the database itself."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT seq, epoch FROM journal WHERE task = %s ORDER BY seq", (task_id,)
+        ).fetchall()
+    return [(int(seq), int(epoch)) for seq, epoch in rows]
+
+
+def running_on(node: Node, task_id: str) -> str:
+    return str(
+        poll_for(
+            lambda: (
+                (row := node.row(task_id))["state"] == "running"
+                and row["turn"] >= 2
+                and row["node"]
+            ),
+            20,
+            interval=0.1,
+            what=f"{task_id} running past turn 2",
+        )
+    )
+
+
+def test_a_killed_node_s_task_resumes_on_the_other_within_the_lease(
+    nodes: list[Node], postgres_schema: str
+) -> None:
+    a, b = nodes
+    a.submit("t1", steps(12))
+    holder = running_on(b, "t1")  # status from either node sees the whole cluster
+    dead, alive = (a, b) if holder == "a" else (b, a)
+    dead.signal_tree(signal.SIGKILL)
+
+    row = poll_for(
+        lambda: (r := alive.row("t1"))["state"] == "done" and r,
+        40,
+        interval=0.2,
+        what="t1 done on the surviving node",
+    )
+    assert row["reason"] == "end_turn" and row["turn"] == 13
+    claims = [e for e in alive.events_json("t1") if e["event"] == "task_claimed"]
+    assert [c["node"] for c in claims][:1] == [dead.name]
+    assert claims[-1]["node"] == alive.name
+    # fencing: epochs only grow along the journal, and no seq was written twice
+    epochs = [epoch for _, epoch in journal(postgres_schema, "t1")]
+    assert epochs == sorted(epochs) and len(set(epochs)) >= 2
+    lines = (Path(row["workspace"]) / "log.txt").read_text().split()
+    assert sorted(set(lines), key=int) == [str(i) for i in range(12)]  # each turn ran
+    assert len(lines) - len(set(lines)) <= 1  # only the call cut off may run again (rerun)
+
+
+def test_a_node_stopped_past_its_lease_is_fenced_and_records_nothing(
+    nodes: list[Node], postgres_schema: str
+) -> None:
+    a, b = nodes
+    a.submit("t2", steps(14))
+    holder = running_on(a, "t2")
+    stopped, other = (a, b) if holder == "a" else (b, a)
+    stopped.signal_tree(signal.SIGSTOP)
+    poll_for(
+        lambda: other.row("t2")["node"] == other.name,
+        LEASE * 4,
+        interval=0.1,
+        what="the other node taking t2 over",
+    )
+    taken_at = len(journal(postgres_schema, "t2"))
+    stopped.signal_tree(signal.SIGCONT)
+    row = poll_for(
+        lambda: (r := other.row("t2"))["state"] == "done" and r, 40, interval=0.2, what="t2 done"
+    )
+    assert row["reason"] == "end_turn"
+    records = journal(postgres_schema, "t2")
+    first_epoch = records[0][1]
+    late = [seq for seq, epoch in records[taken_at:] if epoch == first_epoch]
+    assert late == []  # nothing of the stopped node's worker after the takeover
+    assert "lease_lost" in [e["event"] for e in stopped.events_json("t2")]
+    assert stopped.daemon.proc is not None and stopped.daemon.proc.poll() is None  # serving
+
+
+def test_every_command_works_from_any_node(nodes: list[Node]) -> None:
+    a, b = nodes
+    a.submit("t3", steps(30, pause=0.2))
+    running_on(a, "t3")
+    doc = b.status()
+    assert {n["name"] for n in doc["nodes"]} == {"a", "b"}
+    assert all(n["alive"] for n in doc["nodes"])
+    assert doc["supervisor"]["node"] == "b"
+    listed = b.agentd("nodes", "--json")
+    assert {n["name"] for n in json.loads(listed.stdout)} == {"a", "b"}
+    done = b.agentd("cancel", "t3")
+    assert done.returncode == 0, done.stderr
+    row = poll_for(
+        lambda: (r := a.row("t3"))["state"] == "cancelled" and r, 15, interval=0.1, what="cancel"
+    )
+    assert row["node"] is None
+    again = a.agentd("retry", "t3")
+    assert again.returncode == 3 and "cancelled" in again.stderr
+    logs = b.agentd("logs", "t3")
+    assert "task_claimed" in logs.stdout and "task_cancelled" in logs.stdout
+
+
+def test_a_held_call_decided_on_one_node_resumes_on_whichever_takes_it(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    holding = CONFIG.replace('run_command = "rerun"', 'run_command = "hold"')
+    made = [Node(tmp_path, name, postgres_schema, holding) for name in ("a", "b")]
+    with subreaper():
+        try:
+            for node in made:
+                node.start()
+            a, b = made
+            a.submit(
+                "t5", [reply(tool_use("run_command", "h1", command="sleep 30")), reply(text("ok"))]
+            )
+            row = poll_for(
+                lambda: (r := b.row("t5"))["phase"] == "tool:run_command" and r,
+                20,
+                interval=0.1,
+                what="t5 in its tool",
+            )
+            dead, alive = (a, b) if row["node"] == "a" else (b, a)
+            dead.signal_tree(signal.SIGKILL)  # the call's outcome is unknown: held
+            held = poll_for(
+                lambda: (r := alive.row("t5"))["state"] == "held" and r,
+                LEASE * 6,
+                interval=0.1,
+                what="t5 held on the surviving node",
+            )
+            assert [d["call_id"] for d in held["dangling"]] == ["h1"]
+            dead.start()  # back, and the decision is taken on it
+            done = dead.agentd("approve-dangling", "t5", "h1", "--skip", "--reason", "checked")
+            assert done.returncode == 0, done.stderr
+            row = poll_for(
+                lambda: (r := alive.row("t5"))["state"] == "done" and r,
+                20,
+                interval=0.1,
+                what="t5 done after the decision",
+            )
+            assert row["reason"] == "end_turn"
+            claims = [e["node"] for e in alive.events_json("t5") if e["event"] == "task_claimed"]
+            assert len(claims) == 3  # the first run, the takeover, the run after the decision
+        finally:
+            for node in made:
+                node.daemon.cleanup()
+
+
+def test_a_password_in_the_store_url_never_reaches_a_spool(
+    nodes: list[Node], postgres_schema: str
+) -> None:
+    a = nodes[0]
+    a.submit("t6", steps(2, pause=0.0))
+    poll_for(lambda: a.row("t6")["state"] == "done", 20, interval=0.1, what="t6 done")
+    password = psycopg.conninfo.conninfo_to_dict(postgres_schema).get("password")
+    assert password
+    for node in nodes:
+        for path in node.daemon.root.rglob("*"):
+            if path.is_file():
+                assert str(password).encode() not in path.read_bytes(), path
+
+
+def test_a_database_of_a_newer_schema_is_refused_in_one_line(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    node = Node(tmp_path, "c", postgres_schema)
+    node.daemon.spool.ensure()
+    assert node.agentd("store", "init").returncode == 0
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        conn.execute("UPDATE agentd_schema SET version = version + 1")
+    password = psycopg.conninfo.conninfo_to_dict(postgres_schema).get("password")
+    for command in (("status",), ("start",), ("store", "init")):
+        done = node.agentd(*command)
+        assert done.returncode != 0, command
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "newer than this release" in lines[0], (command, lines)
+        assert str(password) not in done.stderr
