@@ -335,7 +335,7 @@ def _agentd_as_typed() -> str:
 
 # -- agentd demo --cluster ------------------------------------------------------------------
 
-CLUSTER_TURNS = 16
+CLUSTER_TURNS = 30
 KILL_AT = 5  # node a dies once the task is past this turn, in its model call
 LEASE = 3.0
 CLUSTER_CONFIG = f"""\
@@ -353,13 +353,13 @@ lease = {LEASE}
 
 
 def cluster_script(turns: int = CLUSTER_TURNS) -> dict[str, Any]:
-    """A task of slow-ish turns (a 0.4 s model call each) with unsafe appends and keyed
+    """A task of slow-ish turns (a 0.3 s model call each) with unsafe appends and keyed
     sends among its tools, so that a step run twice would show in the workspace. No
     run_command: the demo's story is the failover, not the sandbox."""
     responses: list[dict[str, Any]] = []
     for i in range(1, turns):
         block = {"type": "tool_use", **_cluster_tool(i)}
-        responses.append({"content": [{"type": "text", "text": f"Step {i}."}, block], "delay": 0.4})
+        responses.append({"content": [{"type": "text", "text": f"Step {i}."}, block], "delay": 0.3})
     responses.append({"content": [{"type": "text", "text": "All steps done."}]})
     return {"responses": responses}
 
@@ -424,9 +424,10 @@ class ClusterDemo:
         wait_for("node b to take the task", lambda: b.status(task_id)["node"] == "b", 30)
         second = self.claims(b, task_id)[-1]
         after = _seconds_since(killed_at, second.get("timestamp"))
-        resumed = b.status(task_id)["turn"]
+        row = b.status(task_id)
         self.say(f"4. node b claimed it {after} after the kill (epoch {second.get('epoch')}): "
-                 f"a's lease of {LEASE:g} s ran out; resumed at turn {resumed}")  # fmt: skip
+                 f"a's lease of {LEASE:g} s ran out; it resumed after turn {turn}, and "
+                 f"status --json now shows node {row['node']} at turn {row['turn']}")  # fmt: skip
         wait_for("the end", lambda: b.status(task_id)["state"] in FINAL_STATES, 60)
         row = b.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
