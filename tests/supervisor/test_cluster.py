@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ import psutil
 import psycopg
 import pytest
 
+from supervisor.pgcluster import free_port
 from tests.daemon import Daemon, subreaper
+from tests.postgres import SeverableProxy
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
 LEASE = 2.0
@@ -288,3 +292,61 @@ def test_a_database_of_a_newer_schema_is_refused_in_one_line(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "newer than this release" in lines[0], (command, lines)
         assert str(password) not in done.stderr
+
+
+def test_a_cut_database_link_is_a_storage_fault_the_task_waits_out(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    """One node alone, its link to the database cut mid-task for longer than its lease,
+    then restored: its worker stops (it could neither record nor renew), the daemon keeps
+    serving, and the task resumes and ends with no crash counted (invariant 8)."""
+    with SeverableProxy.in_front_of(postgres_schema) as proxy, subreaper():
+        node = Node(tmp_path, "a", proxy.url_for(postgres_schema))
+        try:
+            node.start()
+            node.submit("t7", steps(16, pause=0.2))
+            running_on(node, "t7")
+            proxy.sever()
+            time.sleep(LEASE * 2)
+            assert node.agentd("status").returncode != 0  # the CLI says it cannot reach it
+            assert node.daemon.proc is not None and node.daemon.proc.poll() is None
+            proxy.restore()
+            row = poll_for(
+                lambda: (r := node.row("t7"))["state"] == "done" and r,
+                60,
+                interval=0.2,
+                what="t7 done once the link is back",
+            )
+            assert row["reason"] == "end_turn" and row["restarts"] == 0
+            events = [e["event"] for e in node.daemon.log_events()]
+            assert "storage_fault" in events and "storage_recovered" in events, events
+            assert "crash_loop" not in events
+        finally:
+            node.daemon.cleanup()
+
+
+def test_metrics_count_nodes_and_lost_leases(tmp_path: Path, postgres_schema: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    config = CONFIG + f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    made = [Node(tmp_path, "a", postgres_schema, config), Node(tmp_path, "b", postgres_schema)]
+    with subreaper():
+        try:
+            for node in made:
+                node.start()
+
+            def scrape() -> dict[str, float]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                return {
+                    s.name: s.value
+                    for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                }
+
+            values = poll_for(lambda: (v := scrape()).get("agentd_nodes") == 2 and v, 10)
+            assert values["agentd_lease_lost_total"] == 0
+        finally:
+            for node in made:
+                node.daemon.cleanup()
