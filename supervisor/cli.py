@@ -660,8 +660,12 @@ def cmd_completion(args: argparse.Namespace, config: Config, spool: Spool) -> in
 
 
 def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.demo import run_demo  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from supervisor.demo import run_cluster_demo, run_demo  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
+    if args.cluster:
+        if args.keep:
+            raise UsageError("agentd demo --cluster keeps nothing: its database goes with it.")
+        return run_cluster_demo()
     return run_demo(keep=args.keep)
 
 
@@ -810,6 +814,11 @@ def build_parser() -> Parser:
         uses_store=False,
     )
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="two nodes on a throwaway PostgreSQL: one is killed, the other takes over",
+    )
     p = command(
         "init", cmd_init, "write a commented default config", reads_spool=False, reads_config=False
     )
