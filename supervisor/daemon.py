@@ -112,7 +112,7 @@ RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
 #: wakes it at once; polling is the truth), and how long a task whose workspace this node
 #: cannot see is left to the other nodes before it is tried here again.
-CLAIM_POLL = 1.0
+CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
@@ -160,7 +160,6 @@ class Supervisor:
         self.shared = shared()
         self._unseen: dict[str, float] = {}  # task -> when this node tries its workspace again
         self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
-        self._claimed = 0.0  # when the tick last asked for a claim
         self._away = False  # the shared store could not be reached by the last claim or renewal
         self._stop_listening: Callable[[], None] | None = None
         self.config = config
@@ -420,12 +419,18 @@ class Supervisor:
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
         try:
+            # (on a shared store the loop also comes round every CLAIM_POLL to claim: a
+            # dead node's lease ends unannounced)
+            wait = CLAIM_POLL if self.shared is not None else RESCAN_INTERVAL
+            rescanned = self.clock()
             while not self.stopping:
                 self._schedule()
                 self._publish_status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), RESCAN_INTERVAL)
-                if not self._wake.is_set():
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                due = self.shared is None or self.clock() - rescanned >= RESCAN_INTERVAL
+                if not self._wake.is_set() and due:
+                    rescanned = self.clock()
                     self.rescan()
                 self._wake.clear()
             await self._shutdown()
@@ -1045,7 +1050,7 @@ class Supervisor:
     def _tend_leases(self, shared: SharedStore, now: float) -> None:
         """A shared store, each tick: every third of a lease, renew this node's leases in
         one step (a worker renews its own as well: ``worker.lease``) and say the node is
-        alive; a lease that moved meanwhile is lost. Every ``CLAIM_POLL``, claim again."""
+        alive; a lease that moved meanwhile is lost."""
         if now - self._renewed >= shared.lease / 3:
             sent = now
             owners = [s.owner for s in self.slots.values() if s.owner is not None]
@@ -1061,9 +1066,6 @@ class Supervisor:
                 self._renewed = sent
                 for owner in lost:
                     self._lease_lost(owner.task_id, f"epoch {owner.epoch} was taken over")
-        if now - self._claimed >= CLAIM_POLL:
-            self._claimed = now
-            self._wake.set()
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):
