@@ -285,20 +285,21 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
     """DESIGN.md section 3: the daemon that answers, and every task; on a shared store
     every task of the cluster, each with the node that runs it, and ``nodes``."""
-    task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
     store = store_for(spool.root)
     cluster = shared()
     leases = cluster.leases() if cluster is not None else None
     rows = []
-    for task in task_dirs:
-        if not store.exists(task.id):
-            continue
-        row = status_row(task)
-        if leases is not None:
-            row["node"] = leases.get(task.id)
-        else:  # one machine: its own name, while its worker runs
-            row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
-        rows.append(row)
+    with store.read_all():
+        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
+        for task in task_dirs:
+            if not store.exists(task.id):
+                continue
+            row = status_row(task)
+            if leases is not None:
+                row["node"] = leases.get(task.id)
+            else:  # one machine: its own name, while its worker runs
+                row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
+            rows.append(row)
     doc: dict[str, Any] = {"supervisor": _supervisor_json(spool), "tasks": rows}
     if cluster is not None:
         doc["supervisor"]["node"] = cluster.node
