@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench chaos man clean
+.PHONY: demo demo-cluster test lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/agentd demo
+
+# Two nodes on a throwaway PostgreSQL (needs the server binaries: apt-get install postgresql).
+demo-cluster: $(STAMP)
+	$(BIN)/agentd demo --cluster
 
 # The man page, rendered from the argument parser (see it with `man -l agentd.1`).
 man: agentd.1

@@ -285,20 +285,21 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
     """DESIGN.md section 3: the daemon that answers, and every task; on a shared store
     every task of the cluster, each with the node that runs it, and ``nodes``."""
-    task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
     store = store_for(spool.root)
     cluster = shared()
     leases = cluster.leases() if cluster is not None else None
     rows = []
-    for task in task_dirs:
-        if not store.exists(task.id):
-            continue
-        row = status_row(task)
-        if leases is not None:
-            row["node"] = leases.get(task.id)
-        else:  # one machine: its own name, while its worker runs
-            row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
-        rows.append(row)
+    with store.read_all():
+        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
+        for task in task_dirs:
+            if not store.exists(task.id):
+                continue
+            row = status_row(task)
+            if leases is not None:
+                row["node"] = leases.get(task.id)
+            else:  # one machine: its own name, while its worker runs
+                row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
+            rows.append(row)
     doc: dict[str, Any] = {"supervisor": _supervisor_json(spool), "tasks": rows}
     if cluster is not None:
         doc["supervisor"]["node"] = cluster.node
@@ -660,8 +661,12 @@ def cmd_completion(args: argparse.Namespace, config: Config, spool: Spool) -> in
 
 
 def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.demo import run_demo  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from supervisor.demo import run_cluster_demo, run_demo  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
+    if args.cluster:
+        if args.keep:
+            raise UsageError("agentd demo --cluster keeps nothing: its database goes with it.")
+        return run_cluster_demo()
     return run_demo(keep=args.keep)
 
 
@@ -810,6 +815,11 @@ def build_parser() -> Parser:
         uses_store=False,
     )
     p.add_argument("--keep", action="store_true", help="leave the demo spool for inspection")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="two nodes on a throwaway PostgreSQL: one is killed, the other takes over",
+    )
     p = command(
         "init", cmd_init, "write a commented default config", reads_spool=False, reads_config=False
     )

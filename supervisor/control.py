@@ -52,6 +52,9 @@ REQUEUE_REQUEST = "requeue.request"
 PAUSE_REQUEST = "pause.request"
 #: How many times a move reads the record again after losing a compare-and-set to a node.
 MOVE_ATTEMPTS = 20
+#: Seconds a pause on a shared store outlasts the wait for the safe point: the operation
+#: done under it (a rewind) is quick, and a pause whose command died ends by itself.
+PAUSE_SLACK = 60.0
 
 
 class SupervisorLock:
@@ -225,7 +228,13 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
 
 
 def pause_holder_alive(task: TaskDir) -> bool:
-    """True while a live process has asked for ``task`` to stay paused."""
+    """True while a live process has asked for ``task`` to stay paused (on a shared
+    store: while the pause some node's command asked for lasts)."""
+    if (cluster := shared()) is not None:
+        try:
+            return cluster.pause_requested(task.id)
+        except StorageError:
+            return False
     try:
         pid = int((task.path / PAUSE_REQUEST).read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -255,23 +264,37 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
     worker is first asked (through the daemon) to stop at a safe point. Raises
     StateConflictError if it does not."""
     store = store_of(task)
+    cluster = shared()
     seen = store.events_end(task.id)
-    request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
+    if cluster is not None:  # seen by every node, and by every claim (``pglease.CLAIM``)
+        cluster.request_pause(task.id, wait + PAUSE_SLACK)
+        patience = wait
+    else:
+        request(task, PAUSE_REQUEST, f"{os.getpid()}\n")
+        patience = wait if running_pid(spool) is not None else 0.2
     ring(spool, task.id)
     owner = None
     try:
         try:
-            owner = store.acquire(task.id, wait=wait if running_pid(spool) is not None else 0.2)
+            owner = store.acquire(task.id, wait=patience)
         except LockBusyError as exc:
+            where = f"worker pid {exc.holder_pid}" if exc.holder_pid else "on another node"
+            advice = (
+                "Try again."
+                if cluster is not None or running_pid(spool)
+                else "Start the daemon or stop the worker."
+            )
             raise StateConflictError(
-                f"task {task.id} is running (worker pid {exc.holder_pid}) and did not "
-                f"stop at a safe point within {wait:g} s; nothing was changed. "
-                + ("Try again." if running_pid(spool) else "Start the daemon or stop the worker.")
+                f"task {task.id} is running ({where}) and did not stop at a safe point "
+                f"within {wait:g} s; nothing was changed. {advice}"
             ) from None
         events, _ = store.read_events(task.id, seen)
         yield Pause(any(e.get("event") == "worker_killed" for e in events), owner)
     finally:
         if owner is not None:
             store.release(owner)
-        take_request(task, PAUSE_REQUEST)
+        if cluster is not None:
+            cluster.end_pause(task.id)
+        else:
+            take_request(task, PAUSE_REQUEST)
         ring(spool, task.id)

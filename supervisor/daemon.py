@@ -112,7 +112,7 @@ RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
 #: wakes it at once; polling is the truth), and how long a task whose workspace this node
 #: cannot see is left to the other nodes before it is tried here again.
-CLAIM_POLL = 1.0
+CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
@@ -160,8 +160,7 @@ class Supervisor:
         self.shared = shared()
         self._unseen: dict[str, float] = {}  # task -> when this node tries its workspace again
         self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
-        self._claimed = 0.0  # when the tick last asked for a claim
-        self._claim_failing = False  # the database refused the last claim
+        self._away = False  # the shared store could not be reached by the last claim or renewal
         self._stop_listening: Callable[[], None] | None = None
         self.config = config
         self.config_path = config_path
@@ -420,12 +419,18 @@ class Supervisor:
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
         try:
+            # (on a shared store the loop also comes round every CLAIM_POLL to claim: a
+            # dead node's lease ends unannounced)
+            wait = CLAIM_POLL if self.shared is not None else RESCAN_INTERVAL
+            rescanned = self.clock()
             while not self.stopping:
                 self._schedule()
                 self._publish_status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), RESCAN_INTERVAL)
-                if not self._wake.is_set():
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                due = self.shared is None or self.clock() - rescanned >= RESCAN_INTERVAL
+                if not self._wake.is_set() and due:
+                    rescanned = self.clock()
                     self.rescan()
                 self._wake.clear()
             await self._shutdown()
@@ -688,17 +693,16 @@ class Supervisor:
         try:
             owners = shared.claim(free, exclude=list(self._unseen))
         except StorageError as exc:
-            if not self._claim_failing:  # once per outage, not once a second
-                self._claim_failing = True
-                self.metrics.storage_faults += 1
-                self.log.warning("storage_fault", error=str(exc), store=repr(shared))
+            self._store_away(shared, exc)
             return
-        if self._claim_failing:
-            self._claim_failing = False
-            self.log.info("storage_recovered", store=repr(shared))
+        self._store_back(shared)
         for owner in owners:
             task = self.spool.task(owner.task_id)
-            slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task), owner=owner)
+            try:
+                record = TaskRecord.load(task)
+            except StorageError:  # the database went away after the claim: the lease ends
+                continue
+            slot = self.slots[task.id] = TaskSlot(task, record, owner=owner)
             self.relay.track(task.id, from_end=True)
             self.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch)
             unseen = self._unseen_workspace(slot, shared.node)
@@ -706,10 +710,23 @@ class Supervisor:
                 self._unseen[task.id] = now + UNSEEN_PATIENCE
                 self.emit("workspace_unseen", slot, level="warning", why=unseen)
                 self._save(slot, TaskStatus.QUEUED, reason=unseen)
-            elif self.store.cancel_requested(task.id):
+            elif self._cancel_requested(slot):
                 self._cancel(slot)
             else:
                 self._start(slot)
+
+    def _store_away(self, shared: SharedStore, exc: StorageError) -> None:
+        """A claim or a renewal met a shared store that cannot be reached: logged once per
+        outage (``storage_fault``), not at every tick; the tasks wait (invariant 8)."""
+        if not self._away:
+            self._away = True
+            self.metrics.storage_faults += 1
+            self.log.warning("storage_fault", error=str(exc), store=repr(shared))
+
+    def _store_back(self, shared: SharedStore) -> None:
+        if self._away:
+            self._away = False
+            self.log.info("storage_recovered", store=repr(shared))
 
     def _unseen_workspace(self, slot: TaskSlot, node: str) -> str | None:
         """Why this node cannot run ``slot``'s task here (its workspace is not a folder
@@ -767,7 +784,7 @@ class Supervisor:
         if self.stopping:  # asked before the stop, answered after it
             worker.kill_reason = "stop"
             worker.signal_worker(signal.SIGTERM)
-        elif self.store.cancel_requested(slot.task.id):  # cancelled while being started
+        elif self._cancel_requested(slot):  # cancelled while being started
             self._cancel(slot)
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
@@ -819,7 +836,7 @@ class Supervisor:
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
-        beat = read_heartbeat(slot.task) or {}
+        beat = self._heartbeat(slot) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)
         self.metrics.forget(slot.task.id)
@@ -838,7 +855,33 @@ class Supervisor:
     def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
         """The reason in the worker's last words; with ``pid``, only if that worker wrote
         them (one that could not write leaves an earlier worker's)."""
-        return exit_record_reason(self.store.read_exit(slot.task.id), pid)
+        try:
+            return exit_record_reason(self.store.read_exit(slot.task.id), pid)
+        except StorageError:  # (a shared store away: the verdict goes on without it)
+            return None
+
+    # The daemon's reads of a task on the way to a verdict. On the spool's files they do
+    # not fail; a shared store may be away (invariant 8), and the daemon serves on: each
+    # read gives what it would without the item, and what the verdict writes waits in the
+    # backlog until the database is back.
+
+    def _heartbeat(self, slot: TaskSlot) -> dict[str, Any] | None:
+        try:
+            return read_heartbeat(slot.task)
+        except StorageError:
+            return None
+
+    def _decided(self, slot: TaskSlot) -> bool:
+        try:
+            return pending_decisions(slot.task)
+        except StorageError:
+            return False
+
+    def _cancel_requested(self, slot: TaskSlot) -> bool:
+        try:
+            return self.store.cancel_requested(slot.task.id)
+        except StorageError:
+            return False
 
     def _settle_exit(
         self,
@@ -862,7 +905,7 @@ class Supervisor:
             self._save(slot, TaskStatus.FAILED, reason=self._exit_reason(slot))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
         elif code == ExitCode.HELD:
-            if pending_decisions(slot.task):  # decided already: nobody to call
+            if self._decided(slot):  # decided already: nobody to call
                 self._save(slot, TaskStatus.QUEUED, reason=None)
             else:
                 self._save(slot, TaskStatus.HELD, reason=self._exit_reason(slot))
@@ -902,7 +945,7 @@ class Supervisor:
             return
         slot.storage_waits = 1 if journal_progress(worker).grew else slot.storage_waits + 1
         move = wait_for_storage(slot.storage_waits, self.config.restart, self.rng)
-        why = self._exit_reason(slot, worker.pid) or "the worker could not write to the spool"
+        why = self._exit_reason(slot, worker.pid) or "the worker could not write to its store"
         slot.due = self.clock() + move.delay
         self._save(slot, TaskStatus.BACKOFF, reason=f"storage_fault: {why}")
         if slot.storage_waits == 1:
@@ -1007,22 +1050,22 @@ class Supervisor:
     def _tend_leases(self, shared: SharedStore, now: float) -> None:
         """A shared store, each tick: every third of a lease, renew this node's leases in
         one step (a worker renews its own as well: ``worker.lease``) and say the node is
-        alive; a lease that moved meanwhile is lost. Every ``CLAIM_POLL``, claim again."""
+        alive; a lease that moved meanwhile is lost."""
         if now - self._renewed >= shared.lease / 3:
             sent = now
             owners = [s.owner for s in self.slots.values() if s.owner is not None]
             try:
                 lost = shared.renew_all(owners)
                 shared.join(self.config.max_workers)
-            except (StorageError, ConfigError) as exc:
+            except ConfigError as exc:  # another process took this node's name meanwhile
                 self.log.warning("lease_renewal_failed", error=str(exc))
+            except StorageError as exc:
+                self._store_away(shared, exc)
             else:
+                self._store_back(shared)
                 self._renewed = sent
                 for owner in lost:
                     self._lease_lost(owner.task_id, f"epoch {owner.epoch} was taken over")
-        if now - self._claimed >= CLAIM_POLL:
-            self._claimed = now
-            self._wake.set()
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):
@@ -1102,7 +1145,7 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            data = read_heartbeat(slot.task)
+            data = self._heartbeat(slot)
             fresh = data is not None and data.get("pid") == worker.pid
             beat = Beat.of(data, wall, mono) if fresh and data is not None else None
             if fresh and data is not None:
@@ -1161,7 +1204,7 @@ class Supervisor:
             if state == TaskStatus.HELD:
                 held.append((slot.task, slot.record.updated_at))
             if slot.worker is not None:
-                beat = read_heartbeat(slot.task)
+                beat = self._heartbeat(slot)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
         nodes = None

@@ -9,6 +9,7 @@ checks the journal against the outside record of side effects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,12 +19,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from supervisor.pgcluster import ThrowawayCluster, find_binaries
 from supervisor.record import FINAL_STATES, TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import store_of
+from worker.descendants import descendants
+from worker.errors import ClusterError
 from worker.protocol import TaskStatus
 from worker.spool import Spool
 
@@ -76,18 +81,35 @@ def demo_script(turns: int = TURNS) -> dict[str, Any]:
     return {"responses": responses}
 
 
-class Demo:
-    def __init__(self, root: Path, say: Callable[[str], None] = print) -> None:
+class Node:
+    """One agentd daemon the demo runs, with a spool and a config of its own under
+    ``root``; given ``store`` and ``name``, one node of a cluster on that database (the
+    URL goes through ``AGENTD_STORE``, so its password is on no command line)."""
+
+    def __init__(
+        self, root: Path, config: str, *, name: str | None = None, store: str | None = None
+    ) -> None:
+        root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        self.spool = Spool(root / "spool")
+        self.name = name
+        self.spool = Spool(root / "spool").ensure()  # commands refuse a spool not there
         self.config = root / "agentd.toml"
-        self.say = say
+        self.config.write_text(config)
+        self.env = {**os.environ, "AGENTD_STORE": store} if store else None
         self.daemon: subprocess.Popen[bytes] | None = None
 
-    def cli(self, *args: str) -> str:
+    def argv(self, *args: str) -> list[str]:
         cmd = [sys.executable, "-m", "supervisor", "--spool", str(self.spool.root)]
-        cmd += ["--config", str(self.config), *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
+        cmd += ["--config", str(self.config)]
+        return [*cmd, "--node", self.name, *args] if self.name else [*cmd, *args]
+
+    def cli(self, *args: str) -> str:
+        """``agentd ARGS`` on this node; its standard output. RuntimeError with the
+        command's error line when it fails (the demo then stops and says so)."""
+        done = subprocess.run(
+            self.argv(*args), capture_output=True, text=True, check=False, timeout=30,
+            env=self.env,
+        )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"agentd {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
@@ -97,35 +119,80 @@ class Demo:
         row: dict[str, Any] = doc["tasks"][0]
         return row
 
-    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out waiting for {what}")
-            time.sleep(0.02)
-
-    def start_daemon(self) -> None:
-        self.config.write_text(DEMO_CONFIG)
-        self.spool.ensure()  # `status` refuses a named spool that does not exist yet
+    def start(self) -> None:
+        """Start the daemon in the background; returns once it serves (its own
+        ``status`` says so)."""
         log = open(self.root / "daemon.log", "wb")  # noqa: SIM115  (lives as long as the daemon)
-        cmd = [sys.executable, "-m", "supervisor", "--spool", str(self.spool.root)]
-        cmd += ["--config", str(self.config), "--log-format", "json", "start"]
-        self.daemon = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.daemon = subprocess.Popen(
+            self.argv("--log-format", "json", "start"),
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
+        )  # fmt: skip
         log.close()
-        self.wait_for("the daemon", lambda: '"running": true' in self.cli("status", "--json"))
+        daemon = self.daemon
 
-    def stop_daemon(self) -> None:
+        def serving() -> bool:
+            if daemon.poll() is not None:
+                raise RuntimeError(f"{self.title} exited with {daemon.returncode}: {self.tail()}")
+            doc = json.loads(self.cli("status", "--json"))
+            return bool(doc["supervisor"].get("running"))
+
+        wait_for(f"{self.title} to start", serving)
+
+    def stop(self) -> None:
         if self.daemon is not None and self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
                 self.daemon.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait()
+                self.kill()
+
+    def kill(self) -> list[int]:
+        """kill -9 of the daemon's whole tree (a node's death): frozen first so it starts
+        nothing meanwhile, then every descendant (the fork server, workers in sessions of
+        their own, their tools) and the daemon itself. Returns the descendants' pids."""
+        if self.daemon is None or self.daemon.poll() is not None:
+            return []
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.daemon.pid, signal.SIGSTOP)
+        below = descendants(self.daemon.pid)
+        for pid in [self.daemon.pid, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.daemon.wait()
+        return below
+
+    @property
+    def title(self) -> str:
+        return f"node {self.name}" if self.name else "the daemon"
+
+    def tail(self) -> str:
+        """The last line the daemon logged: why it stopped, when it did."""
+        with contextlib.suppress(OSError, IndexError):
+            return (self.root / "daemon.log").read_text().strip().splitlines()[-1]
+        return "(no log)"
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
+    """Poll ``check`` until it is true; RuntimeError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Demo:
+    def __init__(self, root: Path, say: Callable[[str], None] = print) -> None:
+        self.root = root
+        self.node = Node(root, DEMO_CONFIG)
+        self.spool = self.node.spool
+        self.cli = self.node.cli
+        self.status = self.node.status
+        self.say = say
 
     def run(self) -> bool:
         self.say(f"agentd demo: spool {self.spool.root}")
-        self.start_daemon()
+        self.node.start()
         self.say("1. daemon started; submitting a 30-turn task that uses every kind of tool")
         script = self.root / "script.json"
         script.write_text(json.dumps(demo_script()))
@@ -134,25 +201,25 @@ class Demo:
         task = self.spool.task(task_id)
         ledger = task.path / "workspace" / LEDGER
 
-        self.wait_for("turn 8", lambda: self.status(task_id)["turn"] >= 8)
+        wait_for("turn 8", lambda: self.status(task_id)["turn"] >= 8)
         row = self.status(task_id)
         self.say(f"2. kill -9 of worker {row['pid']} at turn {row['turn']} ({row['phase']})")
         os.kill(row["pid"], signal.SIGKILL)
-        self.wait_for(
+        wait_for(
             "the restart",
             lambda: (r := self.status(task_id))["restarts"] >= 1 and r["state"] == "running",
         )
         row = self.status(task_id)
         self.say(f"   restarted as worker {row['pid']}: resumed, now at turn {row['turn']}")
 
-        self.wait_for("the charge", lambda: ledger.exists() and ledger.read_text() != "")
+        wait_for("the charge", lambda: ledger.exists() and ledger.read_text() != "")
         row = self.status(task_id)
         self.say(
             f"3. an unsafe run_command has charged (ledger.txt written) but not returned: "
             f"kill -9 of worker {row['pid']} before its result is recorded"
         )
         os.kill(row["pid"], signal.SIGKILL)
-        self.wait_for("the hold", lambda: self.status(task_id)["state"] == "held")
+        wait_for("the hold", lambda: self.status(task_id)["state"] == "held")
         held = json.loads(self.cli("dangling", task_id, "--json"))
         call = held[0]
         self.say(
@@ -163,10 +230,10 @@ class Demo:
         self.say(f"   the operator checks ledger.txt: {charges} charge, so records that outcome")
         self.cli("approve-dangling", task_id, call["call_id"], "--result",
                  "exit code 0 (verified by operator: charged once)")  # fmt: skip
-        self.wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 40)
+        wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 40)
         row = self.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
-        self.stop_daemon()
+        self.node.stop()
         return self.summary(task, ledger)
 
     def summary(self, task: Any, ledger: Path) -> bool:
@@ -225,7 +292,7 @@ def run_demo(*, keep: bool = False) -> int:
         print(f"agentd demo: {exc}", file=sys.stderr)
         ok = False
     finally:
-        demo.stop_daemon()
+        demo.node.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     print(f"demo {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s"
@@ -264,3 +331,197 @@ def _agentd_as_typed() -> str:
     if script.is_relative_to(Path.cwd()):
         return str(script.relative_to(Path.cwd()))
     return str(script)
+
+
+# -- agentd demo --cluster ------------------------------------------------------------------
+
+CLUSTER_TURNS = 30
+KILL_AT = 5  # node a dies once the task is past this turn, in its model call
+LEASE = 3.0
+CLUSTER_CONFIG = f"""\
+max_workers = 2
+[heartbeat]
+interval = 0.5
+timeout = 3.0
+[restart]
+backoff_initial = 0.2
+backoff_max = 2.0
+stop_grace = 3.0
+[cluster]
+lease = {LEASE}
+"""
+
+
+def cluster_script(turns: int = CLUSTER_TURNS) -> dict[str, Any]:
+    """A task of slow-ish turns (a 0.3 s model call each) with unsafe appends and keyed
+    sends among its tools, so that a step run twice would show in the workspace. No
+    run_command: the demo's story is the failover, not the sandbox."""
+    responses: list[dict[str, Any]] = []
+    for i in range(1, turns):
+        block = {"type": "tool_use", **_cluster_tool(i)}
+        responses.append({"content": [{"type": "text", "text": f"Step {i}."}, block], "delay": 0.3})
+    responses.append({"content": [{"type": "text", "text": "All steps done."}]})
+    return {"responses": responses}
+
+
+def _cluster_tool(i: int) -> dict[str, Any]:
+    """Turn ``i``'s tool call: a write, an unsafe append, a keyed send or a listing."""
+    kind = i % 4
+    if kind == 0:
+        return {"name": "write_file", "input": {"path": f"notes/{i}.md", "content": f"#{i}"}}
+    if kind == 1:
+        return {"name": "append_file", "input": {"path": "journal.txt", "content": f"{i}\n"}}
+    if kind == 2:
+        return {"name": "outbox_send", "input": {"to": "ops", "body": f"step {i}"}}
+    return {"name": "list_dir", "input": {"path": "."}}
+
+
+class ClusterDemo:
+    """Two nodes on one PostgreSQL: node a takes the task and dies (kill -9 of its whole
+    tree) mid-task; node b takes it over once a's lease ends and finishes it. Everything
+    it shows comes through the CLI, as an operator on either node would see it."""
+
+    def __init__(self, root: Path, store: str, say: Callable[[str], None] = print) -> None:
+        self.root = root
+        self.say = say
+        self.a = Node(root / "a", CLUSTER_CONFIG, name="a", store=store)
+        self.b = Node(root / "b", CLUSTER_CONFIG, name="b", store=store)
+        self.workspace = root / "shared" / "workspace"  # the mount every node reaches
+
+    def claims(self, node: Node, task_id: str) -> list[dict[str, Any]]:
+        """The task's ``task_claimed`` events, as any node reads them."""
+        lines = node.cli("logs", task_id, "--json").splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if e.get("event") == "task_claimed"]
+
+    def run(self) -> bool:
+        a, b = self.a, self.b
+        a.cli("store", "init")
+        a.start()
+        self.say(f"1. schema created (agentd store init); node a started (lease {LEASE:g} s); "
+                 f"submitting a {CLUSTER_TURNS}-turn task")  # fmt: skip
+        script = self.root / "script.json"
+        script.write_text(json.dumps(cluster_script()))
+        self.workspace.mkdir(parents=True)
+        task_id = a.cli("submit", "--name", "demo", "--prompt", "Work through the steps.",
+                        "--script", str(script),
+                        "--workspace", str(self.workspace)).strip()  # fmt: skip
+        wait_for("node a to claim the task", lambda: a.status(task_id)["node"] == "a")
+        first = self.claims(a, task_id)[-1]
+        b.start()
+        self.say(f"2. node a claimed it (epoch {first.get('epoch')}); node b started")
+
+        wait_for(
+            f"turn {KILL_AT}",
+            lambda: (r := a.status(task_id))["turn"] >= KILL_AT and r["phase"] == "model",
+        )
+        turn = a.status(task_id)["turn"]
+        killed_at = time.time()
+        below = a.kill()
+        self.say(f"3. at turn {turn}, in its model call: kill -9 of node a's whole tree "
+                 f"(the daemon and the {len(below)} processes below it)")  # fmt: skip
+
+        wait_for("node b to take the task", lambda: b.status(task_id)["node"] == "b", 30)
+        second = self.claims(b, task_id)[-1]
+        after = _seconds_since(killed_at, second.get("timestamp"))
+        row = b.status(task_id)
+        self.say(f"4. node b claimed it {after} after the kill (epoch {second.get('epoch')}): "
+                 f"a's lease of {LEASE:g} s ran out; it resumed after turn {turn}, and "
+                 f"status --json now shows node {row['node']} at turn {row['turn']}")  # fmt: skip
+        wait_for("the end", lambda: b.status(task_id)["state"] in FINAL_STATES, 60)
+        row = b.status(task_id)
+        self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
+        return self.summary(task_id)
+
+    def summary(self, task_id: str) -> bool:
+        b = self.b
+        rows = [r for r in json.loads(b.cli("history", task_id, "--json")) if r["kind"] == "turn"]
+        turns = [r["turn"] for r in rows if not r["rewound"]]
+        calls = [c for r in rows for c in r["tool_calls"]]
+        outcomes: dict[str, int] = {}
+        for call in calls:
+            outcomes[call["outcome"]] = outcomes.get(call["outcome"], 0) + 1
+        appended = (self.workspace / "journal.txt").read_text().split()
+        appends = sum(1 for c in calls if c["tool"] == "append_file")
+        outbox = list((self.workspace / "outbox").glob("*.json"))
+        sends = sum(1 for c in calls if c["tool"] == "outbox_send")
+        claims = [(e.get("node"), e.get("epoch")) for e in self.claims(b, task_id)]
+        state = b.status(task_id)["state"]
+        checks = {
+            "node b took the task over from node a": [n for n, _ in claims] == ["a", "b"],
+            "turns recorded 1..N with none lost or repeated": (
+                [r["turn"] for r in rows] == turns == list(range(1, CLUSTER_TURNS + 1))
+            ),
+            "unsafe appends done exactly once each": len(appended) == len(set(appended)) == appends,
+            "keyed sends delivered exactly once each": len(outbox) == sends,
+            "every tool call has one outcome, none left dangling": (
+                not {"pending", "dangling"} & outcomes.keys()
+            ),
+            "task done": state == TaskStatus.DONE,
+        }
+        self.say("")
+        held = ", ".join(f"{node} epoch {epoch}" for node, epoch in claims)
+        made = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+        self.say(
+            f"summary: {len(turns)} turns, claimed by {held}; {len(calls)} tool calls ({made})"
+        )
+        for what, ok in checks.items():
+            self.say(f"  [{'ok' if ok else 'FAIL'}] {what}")
+        return all(checks.values())
+
+    def stop(self) -> None:
+        self.a.stop()
+        self.b.stop()
+
+
+def _seconds_since(start: float, timestamp: object) -> str:
+    """``timestamp`` (an event's ISO 8601 time) as seconds after ``start`` (epoch)."""
+    try:
+        then = datetime.fromisoformat(str(timestamp)).timestamp()
+    except ValueError:
+        return "(at an unknown time)"
+    return f"{then - start:.1f} s"
+
+
+def run_cluster_demo(*, binaries: Callable[[], Path] = find_binaries) -> int:
+    """``agentd demo --cluster``: the failover story on a throwaway PostgreSQL (started
+    from the server binaries ``binaries`` finds, removed afterwards); exit 1 with one
+    line saying how to get them when they are not on this machine."""
+    try:
+        binaries()
+    except ClusterError as exc:
+        print(f"agentd demo --cluster: {exc}", file=sys.stderr)
+        return 1
+    root = Path(tempfile.mkdtemp(prefix="agentd-demo-cluster-"))
+    started = time.monotonic()
+    ok = False
+    demo: ClusterDemo | None = None
+    try:
+        with ThrowawayCluster.create() as server:
+            print(f"agentd demo --cluster: a throwaway PostgreSQL on 127.0.0.1:{server.port}, "
+                  f"nodes a and b with spools of their own in {root}")  # fmt: skip
+            demo = ClusterDemo(root, server.url)
+            try:
+                ok = demo.run()
+            finally:
+                demo.stop()
+    except (RuntimeError, OSError, subprocess.SubprocessError, ClusterError) as exc:
+        print(f"agentd demo --cluster: {exc}", file=sys.stderr)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"demo {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
+    print("\ntry next:")
+    for command, why in cluster_next_commands():
+        print(f"  {command}\n      {why}")
+    return 0 if ok else 1
+
+
+def cluster_next_commands() -> list[tuple[str, str]]:
+    """How to run the same by hand, with a throwaway server of one's own."""
+    agentd = _agentd_as_typed()
+    return [
+        ("python -m supervisor.pgcluster up", "a throwaway PostgreSQL: prints its folder and URL"),
+        (f"AGENTD_STORE=URL {agentd} --spool /tmp/a --node a start --detach",
+         "a node (and another with --spool /tmp/b --node b)"),
+        (f"AGENTD_STORE=URL {agentd} status", "the whole cluster, from any node: `node` per task"),
+    ]  # fmt: skip

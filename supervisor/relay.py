@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
+from worker.errors import StorageError
 from worker.store.base import JSON, START, Cursor
 
 #: The field and value the daemon puts in the event lines it writes itself.
@@ -65,19 +66,25 @@ class EventRelay:
     def track(self, task: str, *, from_end: bool) -> None:
         """Start tailing ``task``'s events at their end (a task found at start) or at the
         first one."""
-        self._cursors[task] = self._store.events_end(task) if from_end else START
+        try:
+            self._cursors[task] = self._store.events_end(task) if from_end else START
+        except StorageError:  # a shared store away: this task's events are not relayed
+            self._cursors.pop(task, None)
 
     def pull(self, task: str) -> None:
         """Log the events of ``task`` written since the last pull by any other process."""
         cursor = self._cursors.get(task)
         if cursor is None:
             return
-        end = self._store.events_end(task)  # one stat when there is nothing new
-        if end == cursor:
+        try:
+            end = self._store.events_end(task)  # one stat when there is nothing new
+            if end == cursor:
+                return
+            if end < cursor:  # the file was replaced (a folder restored): read it anew
+                cursor = START
+            events, self._cursors[task] = self._store.read_events(task, cursor)
+        except StorageError:  # a shared store away: the next pull catches up
             return
-        if end < cursor:  # the file was replaced (a folder restored): read it anew
-            cursor = START
-        events, self._cursors[task] = self._store.read_events(task, cursor)
         mark, value = DAEMON_MARK
         for event in events:
             if event.get(mark) == value:

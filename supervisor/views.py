@@ -95,7 +95,9 @@ def render_status(
     output (``usage``); CONTEXT is ``tokens_used``, the context the model saw at its last
     call plus what it wrote, the counter that drives compaction (``-`` before the first
     turn). REASON is the last column, so cutting a row at ``width`` cuts the
-    reason; ``width`` None (stdout is not a terminal) cuts nothing.
+    reason; ``width`` None (stdout is not a terminal) cuts nothing. On a shared store
+    (``nodes`` in the document) a NODE column says which node runs each task, and the
+    first line how many nodes are alive.
     """
     now = time.time() if now is None else now
     sup = doc["supervisor"]
@@ -104,6 +106,10 @@ def render_status(
         if sup["running"]
         else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
     ]
+    nodes = doc.get("nodes")
+    if nodes is not None:
+        alive = sum(1 for n in nodes if n["alive"])
+        lines[0] += f"; node {sup.get('node')}, {alive} of {len(nodes)} node(s) alive"
     header = (
         "TASK",
         "STATE",
@@ -113,6 +119,7 @@ def render_status(
         "CONTEXT",
         "RESTARTS",
         "PID",
+        *(("NODE",) if nodes is not None else ()),
         "HEARTBEAT",
         "PHASE",
     )
@@ -131,6 +138,7 @@ def render_status(
                 "-" if used is None else human_count(int(used)),
                 str(t["restarts"]),
                 str(t["pid"] or "-"),
+                *((t.get("node") or "-",) if nodes is not None else ()),
                 "-" if beat is None else f"{beat:.1f}s",
                 t["phase"] or "-",
                 _reason(t),

@@ -35,7 +35,7 @@ import psutil
 from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, reap
-from worker.errors import JournalCorruptError, SpoolError
+from worker.errors import JournalCorruptError, SpoolError, StorageError
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 from worker.store.durable import open_private
@@ -155,8 +155,12 @@ def open_output(task: TaskDir) -> int:
 
 
 def journal_end(task: TaskDir) -> Cursor:
-    """Where the task's journal ends now: ``TaskStore.journal_end``."""
-    return store_of(task).journal_end(task.id)
+    """Where the task's journal ends now: ``TaskStore.journal_end`` (``START`` when a
+    shared store cannot say: a worker started then has every record counted as its own)."""
+    try:
+        return store_of(task).journal_end(task.id)
+    except StorageError:
+        return START
 
 
 #: Records that move a task forward. A re-run's intent (or a hold, or an applied
@@ -185,7 +189,7 @@ def journal_progress(worker: WorkerProcess) -> Progress:
     except (OSError, SpoolError):
         return Progress(False)
     if not found:  # not aligned on a frame (a torn tail was cut first): judge by size
-        return Progress(store.journal_end(worker.task.id) > worker.journal_at)
+        return Progress(journal_end(worker.task) > worker.journal_at)
     turn = None
     for record in found:
         if record["k"] in ("turn", "rewind"):

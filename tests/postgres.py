@@ -25,6 +25,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -55,6 +56,18 @@ def server_url() -> Iterator[str]:
         pytest.skip(HOW_TO_RUN)
     with ThrowawayCluster.create() as cluster:
         yield cluster.url
+
+
+def server_binaries() -> Path:
+    """The PostgreSQL server's bin folder, for a test that starts a server of its own
+    (``agentd demo --cluster``, ``supervisor.pgcluster``): it skips without one, saying
+    how to get it, except in CI, where it fails (CI has the server)."""
+    try:
+        return find_binaries()
+    except ClusterError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc} (CI must run the PostgreSQL tests)")
+        pytest.skip(str(exc))
 
 
 def with_query(url: str, **params: str) -> str:

@@ -186,6 +186,40 @@ def test_a_snapshot_keeps_its_cursor_and_replays_to_the_same_state(store: TaskSt
     writer.close()
 
 
+def test_reading_all_tasks_at_once_reads_what_each_read_does(store: TaskStore) -> None:
+    """``read_all``: status's reads of every task answered as they would be one by one
+    (snapshot or none, a heartbeat or none), and nothing written meanwhile is lost."""
+    plain, snapped = new_task(store, "t1"), new_task(store, "t2")
+    writer, _ = store.open_journal(store.acquire(plain), header=HEADER)
+    writer.append([turn(1), user("more")])
+    owner = store.acquire(snapped)
+    other, _ = store.open_journal(owner, header={"task": snapped})
+    other.append([turn(1)])
+    store.put_snapshot(owner, Snapshot(other.cursor, fold("Do the thing.", store.replay(snapped))))
+    other.append([turn(2, "later")])
+    store.publish_heartbeat(snapped, {"pid": 1, "turn": 2})
+
+    def reads() -> list[Any]:
+        seen: list[Any] = [store.task_ids()]
+        for task in (plain, snapped):
+            snapshot = store.get_snapshot(task)
+            after = snapshot.cursor if snapshot is not None else START
+            state = replay.load(store, task, full=False)
+            seen += [store.exists(task), store.load_spec(task), store.get_record(task)]
+            seen += [store.read_heartbeat(task), after, store.replay(task, after)]
+            seen += [(state.turn, state.messages)]
+        return seen
+
+    alone = reads()
+    with store.read_all():
+        together = reads()
+        writer.append([user("written meanwhile")])
+    assert together == alone
+    assert store.replay(plain)[-1] == user("written meanwhile")  # read after the block
+    writer.close()
+    other.close()
+
+
 def test_a_snapshot_that_does_not_fit_is_dropped_for_the_journal(store: TaskStore) -> None:
     task = new_task(store)
     owner = store.acquire(task)

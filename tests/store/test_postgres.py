@@ -289,3 +289,29 @@ def test_a_password_libpq_cannot_read_is_refused_without_a_trace_of_it(written: 
     assert "store URL cannot be parsed" in shown
     for piece in (SECRET, "zzss", "cr3t", "ss-"):
         assert piece not in shown
+
+
+def test_status_reads_of_every_task_cost_one_round_trip(
+    postgres_schema: str, proxy: SeverableProxy
+) -> None:
+    """``read_all``: one statement, and then the reads status makes of each task (spec,
+    record, heartbeat, snapshot, the journal after it) go to no database at all."""
+    store = make(proxy.url_for(postgres_schema), "node-a")
+    try:
+        tasks = [new_task(store, f"t{n}") for n in range(20)]
+        for task in tasks[::2]:
+            writer, _ = store.open_journal(store.acquire(task), header={"task": task})
+            writer.append([user("go")])
+            writer.close()
+        before = proxy.exchanges
+        with store.read_all():
+            assert proxy.exchanges - before == 1
+            for task in store.task_ids():
+                store.load_spec(task)
+                store.get_record(task)
+                store.read_heartbeat(task)
+                store.get_snapshot(task)
+                store.replay(task)
+        assert proxy.exchanges - before == 1
+    finally:
+        store.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ import psutil
 import psycopg
 import pytest
 
+from supervisor.pgcluster import free_port
 from tests.daemon import Daemon, subreaper
+from tests.postgres import SeverableProxy
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
 LEASE = 2.0
@@ -200,6 +204,9 @@ def test_every_command_works_from_any_node(nodes: list[Node]) -> None:
     assert {n["name"] for n in doc["nodes"]} == {"a", "b"}
     assert all(n["alive"] for n in doc["nodes"])
     assert doc["supervisor"]["node"] == "b"
+    table = b.agentd("status").stdout.splitlines()
+    assert table[0].endswith("node b, 2 of 2 node(s) alive") and " NODE " in table[1]
+    assert next(line for line in table if line.startswith("t3 ")).split()[8] in ("a", "b")
     listed = b.agentd("nodes", "--json")
     assert {n["name"] for n in json.loads(listed.stdout)} == {"a", "b"}
     done = b.agentd("cancel", "t3")
@@ -288,3 +295,80 @@ def test_a_database_of_a_newer_schema_is_refused_in_one_line(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "newer than this release" in lines[0], (command, lines)
         assert str(password) not in done.stderr
+
+
+def test_a_cut_database_link_is_a_storage_fault_the_task_waits_out(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    """One node alone, its link to the database cut mid-task for longer than its lease,
+    then restored: its worker stops (it could neither record nor renew), the daemon keeps
+    serving, and the task resumes and ends with no crash counted (invariant 8)."""
+    with SeverableProxy.in_front_of(postgres_schema) as proxy, subreaper():
+        node = Node(tmp_path, "a", proxy.url_for(postgres_schema))
+        try:
+            node.start()
+            node.submit("t7", steps(16, pause=0.2))
+            running_on(node, "t7")
+            proxy.sever()
+            time.sleep(LEASE * 2)
+            assert node.agentd("status").returncode != 0  # the CLI says it cannot reach it
+            assert node.daemon.proc is not None and node.daemon.proc.poll() is None
+            proxy.restore()
+            row = poll_for(
+                lambda: (r := node.row("t7"))["state"] == "done" and r,
+                60,
+                interval=0.2,
+                what="t7 done once the link is back",
+            )
+            assert row["reason"] == "end_turn" and row["restarts"] == 0
+            events = [e["event"] for e in node.daemon.log_events()]
+            assert "storage_fault" in events and "storage_recovered" in events, events
+            assert "crash_loop" not in events
+        finally:
+            node.daemon.cleanup()
+
+
+def test_metrics_count_nodes_and_lost_leases(tmp_path: Path, postgres_schema: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    config = CONFIG + f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    made = [Node(tmp_path, "a", postgres_schema, config), Node(tmp_path, "b", postgres_schema)]
+    with subreaper():
+        try:
+            for node in made:
+                node.start()
+
+            def scrape() -> dict[str, float]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                return {
+                    s.name: s.value
+                    for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                }
+
+            def both_nodes() -> dict[str, float] | None:
+                values = scrape()
+                return values if values.get("agentd_nodes") == 2 else None
+
+            assert poll_for(both_nodes, 10)["agentd_lease_lost_total"] == 0
+        finally:
+            for node in made:
+                node.daemon.cleanup()
+
+
+def test_a_task_running_on_one_node_is_rewound_from_the_other(nodes: list[Node]) -> None:
+    a, b = nodes
+    a.submit("t8", steps(40, pause=0.2))
+    holder = running_on(a, "t8")
+    operator = b if holder == "a" else a  # the command runs where the task does not
+    poll_for(lambda: operator.row("t8")["turn"] >= 4, 20, interval=0.1, what="turn 4")
+    done = operator.agentd("rewind", "t8", "--to", "2", "--yes")
+    assert done.returncode == 0, done.stderr
+    row = poll_for(
+        lambda: (r := operator.row("t8"))["state"] == "done" and r, 60, interval=0.2, what="done"
+    )
+    assert row["reason"] == "end_turn" and row["turn"] == 41  # the live branch, whole
+    rewinds = [e for e in operator.events_json("t8") if e["event"] == "task_rewound"]
+    assert len(rewinds) == 1

@@ -9,6 +9,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from supervisor.demo import LEASE, run_cluster_demo
+from supervisor.pgcluster import HOW_TO_GET, find_binaries
+from tests.postgres import server_binaries
 from tests.supervisor.test_cli import AGENTD, run_agentd
 
 
@@ -33,3 +38,39 @@ def test_demo_keep_leaves_its_spool_and_the_next_commands_work() -> None:
             assert ran.returncode == 0, (command, ran.stderr)
     finally:
         shutil.rmtree(spool.parent, ignore_errors=True)
+
+
+def test_demo_cluster_shows_node_b_taking_over_from_a_killed_node_a() -> None:
+    """Two nodes on a real (throwaway) PostgreSQL: the story names the kill, b's claim
+    within the lease and a bit, and the checks that nothing ran twice."""
+    server_binaries()
+    done = run_agentd("demo", "--cluster", timeout=240)
+    story = done.stdout + done.stderr
+    assert done.returncode == 0, story
+    assert "2. node a claimed it (epoch 1); node b started" in story
+    assert re.search(r"3\. at turn \d+, in its model call: kill -9 of node a's whole tree", story)
+    took = re.search(r"4\. node b claimed it ([\d.]+) s after the kill \(epoch (\d+)\)", story)
+    assert took, story
+    assert float(took[1]) <= LEASE + 10 and int(took[2]) > 1, story
+    assert re.search(r"5\. task done \(end_turn\) after \d+ turns", story), story
+    checks = re.findall(r"^  \[(ok|FAIL)\] (.+)$", story, re.MULTILINE)
+    assert len(checks) == 6 and all(ok == "ok" for ok, _ in checks), story
+    assert "demo passed" in story
+
+
+def test_demo_cluster_without_the_server_binaries_says_how_to_get_them_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def nowhere() -> Path:
+        return find_binaries(path=str(tmp_path), fallbacks=[tmp_path])
+
+    assert run_cluster_demo(binaries=nowhere) == 1
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err == f"agentd demo --cluster: {HOW_TO_GET}\n"
+
+
+def test_demo_cluster_refuses_keep_in_one_line() -> None:
+    done = run_agentd("demo", "--cluster", "--keep")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "keeps nothing" in done.stderr

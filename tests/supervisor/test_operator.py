@@ -181,7 +181,11 @@ def test_cancel_racing_approve_has_exactly_one_winner(daemon: Daemon, up: bool) 
             assert "already decided" in approve.err or "was cancelled" in approve.err
             assert (row["state"], runs(daemon, name)) == ("cancelled", 1), row
         else:
-            assert "already decided" in cancel.err or "ended done" in cancel.err, cancel
+            # the decision won: the cancel found it decided, or the task done (before its
+            # cancel was recorded, or after, before the daemon could apply it)
+            assert any(
+                why in cancel.err for why in ("already decided", "ended done", "already done")
+            ), cancel
             assert (row["state"], runs(daemon, name)) == ("done", 2), row
 
 

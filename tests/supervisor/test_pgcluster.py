@@ -12,16 +12,8 @@ import psycopg
 import pytest
 
 from supervisor.pgcluster import HOW_TO_GET, ThrowawayCluster, find_binaries
+from tests.postgres import server_binaries
 from worker.errors import ClusterError
-
-
-def _binaries_or_skip() -> None:
-    try:
-        find_binaries()
-    except ClusterError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("needs the PostgreSQL server binaries: apt-get install postgresql")
 
 
 def test_missing_binaries_say_in_one_line_how_to_get_them(tmp_path: Path) -> None:
@@ -40,7 +32,7 @@ def test_a_folder_with_only_some_of_the_binaries_is_not_taken(tmp_path: Path) ->
 
 
 def test_a_cluster_serves_on_loopback_survives_a_restart_and_leaves_nothing() -> None:
-    _binaries_or_skip()
+    server_binaries()
     with ThrowawayCluster.create() as cluster:
         assert stat.S_IMODE(cluster.root.stat().st_mode) == 0o700
         assert cluster.data.stat().st_uid != 0, "PostgreSQL must not run as root"
@@ -64,7 +56,7 @@ def test_a_cluster_serves_on_loopback_survives_a_restart_and_leaves_nothing() ->
 
 def test_up_and_down_from_the_command_line() -> None:
     """What .ci/run does: a server that outlives the command that started it."""
-    _binaries_or_skip()
+    server_binaries()
     run = [sys.executable, "-m", "supervisor.pgcluster"]
     up = subprocess.run([*run, "up"], capture_output=True,
                         text=True, check=True, timeout=120)  # fmt: skip
@@ -83,7 +75,7 @@ def test_up_and_down_from_the_command_line() -> None:
 def test_under_root_a_folder_the_server_user_cannot_reach_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
-    _binaries_or_skip()
+    server_binaries()
     tmp_path.chmod(0o700)
     with pytest.raises(ClusterError, match="cannot enter") as caught:
         ThrowawayCluster.create(tmp_path)

@@ -172,6 +172,12 @@ class TaskStore(Protocol):
 
     def exists(self, task_id: str) -> bool: ...
 
+    def read_all(self) -> contextlib.AbstractContextManager[None]:
+        """For the block, a backend may answer this thread's reads of what status shows
+        (specs, records, heartbeats, snapshots, journals) from one read of every task made
+        first: a database in one round trip. Files read as they always do."""
+        ...
+
     def load_spec(self, task_id: str) -> TaskSpec: ...
 
     def load_script(self, task_id: str) -> bytes: ...
@@ -393,6 +399,15 @@ class SharedStore(TaskStore, Protocol):
         that settle a task's fate take it: ``supervisor.decisions``); ``LockBusyError``
         when another command holds it for ``wait`` seconds."""
         ...
+
+    def request_pause(self, task_id: str, seconds: float) -> None:
+        """An operator's pause of the task for at most ``seconds``: no node claims it
+        meanwhile, and the node running it stops its worker at a safe point."""
+        ...
+
+    def end_pause(self, task_id: str) -> None: ...
+
+    def pause_requested(self, task_id: str) -> bool: ...
 
     def wake(self, task_id: str) -> None:
         """Wake every node (a submit, a decision, a cancel): advisory, never the truth."""

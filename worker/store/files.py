@@ -141,6 +141,9 @@ class FileStore:
             prepare()
         atomic_write_json(task.spec, spec.to_json())
 
+    def read_all(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # (reads are local: nothing to gather)
+
     def task_ids(self) -> list[str]:
         return self.spool.task_ids()
 

@@ -14,6 +14,7 @@ database would fence it. Nothing survives the process, which is the point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -166,6 +167,9 @@ class MemoryStore:
                 task.journal.append(item)
                 task.volume.append(task.volume[-1] + len(item))
             self._tasks[spec.id] = task
+
+    def read_all(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # (reads are local: nothing to gather)
 
     def task_ids(self) -> list[str]:
         with self.guard:

@@ -69,6 +69,7 @@ WITH picked AS (
     WHERE state IN ('queued', 'backoff', 'running')
       AND runnable_at <= now()
       AND (lease_expires IS NULL OR lease_expires < now())
+      AND (paused_until IS NULL OR paused_until <= now())
       AND NOT (id = ANY(%(exclude)s::text[]))
     ORDER BY runnable_at, id
     LIMIT %(limit)s

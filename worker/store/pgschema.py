@@ -15,7 +15,8 @@ The tables, one row per what the ``TaskStore`` Protocol keeps::
     nodes          one row per node: name, host, pid, max_workers, seen_at
     tasks          spec, script, record (+ version: compare-and-set), state, the lease
                    (node, epoch, lease_expires), seq (the last journal record's),
-                   runnable_at (backoff), cancel, events (the last event's number)
+                   runnable_at (backoff), cancel, events (the last event's number),
+                   paused_until (an operator's pause: no claim before it)
     journal        (task, seq) -> record bytes, and the epoch of the lease that wrote it
     snapshots      task -> state bytes as of seq (a cache: replay is the truth)
     decisions      (task, key, attempt) -> decision: the primary key is the exactly-once
@@ -124,8 +125,14 @@ CREATE TABLE exits (
 );
 """
 
+#: Version 2: an operator's pause (a rewind of a task any node may be running), which
+#: holds claims off until it ends or runs out (``SharedStore.request_pause``).
+_PAUSE = """
+ALTER TABLE tasks ADD COLUMN paused_until timestamptz;
+"""
+
 #: ``MIGRATIONS[n]`` takes the schema from version n to n + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_CREATE,)
+MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE)
 
 #: The schema version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

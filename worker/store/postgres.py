@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -297,6 +298,7 @@ class PostgresStore:
         self.node = node or socket.gethostname()
         self.db = _Database(url, application=f"agentd {self.node}")
         self.lease = lease
+        self._reading = threading.local()  # a view of every task, while ``read_all`` lasts
         with self.db.step() as conn:
             if migrate:
                 pgschema.migrate(conn)
@@ -380,11 +382,37 @@ class PostgresStore:
                 f"a task named {spec.id!r} already exists; pick another --name."
             ) from None
 
+    # -- one read of every task (status) -----------------------------------------------
+
+    @contextlib.contextmanager
+    def read_all(self) -> Iterator[None]:
+        """For the block, this thread's reads of what status shows of a task (its spec,
+        record, heartbeat, snapshot and the journal after it) are answered from ONE
+        statement made first: the whole cluster in one round trip, not six a task. The
+        view is of the moment it was read; writes, and reads of anything else, go to the
+        database as ever."""
+        with self.db.step() as conn:
+            rows = conn.execute(_READ_ALL).fetchall()
+        self._reading.view = {row[0]: _Seen(*row[1:]) for row in rows}
+        try:
+            yield
+        finally:
+            self._reading.view = None
+
+    def _seen(self, task_id: str) -> _Seen | None:
+        view: dict[str, _Seen] | None = getattr(self._reading, "view", None)
+        return None if view is None else view.get(task_id)
+
     def task_ids(self) -> list[str]:
+        view: dict[str, _Seen] | None = getattr(self._reading, "view", None)
+        if view is not None:
+            return sorted(view)
         with self.db.step() as conn:
             return sorted(row[0] for row in conn.execute("SELECT id FROM tasks"))
 
     def exists(self, task_id: str) -> bool:
+        if self._seen(task_id) is not None:
+            return True
         row = self._one(
             "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = %(task)s)",
             {"task": validate_task_id(task_id)},
@@ -392,7 +420,11 @@ class PostgresStore:
         return bool(row and row[0])
 
     def load_spec(self, task_id: str) -> TaskSpec:
-        (spec,) = self._row("SELECT spec FROM tasks WHERE id = %(task)s", task_id)
+        seen = self._seen(task_id)
+        if seen is not None:
+            spec = seen.spec
+        else:
+            (spec,) = self._row("SELECT spec FROM tasks WHERE id = %(task)s", task_id)
         return TaskSpec.from_json(spec, where=f"task {task_id}'s spec in the database")
 
     def load_script(self, task_id: str) -> bytes:
@@ -585,6 +617,23 @@ class PostgresStore:
         finally:
             conn.close()
 
+    def request_pause(self, task_id: str, seconds: float) -> None:
+        self._row(
+            "UPDATE tasks SET paused_until = now() + make_interval(secs => %(secs)s) "
+            "WHERE id = %(task)s RETURNING 1",
+            task_id,
+            secs=seconds,
+        )
+
+    def end_pause(self, task_id: str) -> None:
+        self._row("UPDATE tasks SET paused_until = NULL WHERE id = %(task)s RETURNING 1", task_id)
+
+    def pause_requested(self, task_id: str) -> bool:
+        (paused,) = self._row(
+            "SELECT coalesce(paused_until > now(), false) FROM tasks WHERE id = %(task)s", task_id
+        )
+        return bool(paused)
+
     def wake(self, task_id: str) -> None:
         with self.db.step() as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (WAKE_CHANNEL, validate_task_id(task_id)))
@@ -642,6 +691,9 @@ class PostgresStore:
         return writer, [json.loads(r) for r in records]
 
     def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
+        seen = self._seen(task_id)
+        if seen is not None and seen.records is not None and after.position == seen.after:
+            return [json.loads(r) for r in seen.records]
         _, seq, records = self._records(task_id, after)
         return [json.loads(r) for r in records] if seq else []
 
@@ -652,10 +704,15 @@ class PostgresStore:
     # -- snapshots --------------------------------------------------------------------
 
     def get_snapshot(self, task_id: str) -> Snapshot | None:
-        row = self._one(
-            "SELECT s.state FROM tasks t LEFT JOIN snapshots s ON s.task = t.id "
-            "WHERE t.id = %(task)s",
-            {"task": validate_task_id(task_id)},
+        seen = self._seen(task_id)
+        row = (
+            (seen.snapshot,)
+            if seen is not None
+            else self._one(
+                "SELECT s.state FROM tasks t LEFT JOIN snapshots s ON s.task = t.id "
+                "WHERE t.id = %(task)s",
+                {"task": validate_task_id(task_id)},
+            )
         )
         if row is None:
             raise NotFoundError(f"no task {task_id!r} in this store; create it first.")
@@ -746,9 +803,13 @@ class PostgresStore:
     # -- the task record --------------------------------------------------------------
 
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
-        record, version = self._row(
-            "SELECT record, version FROM tasks WHERE id = %(task)s", task_id
-        )
+        seen = self._seen(task_id)
+        if seen is not None:
+            record, version = seen.record, seen.version
+        else:
+            record, version = self._row(
+                "SELECT record, version FROM tasks WHERE id = %(task)s", task_id
+            )
         if not isinstance(record, dict):
             raise ValueError(f"task {task_id}'s record in the database is not a JSON object")
         return record, Version(str(version))
@@ -840,6 +901,9 @@ class PostgresStore:
         )
 
     def read_heartbeat(self, task_id: str) -> JSON | None:
+        seen = self._seen(task_id)
+        if seen is not None:
+            return None if seen.beat is None else dict(seen.beat)
         return self._latest("heartbeats", "beat", task_id)
 
     def publish_exit(self, task_id: str, outcome: JSON) -> None:
@@ -866,6 +930,34 @@ class PostgresStore:
             task_id,
         )
         return None if value is None else dict(value)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One task as ``read_all`` saw it: ``records`` are the journal's after seq ``after``
+    (the snapshot's, else 0); None for a running task with a heartbeat, which status shows
+    from its beat."""
+
+    spec: Any
+    record: Any
+    version: int
+    beat: Any
+    snapshot: bytes | None
+    after: int
+    records: list[bytes] | None
+
+
+#: What ``read_all`` reads: every task, in one statement.
+_READ_ALL = """
+SELECT t.id, t.spec, t.record, t.version, h.beat, s.state, coalesce(s.seq, 0),
+    CASE WHEN t.state = 'running' AND h.beat IS NOT NULL THEN NULL ELSE ARRAY(
+        SELECT j.record FROM journal j
+        WHERE j.task = t.id AND j.seq > coalesce(s.seq, 0) ORDER BY j.seq
+    ) END
+FROM tasks t
+LEFT JOIN heartbeats h ON h.task = t.id
+LEFT JOIN snapshots s ON s.task = t.id
+"""
 
 
 @functools.lru_cache(maxsize=8)
