@@ -15,7 +15,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.pgcluster import find_binaries
 from tests.chaos.nodes import (
     KILL,
     STOP,
@@ -35,9 +34,8 @@ from tests.chaos.nodes import (
 )
 from tests.daemon import Daemon, parse_time, subreaper
 from tests.faults.report import format_figures, violations
-from tests.postgres import HOW_TO_RUN
+from tests.postgres import server_binaries
 from tests.support import poll_for, reply, text, tool_use
-from worker.errors import ClusterError
 from worker.spool import TaskSpec
 from worker.store.postgres import PostgresStore
 
@@ -257,12 +255,7 @@ def test_nodes_campaign(capsys: pytest.CaptureFixture[str]) -> None:
     PostgreSQL server binaries, for a server of its own that it restarts: it fails in CI
     without them and skips elsewhere (tests/postgres.py). ``AGENTD_CHAOS_SEED`` replays a
     run's choices."""
-    try:
-        find_binaries()
-    except ClusterError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc} (CI must run the node chaos class)")
-        pytest.skip(HOW_TO_RUN)
+    server_binaries()
     seed = os.environ.get("AGENTD_CHAOS_SEED")
     figures = run(quick=True, seed=int(seed) if seed else None)
     with capsys.disabled():

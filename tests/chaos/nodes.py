@@ -76,6 +76,7 @@ import psutil
 import psycopg
 
 from supervisor.pgcluster import ThrowawayCluster
+from supervisor.stores import forget_shared
 from tests.chaos.effect_tools import EFFECTS_ENV, JITTER_ENV, read_log
 from tests.chaos.kill9 import EFFECT_OF
 from tests.daemon import Daemon, parse_time, reap_orphans, subreaper
@@ -90,7 +91,7 @@ NODES = ("n1", "n2", "n3")
 KILL, STOP, RESTART_DB, CUT = "kill", "stop", "db restart", "cut"
 FINAL = frozenset({"done", "failed", "cancelled"})
 #: Seconds past the lease a takeover may take ("the lease plus a second or two", DESIGN.md
-#: section 10): the claiming node's poll (``supervisor.daemon.CLAIM_POLL``, 1 s) and its
+#: section 10): the claiming node's poll (``supervisor.daemon.CLAIM_POLL``) and its
 #: worker's start on two busy cores. The scripted reply before the next step
 #: (``Plan.delay``) comes on top (``Plan.failover_bound``).
 FAILOVER_SLACK = 3.0
@@ -226,7 +227,13 @@ class Node(Daemon):
         return super().command("--store", self.url, "--node", self.name, *args)
 
     def cli(self, *args: str) -> tuple[int, str, str]:
-        return super().cli("--store", self.url, "--node", self.name, *args)
+        """``agentd --store URL --node NAME ARGS`` in this process; the store it used is
+        closed after (a command done), so that a campaign's hundreds of commands do not
+        keep hundreds of connections open."""
+        try:
+            return super().cli("--store", self.url, "--node", self.name, *args)
+        finally:
+            forget_shared()
 
     @property
     def pid(self) -> int | None:
