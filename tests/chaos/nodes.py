@@ -467,7 +467,7 @@ class Cluster:
         with contextlib.suppress(AssertionError):  # (its tasks moved, or the node comes back)
             poll_for(lambda: self.moved(fault), self.plan.failover_bound, interval=0.2)
         # A node's name stays taken for a lease after its last heartbeat, even when its
-        # process is known dead (see the report of this class in the README).
+        # process is known dead on this host (``PostgresStore.join``): sooner is refused.
         time.sleep(max(0.0, fault.at + self.plan.lease + 0.5 - time.time()))
         node.start(self.env, timeout=60)
         return fault
