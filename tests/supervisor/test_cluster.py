@@ -372,3 +372,15 @@ def test_a_task_running_on_one_node_is_rewound_from_the_other(nodes: list[Node])
     assert row["reason"] == "end_turn" and row["turn"] == 41  # the live branch, whole
     rewinds = [e for e in operator.events_json("t8") if e["event"] == "task_rewound"]
     assert len(rewinds) == 1
+
+
+def test_a_fork_made_on_one_node_runs_on_any(nodes: list[Node]) -> None:
+    a, b = nodes
+    a.submit("t9", steps(3, pause=0.0))
+    poll_for(lambda: a.row("t9")["state"] == "done", 20, interval=0.1, what="t9 done")
+    done = b.agentd("fork", "t9", "--at", "1", "--name", "t9-fork")
+    assert done.returncode == 0, done.stderr
+    row = poll_for(
+        lambda: (r := a.row("t9-fork"))["state"] == "done" and r, 20, interval=0.1, what="fork"
+    )
+    assert row["forked_from"] == {"task": "t9", "turn": 1} and row["turn"] == 4
