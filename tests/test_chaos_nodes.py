@@ -170,13 +170,17 @@ SCRIPT = task_script("t000", 6, 0.0, 0)
 def test_a_clean_run_audits_clean_and_times_the_failover() -> None:
     rows = _journal(SCRIPT, [1] * 5 + [2])  # epoch 2 took over at row 6
     died = parse_time("2026-01-01T00:00:04.250Z")
-    found = _audit(rows, _effects(SCRIPT), faults=[Fault(KILL, "n1", died, {"t000": 1})])
+    claimed = {"t000": [(2, "n2", died + 1.5)]}  # (before row 6: not a fenced record)
+    found = _audit(
+        rows, _effects(SCRIPT), faults=[Fault(KILL, "n1", died, {"t000": 1})], claimed=claimed
+    )
     assert found.completed == 1
     for name in ("lost", "steps_lost", "doubled", "fenced_records", "runs_without_intent",
                  "unsafe_repeated", "keyed_repeated", "effects_missing", "unpaired"):  # fmt: skip
         assert getattr(found, name) == 0, (name, found.examples)
-    [(failover, _)] = found.failover[KILL]
-    assert failover == 1.75  # to row 6, the first of epoch 2, stamped 00:00:06
+    [takeover] = found.failover[KILL]
+    assert takeover.step == 1.75  # to row 6, the first of epoch 2, stamped 00:00:06
+    assert takeover.claim == 1.5
 
 
 def test_every_violation_is_counted() -> None:
