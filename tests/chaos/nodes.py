@@ -16,7 +16,7 @@ Then, at random instants while tasks run, one fault at a time:
 * ``kill -9`` of a node's whole process tree: the daemon, its fork server and its workers
   (which run in sessions of their own, so a process group is not enough: the tree is
   walked with psutil and frozen with SIGSTOP until no new process appears, then killed).
-  The node is started again once its tasks have moved (or the failover bound has passed),
+  The node is started again once its tasks have moved (or the takeover bound has passed),
   and no sooner than a lease after its death (until then its name is refused as taken);
 * ``SIGSTOP`` of a node's whole tree for longer than its lease, then ``SIGCONT``: its
   workers wake up fenced and must record nothing and run no tool;
