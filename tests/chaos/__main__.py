@@ -37,6 +37,7 @@ CAMPAIGN = (
     ("18", "tests.chaos.operator"),
     ("19", "tests.chaos.clock"),
     ("20", "tests.chaos.compaction"),
+    ("21", "tests.chaos.nodes"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 
