@@ -17,7 +17,7 @@ Then, at random instants while tasks run, one fault at a time:
   (which run in sessions of their own, so a process group is not enough: the tree is
   walked with psutil and frozen with SIGSTOP until no new process appears, then killed).
   The node is started again once its tasks have moved (or the takeover bound has passed),
-  and no sooner than a lease after its death (until then its name is refused as taken);
+  as a service manager would, under the same name;
 * ``SIGSTOP`` of a node's whole tree for longer than its lease, then ``SIGCONT``: its
   workers wake up fenced and must record nothing and run no tool;
 * a restart of PostgreSQL (``immediate``: as if its machine lost power), down a moment:
@@ -468,9 +468,8 @@ class Cluster:
         node.proc.wait(timeout=10)
         with contextlib.suppress(AssertionError):  # (its tasks moved, or the node comes back)
             poll_for(lambda: self.moved(fault), self.plan.takeover_bound + 2.0, interval=0.2)
-        # A node's name stays taken for a lease after its last heartbeat, even when its
-        # process is known dead on this host (``PostgresStore.join``): sooner is refused.
-        time.sleep(max(0.0, fault.at + self.plan.lease + 0.5 - time.time()))
+        # (its name is free again at once: a row of this host whose process is gone is
+        # this node's last life, ``PostgresStore.join``)
         node.start(self.env, timeout=60)
         return fault
 

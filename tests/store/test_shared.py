@@ -5,6 +5,8 @@ the NOTIFY wake-ups."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +18,13 @@ from tests.support import poll_for
 from worker.errors import ConfigError, FencedError, LockBusyError
 from worker.spool import TaskSpec
 from worker.store.postgres import PostgresStore
+
+
+def gone_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 @pytest.fixture
@@ -115,11 +124,16 @@ def test_nodes_join_are_listed_and_a_live_name_is_not_taken_twice(
     a.join(4)  # the same process again: a renewal, no refusal
     impostor = PostgresStore(postgres_schema, node="a")
     try:
+        with impostor.db.step() as conn:  # a live node of this name on another machine
+            conn.execute("UPDATE nodes SET host = 'elsewhere' WHERE name = 'a'")
         with pytest.raises(ConfigError, match="in use by a live node"):
-            # another process's row: what a second node of the same name would find
-            with impostor.db.step() as conn:
-                conn.execute("UPDATE nodes SET pid = pid + 1 WHERE name = 'a'")
             impostor.join(1)
+        with impostor.db.step() as conn:  # this node's last life on this host, crashed
+            conn.execute(
+                "UPDATE nodes SET host = %s, pid = %s WHERE name = 'a'",
+                (socket.gethostname(), gone_pid()),
+            )
+        impostor.join(1)  # restarted at once: not refused
     finally:
         impostor.close()
     b.leave()

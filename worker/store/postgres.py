@@ -564,7 +564,9 @@ class PostgresStore:
                 "AND seen_at > now() - make_interval(secs => %s)",
                 (self.node, host, pid, self.lease),
             ).fetchone()
-            if other is not None:
+            if other is not None and not (other[0] == host and not _pid_alive(int(other[1]))):
+                # (a row of this host whose process is gone: this node's last life, which
+                # crashed; a service manager restarts it at once, before a lease is over)
                 raise ConfigError(
                     f"node name {self.node!r} is in use by a live node (pid {other[1]} on "
                     f"{other[0]}); give this node another name with --node or `node`."
@@ -930,6 +932,16 @@ class PostgresStore:
             task_id,
         )
         return None if value is None else dict(value)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @dataclass(frozen=True)
