@@ -403,8 +403,9 @@ class Cluster:
             json.dumps({"responses": task_script(name, turns, self.plan.delay, rng.randrange(5))})
         )
         code, _, err = self.operator.cli(
-            "submit", "--name", name, "--script", str(script), "--prompt", f"Task {name}."
-        )
+            "submit", "--name", name, "--script", str(script), "--prompt", f"Task {name}.",
+            "--max-turns", str(turns + 10),  # (a full-mode script is longer than the default)
+        )  # fmt: skip
         if code != 0:
             raise RuntimeError(f"submit {name} exited {code}: {err.strip()[:300]}")
         self.turns[name] = turns

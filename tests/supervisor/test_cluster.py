@@ -22,6 +22,7 @@ import pytest
 from supervisor.pgcluster import free_port
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
+from tests.supervisor.test_metrics import readme_metrics
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
 LEASE = 2.0
@@ -353,6 +354,10 @@ def test_metrics_count_nodes_and_lost_leases(tmp_path: Path, postgres_schema: st
                 return values if values.get("agentd_nodes") == 2 else None
 
             assert poll_for(both_nodes, 10)["agentd_lease_lost_total"] == 0
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                served = {f.name for f in text_string_to_metric_families(r.read().decode())}
+            assert readme_metrics(shared=True) == {"agentd_nodes", "agentd_lease_lost"}
+            assert served == readme_metrics() | readme_metrics(shared=True)
         finally:
             for node in made:
                 node.daemon.cleanup()

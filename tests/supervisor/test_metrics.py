@@ -87,12 +87,19 @@ def scraper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraper]:
             daemon.cleanup()
 
 
-def readme_metrics() -> set[str]:
+def readme_metrics(*, shared: bool = False) -> set[str]:
     """The metric names of the README's Metrics table (counters without ``_total``, as
-    the parser names their families)."""
+    the parser names their families): those a daemon on the spool serves, or with
+    ``shared`` those only a node on a shared store serves ("with a shared store")."""
     section = (REPO / "README.md").read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    names = re.findall(r"^\| `([a-z_]+)(?:\{[a-z_]+\})?` \|", section, flags=re.MULTILINE)
-    return {name.removesuffix("_total") for name in names}
+    rows = re.findall(
+        r"^\| `([a-z_]+)(?:\{[a-z_]+\})?` \|[^|]*\|([^|]*)\|", section, flags=re.MULTILINE
+    )
+    return {
+        name.removesuffix("_total")
+        for name, what in rows
+        if what.strip().startswith("with a shared store") == shared
+    }
 
 
 def test_every_metric_of_the_contract_is_served(scraper: Scraper) -> None:

@@ -183,6 +183,7 @@ class _Database:
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if conn is not None:
                 conn.close()
+            self.close()  # the idle ones went the same way (a restarted server, a cut link)
             raise StorageError(
                 f"the PostgreSQL store ({self.shown}) cannot be reached: "
                 f"{self.scrub(str(exc)).strip()}. The worker waits, and goes on from what the "
