@@ -11,8 +11,11 @@ response, a stream cut mid-way, a stream that ends without ``message_stop``, a t
 whose input JSON is malformed, an ``error`` event mid-stream. A faulted turn gets one fault,
 or a burst of two or three in a row (the same kind or mixed), and after some faults the
 worker's process group is SIGKILLed right away (5 to 40 ms after the fault is written out:
-in its backoff, before it retries). Held calls are decided by the careful operator of
-``tests.faults.common``.
+in its backoff, before it retries). In a few tasks (one in quick mode, three in full) the
+worker is frozen (SIGSTOP) as the server answers a turn with a complete reply: it stops
+beating, and the daemon's own hang verdict (``worker_hung``) must kill it, so the reply it
+never read is one the daemon's kill caught. Held calls are decided by the careful operator
+of ``tests.faults.common``.
 
 Why the real daemon rather than a restart loop of our own: the daemon restarts a worker on
 exit the way production does (its restart policy, and its fork server, which makes a
@@ -22,8 +25,15 @@ afford many kills), and the figures then include what the daemon does with exit 
 Each served response carries a unique ``output_tokens`` count, so every turn record's usage
 names the response it came from. Checked per task: no turn recorded twice; no response's
 usage counted twice; no usage counted from a faulted response; every complete reply the
-server served is counted, unless a kill came after it (then its tokens were spent and the
-worker died before recording it: counted never, asked again); the task's usage counters
+server served is counted, unless a kill came after it and before its turn was asked again
+(then its tokens were spent and the worker died before recording it: counted never, asked
+again; a worker that lived on and asked again would have thrown a complete reply away).
+A kill is ours or the daemon's own: on a loaded machine the daemon kills a worker whose
+heartbeat is older than ``[heartbeat] timeout`` (``worker_hung``) or stops one whose model
+call outlived ``[deadlines] model_call`` (``worker_stalled``), and a reply served just
+before that is lost the same way (the task's events say when, on the wall clock, which is
+why every instant here is a wall-clock one: ``daemon_stops``); a frozen worker is found
+hung and killed by the daemon; the task's usage counters
 (``agentd status``) equal the sum over the replies counted; the server rejected no
 transcript; the journal after each kill is a prefix of the final one; and the task ends
 ``done`` after all its turns with every tool_use paired and every side effect exactly once
@@ -50,11 +60,14 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from math import inf
 from pathlib import Path
 from typing import Any
 
 from supervisor.control import ring
 from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.relay import DAEMON_MARK
 from supervisor.status import status_row
 from supervisor.submit import submit
 from tests.daemon import Daemon, spool_processes
@@ -70,6 +83,7 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure, format_figures, violations
+from worker.events import read_events
 from worker.lock import holder_pid, is_locked
 from worker.spool import Spool, TaskDir
 from worker.testing.messages_api import (
@@ -95,6 +109,7 @@ KINDS = {  # fault kind -> what the figures call it
     "bad_tool_json": "malformed tool JSON",
     "stream_error": "error event mid-stream",
 }
+FREEZES = {True: 1, False: 3}  # quick mode -> tasks whose worker is frozen after a reply
 SERIAL_START = 100_000  # output_tokens of served responses: unique, far from real counts
 _TRIAL = re.compile(r"api-faults trial (\d+)")
 CONFIG = """\
@@ -129,7 +144,7 @@ class Served:
     output_tokens: int  # the response's mark
     input_tokens: int
     kind: str | None  # None: a complete reply
-    at: float  # monotonic, when the responder chose it (before it was written)
+    at: float  # wall clock, when the responder chose it (before it was written)
 
 
 @dataclass
@@ -140,11 +155,14 @@ class Trial:
     attempts: Counter[int] = field(default_factory=Counter)  # requests per turn index
     served: list[Served] = field(default_factory=list)
     kills: int = 0
-    kill_times: list[float] = field(default_factory=list)  # monotonic
+    kill_times: list[float] = field(default_factory=list)  # wall clock, as daemon_stops
     after_kill: list[list[JSON]] = field(default_factory=list)  # the journal after each
     rejected: list[str] = field(default_factory=list)
     decisions: int = 0
     uncounted: int = 0  # complete replies a kill caught before they were recorded
+    freeze: int | None = None  # the turn at whose first complete reply the worker is frozen
+    frozen_at: float | None = None  # wall clock
+    daemon_stops: int = 0  # workers the daemon killed or stopped itself (DAEMON_STOPS)
 
 
 def plan_faults(rng: random.Random, turns: int) -> dict[int, list[Planned]]:
@@ -201,10 +219,12 @@ class FaultyAPI:
                     usage["output_tokens"],
                     usage["input_tokens"],
                     None if fault is None else fault.kind,
-                    time.monotonic(),
+                    time.time(),
                 )
             )
         if fault is None:
+            if turn == trial.freeze and trial.frozen_at is None:
+                self.freeze(trial)
             return Reply(content, usage=usage, delay=MODEL_DELAY)
         served = self._fault(fault.kind, Reply(content, usage=usage), request)
         if fault.kill:
@@ -250,6 +270,16 @@ class FaultyAPI:
             "stream_error", error_type="overloaded_error", message="Overloaded", reply=reply
         )
 
+    def freeze(self, trial: Trial) -> None:
+        """SIGSTOP the process group of the task's worker, waiting for this reply: a hang
+        only the daemon's heartbeat verdict can end (its SIGKILL ends a stopped process)."""
+        pid = holder_pid(trial.task.lock)
+        if pid is None or not is_locked(trial.task.lock):
+            self.errors.append(f"trial {trial.index}: no worker to freeze")
+            return
+        trial.frozen_at = time.time()
+        os.killpg(pid, signal.SIGSTOP)
+
     def kill(self, trial: Trial) -> None:
         """SIGKILL the process group of the task's worker, then read what it left."""
         pid = holder_pid(trial.task.lock)
@@ -257,7 +287,7 @@ class FaultyAPI:
             self.errors.append(f"trial {trial.index}: no worker to kill after a fault")
             return
         with self.lock:
-            trial.kill_times.append(time.monotonic())
+            trial.kill_times.append(time.time())
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -308,6 +338,7 @@ USAGE_UNKNOWN = "usage of no served response"
 USAGE_LOST = "complete replies not counted, no kill after them"
 USAGE_DIFFERS = "usage counters differ from the replies counted"
 REJECTED = "transcripts rejected by the server"
+NOT_HUNG = "frozen workers the daemon did not kill"
 CHECKS = (
     TURN_TWICE,
     USAGE_TWICE,
@@ -316,7 +347,31 @@ CHECKS = (
     USAGE_LOST,
     USAGE_DIFFERS,
     REJECTED,
+    NOT_HUNG,
 )
+
+
+#: The daemon's own verdicts that end a worker (``Supervisor.check_liveness``): SIGKILL for a
+#: heartbeat too old, SIGTERM (then SIGKILL after the grace) for a call past its deadline.
+DAEMON_STOPS = ("worker_hung", "worker_stalled")
+
+
+def daemon_events(task: TaskDir, names: Sequence[str]) -> list[tuple[float, JSON]]:
+    """The daemon's events of ``task`` named in ``names``, each with its instant on the wall
+    clock. A daemon event is written before what it reports is done (a signal sent), and
+    its timestamp is cut to the millisecond: a millisecond is added, so an event is never
+    placed before the moment its signal could have landed."""
+    mark, value = DAEMON_MARK
+    return [
+        (datetime.fromisoformat(str(e["timestamp"])).timestamp() + 0.001, e)
+        for e in read_events(task.events)
+        if e.get("event") in names and e.get(mark) == value
+    ]
+
+
+def daemon_stops(task: TaskDir) -> list[float]:
+    """When the daemon itself killed or stopped ``task``'s worker (``DAEMON_STOPS``)."""
+    return [at for at, _ in daemon_events(task, DAEMON_STOPS)]
 
 
 def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
@@ -336,11 +391,31 @@ def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
         elif served[mark].kind is not None:
             problems.append((USAGE_FAULTED, f"{served[mark].kind} response {mark} counted"))
     # A complete reply that was not recorded is a reply a kill caught before the worker
-    # recorded it (its tokens are spent, never counted): only after a kill, never twice.
+    # recorded it (its tokens are spent, never counted): never twice, and only when a kill
+    # came after it and before the turn was asked again (the worker it was served to died:
+    # one that lived on and asked again treated a complete reply as failed). The kill may
+    # be the daemon's own (a hang or stall verdict: a frozen worker, a loaded machine).
+    stops = daemon_stops(trial.task)
+    trial.daemon_stops = len(stops)
+    kills = [*trial.kill_times, *stops]
+    if trial.frozen_at is not None and not any(t > trial.frozen_at for t in stops):
+        problems.append((NOT_HUNG, f"the worker frozen at turn {trial.freeze} was never killed"))
     complete = [s for s in trial.served if s.kind is None]
     for s in complete:
-        if s.output_tokens not in marks and not any(t > s.at for t in trial.kill_times):
-            problems.append((USAGE_LOST, f"reply {s.output_tokens} (turn {s.turn}) not counted"))
+        again = min((r.at for r in trial.served if r.turn == s.turn and r.at > s.at), default=inf)
+        if s.output_tokens not in marks and not any(s.at < t < again for t in kills):
+            exits = [
+                e.get("signal") or f"exit {e.get('code')}"
+                for at, e in daemon_events(trial.task, ("worker_exited",))
+                if s.at < at < again + 0.001
+            ]
+            problems.append(
+                (
+                    USAGE_LOST,
+                    f"reply {s.output_tokens} (turn {s.turn}) not counted; "
+                    f"workers that ended before the turn was asked again: {exits}",
+                )
+            )
     counted = [s for s in complete if s.output_tokens in marks]
     trial.uncounted = len(complete) - len(counted)
     want = {
@@ -380,6 +455,8 @@ def run(quick: bool, trials: int | None = None, seed: int | None = None) -> list
                 max_turns=plan.turns + 3,
             )
             api.trials[i] = Trial(i, task, plan_faults(rng, plan.turns))
+        for trial in rng.sample(list(api.trials.values()), min(count, FREEZES[quick])):
+            trial.freeze = rng.choice([t for t in range(plan.turns) if t not in trial.faults])
         server = MessagesAPIServer(responder=api.respond)
         server.on_request = lambda body, rejection: _rejection(api, body, rejection)
         server.on_served = api.served
@@ -454,6 +531,10 @@ def _figures(
     figures += [
         Figure(FAULT, "turns faulted 2-3 times in a row", bursts),
         Figure(FAULT, "workers killed right after a fault", sum(t.kills for t in trials)),
+        Figure(FAULT, "workers frozen after a reply", sum(t.frozen_at is not None for t in trials)),
+        Figure(
+            FAULT, "workers the daemon found hung or stalled", sum(t.daemon_stops for t in trials)
+        ),
         Figure(FAULT, "worker restarts by the daemon", restarts),
         Figure(FAULT, "holds decided by the operator", sum(t.decisions for t in trials)),
         Figure(FAULT, "replies a kill caught before recording", sum(t.uncounted for t in trials)),
