@@ -25,15 +25,15 @@ afford many kills), and the figures then include what the daemon does with exit 
 Each served response carries a unique ``output_tokens`` count, so every turn record's usage
 names the response it came from. Checked per task: no turn recorded twice; no response's
 usage counted twice; no usage counted from a faulted response; every complete reply the
-server served is counted, unless a kill came after it and before its turn was asked again
-(then its tokens were spent and the worker died before recording it: counted never, asked
-again; a worker that lived on and asked again would have thrown a complete reply away).
-A kill is ours or the daemon's own: on a loaded machine the daemon kills a worker whose
-heartbeat is older than ``[heartbeat] timeout`` (``worker_hung``) or stops one whose model
-call outlived ``[deadlines] model_call`` (``worker_stalled``), and a reply served just
-before that is lost the same way (the task's events say when, on the wall clock, which is
-why every instant here is a wall-clock one: ``daemon_stops``); a frozen worker is found
-hung and killed by the daemon; the task's usage counters
+server served is counted, unless the worker it was served to was killed before it recorded
+it (its tokens were spent: counted never, asked again by the next worker; asked again by
+the same worker, or by a worker nobody killed, a complete reply was thrown away). Each
+reply is served to the task lock's holder (``Served.pid``: a worker killed with its
+request in flight stays the lock's last holder), and the kill is ours or the daemon's own:
+on a loaded machine the daemon kills a worker whose heartbeat is older than ``[heartbeat]
+timeout`` (``worker_hung``) or stops one whose model call outlived ``[deadlines]
+model_call`` (``worker_stalled``), and the task's events name it (``daemon_stops``); a
+frozen worker is found hung and killed by the daemon; the task's usage counters
 (``agentd status``) equal the sum over the replies counted; the server rejected no
 transcript; the journal after each kill is a prefix of the final one; and the task ends
 ``done`` after all its turns with every tool_use paired and every side effect exactly once
@@ -60,8 +60,6 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +142,8 @@ class Served:
     output_tokens: int  # the response's mark
     input_tokens: int
     kind: str | None  # None: a complete reply
-    at: float  # wall clock, when the responder chose it (before it was written)
+    at: float  # monotonic, when the responder chose it (before it was written)
+    pid: int | None  # the task lock's holder then: the worker the response is served to
 
 
 @dataclass
@@ -155,13 +154,13 @@ class Trial:
     attempts: Counter[int] = field(default_factory=Counter)  # requests per turn index
     served: list[Served] = field(default_factory=list)
     kills: int = 0
-    kill_times: list[float] = field(default_factory=list)  # wall clock, as daemon_stops
+    killed: list[int] = field(default_factory=list)  # the workers we killed
     after_kill: list[list[JSON]] = field(default_factory=list)  # the journal after each
     rejected: list[str] = field(default_factory=list)
     decisions: int = 0
     uncounted: int = 0  # complete replies a kill caught before they were recorded
     freeze: int | None = None  # the turn at whose first complete reply the worker is frozen
-    frozen_at: float | None = None  # wall clock
+    frozen: int | None = None  # the worker frozen
     daemon_stops: int = 0  # workers the daemon killed or stopped itself (DAEMON_STOPS)
 
 
@@ -219,11 +218,12 @@ class FaultyAPI:
                     usage["output_tokens"],
                     usage["input_tokens"],
                     None if fault is None else fault.kind,
-                    time.time(),
+                    time.monotonic(),
+                    holder_pid(trial.task.lock),
                 )
             )
         if fault is None:
-            if turn == trial.freeze and trial.frozen_at is None:
+            if turn == trial.freeze and trial.frozen is None:
                 self.freeze(trial)
             return Reply(content, usage=usage, delay=MODEL_DELAY)
         served = self._fault(fault.kind, Reply(content, usage=usage), request)
@@ -277,7 +277,7 @@ class FaultyAPI:
         if pid is None or not is_locked(trial.task.lock):
             self.errors.append(f"trial {trial.index}: no worker to freeze")
             return
-        trial.frozen_at = time.time()
+        trial.frozen = pid
         os.killpg(pid, signal.SIGSTOP)
 
     def kill(self, trial: Trial) -> None:
@@ -287,7 +287,7 @@ class FaultyAPI:
             self.errors.append(f"trial {trial.index}: no worker to kill after a fault")
             return
         with self.lock:
-            trial.kill_times.append(time.time())
+            trial.killed.append(pid)
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -356,22 +356,28 @@ CHECKS = (
 DAEMON_STOPS = ("worker_hung", "worker_stalled")
 
 
-def daemon_events(task: TaskDir, names: Sequence[str]) -> list[tuple[float, JSON]]:
-    """The daemon's events of ``task`` named in ``names``, each with its instant on the wall
-    clock. A daemon event is written before what it reports is done (a signal sent), and
-    its timestamp is cut to the millisecond: a millisecond is added, so an event is never
-    placed before the moment its signal could have landed."""
+def daemon_stops(task: TaskDir) -> list[int]:
+    """The workers of ``task`` the daemon itself killed or stopped (``DAEMON_STOPS``)."""
     mark, value = DAEMON_MARK
     return [
-        (datetime.fromisoformat(str(e["timestamp"])).timestamp() + 0.001, e)
+        int(e["pid"])
         for e in read_events(task.events)
-        if e.get("event") in names and e.get(mark) == value
+        if e.get("event") in DAEMON_STOPS and e.get(mark) == value
     ]
 
 
-def daemon_stops(task: TaskDir) -> list[float]:
-    """When the daemon itself killed or stopped ``task``'s worker (``DAEMON_STOPS``)."""
-    return [at for at, _ in daemon_events(task, DAEMON_STOPS)]
+def worker_fate(task: TaskDir, pid: int | None) -> list[str]:
+    """What the daemon saw of worker ``pid``: its stop verdicts and how it exited."""
+    mark, value = DAEMON_MARK
+    fate: list[str] = []
+    for e in read_events(task.events):
+        if e.get(mark) != value or e.get("pid") != pid:
+            continue
+        if e.get("event") in DAEMON_STOPS:
+            fate.append(str(e["event"]))
+        elif e.get("event") == "worker_exited":
+            fate.append(str(e.get("signal") or f"exit {e.get('code')}"))
+    return fate
 
 
 def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
@@ -397,23 +403,19 @@ def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
     # be the daemon's own (a hang or stall verdict: a frozen worker, a loaded machine).
     stops = daemon_stops(trial.task)
     trial.daemon_stops = len(stops)
-    kills = [*trial.kill_times, *stops]
-    if trial.frozen_at is not None and not any(t > trial.frozen_at for t in stops):
+    if trial.frozen is not None and trial.frozen not in stops:
         problems.append((NOT_HUNG, f"the worker frozen at turn {trial.freeze} was never killed"))
+    killed = {*trial.killed, *stops}
     complete = [s for s in trial.served if s.kind is None]
     for s in complete:
-        again = min((r.at for r in trial.served if r.turn == s.turn and r.at > s.at), default=inf)
-        if s.output_tokens not in marks and not any(s.at < t < again for t in kills):
-            exits = [
-                e.get("signal") or f"exit {e.get('code')}"
-                for at, e in daemon_events(trial.task, ("worker_exited",))
-                if s.at < at < again + 0.001
-            ]
+        again = any(r.turn == s.turn and r.at > s.at and r.pid == s.pid for r in trial.served)
+        if s.output_tokens not in marks and (s.pid not in killed or again):
+            fate = worker_fate(trial.task, s.pid) + (["asked again"] if again else [])
             problems.append(
                 (
                     USAGE_LOST,
-                    f"reply {s.output_tokens} (turn {s.turn}) not counted; "
-                    f"workers that ended before the turn was asked again: {exits}",
+                    f"reply {s.output_tokens} (turn {s.turn}) not counted; its worker "
+                    f"{s.pid}: {', '.join(fate) or 'no exit seen'}",
                 )
             )
     counted = [s for s in complete if s.output_tokens in marks]
@@ -531,7 +533,7 @@ def _figures(
     figures += [
         Figure(FAULT, "turns faulted 2-3 times in a row", bursts),
         Figure(FAULT, "workers killed right after a fault", sum(t.kills for t in trials)),
-        Figure(FAULT, "workers frozen after a reply", sum(t.frozen_at is not None for t in trials)),
+        Figure(FAULT, "workers frozen after a reply", sum(t.frozen is not None for t in trials)),
         Figure(
             FAULT, "workers the daemon found hung or stalled", sum(t.daemon_stops for t in trials)
         ),
