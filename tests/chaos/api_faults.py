@@ -11,8 +11,11 @@ response, a stream cut mid-way, a stream that ends without ``message_stop``, a t
 whose input JSON is malformed, an ``error`` event mid-stream. A faulted turn gets one fault,
 or a burst of two or three in a row (the same kind or mixed), and after some faults the
 worker's process group is SIGKILLed right away (5 to 40 ms after the fault is written out:
-in its backoff, before it retries). Held calls are decided by the careful operator of
-``tests.faults.common``.
+in its backoff, before it retries). In a few tasks (one in quick mode, three in full) the
+worker is frozen (SIGSTOP) as the server answers a turn with a complete reply: it stops
+beating, and the daemon's own hang verdict (``worker_hung``) must kill it, so the reply it
+never read is one the daemon's kill caught. Held calls are decided by the careful operator
+of ``tests.faults.common``.
 
 Why the real daemon rather than a restart loop of our own: the daemon restarts a worker on
 exit the way production does (its restart policy, and its fork server, which makes a
@@ -22,8 +25,15 @@ afford many kills), and the figures then include what the daemon does with exit 
 Each served response carries a unique ``output_tokens`` count, so every turn record's usage
 names the response it came from. Checked per task: no turn recorded twice; no response's
 usage counted twice; no usage counted from a faulted response; every complete reply the
-server served is counted, unless a kill came after it (then its tokens were spent and the
-worker died before recording it: counted never, asked again); the task's usage counters
+server served is counted, unless the worker it was served to was killed before it recorded
+it (its tokens were spent: counted never, asked again by the next worker; asked again by
+the same worker, or by a worker nobody killed, a complete reply was thrown away). Each
+reply is served to the task lock's holder (``Served.pid``: a worker killed with its
+request in flight stays the lock's last holder), and the kill is ours or the daemon's own:
+on a loaded machine the daemon kills a worker whose heartbeat is older than ``[heartbeat]
+timeout`` (``worker_hung``) or stops one whose model call outlived ``[deadlines]
+model_call`` (``worker_stalled``), and the task's events name it (``daemon_stops``); a
+frozen worker is found hung and killed by the daemon; the task's usage counters
 (``agentd status``) equal the sum over the replies counted; the server rejected no
 transcript; the journal after each kill is a prefix of the final one; and the task ends
 ``done`` after all its turns with every tool_use paired and every side effect exactly once
@@ -55,6 +65,7 @@ from typing import Any
 
 from supervisor.control import ring
 from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.relay import DAEMON_MARK
 from supervisor.status import status_row
 from supervisor.submit import submit
 from tests.daemon import Daemon, spool_processes
@@ -70,6 +81,7 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure, format_figures, violations
+from worker.events import read_events
 from worker.lock import holder_pid, is_locked
 from worker.spool import Spool, TaskDir
 from worker.testing.messages_api import (
@@ -95,6 +107,7 @@ KINDS = {  # fault kind -> what the figures call it
     "bad_tool_json": "malformed tool JSON",
     "stream_error": "error event mid-stream",
 }
+FREEZES = {True: 1, False: 3}  # quick mode -> tasks whose worker is frozen after a reply
 SERIAL_START = 100_000  # output_tokens of served responses: unique, far from real counts
 _TRIAL = re.compile(r"api-faults trial (\d+)")
 CONFIG = """\
@@ -130,6 +143,7 @@ class Served:
     input_tokens: int
     kind: str | None  # None: a complete reply
     at: float  # monotonic, when the responder chose it (before it was written)
+    pid: int | None  # the task lock's holder then: the worker the response is served to
 
 
 @dataclass
@@ -140,11 +154,14 @@ class Trial:
     attempts: Counter[int] = field(default_factory=Counter)  # requests per turn index
     served: list[Served] = field(default_factory=list)
     kills: int = 0
-    kill_times: list[float] = field(default_factory=list)  # monotonic
+    killed: list[int] = field(default_factory=list)  # the workers we killed
     after_kill: list[list[JSON]] = field(default_factory=list)  # the journal after each
     rejected: list[str] = field(default_factory=list)
     decisions: int = 0
     uncounted: int = 0  # complete replies a kill caught before they were recorded
+    freeze: int | None = None  # the turn at whose first complete reply the worker is frozen
+    frozen: int | None = None  # the worker frozen
+    daemon_stops: int = 0  # workers the daemon killed or stopped itself (DAEMON_STOPS)
 
 
 def plan_faults(rng: random.Random, turns: int) -> dict[int, list[Planned]]:
@@ -202,9 +219,12 @@ class FaultyAPI:
                     usage["input_tokens"],
                     None if fault is None else fault.kind,
                     time.monotonic(),
+                    holder_pid(trial.task.lock),
                 )
             )
         if fault is None:
+            if turn == trial.freeze and trial.frozen is None:
+                self.freeze(trial)
             return Reply(content, usage=usage, delay=MODEL_DELAY)
         served = self._fault(fault.kind, Reply(content, usage=usage), request)
         if fault.kill:
@@ -250,6 +270,16 @@ class FaultyAPI:
             "stream_error", error_type="overloaded_error", message="Overloaded", reply=reply
         )
 
+    def freeze(self, trial: Trial) -> None:
+        """SIGSTOP the process group of the task's worker, waiting for this reply: a hang
+        only the daemon's heartbeat verdict can end (its SIGKILL ends a stopped process)."""
+        pid = holder_pid(trial.task.lock)
+        if pid is None or not is_locked(trial.task.lock):
+            self.errors.append(f"trial {trial.index}: no worker to freeze")
+            return
+        trial.frozen = pid
+        os.killpg(pid, signal.SIGSTOP)
+
     def kill(self, trial: Trial) -> None:
         """SIGKILL the process group of the task's worker, then read what it left."""
         pid = holder_pid(trial.task.lock)
@@ -257,7 +287,7 @@ class FaultyAPI:
             self.errors.append(f"trial {trial.index}: no worker to kill after a fault")
             return
         with self.lock:
-            trial.kill_times.append(time.monotonic())
+            trial.killed.append(pid)
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -308,6 +338,7 @@ USAGE_UNKNOWN = "usage of no served response"
 USAGE_LOST = "complete replies not counted, no kill after them"
 USAGE_DIFFERS = "usage counters differ from the replies counted"
 REJECTED = "transcripts rejected by the server"
+NOT_HUNG = "frozen workers the daemon did not kill"
 CHECKS = (
     TURN_TWICE,
     USAGE_TWICE,
@@ -316,7 +347,37 @@ CHECKS = (
     USAGE_LOST,
     USAGE_DIFFERS,
     REJECTED,
+    NOT_HUNG,
 )
+
+
+#: The daemon's own verdicts that end a worker (``Supervisor.check_liveness``): SIGKILL for a
+#: heartbeat too old, SIGTERM (then SIGKILL after the grace) for a call past its deadline.
+DAEMON_STOPS = ("worker_hung", "worker_stalled")
+
+
+def daemon_stops(task: TaskDir) -> list[int]:
+    """The workers of ``task`` the daemon itself killed or stopped (``DAEMON_STOPS``)."""
+    mark, value = DAEMON_MARK
+    return [
+        int(e["pid"])
+        for e in read_events(task.events)
+        if e.get("event") in DAEMON_STOPS and e.get(mark) == value
+    ]
+
+
+def worker_fate(task: TaskDir, pid: int | None) -> list[str]:
+    """What the daemon saw of worker ``pid``: its stop verdicts and how it exited."""
+    mark, value = DAEMON_MARK
+    fate: list[str] = []
+    for e in read_events(task.events):
+        if e.get(mark) != value or e.get("pid") != pid:
+            continue
+        if e.get("event") in DAEMON_STOPS:
+            fate.append(str(e["event"]))
+        elif e.get("event") == "worker_exited":
+            fate.append(str(e.get("signal") or f"exit {e.get('code')}"))
+    return fate
 
 
 def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
@@ -336,11 +397,27 @@ def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
         elif served[mark].kind is not None:
             problems.append((USAGE_FAULTED, f"{served[mark].kind} response {mark} counted"))
     # A complete reply that was not recorded is a reply a kill caught before the worker
-    # recorded it (its tokens are spent, never counted): only after a kill, never twice.
+    # recorded it (its tokens are spent, never counted): never twice, and only when a kill
+    # came after it and before the turn was asked again (the worker it was served to died:
+    # one that lived on and asked again treated a complete reply as failed). The kill may
+    # be the daemon's own (a hang or stall verdict: a frozen worker, a loaded machine).
+    stops = daemon_stops(trial.task)
+    trial.daemon_stops = len(stops)
+    if trial.frozen is not None and trial.frozen not in stops:
+        problems.append((NOT_HUNG, f"the worker frozen at turn {trial.freeze} was never killed"))
+    killed = {*trial.killed, *stops}
     complete = [s for s in trial.served if s.kind is None]
     for s in complete:
-        if s.output_tokens not in marks and not any(t > s.at for t in trial.kill_times):
-            problems.append((USAGE_LOST, f"reply {s.output_tokens} (turn {s.turn}) not counted"))
+        again = any(r.turn == s.turn and r.at > s.at and r.pid == s.pid for r in trial.served)
+        if s.output_tokens not in marks and (s.pid not in killed or again):
+            fate = worker_fate(trial.task, s.pid) + (["asked again"] if again else [])
+            problems.append(
+                (
+                    USAGE_LOST,
+                    f"reply {s.output_tokens} (turn {s.turn}) not counted; its worker "
+                    f"{s.pid}: {', '.join(fate) or 'no exit seen'}",
+                )
+            )
     counted = [s for s in complete if s.output_tokens in marks]
     trial.uncounted = len(complete) - len(counted)
     want = {
@@ -380,6 +457,8 @@ def run(quick: bool, trials: int | None = None, seed: int | None = None) -> list
                 max_turns=plan.turns + 3,
             )
             api.trials[i] = Trial(i, task, plan_faults(rng, plan.turns))
+        for trial in rng.sample(list(api.trials.values()), min(count, FREEZES[quick])):
+            trial.freeze = rng.choice([t for t in range(plan.turns) if t not in trial.faults])
         server = MessagesAPIServer(responder=api.respond)
         server.on_request = lambda body, rejection: _rejection(api, body, rejection)
         server.on_served = api.served
@@ -454,6 +533,10 @@ def _figures(
     figures += [
         Figure(FAULT, "turns faulted 2-3 times in a row", bursts),
         Figure(FAULT, "workers killed right after a fault", sum(t.kills for t in trials)),
+        Figure(FAULT, "workers frozen after a reply", sum(t.frozen is not None for t in trials)),
+        Figure(
+            FAULT, "workers the daemon found hung or stalled", sum(t.daemon_stops for t in trials)
+        ),
         Figure(FAULT, "worker restarts by the daemon", restarts),
         Figure(FAULT, "holds decided by the operator", sum(t.decisions for t in trials)),
         Figure(FAULT, "replies a kill caught before recording", sum(t.uncounted for t in trials)),
