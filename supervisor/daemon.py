@@ -241,7 +241,7 @@ class Supervisor:
             "event": event,
             "task": slot.task.id,
             "reason": slot.record.reason,
-            "node": node_name(),
+            "node": self.shared.node if self.shared is not None else node_name(),
             "timestamp": utc_now(),
         }
         if slot.record.state == TaskStatus.HELD:

@@ -389,3 +389,31 @@ def test_a_fork_made_on_one_node_runs_on_any(nodes: list[Node]) -> None:
         lambda: (r := a.row("t9-fork"))["state"] == "done" and r, 20, interval=0.1, what="fork"
     )
     assert row["forked_from"] == {"task": "t9", "turn": 1} and row["turn"] == 4
+
+
+def test_logs_follow_a_task_run_on_another_node_to_its_end(nodes: list[Node]) -> None:
+    a, b = nodes
+    a.submit("t10", steps(4, pause=0.2))
+    followed = b.agentd("logs", "t10", "--follow")  # returns once the task has ended
+    assert followed.returncode == 0, followed.stderr
+    assert "task_claimed" in followed.stdout and "task_done" in followed.stdout
+    assert b.row("t10")["state"] == "done"
+
+
+def test_a_hook_names_the_node_that_ran_the_task(tmp_path: Path, postgres_schema: str) -> None:
+    seen = tmp_path / "done.json"
+    hook = f'[hooks]\non_done = ["sh", "-c", "cat > {seen}"]\n'
+    node = Node(tmp_path, "web-1", postgres_schema, CONFIG + hook)
+    with subreaper():
+        try:
+            node.start()
+            node.submit("t11", steps(1, pause=0.0))
+            payload = poll_for(
+                lambda: seen.exists() and seen.read_text() and json.loads(seen.read_text()),
+                20,
+                interval=0.1,
+                what="the on_done hook",
+            )
+            assert payload["task"] == "t11" and payload["node"] == "web-1"
+        finally:
+            node.daemon.cleanup()
