@@ -294,7 +294,7 @@ class Supervisor:
         task this node no longer runs is released with it (claimable again when its
         backoff ends) and leaves this node's view. A write the fence refuses (the lease
         was taken over) is the new owner's to make: ``lease_lost``, nothing written."""
-        record, task_id = slot.record, slot.task.id
+        record = slot.record
         release = slot.worker is None and not slot.starting and record.state != TaskStatus.RUNNING
         delay = max(0.0, slot.due - self.clock()) if record.state == TaskStatus.BACKOFF else 0.0
         data = record.stamped()
@@ -305,7 +305,7 @@ class Supervisor:
             try:
                 shared.put_record(owner, data, release=release, runnable_in=delay)
             except FencedError as exc:
-                self._lease_lost(task_id, str(exc))
+                self._lease_lost(owner, str(exc))
 
         return write
 
@@ -317,13 +317,15 @@ class Supervisor:
             self.metrics.forget(slot.task.id)
         slot.owner = None
 
-    def _lease_lost(self, task_id: str, why: str) -> None:
-        """Another node took the task over: whatever of it runs here stops at once (its
-        appends are refused anyway), and the task leaves this node's view."""
+    def _lease_lost(self, owner: Owner, why: str) -> None:
+        """The claim ``owner`` was taken over: whatever of it runs here stops at once (its
+        appends are refused anyway), and the task leaves this node's view. Only that
+        claim's: a write kept from an earlier claim (refused once the database is back)
+        must not stop a worker this node runs under a later claim of the same task."""
         self.metrics.lease_lost += 1
-        slot = self.slots.get(task_id)
-        if slot is None:
-            self.log.warning("lease_lost", task=task_id, why=why)
+        slot = self.slots.get(owner.task_id)
+        if slot is None or slot.owner != owner:
+            self.log.warning("lease_lost", task=owner.task_id, epoch=owner.epoch, why=why)
             return
         self.emit("lease_lost", slot, level="warning", why=why)
         if slot.worker is not None:
@@ -929,7 +931,7 @@ class Supervisor:
         try:
             shared.check_fence(owner)
         except FencedError as exc:
-            self._lease_lost(slot.task.id, str(exc))
+            self._lease_lost(owner, str(exc))
             return
         except StorageError:
             pass  # the database is away: the write below waits for it
@@ -1001,7 +1003,7 @@ class Supervisor:
         try:
             slot.owner = self.shared.handover(slot.owner)
         except FencedError as exc:
-            self._lease_lost(slot.task.id, str(exc))
+            self._lease_lost(slot.owner, str(exc))
             return False
         except StorageError:
             pass
@@ -1065,7 +1067,7 @@ class Supervisor:
                 self._store_back(shared)
                 self._renewed = sent
                 for owner in lost:
-                    self._lease_lost(owner.task_id, f"epoch {owner.epoch} was taken over")
+                    self._lease_lost(owner, f"epoch {owner.epoch} was taken over")
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):

@@ -19,11 +19,16 @@ import psutil
 import psycopg
 import pytest
 
+from supervisor.daemon import Supervisor, TaskSlot
 from supervisor.pgcluster import free_port
+from supervisor.record import TaskRecord
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics
-from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
+from tests.support import REPO, poll_for, reply, scripted_task, text, tool_use, worker_env
+from worker.config import Config
+from worker.spool import Spool
+from worker.store.base import Owner
 
 LEASE = 2.0
 CONFIG = f"""
@@ -325,6 +330,10 @@ def test_a_cut_database_link_is_a_storage_fault_the_task_waits_out(
             events = [e["event"] for e in node.daemon.log_events()]
             assert "storage_fault" in events and "storage_recovered" in events, events
             assert "crash_loop" not in events
+            # one node alone: no claim of it was ever taken over, so no worker of it may be
+            # stopped as lease_lost (a write kept from the claim before the cut is refused
+            # once the link is back, and must not stop the worker of the claim after it)
+            assert "lease_lost" not in [e["event"] for e in node.events_json("t7")]
         finally:
             node.daemon.cleanup()
 
@@ -417,3 +426,19 @@ def test_a_hook_names_the_node_that_ran_the_task(tmp_path: Path, postgres_schema
             assert payload["task"] == "t11" and payload["node"] == "web-1"
         finally:
             node.daemon.cleanup()
+
+
+def test_a_lost_lease_stops_only_the_claim_it_belongs_to(tmp_path: Path) -> None:
+    """A write kept from an earlier claim (the database was away) is refused once it is
+    back; if this node has claimed the task again meanwhile, the refusal is the earlier
+    claim's, and the task under its new claim runs on."""
+    spool = Spool(tmp_path / "spool")
+    task = scripted_task(spool, steps(1, pause=0.0), name="t12")
+    daemon = Supervisor(spool, Config(), preload=False)
+    earlier, later = Owner("t12", "a", 1), Owner("t12", "a", 2)
+    slot = daemon.slots["t12"] = TaskSlot(task, TaskRecord.load(task), owner=later)
+    daemon._lease_lost(earlier, "a write of epoch 1 refused")
+    assert daemon.slots.get("t12") is slot and slot.owner == later
+    assert daemon.metrics.lease_lost == 1
+    daemon._lease_lost(later, "epoch 2 was taken over")
+    assert "t12" not in daemon.slots and slot.owner is None
