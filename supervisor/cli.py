@@ -102,12 +102,13 @@ def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
 
 def store_url(args: argparse.Namespace, config: Config) -> str | None:
     """The shared store's URL, first of: ``--store``, ``$AGENTD_STORE`` (or what a daemon
-    holds of it: ``credentials``), the config's ``store``; None: the spool's files."""
+    holds of it: ``credentials``; only that secret is read, so a command never fails on
+    another's source), the config's ``store``; None: the spool's files."""
     held = credentials.held().get(credentials.STORE)
     return (
         args.store
         or held
-        or credentials.gather(os.environ).get(credentials.STORE)
+        or credentials.gather(os.environ, [credentials.STORE]).get(credentials.STORE)
         or (config.store)
     )
 

@@ -37,7 +37,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -122,11 +122,13 @@ class Credentials:
 # -- the sources ---------------------------------------------------------------------------
 
 
-def gather(environ: Mapping[str, str]) -> Credentials:
-    """Every secret from its first source that is set (see the module docstring)."""
+def gather(environ: Mapping[str, str], names: Iterable[str] = CREDENTIAL_NAMES) -> Credentials:
+    """Every secret (of ``names``) from its first source that is set (see the module
+    docstring)."""
     found: dict[str, str] = {}
     files: list[str] = []
-    for name, credential in CREDENTIAL_NAMES.items():
+    for name in names:
+        credential = CREDENTIAL_NAMES[name]
         if value := environ.get(name):
             found[name] = _checked(value, f"${name}")
         elif file := environ.get(name + FILE_SUFFIX):

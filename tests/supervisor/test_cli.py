@@ -627,3 +627,16 @@ def test_the_spool_comes_from_the_config_when_not_given(tmp_path: Path, capsys: 
     assert cli.main(["--config", str(config), "submit", "--prompt", "x", "--name", "c1"]) == 0
     assert Spool(tmp_path / "from-config").task("c1").exists()
     assert Config().spool is None
+
+
+def test_a_command_reads_no_secret_but_the_store_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the daemon reads the API key; a command looks for the store's URL alone, so
+    a key file it could not read is no reason for `status` to fail."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY_FILE", str(tmp_path / "missing"))
+    monkeypatch.delenv("AGENTD_STORE", raising=False)
+    assert cli.main(["--spool", str(tmp_path / "spool"), "submit", "--prompt", "hi"]) == 0
+    task_id = capsys.readouterr().out.strip()
+    assert cli.main(["--spool", str(tmp_path / "spool"), "status", "--json"]) == 0
+    assert [t["id"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [task_id]
