@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from worker import credentials
-from worker.config import load_config
+from worker.config import ClusterConfig, load_config
 from worker.descendants import contained
 from worker.errors import (
     AgentdError,
@@ -57,9 +57,6 @@ from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
 from worker.tools.registry import ToolRegistry
-
-#: A lease the daemon did not say (``[cluster] lease``'s default).
-DEFAULT_LEASE = 10.0
 
 
 def say(line: str) -> None:
@@ -99,7 +96,7 @@ def open_store(spool: Path) -> TaskStore:
         return FileStore(spool)
     from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: a shared store only)
 
-    lease = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE)
+    lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)
     return PostgresStore(url, node=os.environ.get(NODE_ENV) or None, lease=lease)
 
 
@@ -118,30 +115,29 @@ def run(
     records goes through the store; the task folder gives only what lives beside it
     (workspace, script, output)."""
     owner = handed_over(store, task.id)
-    if owner is not None:  # the daemon's claim: the daemon ends it, not this worker
-        killed = functools.partial(processes_killed, store, task.id)
-        with contained(killed):
-            return run_owned(store, task, owner, config_path, output, handed_over=True)
-    try:
-        owner = store.acquire(task.id, wait=1.0)
-    except LockBusyError as exc:
-        say(f"agentd worker: {exc}")
-        return ExitCode.LOCKED
-    except OSError as exc:  # no such task folder, or its lock is not a file of ours
-        if storage_fault(exc) is not None:
-            raise
-        outcome = Outcome(
-            "failed", f"cannot take the lock {task.lock}: {exc.strerror}", ExitCode.FAILED
-        )
-        write_exit(store, task.id, outcome)
-        say(f"agentd worker: {outcome.reason}")
-        return ExitCode.FAILED
+    acquired = owner is None  # a lock of its own; a handed-over claim is the daemon's to end
+    if owner is None:
+        try:
+            owner = store.acquire(task.id, wait=1.0)
+        except LockBusyError as exc:
+            say(f"agentd worker: {exc}")
+            return ExitCode.LOCKED
+        except OSError as exc:  # no such task folder, or its lock is not a file of ours
+            if storage_fault(exc) is not None:
+                raise
+            outcome = Outcome(
+                "failed", f"cannot take the lock {task.lock}: {exc.strerror}", ExitCode.FAILED
+            )
+            write_exit(store, task.id, outcome)
+            say(f"agentd worker: {outcome.reason}")
+            return ExitCode.FAILED
     try:
         killed = functools.partial(processes_killed, store, task.id)
         with contained(killed):  # no tool process outlives it
-            return run_owned(store, task, owner, config_path, output)
+            return run_owned(store, task, owner, config_path, output, handed_over=not acquired)
     finally:
-        store.release(owner)
+        if acquired:
+            store.release(owner)
 
 
 def run_owned(
@@ -262,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:
     """The keeper of the claim a daemon handed over, for the lease it said (``LEASE_ENV``)."""
-    lease = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE)
+    lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)
     return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output))
 
 

@@ -45,6 +45,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from worker.config import ClusterConfig
 from worker.errors import (
     ConfigError,
     FencedError,
@@ -77,7 +78,7 @@ if TYPE_CHECKING:
     from worker.store.pgschema import Connection
 
 #: How long an acquisition lasts without a ``renew`` (``[cluster] lease``), seconds.
-DEFAULT_LEASE = 10.0  # the default of `[cluster] lease`
+DEFAULT_LEASE = ClusterConfig().lease
 
 #: Idle connections kept for reuse; more are opened while more threads need one at once.
 IDLE_CONNECTIONS = 8
