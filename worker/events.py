@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +19,17 @@ from worker.redactor import Redactor, redact
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, as ``2026-01-31T12:00:00.123Z``: every record and event carries one, so the
+    formatted second is kept and only the milliseconds are formatted anew."""
+    global _second  # noqa: PLW0603  (one cache of the formatted second, replaced whole)
+    whole, micros = divmod(round(time.time() * 1e6), 1_000_000)  # as datetime rounds
+    second = _second
+    if second[0] != whole:
+        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{second[1]}.{micros // 1000:03d}Z"
+
+
+_second: tuple[int, str] = (-1, "")
 
 
 # -- per-task event files --------------------------------------------------------------

@@ -56,6 +56,8 @@ class Redactor:
     ) -> None:
         self._environ = os.environ if environ is None else environ
         self._secrets = secrets
+        #: ``_literals``' last answer, with what it was computed from
+        self._memo: tuple[credentials.Credentials | None, tuple[Any, ...], list[str]] | None = None
 
     def __call__(self, logger: Any, method_name: str, event_dict: Any) -> Any:
         """The structlog processor interface."""
@@ -76,7 +78,20 @@ class Redactor:
         return _replace_literals(text, self._literals())
 
     def _literals(self) -> list[str]:
-        known = credentials.held().secrets() if self._secrets is None else self._secrets
+        """The literal secrets to replace, longest first. Computed again only when the
+        held credentials or the environment changed: a worker cleans every tool result,
+        and scanning the environment each time cost more than the rest of a turn's fold."""
+        holder = credentials.held() if self._secrets is None else None
+        environ = _items(self._environ)
+        memo = self._memo
+        if memo is not None and memo[0] is holder and memo[1] == environ:
+            return memo[2]
+        literals = self._find_literals(holder)
+        self._memo = (holder, environ, literals)
+        return literals
+
+    def _find_literals(self, holder: credentials.Credentials | None) -> list[str]:
+        known = holder.secrets() if holder is not None else self._secrets or ()
         found = {
             value
             for name, value in self._environ.items()
@@ -142,6 +157,13 @@ def _replace_literals(text: str, literals: list[str]) -> str:
         if literal in text:
             text = text.replace(literal, REDACTED)
     return text
+
+
+def _items(environ: Mapping[str, str]) -> tuple[Any, ...]:
+    """An environment's items as a tuple cheap to compare: for ``os.environ``, the bytes
+    it decodes from (its own ``items()`` decodes every variable on each call)."""
+    raw = getattr(environ, "_data", None)  # os._Environ keeps them in this dict
+    return tuple(raw.items()) if isinstance(raw, dict) else tuple(environ.items())
 
 
 def _is_secret_key(name: str) -> bool:

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from supervisor.logging import (
     reset,
 )
 from tests.mounts import fill, small_disk
+from worker import credentials
+from worker.events import utc_now
 
 # Canaries: if one of these shows up in any output, a secret leaked.
 ANTHROPIC_CANARY = "sk-ant-api03-CANARY0123456789abcdefghijklmnopqrstuvwxyz_-ABCDEFGH"
@@ -148,6 +151,26 @@ def test_values_of_secret_named_env_vars_are_redacted() -> None:
     clean = redactor.clean_text("push with ghp_canary_0123456789 from /srv/operator")
 
     assert clean == f"push with {REDACTED} from /srv/operator"
+
+
+def test_secrets_that_appear_after_a_first_use_are_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The redactor remembers the secrets it found, but never past a change of the
+    environment or of the credentials held."""
+    redactor = Redactor()
+    assert redactor.clean_secrets("deploy with ghp_late_canary_01234") == (
+        "deploy with ghp_late_canary_01234"
+    )
+
+    monkeypatch.setenv("DEPLOY_TOKEN", "ghp_late_canary_01234")
+    assert redactor.clean_secrets("deploy with ghp_late_canary_01234") == f"deploy with {REDACTED}"
+
+    monkeypatch.delenv("DEPLOY_TOKEN")
+    monkeypatch.setattr(credentials, "_held", credentials.Credentials({"X": "held_canary_56789"}))
+    assert redactor.clean_secrets("ghp_late_canary_01234 held_canary_56789") == (
+        f"ghp_late_canary_01234 {REDACTED}"
+    )
 
 
 def test_a_short_env_key_is_not_redacted_everywhere() -> None:
@@ -343,3 +366,12 @@ def test_no_color_turns_colours_off_on_a_terminal(monkeypatch: pytest.MonkeyPatc
 
     assert "dangling_held" in tty.getvalue()
     assert "\x1b[" not in tty.getvalue()
+
+
+def test_utc_now_is_the_time_now_to_the_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records and events are stamped with ``utc_now``: ISO 8601 in UTC with milliseconds,
+    right across a change of second (its formatted second is cached)."""
+    for now in (1_780_000_000.999, 1_780_000_001.0, 1_780_000_001.3, 1_780_000_061.9999996):
+        monkeypatch.setattr(time, "time", lambda now=now: now)
+        expected = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+        assert utc_now() == expected.replace("+00:00", "Z")
