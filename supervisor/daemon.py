@@ -753,11 +753,10 @@ class Supervisor:
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
         answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
-        fresh interpreter at once. A restart also waits for a server still warming up
-        (``forkserver.WARMUP_WAIT`` at most): a worker that dies in the first seconds
-        after the daemon started is replaced warm, in less time than a fresh one takes.
-        A first start does not wait: the daemon's first workers start as they always did,
-        fresh until the server is ready."""
+        fresh interpreter at once. A start waits for a server still warming up
+        (``forkserver.WARMUP_WAIT`` at most) when a fresh one would take as long
+        (``_worth_the_wait``), so a worker that dies in the first seconds after the daemon
+        started is replaced warm."""
         forks = self.forks
         if forks is not None and forks.ask(
             slot,
@@ -766,11 +765,23 @@ class Supervisor:
             self.worker_config,
             self._env_for(slot),
             slot.task.output,
-            wait=slot.record.restarts > 0,
+            wait=not forks.server.ready and self._worth_the_wait(slot),
         ):
             slot.starting = True
             return
         self._start_fresh(slot)
+
+    def _worth_the_wait(self, slot: TaskSlot) -> bool:
+        """Whether a start of ``slot`` is better off waiting for the fork server: a restart
+        (a fresh interpreter would compete with the server's import for the CPU), or a
+        task on the Messages API (a fresh interpreter imports the very SDK the server is
+        importing). A scripted task's first start does not wait: it needs no SDK."""
+        if slot.record.restarts > 0:
+            return True
+        try:
+            return not self.store.load_spec(slot.task.id).scripted
+        except (AgentdError, OSError):
+            return False  # started fresh: the worker says what is wrong with the spec
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:

@@ -6,9 +6,10 @@ key, in turn through each of its sources: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_API
 and a systemd credential (``$CREDENTIALS_DIRECTORY/anthropic_api_key``). Its workers run
 on the real SDK against the local Messages API server (``worker.testing.messages_api``), which
 accepts no key but the canary, so every request that is answered proves the key reached
-the SDK. Tasks run fresh workers (queued before the daemon starts, so they start before
-the fork server is ready) and forked ones (after it is ready); every task's one tool call
-is a ``run_command`` probe that hunts for the key the way a hostile tool would:
+the SDK. Tasks run fresh workers (a scripted task queued before the daemon starts: it
+needs no SDK, so its start does not wait for the fork server) and forked ones (tasks on
+the SDK, whose starts wait for the server); every task's one tool call is a
+``run_command`` probe that hunts for the key the way a hostile tool would:
 
 * its own environment;
 * ``/proc/$PPID/environ`` (its worker), and ``environ`` and ``cmdline`` of every process
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -60,7 +62,16 @@ from supervisor.control import ring, running_pid
 from supervisor.submit import submit
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
-from tests.support import REPO, journal_records, of_kind, poll_for, worker_env
+from tests.support import (
+    REPO,
+    journal_records,
+    of_kind,
+    poll_for,
+    reply,
+    tool_use,
+    worker_env,
+)
+from tests.support import text as text_block
 from worker.events import read_events
 from worker.redactor import REDACTED
 from worker.testing.messages_api import MessagesAPIServer, Reply, by_turn
@@ -286,15 +297,26 @@ def one_daemon(root: Path, key: Key, config: str, *, detach: bool, found: Findin
     planted_ws.mkdir()
     (planted_ws / "notes.txt").write_text(f"a key someone left here: {key.canary}\n")
 
-    def submit_task(name: str, workspace: Path | None = None) -> str:
-        submit(daemon.spool, daemon.config, prompt=f"{name}: go", name=name, workspace=workspace)
+    def submit_task(name: str, workspace: Path | None = None, script: Path | None = None) -> str:
+        submit(
+            daemon.spool,
+            daemon.config,
+            prompt=f"{name}: go",
+            name=name,
+            workspace=workspace,
+            script=script,
+        )
         ring(daemon.spool, name)
         return name
+
+    script = root / "fresh-script.json"  # the same probe, from the scripted model
+    probe = reply(tool_use("run_command", command=command))
+    script.write_text(json.dumps({"responses": [probe, reply(text_block("Done."))]}))
 
     with server, contextlib.ExitStack() as stack:
         stack.callback(daemon.cleanup)
         daemon.spool.ensure()
-        names = [submit_task("fresh")]  # queued: started before the fork server is ready
+        names = [submit_task("fresh", script=script)]  # started before the server is ready
         pid = start_daemon(daemon, env, detach)
         found.daemons += 1
         sampler = stack.enter_context(EnvironSampler(pid, key.needles(), key.canary.encode()))

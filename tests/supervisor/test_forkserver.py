@@ -16,10 +16,13 @@ from typing import Any
 import psutil
 
 from supervisor import forkserver
+from supervisor.control import ring
 from supervisor.forkserver import ForkQueue, ForkServer
+from supervisor.submit import submit
 from tests.daemon import Daemon, parse_time
 from tests.support import poll_for, reply, text
 from worker.store.base import START
+from worker.testing.messages_api import MessagesAPIServer, Reply
 
 
 def cmdline(pid: int) -> str:
@@ -49,6 +52,40 @@ def test_a_restart_in_the_first_seconds_waits_for_the_warming_fork_server(
         assert daemon.wait_state(task_id, "done", timeout=30)["restarts"] == 1
     finally:
         daemon.cleanup()
+
+
+def test_a_task_on_the_sdk_starts_warm_and_a_kill_of_its_first_worker_is_replaced_at_once(
+    tmp_path: Path,
+) -> None:
+    """A fresh start of a task on the Messages API imports the very SDK the warming fork
+    server is importing: its first start waits for the server instead, so the daemon's
+    first workers are forked, and a worker that dies in the first seconds after `agentd
+    start` is replaced by another fork, not by a wait for the server."""
+    with MessagesAPIServer(responder=lambda request: Reply.text("Done.", delay=3.0)) as server:
+        daemon = Daemon(tmp_path, "max_workers = 2\n[restart]\nbackoff_initial = 0.05\n")
+        try:
+            submit(daemon.spool, daemon.config, prompt="go", name="early")
+            ring(daemon.spool, "early")
+            daemon.start(
+                {
+                    "ANTHROPIC_API_KEY": server.api_key or "key",
+                    "ANTHROPIC_BASE_URL": server.base_url,
+                    "NO_PROXY": "127.0.0.1,localhost",
+                }
+            )
+            first = poll_for(lambda: daemon.events("early", "worker_spawned"), 30, what="a worker")
+            assert "worker.forkserver" in cmdline(first[0]["pid"])  # forked, the first too
+            ready = [e for e in daemon.log_events() if e["event"] == "forkserver_ready"]
+            assert ready and parse_time(ready[0]["timestamp"]) <= parse_time(first[0]["timestamp"])
+            poll_for(lambda: server.requests, 30, what="the first model request")
+            os.kill(first[0]["pid"], signal.SIGKILL)
+            spawned = poll_for(
+                lambda: daemon.events("early", "worker_spawned")[1:], 30, what="the restart"
+            )
+            assert "worker.forkserver" in cmdline(spawned[0]["pid"])
+            assert daemon.wait_state("early", "done", timeout=30)["restarts"] == 1
+        finally:
+            daemon.cleanup()
 
 
 def never_ready(tmp_path: Path) -> ForkServer:
