@@ -57,14 +57,14 @@ from typing import Any
 
 from bench.report import Row, ensure_peers, percentile
 from supervisor.submit import create_task
-from worker.config import Config
+from worker.config import Config, ContextConfig
 from worker.heartbeat import Heartbeat
 from worker.loop import AgentLoop, StopRequested
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, SNAPSHOT_TRAILER, TaskState
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 from worker.store.files import FileStore
 from worker.store.journal import Journal, Record
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
@@ -87,6 +87,13 @@ PROMPT = "Work through the backlog one item at a time; look each item up before 
 
 TARGET_COST = 1.5  # x floor, per-turn cost at the target turn
 TARGET_FLAT = 1.25  # growth of the per-turn cost from turn 100 to the last reported turn
+#: The worker's configuration: the defaults, but a context window no transcript of this
+#: workload reaches. The script's usage grows by 600 tokens a turn and never falls, so
+#: with the default window the loop would compact at every turn past the 260th; this
+#: benchmark measures what checkpointing a growing transcript costs, and compaction has
+#: its own (``bench/compaction.py``).
+BENCH_CONFIG = Config(context=ContextConfig(window=10**9))
+
 TARGET_BYTES = 2.0  # x message bytes
 TARGET_RESUME_MS = 20.0  # at the target turn
 
@@ -341,7 +348,7 @@ def run_agentd(
     during model call ``turns + 1`` (the usual case: the snapshot is current), or with
     ``stop_in_tool`` during the tool call of turn ``turns`` (before its snapshot)."""
     task = new_task(spool, name, turns + (1 if stop_in_tool else 0))
-    config = Config()
+    config = BENCH_CONFIG
     spec = task.load_spec()
     tools = ToolRegistry([lookup])
     task.workspace_for(spec).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -375,7 +382,7 @@ def run_agentd(
 
 def resume_once(task: TaskDir, turns: int) -> float:
     """Milliseconds from a task folder to a state ready for the next model call."""
-    config = Config()
+    config = BENCH_CONFIG
     spec = task.load_spec()
     tools = ToolRegistry([lookup])
     t0 = time.perf_counter_ns()
@@ -415,7 +422,7 @@ def resume_parts(task: TaskDir, repeats: int) -> dict[str, float]:
         clock.append(time.perf_counter_ns())
         text = zlib.decompress(body[len(SNAPSHOT_MAGIC) :])
         clock.append(time.perf_counter_ns())
-        scene = json.loads(text)
+        scene = load_json(text)
         clock.append(time.perf_counter_ns())
         state, offset = TaskState.from_snapshot(scene)
         clock.append(time.perf_counter_ns())
@@ -428,7 +435,7 @@ def resume_parts(task: TaskDir, repeats: int) -> dict[str, float]:
             "read snapshot",
             "crc check",
             "zlib.decompress",
-            "json.loads",
+            "load_json",
             "TaskState.from_snapshot",
             f"Journal.open + fold {len(records)} records",
         )

@@ -16,10 +16,11 @@ the bytes are kept is the store's business (``worker.store``), not the protocol'
 
 from __future__ import annotations
 
-import json
 import math
 from enum import IntEnum, StrEnum
 from typing import Any
+
+from worker.store.durable import load_json
 
 
 class ExitCode(IntEnum):
@@ -103,7 +104,7 @@ def heartbeat_shaped(beat: Any) -> bool:
 def parse_heartbeat(data: bytes) -> dict[str, Any] | None:
     """The heartbeat in ``data`` (a heartbeat file's bytes), or None when it is not one."""
     try:
-        beat = json.loads(data)
+        beat = load_json(data)
     except ValueError:
         return None
     return beat if heartbeat_shaped(beat) else None
@@ -121,7 +122,7 @@ def exit_reason(data: bytes, pid: int | None = None) -> str | None:
     """The reason in an exit record's bytes; with ``pid``, only if that worker wrote it (one
     that could not write leaves an earlier worker's)."""
     try:
-        record = json.loads(data)
+        record = load_json(data)
     except ValueError:
         return None
     return exit_record_reason(record, pid)
@@ -145,7 +146,7 @@ def parse_decision(data: bytes) -> dict[str, str]:
     """The decision in ``data`` (a decision file's bytes) as the worker records it: its
     ``action`` and the text fields it carries. ValueError, whose text is the one the
     worker logs as ``decision_invalid``, when the worker cannot apply it."""
-    return decision_fields(json.loads(data))
+    return decision_fields(load_json(data))
 
 
 def decision_fields(decision: Any) -> dict[str, str]:

@@ -46,7 +46,6 @@ scene, history and all (``to_snapshot``), is what a fork's ``base`` record carri
 from __future__ import annotations
 
 import copy
-import json
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
@@ -54,7 +53,7 @@ from typing import Any
 
 from worker import compaction
 from worker.models.base import JSON, Usage
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 
 SNAPSHOT_VERSION = 1  # a scene's JSON: a base record's, and inside a snapshot file
 SNAPSHOT_MAGIC = b"agentd-snapshot 2\n"  # the snapshot file's format
@@ -449,11 +448,39 @@ def snapshot_bytes(state: TaskState, offset: int) -> bytes:
     return seal_snapshot(state.compact().to_snapshot(offset))
 
 
+def scene_json(state: TaskState, offset: int) -> bytes:
+    """The compact scene of ``state`` at journal ``offset`` as JSON: what a store without
+    snapshot files keeps (``dump_scene``)."""
+    return dump_scene(state.compact().to_snapshot(offset))
+
+
 def seal_snapshot(scene: JSON) -> bytes:
     """A snapshot file: a magic line, ``scene`` as zlib-compressed JSON, and the crc32 of
     every byte before it, so a flipped bit is a refused snapshot, never a wrong state."""
-    body = SNAPSHOT_MAGIC + zlib.compress(dump_json(scene), 1)
+    body = SNAPSHOT_MAGIC + zlib.compress(dump_scene(scene), 1)
     return body + SNAPSHOT_TRAILER.pack(zlib.crc32(body))
+
+
+def dump_scene(scene: JSON) -> bytes:
+    """``dump_json(scene)``, byte for byte, made a piece at a time: each top-level value,
+    and each item of a top-level list (the messages, the calls). Snapshots are written
+    on a thread of their own while the loop goes on, and one dump of a long
+    transcript would hold the GIL throughout (tens of milliseconds at a thousand turns);
+    between pieces, the loop thread gets its turn."""
+
+    def piece(value: Any) -> bytes:
+        if not isinstance(value, list) or len(value) <= _SCENE_PIECE:
+            return dump_json(value)
+        # a list's dump is "[" + its items' dumps joined by "," + "]": a slice's, unbracketed
+        slices = range(0, len(value), _SCENE_PIECE)
+        return b"[" + b",".join(dump_json(value[i : i + _SCENE_PIECE])[1:-1] for i in slices) + b"]"
+
+    return b"{" + b",".join(dump_json(k) + b":" + piece(v) for k, v in scene.items()) + b"}"
+
+
+#: The items of a list dumped in one go by ``dump_scene``: a few hundred microseconds of
+#: holding the GIL, and few enough calls that the pieces cost nothing.
+_SCENE_PIECE = 64
 
 
 def open_snapshot(data: bytes) -> JSON:
@@ -465,7 +492,7 @@ def open_snapshot(data: bytes) -> JSON:
     if crc != zlib.crc32(body):
         raise ValueError("snapshot checksum mismatch")
     try:
-        scene = json.loads(zlib.decompress(body[len(SNAPSHOT_MAGIC) :]))
+        scene = load_json(zlib.decompress(body[len(SNAPSHOT_MAGIC) :]))
     except zlib.error as exc:
         raise ValueError(f"snapshot does not decompress: {exc}") from None
     if not isinstance(scene, dict):

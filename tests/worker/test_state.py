@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from tests.support import assert_paired, scene, tool_results
 from worker.models.base import Usage
-from worker.state import TaskState, fold
+from worker.state import TaskState, dump_scene, fold
+from worker.store.durable import dump_json
 
 PROMPT = "Build the thing."
 HEADER = {"k": "header", "v": 1}
@@ -321,3 +322,19 @@ def test_a_detached_state_is_not_changed_by_the_fold_that_goes_on(
         later += [intent(call_id, 5), result(call_id, "late")]
     fold(PROMPT, later, state)
     assert _through_json(detached.to_snapshot(7)) == taken
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=journals(), text=st.text(max_size=20))
+def test_a_scene_made_a_piece_at_a_time_is_the_bytes_of_one_dump(
+    records: list[dict[str, Any]], text: str
+) -> None:
+    """``dump_scene`` (what snapshots are written with) is ``dump_json`` byte for byte,
+    whatever the state holds: a snapshot of this release reads as one of the last."""
+    state = fold(PROMPT, [*records, {"k": "user", "content": [{"type": "text", "text": text}]}])
+    scene = state.compact().to_snapshot(7)
+    assert dump_scene(scene) == dump_json(scene)
+    assert dump_scene({}) == dump_json({})
+    for n in (63, 64, 65, 129, 1000):  # lists dumped a slice at a time
+        long = {"messages": [{"i": i, "text": f"é{i}"} for i in range(n)], "turn": n, "held": []}
+        assert dump_scene(long) == dump_json(long)

@@ -44,6 +44,7 @@ from worker.store.base import (
 from worker.store.durable import (
     atomic_write,
     atomic_write_json,
+    load_json,
     private_dir,
     read_bytes,
     read_json,
@@ -297,7 +298,7 @@ class FileStore:
         try:
             with os.fdopen(fd, "rb") as f:
                 version = _version(os.fstat(f.fileno()))
-                data = json.loads(f.read())
+                data = load_json(f.read())
         except (OSError, ValueError):
             raise Unreadable(str(path), UNREADABLE) from None
         if not isinstance(data, dict):

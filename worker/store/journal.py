@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import queue
 import struct
@@ -62,7 +61,7 @@ from typing import Any
 
 from worker.errors import JournalCorruptError, SpoolError, StorageError
 from worker.store.base import MAX_RECORD, record_bytes
-from worker.store.durable import fsync_dir, open_private, storage_error
+from worker.store.durable import fsync_dir, load_json, open_private, storage_error
 
 JOURNAL_VERSION = 2
 
@@ -107,7 +106,7 @@ class Framing:
         if self._crc(length, durable, payload) != crc:
             return None
         try:
-            record = json.loads(payload)
+            record = load_json(payload)
         except ValueError:
             return None
         if not isinstance(record, dict) or not isinstance(record.get("k"), str):

@@ -33,7 +33,7 @@ from worker.errors import (
 )
 from worker.redactor import redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
-from worker.state import TaskState
+from worker.state import TaskState, scene_json
 from worker.store.base import (
     JSON,
     START,
@@ -43,7 +43,7 @@ from worker.store.base import (
     Version,
     record_bytes,
 )
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 from worker.store.journal import JOURNAL_VERSION
 
 
@@ -264,7 +264,7 @@ class MemoryStore:
                 f"task {task.spec.id}: no record starts at {after.position}; read the "
                 "journal from its start."
             )
-        return [json.loads(item) for item in task.journal[after.position :]]
+        return [load_json(item) for item in task.journal[after.position :]]
 
     # -- snapshots --------------------------------------------------------------------
 
@@ -274,11 +274,11 @@ class MemoryStore:
             data = task.snapshot
             if data is None:
                 return None
-        state, position = TaskState.from_snapshot(json.loads(data))
+        state, position = TaskState.from_snapshot(load_json(data))
         return Snapshot(Cursor(position), state, len(data))
 
     def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
-        data = dump_json(snapshot.state.compact().to_snapshot(snapshot.cursor.position))
+        data = scene_json(snapshot.state, snapshot.cursor.position)
         with self.guard:
             self.fenced(owner).snapshot = data
         return len(data)
@@ -301,7 +301,7 @@ class MemoryStore:
         slot = (validate_call_id(key), attempt)
         with self.guard:
             data = self.get(task_id).decisions.get(slot)
-        return None if data is None else dict(json.loads(data))
+        return None if data is None else dict(load_json(data))
 
     def request_cancel(self, task_id: str, stamp: JSON) -> bool:
         with self.guard:
@@ -324,7 +324,7 @@ class MemoryStore:
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
         with self.guard:
             task = self.get(task_id)
-            return dict(json.loads(task.record)), Version(str(task.version))
+            return dict(load_json(task.record)), Version(str(task.version))
 
     def record_version(self, task_id: str) -> Version:
         with self.guard:
@@ -371,7 +371,7 @@ class MemoryStore:
     def read_heartbeat(self, task_id: str) -> JSON | None:
         with self.guard:
             data = self.get(task_id).heartbeat
-        return None if data is None else dict(json.loads(data))
+        return None if data is None else dict(load_json(data))
 
     def publish_exit(self, task_id: str, outcome: JSON) -> None:
         data = dump_json(outcome)
@@ -381,4 +381,4 @@ class MemoryStore:
     def read_exit(self, task_id: str) -> JSON | None:
         with self.guard:
             data = self.get(task_id).exit
-        return None if data is None else dict(json.loads(data))
+        return None if data is None else dict(load_json(data))

@@ -58,7 +58,7 @@ from worker.errors import (
 )
 from worker.redactor import REDACTED, redact, without_password
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
-from worker.state import TaskState
+from worker.state import TaskState, scene_json
 from worker.store import pglease, pgschema
 from worker.store.base import (
     JSON,
@@ -71,7 +71,7 @@ from worker.store.base import (
     Version,
     record_bytes,
 )
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 from worker.store.journal import JOURNAL_VERSION
 
 if TYPE_CHECKING:
@@ -692,14 +692,14 @@ class PostgresStore:
             first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
             writer.append([first])
             return writer, [first]
-        return writer, [json.loads(r) for r in records]
+        return writer, [load_json(r) for r in records]
 
     def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
         seen = self._seen(task_id)
         if seen is not None and seen.records is not None and after.position == seen.after:
-            return [json.loads(r) for r in seen.records]
+            return [load_json(r) for r in seen.records]
         _, seq, records = self._records(task_id, after)
-        return [json.loads(r) for r in records] if seq else []
+        return [load_json(r) for r in records] if seq else []
 
     def journal_end(self, task_id: str) -> Cursor:
         (seq,) = self._row("SELECT seq FROM tasks WHERE id = %(task)s", task_id)
@@ -723,11 +723,11 @@ class PostgresStore:
         if row[0] is None:
             return None
         data = bytes(row[0])
-        state, position = TaskState.from_snapshot(json.loads(data))
+        state, position = TaskState.from_snapshot(load_json(data))
         return Snapshot(Cursor(position), state, len(data))
 
     def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
-        data = dump_json(snapshot.state.compact().to_snapshot(snapshot.cursor.position))
+        data = scene_json(snapshot.state, snapshot.cursor.position)
         wrote = self._done(
             """
             WITH done AS (

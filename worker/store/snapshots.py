@@ -6,6 +6,11 @@ thread of its own, one snapshot at a time, so the loop only pays for a copy of w
 will change later (``TaskState.detached``). A crash mid-snapshot is as harmless as
 before: the store replaces a snapshot whole or not at all, and a snapshot is a cache.
 
+The thread is started once, at the first snapshot, and then waits for work: starting a
+thread per snapshot made the loop wait for the new thread to let go of the GIL (up to
+the interpreter's switch interval, 5 ms) on every snapshot. The serialization itself lets
+go of the GIL between pieces (``worker.state.dump_scene``).
+
 A failure (a full disk, a fenced owner) is kept and raised on the loop thread at the
 next ``collect``, where a failed synchronous write would have been raised; ``close``
 waits for the snapshot in flight and drops its failure (the worker is ending anyway, and
@@ -22,30 +27,45 @@ from worker.store.base import Owner, Snapshot, TaskStore
 class SnapshotWriter:
     def __init__(self, store: TaskStore) -> None:
         self._store = store
+        self._changed = threading.Condition()
+        self._job: tuple[Owner, Snapshot] | None = None  # waiting or being written
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._size: int | None = None  # the bytes of the last snapshot, once written
         self._failure: BaseException | None = None
 
     @property
     def busy(self) -> bool:
         """A snapshot is still being written."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._job is not None
 
     def put(self, owner: Owner, snapshot: Snapshot) -> None:
         """Write ``snapshot`` in the background; its state must be the loop's no longer
         (``TaskState.detached``). Only when not ``busy``."""
-        if self.busy:
-            raise RuntimeError("a snapshot is still being written")
-        self._thread = threading.Thread(
-            target=self._write, args=(owner, snapshot), name="snapshot", daemon=True
-        )
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="snapshot", daemon=True)
+            self._thread.start()
+        with self._changed:
+            if self._job is not None or self._closed:
+                raise RuntimeError("a snapshot is still being written, or the writer is closed")
+            self._job = (owner, snapshot)
+            self._changed.notify_all()
 
-    def _write(self, owner: Owner, snapshot: Snapshot) -> None:
-        try:
-            self._size = self._store.put_snapshot(owner, snapshot)
-        except BaseException as exc:  # raised on the loop thread by ``collect``
-            self._failure = exc
+    def _serve(self) -> None:
+        while True:
+            with self._changed:
+                while self._job is None and not self._closed:
+                    self._changed.wait()
+                if self._job is None:
+                    return
+                owner, snapshot = self._job
+            try:
+                self._size = self._store.put_snapshot(owner, snapshot)
+            except BaseException as exc:  # raised on the loop thread by ``collect``
+                self._failure = exc
+            with self._changed:
+                self._job = None
+                self._changed.notify_all()
 
     def collect(self) -> int | None:
         """The size of the snapshot written since the last call, or None; raises what
@@ -60,11 +80,15 @@ class SnapshotWriter:
 
     def wait(self) -> int | None:
         """Wait for the snapshot in flight, then ``collect``."""
-        if self._thread is not None:
-            self._thread.join()
+        with self._changed:
+            while self._job is not None:
+                self._changed.wait()
         return self.collect()
 
     def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
         if self._thread is not None:
             self._thread.join()
         self._failure = None
