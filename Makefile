@@ -10,6 +10,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@# byte-compiled, as pip compiles a package it installs: an editable install where
+	@# PYTHONDONTWRITEBYTECODE is set would compile every module at every command and
+	@# at every fresh worker's start
+	$(BIN)/python -m compileall -q worker supervisor > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -41,7 +41,6 @@ from supervisor.decisions import (
     pending_decisions,
     refuse_if_cancelled,
 )
-from supervisor.hooks import node_name as local_node
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
 from supervisor.stores import shared, store_for, use_shared
@@ -55,6 +54,7 @@ from supervisor.submit import (
 )
 from worker import __version__, credentials
 from worker.config import NODE_NAME, Config, load_config
+from worker.config import node_name as local_node
 from worker.errors import (
     AgentdError,
     ConfigError,

@@ -64,7 +64,7 @@ from supervisor.control import (
 )
 from supervisor.decisions import pending_decisions
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
-from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner, node_name
+from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample
@@ -84,7 +84,7 @@ from supervisor.workers import (
     sweep_strays,
 )
 from worker import __version__, credentials
-from worker.config import Config, config_changes, read_config
+from worker.config import Config, config_changes, node_name, read_config
 from worker.descendants import become_subreaper
 from worker.errors import (
     AgentdError,

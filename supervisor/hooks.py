@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -70,11 +69,6 @@ def check_commands(hooks: HooksConfig, source: Path | str) -> None:
                 f"{source}: hooks.{f.name}: {program} {where}; give the full path of an "
                 "executable, or [] for no hook."
             )
-
-
-def node_name() -> str:
-    """The name this machine's daemon goes by: its hostname (DESIGN.md section 10)."""
-    return socket.gethostname() or "localhost"
 
 
 #: Reports a hook that failed: (task id, hook key, why).

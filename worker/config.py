@@ -19,6 +19,7 @@ import keyword
 import math
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -117,6 +118,11 @@ class ClusterConfig:
 MIN_LEASE = 1.0
 #: A node's name: what leases, status and logs call it (the hostname by default).
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def node_name() -> str:
+    """The name this machine's daemon goes by: its hostname (DESIGN.md section 10)."""
+    return socket.gethostname() or "localhost"
 
 
 #: What ``[context] strategy`` may be: who compacts a transcript that outgrows the window.

@@ -139,55 +139,57 @@ class TaskDir:
     def __post_init__(self) -> None:
         validate_task_id(self.id)
 
+    # The paths are cached: the daemon asks for them for every task, every tick, and
+    # status for every task of the spool.
     @functools.cached_property
-    def path(self) -> Path:  # cached: the daemon asks for it for every task, every tick
+    def path(self) -> Path:
         return self.root / "tasks" / self.id
 
-    @property
+    @functools.cached_property
     def spec(self) -> Path:
         return self.path / "spec.json"
 
-    @property
+    @functools.cached_property
     def script(self) -> Path:
         return self.path / "script.json"
 
-    @property
+    @functools.cached_property
     def journal(self) -> Path:
         return self.path / "journal"
 
-    @property
+    @functools.cached_property
     def snapshot(self) -> Path:
         return self.path / "snapshot"
 
-    @property
+    @functools.cached_property
     def lock(self) -> Path:
         return self.path / "lock"
 
-    @property
+    @functools.cached_property
     def heartbeat(self) -> Path:
         return self.path / "heartbeat.json"
 
-    @property
+    @functools.cached_property
     def exit(self) -> Path:
         return self.path / "exit.json"
 
-    @property
+    @functools.cached_property
     def state(self) -> Path:
         return self.path / "state.json"
 
-    @property
+    @functools.cached_property
     def events(self) -> Path:
         return self.path / "events.jsonl"
 
-    @property
+    @functools.cached_property
     def output(self) -> Path:
         return self.path / "worker.log"
 
-    @property
+    @functools.cached_property
     def decisions(self) -> Path:
         return self.path / "decisions"
 
-    @property
+    @functools.cached_property
     def cancellation(self) -> Path:
         """The operator's cancel, once made: created exclusively, never removed (a cancel
         is final, and no decision of the task is carried out after it)."""
@@ -225,6 +227,9 @@ class TaskDir:
 @dataclass(frozen=True)
 class Spool:
     root: Path
+    #: the TaskDirs handed out, by id: each caches its paths, and the daemon (every tick)
+    #: and status (every task) ask for the same tasks again and again
+    _tasks: dict[str, TaskDir] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def tasks_dir(self) -> Path:
@@ -236,7 +241,11 @@ class Spool:
         return self
 
     def task(self, task_id: str) -> TaskDir:
-        return TaskDir(self.root, task_id)
+        """The folder of ``task_id``; ``SpoolError`` for an id that is not valid."""
+        found = self._tasks.get(task_id)
+        if found is None:
+            found = self._tasks[task_id] = TaskDir(self.root, task_id)
+        return found
 
     def task_ids(self) -> list[str]:
         """Ids of the task folders; a symlink planted in ``tasks/`` is never followed."""

@@ -297,3 +297,19 @@ def test_a_second_start_says_to_stop_the_first_either_way(daemon: Path) -> None:
         one_line(done.stderr, f"already running on {daemon} (pid {pid})", "agentd stop")
     assert running_pid(Spool(daemon)) == pid
     assert os.path.exists(daemon / "supervisor.lock")
+
+
+def test_a_command_imports_no_more_than_it_needs(tmp_path: Path) -> None:
+    """Every `agentd status` pays for what the CLI imports before it reads a task: not the
+    SDK, not PostgreSQL's driver, not asyncio (the daemon's, about 20 ms of start-up)."""
+    code = (
+        "import sys\n"
+        "from supervisor.cli import main\n"
+        f"main(['--spool', {str(tmp_path / 'spool')!r}, 'status', '--json'])\n"
+        "heavy = {'anthropic', 'psycopg', 'asyncio'} & set(sys.modules)\n"
+        "assert not heavy, f'imported: {sorted(heavy)}'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
