@@ -147,6 +147,23 @@ def test_held_records_are_written_by_the_next_append(store: TaskStore) -> None:
     writer.close()
 
 
+def test_a_close_writes_what_is_held_unless_the_owner_lost_the_task(store: TaskStore) -> None:
+    """Every store closes a journal alike: the held records are written while the owner
+    holds the task, and never once it has lost it."""
+    task = new_task(store)
+    owner = store.acquire(task)
+    writer, _ = store.open_journal(owner, header=HEADER)
+    writer.hold([turn(1)])
+    writer.close()
+    assert store.replay(task)[1:] == [turn(1)]
+
+    writer, _ = store.open_journal(owner)
+    writer.hold([user("held by an owner that lost the task")])
+    store.release(owner)
+    writer.close()
+    assert store.replay(task)[1:] == [turn(1)]
+
+
 def test_an_oversized_record_is_refused_and_changes_nothing(store: TaskStore) -> None:
     task = new_task(store)
     writer, _ = store.open_journal(store.acquire(task), header=HEADER)

@@ -53,6 +53,7 @@ from worker.errors import (
     LockBusyError,
     NotFoundError,
     RecordConflictError,
+    SpoolError,
     StateConflictError,
     StorageError,
 )
@@ -278,7 +279,13 @@ class PostgresJournal:
         self.sync()
 
     def close(self) -> None:
-        self._held = []  # like a killed process's: never written
+        """Write what is held, as every store's close does, unless the owner lost the task
+        or the write fails: a held record's loss is harmless (a turn none of whose tools
+        has started: the model is asked again)."""
+        if self._held:
+            with contextlib.suppress(SpoolError):  # a fenced owner, a failed write
+                self.append([])
+        self._held = []
 
 
 class PostgresStore:
