@@ -71,6 +71,11 @@ def test_records_the_daemon_could_not_write_are_rewritten_and_nothing_is_a_crash
     # The worker, waiting on its model, can write no heartbeat: it exits 7 after half the
     # timeout. The daemon's `backoff` record is refused, so the file still says `running`.
     poll_for(lambda: not alive(row["pid"]), 10, what="the worker to stop on the full disk")
+
+    def refused() -> bool:  # the daemon's own write (no task named): its `backoff` record
+        return any(e["event"] == "storage_fault" and "task" not in e for e in daemon.log_events())
+
+    poll_for(refused, 10, what="the daemon's record refused")  # (not merely not yet written)
     assert daemon.row(task_id)["state"] == "running"
     filler.unlink()
     fresh = daemon.wait_row(
