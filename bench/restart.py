@@ -18,8 +18,9 @@ backed off on purpose (``supervisor/policy.py``).
   ``autorestart=true`` (default ``startsecs=1``), killed the same way.
 * **first restart**: the same kill, of the first worker of a daemon started a moment
   before with the task already submitted, so the kill lands in the first seconds after
-  ``agentd start``, while the fork server may still be warming up; a fresh daemon (and
-  model server) per kill.
+  ``agentd start``; a fresh daemon (and model server) per kill. A first start of a task
+  on the SDK waits for the warming fork server (a fresh interpreter would import the same
+  SDK), so the first worker is forked, and the kill finds the server ready.
 * **hang**: ``SIGSTOP`` of the worker, to the replacement's first model request; the
   daemon must see the silent heartbeat and restart within ``heartbeat.timeout`` + 1 s.
   supervisord has no heartbeat: a stopped worker stays stopped (not measured).
@@ -371,8 +372,8 @@ def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             compare=False,
             note="SIGKILL of the first worker of a daemon started a moment before (the task "
             "submitted first) as soon as the daemon names it, to the replacement's first "
-            "model request: the restart the fork server may not be warm for yet "
-            "(restart.backoff_initial 0.01 s: the kill came before any progress).",
+            "model request, in the first seconds after start (the first start waited for the "
+            "fork server; restart.backoff_initial 0.01 s: the kill came before any progress).",
         )
     )
     sdk_figure = "python -c 'import anthropic' (the SDK import alone)"
