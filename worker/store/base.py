@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from worker.errors import StorageError
+from worker.errors import SpoolError, StorageError
 from worker.spool import TaskSpec
 from worker.state import TaskState
 from worker.store.durable import dump_json
@@ -145,7 +145,34 @@ class JournalWriter(Protocol):
 
     def sync_in_background(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Write what is held (unless the owner lost the task, or the write fails: the
+        loss of a held record is harmless) and close."""
+        ...
+
+
+class HeldInMemory:
+    """What the journals of the memory and PostgreSQL stores share: the held records kept
+    as bytes, until an append carries them or ``close`` writes them; appends durable when
+    they return, so a background sync is a sync."""
+
+    _held: list[bytes]
+
+    def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        if self._held:
+            self.append([])
+
+    def sync_in_background(self) -> None:
+        self.sync()
+
+    def close(self) -> None:
+        if self._held:
+            with contextlib.suppress(SpoolError):  # a fenced owner, a failed write
+                self.append([])
+        self._held = []
 
 
 class TaskStore(Protocol):

@@ -29,7 +29,6 @@ from worker.errors import (
     LockBusyError,
     NotFoundError,
     RecordConflictError,
-    SpoolError,
     StateConflictError,
 )
 from worker.redactor import redact
@@ -39,6 +38,7 @@ from worker.store.base import (
     JSON,
     START,
     Cursor,
+    HeldInMemory,
     Owner,
     Snapshot,
     Version,
@@ -67,7 +67,7 @@ class _Task:
     epoch: int = 0
 
 
-class MemoryJournal:
+class MemoryJournal(HeldInMemory):
     """A ``JournalWriter`` on a ``MemoryStore``: its cursors count records."""
 
     def __init__(self, store: MemoryStore, owner: Owner) -> None:
@@ -102,22 +102,6 @@ class MemoryJournal:
         with self._store.guard:
             self._store.fenced(self._owner)
         self._held += [record_bytes(r) for r in records]
-
-    def sync(self) -> None:
-        if self._held:
-            self.append([])
-
-    def sync_in_background(self) -> None:
-        self.sync()
-
-    def close(self) -> None:
-        """Write what is held, as every store's close does, unless the owner lost the task
-        or the write fails: a held record's loss is harmless (a turn none of whose tools
-        has started: the model is asked again)."""
-        if self._held:
-            with contextlib.suppress(SpoolError):  # a fenced owner, a failed write
-                self.append([])
-        self._held = []
 
 
 class MemoryStore:

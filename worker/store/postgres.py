@@ -53,7 +53,6 @@ from worker.errors import (
     LockBusyError,
     NotFoundError,
     RecordConflictError,
-    SpoolError,
     StateConflictError,
     StorageError,
 )
@@ -65,6 +64,7 @@ from worker.store.base import (
     JSON,
     START,
     Cursor,
+    HeldInMemory,
     NodeInfo,
     Owner,
     Snapshot,
@@ -213,7 +213,7 @@ class _Database:
             conn.close()
 
 
-class PostgresJournal:
+class PostgresJournal(HeldInMemory):
     """A ``JournalWriter`` on a ``PostgresStore``: its cursor is the seq of the last
     record it wrote, and every append is one fenced statement (``pglease.append``)."""
 
@@ -271,21 +271,6 @@ class PostgresJournal:
     def hold(self, records: Iterable[JSON]) -> None:
         self._store.check_fence(self._owner)
         self._held += [record_bytes(r) for r in records]
-
-    def sync(self) -> None:
-        self.append([])
-
-    def sync_in_background(self) -> None:
-        self.sync()
-
-    def close(self) -> None:
-        """Write what is held, as every store's close does, unless the owner lost the task
-        or the write fails: a held record's loss is harmless (a turn none of whose tools
-        has started: the model is asked again)."""
-        if self._held:
-            with contextlib.suppress(SpoolError):  # a fenced owner, a failed write
-                self.append([])
-        self._held = []
 
 
 class PostgresStore:
