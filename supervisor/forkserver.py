@@ -194,9 +194,10 @@ class ForkQueue(Generic[T]):
 
     Asked while the server warms up, a start the caller says may wait waits for it
     (``WARMUP_WAIT`` at most): its request is sent the moment the server says it is
-    ready. The server's output is watched on the loop only while something waits on it,
-    so an idle daemon never reads it; ``tend`` (each tick) does the rest: readiness,
-    deadlines, restarts."""
+    ready. Only in the server's first ``WARMUP_WAIT`` seconds: one that is not ready by
+    then is slow or stuck, and the starts after that do not wait for it. The server's
+    output is watched on the loop only while something waits on it, so an idle daemon
+    never reads it; ``tend`` (each tick) does the rest: readiness, deadlines, restarts."""
 
     def __init__(
         self,
@@ -214,6 +215,7 @@ class ForkQueue(Generic[T]):
         self._clock = clock
         self._answering: deque[Asked[T]] = deque()  # sent, in the order the server answers
         self._warming: list[Asked[T]] = []  # to be sent once the server is ready
+        self._started = clock()  # when the server was (last) started, about
         self._fd: int | None = None  # watched while something waits on the server
 
     @property
@@ -242,7 +244,12 @@ class ForkQueue(Generic[T]):
             if not server.request(task_path, config, env, output):
                 return False
             self._answering.append(asked)
-        elif wait and server.proc is not None and server.proc.poll() is None:
+        elif (
+            wait
+            and self._clock() - self._started < WARMUP_WAIT
+            and server.proc is not None
+            and server.proc.poll() is None
+        ):
             asked.request = (task_path, config, dict(env), output)
             self._warming.append(asked)
         else:
@@ -261,6 +268,8 @@ class ForkQueue(Generic[T]):
             self.fail("the fork server exited")
         if server.proc is None:
             server.start()
+            if server.proc is not None:
+                self._started = self._clock()
         elif not server.ready and server.poll_ready():
             self._ready()
         if self._warming and not server.ready:

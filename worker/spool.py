@@ -227,9 +227,6 @@ class TaskDir:
 @dataclass(frozen=True)
 class Spool:
     root: Path
-    #: the TaskDirs handed out, by id: each caches its paths, and the daemon (every tick)
-    #: and status (every task) ask for the same tasks again and again
-    _tasks: dict[str, TaskDir] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def tasks_dir(self) -> Path:
@@ -242,10 +239,7 @@ class Spool:
 
     def task(self, task_id: str) -> TaskDir:
         """The folder of ``task_id``; ``SpoolError`` for an id that is not valid."""
-        found = self._tasks.get(task_id)
-        if found is None:
-            found = self._tasks[task_id] = TaskDir(self.root, task_id)
-        return found
+        return _task_dir(self.root, task_id)
 
     def task_ids(self) -> list[str]:
         """Ids of the task folders; a symlink planted in ``tasks/`` is never followed."""
@@ -264,6 +258,14 @@ class Spool:
     def tasks(self) -> Iterator[TaskDir]:
         for task_id in self.task_ids():
             yield self.task(task_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _task_dir(root: Path, task_id: str) -> TaskDir:
+    """The ``TaskDir`` of a task, kept: it caches its paths, and the daemon (every tick),
+    the stores and status (every task) ask for the same tasks again and again. The 4,096
+    most recent at most, some 12 MB."""
+    return TaskDir(root, task_id)
 
 
 def normalize_tools(names: Sequence[str] | None) -> tuple[str, ...] | None:

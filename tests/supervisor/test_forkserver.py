@@ -131,7 +131,7 @@ def test_a_start_waits_for_a_warming_server_only_so_long(tmp_path: Path) -> None
     q = Queue(tmp_path, clock=lambda: now[0])
 
     async def scenario() -> None:
-        assert not q.ask("t0", wait=False)  # a first start does not wait: started fresh
+        assert not q.ask("t0", wait=False)  # a start not to wait: started fresh
         assert q.ask("t1", wait=True)  # waits while the server warms up
         assert not q.queue.answering  # nothing was sent: no sweep has to wait for it
         now[0] = forkserver.WARMUP_WAIT - 0.1
@@ -140,6 +140,24 @@ def test_a_start_waits_for_a_warming_server_only_so_long(tmp_path: Path) -> None
         now[0] = forkserver.WARMUP_WAIT
         q.queue.tend()
         assert q.lost == ["t1"]
+
+    q.run(scenario)
+
+
+def test_a_server_not_ready_after_the_warm_up_is_not_waited_for(tmp_path: Path) -> None:
+    """A server still not ready ``WARMUP_WAIT`` after its start is stuck or slow: a start
+    after that is not made to wait for it (3 s more for every task), it starts fresh."""
+    now = [0.0]
+    q = Queue(tmp_path, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        now[0] = forkserver.WARMUP_WAIT - 0.1
+        assert q.ask("t1", wait=True)  # young yet: worth the wait
+        now[0] = forkserver.WARMUP_WAIT
+        assert not q.ask("t2", wait=True)  # not any more
+        now[0] = 2 * forkserver.WARMUP_WAIT
+        q.queue.tend()
+        assert q.lost == ["t1"]  # and what waited is handed back at its own deadline
 
     q.run(scenario)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests.support import assert_paired, scene, tool_results
 from worker.models.base import Usage
 from worker.state import TaskState, dump_scene, fold
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 
 PROMPT = "Build the thing."
 HEADER = {"k": "header", "v": 1}
@@ -330,7 +330,8 @@ def test_a_scene_made_a_piece_at_a_time_is_the_bytes_of_one_dump(
     records: list[dict[str, Any]], text: str
 ) -> None:
     """``dump_scene`` (what snapshots are written with) is ``dump_json`` byte for byte,
-    whatever the state holds: a snapshot of this release reads as one of the last."""
+    and the same JSON when a piece needs the standard library (an integer past 64 bits,
+    read back exactly)."""
     state = fold(PROMPT, [*records, {"k": "user", "content": [{"type": "text", "text": text}]}])
     scene = state.compact().to_snapshot(7)
     assert dump_scene(scene) == dump_json(scene)
@@ -338,3 +339,5 @@ def test_a_scene_made_a_piece_at_a_time_is_the_bytes_of_one_dump(
     for n in (63, 64, 65, 129, 1000):  # lists dumped a slice at a time
         long = {"messages": [{"i": i, "text": f"é{i}"} for i in range(n)], "turn": n, "held": []}
         assert dump_scene(long) == dump_json(long)
+    wide = {"messages": [{"n": 2**70}, {"n": -(2**63) - 1}], "usage": {"cost": 1e-7}}
+    assert load_json(dump_scene(wide)) == load_json(dump_json(wide)) == wide

@@ -42,12 +42,14 @@ class SnapshotWriter:
     def put(self, owner: Owner, snapshot: Snapshot) -> None:
         """Write ``snapshot`` in the background; its state must be the loop's no longer
         (``TaskState.detached``). Only when not ``busy``."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="snapshot", daemon=True)
-            self._thread.start()
         with self._changed:
             if self._job is not None or self._closed:
                 raise RuntimeError("a snapshot is still being written, or the writer is closed")
+        if self._thread is None:
+            thread = threading.Thread(target=self._serve, name="snapshot", daemon=True)
+            thread.start()  # (kept only once started: a failed start leaves nothing to join)
+            self._thread = thread
+        with self._changed:
             self._job = (owner, snapshot)
             self._changed.notify_all()
 
@@ -81,9 +83,12 @@ class SnapshotWriter:
     def wait(self) -> int | None:
         """Wait for the snapshot in flight, then ``collect``."""
         with self._changed:
-            while self._job is not None:
-                self._changed.wait()
+            while self._job is not None and self._serving():
+                self._changed.wait(0.5)  # (rechecked: a thread that died serves no more)
         return self.collect()
+
+    def _serving(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def close(self) -> None:
         with self._changed:
