@@ -490,10 +490,10 @@ def open_snapshot(data: bytes) -> JSON:
     end = len(data) - SNAPSHOT_TRAILER.size
     if not data.startswith(SNAPSHOT_MAGIC) or end < len(SNAPSHOT_MAGIC):
         raise ValueError("not an agentd snapshot (format 2)")
-    body, (crc,) = data[:end], SNAPSHOT_TRAILER.unpack_from(data, end)
+    body, (crc,) = memoryview(data)[:end], SNAPSHOT_TRAILER.unpack_from(data, end)
     if crc != zlib.crc32(body):
         raise ValueError("snapshot checksum mismatch")
-    try:
+    try:  # (views, not copies: a long transcript's snapshot is megabytes)
         scene = load_json(zlib.decompress(body[len(SNAPSHOT_MAGIC) :]))
     except zlib.error as exc:
         raise ValueError(f"snapshot does not decompress: {exc}") from None
