@@ -465,10 +465,10 @@ def dump_scene(scene: JSON) -> bytes:
     """``dump_json(scene)`` made a piece at a time: each top-level value, and each slice of
     a top-level list (the messages, the calls). The same bytes, unless a piece holds what
     only the standard library writes (an integer past 64 bits): then the same JSON, with
-    the other pieces' floats spelt orjson's way. Snapshots are written
-    on a thread of their own while the loop goes on, and one dump of a long
-    transcript would hold the GIL throughout (tens of milliseconds at a thousand turns);
-    between pieces, the loop thread gets its turn."""
+    the other pieces' floats spelt orjson's way. Snapshots are written on a thread of
+    their own while the loop goes on, and one dump of a long transcript would hold the
+    GIL throughout (tens of milliseconds at a thousand turns); between pieces, the loop
+    thread gets its turn."""
 
     def piece(value: Any) -> bytes:
         if not isinstance(value, list) or len(value) <= _SCENE_PIECE:
