@@ -38,6 +38,7 @@ CAMPAIGN = (
     ("19", "tests.chaos.clock"),
     ("20", "tests.chaos.compaction"),
     ("21", "tests.chaos.nodes"),
+    ("22", "tests.chaos.trust"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 

@@ -1,0 +1,5 @@
+import sys
+
+from tests.chaos.trust import main
+
+sys.exit(main())
