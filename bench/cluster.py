@@ -1,4 +1,4 @@
-"""Cluster benchmark (DESIGN.md section 10): what a fenced step costs on PostgreSQL, against
+"""Cluster benchmark (docs/design.md section 10): what a fenced step costs on PostgreSQL, against
 the floor of a bare ``INSERT`` + ``COMMIT`` of the same bytes on the same server.
 
 Both sides run on one throwaway server (``supervisor.pgcluster``: fsync and

@@ -2,7 +2,7 @@
 
 The daemon writes task records (``state.json``), events files and ``supervisor.json``.
 On a full, failing or read-only spool such a write fails, and the daemon must go on
-serving (DESIGN.md invariant 8) without losing what it meant to write: a record left
+serving (docs/design.md invariant 8) without losing what it meant to write: a record left
 saying ``running`` for a worker long gone would make ``status`` lie after space returns.
 
 ``WriteBacklog`` runs each write at once. One refused by a storage fault

@@ -1,4 +1,4 @@
-"""The ``agentd`` command line (DESIGN.md section 2).
+"""The ``agentd`` command line (docs/design.md section 2).
 
 This module is a leaf: it alone parses arguments and prints. Everything below it raises
 ``worker.errors.AgentdError`` subclasses, which ``main`` turns into one line on stderr
@@ -124,7 +124,7 @@ def node_name(args: argparse.Namespace, config: Config) -> str | None:
 
 def check_named_spool(args: argparse.Namespace) -> None:
     """A command that reads a spool the operator named refuses one that does not exist:
-    a typo in ``--spool`` must not look like an empty system (DESIGN.md section 2)."""
+    a typo in ``--spool`` must not look like an empty system (docs/design.md section 2)."""
     named = named_spool(args)
     if named is not None and not named[0].exists():
         path, how = named
@@ -284,7 +284,7 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
 
 
 def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
-    """DESIGN.md section 3: the daemon that answers, and every task; on a shared store
+    """docs/design.md section 3: the daemon that answers, and every task; on a shared store
     every task of the cluster, each with the node that runs it, and ``nodes``."""
     store = store_for(spool.root)
     cluster = shared()

@@ -8,7 +8,7 @@
   the daemon applies and removes. ``change_record`` applies a change directly when no
   daemon runs, and leaves a request when one does. A cancel is not a request but a
   record that stays (``TaskDir.cancellation``, ``supervisor.decisions.record_cancel``).
-  On a shared store (DESIGN.md section 10) there is no one daemon to ask: a command
+  On a shared store (docs/design.md section 10) there is no one daemon to ask: a command
   moves the record itself by compare-and-set, and a task a node runs is cancelled by
   that node, woken by ``ring`` (NOTIFY) or its next poll.
 * ``paused``: stops a task's worker at a safe point and holds its lock for the length of

@@ -13,7 +13,7 @@ What drives it:
   worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
   so an idle daemon costs next to nothing however many workers it watches.
 
-Signals (DESIGN.md section 7): TERM and INT stop gracefully; HUP reopens the log file
+Signals (docs/design.md section 7): TERM and INT stop gracefully; HUP reopens the log file
 and reloads the config (``reload``); USR1 logs a one-line summary of the daemon
 (``supervisor_status``); USR2 is logged and otherwise ignored; PIPE stays ignored, as
 Python leaves it (a write to a closed pipe raises instead). None of them ends the daemon.
@@ -23,7 +23,7 @@ the daemon's process group (``kill -HUP -PGID``) never reaches them.
 Task records (``state.json``) are written only here while the daemon runs. The restart
 decision is ``supervisor.policy.decide``; this module only carries it out.
 
-Storage faults (DESIGN.md invariant 8) are waits on both sides. A worker's exit 7 puts
+Storage faults (docs/design.md invariant 8) are waits on both sides. A worker's exit 7 puts
 its task in ``backoff`` with reason ``storage_fault: ...`` on the schedule of
 ``policy.wait_for_storage``, outside the crash history. What the daemon itself cannot
 write (records, event lines, ``supervisor.json``) waits in a ``WriteBacklog`` that each

@@ -1,6 +1,6 @@
 """Hooks: the operator's commands the daemon runs when a task needs a human or ends.
 
-``[hooks] on_held``, ``on_failed`` and ``on_done`` (DESIGN.md section 8) each name a
+``[hooks] on_held``, ``on_failed`` and ``on_done`` (docs/design.md section 8) each name a
 command, an argv list. The daemon runs it as itself (not in any sandbox: a hook is the
 operator's own code, which pages someone or opens a ticket) with:
 

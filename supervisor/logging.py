@@ -6,7 +6,7 @@ Every event goes through the same processor chain::
         -> redact -> JSONRenderer | ConsoleRenderer
 
 ``redact`` (from ``worker.redactor``, the one redactor) removes API keys and credentials
-anywhere in the event (DESIGN.md section 4: the key never appears in the logs).
+anywhere in the event (docs/design.md section 4: the key never appears in the logs).
 
 Lines are written by a ``LogSink``, never by the stream's own ``write``: a log on a full,
 failing or read-only disk (the daemon's log may live in its spool) must not raise out of

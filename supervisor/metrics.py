@@ -1,4 +1,4 @@
-"""Prometheus metrics of the daemon (DESIGN.md section 9), served on ``[metrics] listen``.
+"""Prometheus metrics of the daemon (docs/design.md section 9), served on ``[metrics] listen``.
 
 Two sources, one exposition:
 

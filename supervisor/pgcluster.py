@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server: initdb in a temp folder, 127.0.0.1 only, removed after.
 
-Several nodes share one PostgreSQL (DESIGN.md section 10), and three places need a real
+Several nodes share one PostgreSQL (docs/design.md section 10), and three places need a real
 one without asking the user to set it up: ``agentd demo --cluster``, the test suite (and
 ``.ci/run``, through ``python -m supervisor.pgcluster``), and ``bench/cluster.py``. This
 module is that server, from the PostgreSQL binaries already on the machine; it never

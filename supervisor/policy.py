@@ -2,7 +2,7 @@
 
 ``decide(crashes, policy, rng)`` never looks at a clock or a process; the daemon records
 each crash (the turn it happened on and whether the worker made progress since it was
-started) and asks. The rules (DESIGN.md section 7):
+started) and asks. The rules (docs/design.md section 7):
 
 * a crash that followed progress restarts at once: the task was working, the fault may
   well be transient (an OOM kill, a node reboot);

@@ -4,7 +4,7 @@ A task's ``events.jsonl`` is written by three kinds of process: the daemon
 (``Supervisor.emit``, which logs the same event itself), its workers (``dangling_held``,
 ``task_resumed``, ``processes_killed``, ...) and CLI commands (``task_submitted``,
 ``dangling_decided``, ``task_rewound``, ...). An operator who reads only the daemon's
-stream (``journalctl -u agentd``) must see all of them (DESIGN.md section 8), so the
+stream (``journalctl -u agentd``) must see all of them (docs/design.md section 8), so the
 daemon tails each task's file and logs, once and in the file's order, every line it did
 not write itself: the daemon marks its own lines with ``"by": "daemon"``
 (``DAEMON_MARK``), and skips them here.

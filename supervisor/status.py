@@ -1,5 +1,5 @@
 """What a task is now, read from its files alone: ``status_row`` builds the JSON of
-DESIGN.md section 3, so `agentd status` works whether or not the daemon runs.
+docs/design.md section 3, so `agentd status` works whether or not the daemon runs.
 
 A running task is shown from its worker's heartbeat (cheap, and as fresh as the worker);
 any other from its journal, folded from the snapshot on (``load_state(full=False)``). The
@@ -73,7 +73,7 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
 
 
 def status_row(task: TaskDir) -> dict[str, Any]:
-    """One task as `agentd status --json` shows it (DESIGN.md section 3). The heartbeat's
+    """One task as `agentd status --json` shows it (docs/design.md section 3). The heartbeat's
     age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
     never shows an age below 0 or an hour off."""
     record = TaskRecord.load(task)

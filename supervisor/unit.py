@@ -1,4 +1,4 @@
-"""``agentd unit [--user]``: a systemd unit for this installation (DESIGN.md section 2).
+"""``agentd unit [--user]``: a systemd unit for this installation (docs/design.md section 2).
 
 One template makes both units, so the system unit and the user unit cannot drift apart
 in what they share (``Type=notify``, the watchdog, the restart policy, exit 78, the stop

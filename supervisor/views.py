@@ -1,4 +1,4 @@
-"""What ``agentd status`` and ``agentd logs`` show a person (DESIGN.md sections 2 and 3).
+"""What ``agentd status`` and ``agentd logs`` show a person (docs/design.md sections 2 and 3).
 
 Both commands print for people the way the tools they already use do: the status table as
 supervisorctl and pm2 print theirs (an AGE, a TOKENS and a CONTEXT column, REASON cut at the

@@ -1,5 +1,5 @@
 """Compaction: how a transcript that outgrows the context window becomes a summary and
-the latest turns (DESIGN.md section 4).
+the latest turns (docs/design.md section 4).
 
 The pure half of it lives here: where the transcript is cut, what the summary call is
 asked, and what the next request holds. The loop (``worker.loop``) decides when, makes

@@ -1,9 +1,9 @@
 """Configuration: the typed shape of ``agentd.toml`` and its loader.
 
 Keys and defaults are documented in ``config/agentd.toml``; the names are part of the
-public contract (DESIGN.md section 2). Durations are seconds (floats).
+public contract (docs/design.md section 2). Durations are seconds (floats).
 
-``load_config()`` finds the file (DESIGN.md section 2: an explicit path, else
+``load_config()`` finds the file (docs/design.md section 2: an explicit path, else
 ``$AGENTD_CONFIG``, else the first that exists of ``user_config_path()`` and
 ``SYSTEM_CONFIG``, else none: the defaults), parses it and validates every value.
 Anything wrong raises ``ConfigError`` (exit 78) with one line that names the file, the
@@ -121,7 +121,7 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 def node_name() -> str:
-    """The name this machine's daemon goes by: its hostname (DESIGN.md section 10)."""
+    """The name this machine's daemon goes by: its hostname (docs/design.md section 10)."""
     return socket.gethostname() or "localhost"
 
 
@@ -143,7 +143,7 @@ def model_window(model: str) -> int:
 
 @dataclass(frozen=True)
 class ContextConfig:
-    """When and how a long task's transcript is compacted (DESIGN.md section 4)."""
+    """When and how a long task's transcript is compacted (docs/design.md section 4)."""
 
     window: int | None = None  # the model's context size in tokens; None: its family's
     compact_at: float = 0.8  # compact once tokens_used reaches this fraction of the window

@@ -4,7 +4,7 @@ A tool runs as the worker's user (as root, when agentd does), so it can read eve
 process environment that user can: ``/proc/PID/environ`` shows the block a process was
 given when it was executed, whatever it did to ``os.environ`` afterwards, and a forked
 child shows its parent's. The key therefore sits in no process environment once agentd
-has started (DESIGN.md section 5):
+has started (docs/design.md section 5):
 
 * Sources, for each secret (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``, and the
   shared store's URL ``AGENTD_STORE``, whose password is one), the first
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 API_KEY = "ANTHROPIC_API_KEY"
 AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105  (a variable's name, not a token)
-#: The shared store's URL (DESIGN.md section 10), which may hold its password.
+#: The shared store's URL (docs/design.md section 10), which may hold its password.
 STORE = "AGENTD_STORE"
 #: Each secret by its environment name, with the name of its systemd credential.
 CREDENTIAL_NAMES: Mapping[str, str] = {

@@ -1,6 +1,6 @@
 """Every error agentd raises on purpose, in one tree.
 
-Each class carries the process exit code the CLI maps it to (DESIGN.md section 2), and
+Each class carries the process exit code the CLI maps it to (docs/design.md section 2), and
 every message is one full sentence that says what is wrong and what to do next::
 
     AgentdError                      exit 1  operational error
@@ -24,7 +24,7 @@ every message is one full sentence that says what is wrong and what to do next::
 
 A *storage fault* (``storage_fault``) is a StorageError or OSError whose errno is one of
 ``STORAGE_ERRNOS``: the disk is full, failing or read-only. It is a wait, never a verdict
-on the task (DESIGN.md invariant 8): a worker exits with the storage code and the daemon
+on the task (docs/design.md invariant 8): a worker exits with the storage code and the daemon
 retries once the fault may have cleared. Any other StorageError (a record over the size
 limit, a permission refused) is an error that a retry will not fix by itself.
 
@@ -134,7 +134,7 @@ class RetryableModelError(ModelError):
 
 class ContextTooLongError(ModelError):
     """The API refused the prompt as longer than the model's context window: the loop
-    compacts the transcript once and retries (DESIGN.md section 4)."""
+    compacts the transcript once and retries (docs/design.md section 4)."""
 
 
 def storage_fault(exc: BaseException) -> StorageError | None:

@@ -1,6 +1,6 @@
 """A handed-over lease, kept alive by the worker and checked before every tool call.
 
-On a shared store (DESIGN.md section 10) the daemon claims a task and hands its worker
+On a shared store (docs/design.md section 10) the daemon claims a task and hands its worker
 the claim's ``Owner``; the database fences every append by its epoch. What the database
 cannot fence is a tool: a worker that was stopped (SIGSTOP, a swapped-out VM, a cut
 network) for longer than its lease could wake up after another node took the task and

@@ -139,7 +139,7 @@ def tool_environment(environ: Mapping[str, str], task_id: str, workspace: str) -
 def without_secrets(record: JSON) -> JSON:
     """``record`` as it may be recorded and sent to the model: a result's content (a tool's
     output, a reconcile answer, an operator's) with every secret the worker knows of
-    replaced, so a tool that found the key cannot hand it on (DESIGN.md section 5)."""
+    replaced, so a tool that found the key cannot hand it on (docs/design.md section 5)."""
     content = record.get("content")
     if record.get("k") != "result" or not isinstance(content, str):
         return record

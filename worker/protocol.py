@@ -5,7 +5,7 @@ the exit record and operator decisions. Each is defined once here, so the two si
 cannot drift apart, and each works on parsed data (a dict, the bytes of a file): where
 the bytes are kept is the store's business (``worker.store``), not the protocol's.
 
-* ``ExitCode``: a worker's exit status, the daemon's input to its verdict (DESIGN.md
+* ``ExitCode``: a worker's exit status, the daemon's input to its verdict (docs/design.md
   section 8). The numbers are public: scripts and unit files test them.
 * ``TaskStatus``: the states of a task record (``state.json``, ``status --json``).
 * ``heartbeat_shaped``/``parse_heartbeat``: what a heartbeat must look like to be used.
@@ -37,7 +37,7 @@ class ExitCode(IntEnum):
 
 
 #: Exit codes that are a worker's own verdict on its task; any other code, or a signal, is
-#: a crash, whose ``worker_exited`` is a warning (DESIGN.md section 8).
+#: a crash, whose ``worker_exited`` is a warning (docs/design.md section 8).
 VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERROR)
 
 

@@ -1,6 +1,6 @@
 """What to do with a dangling call on resume: a pure function of its inputs.
 
-The rules of DESIGN.md section 5, in order of precedence:
+The rules of docs/design.md section 5, in order of precedence:
 
 1. an operator decision for this attempt of the call (re-run, skip, or a supplied result);
 2. the tool's reconcile check, where it answers (the caller runs it: it is I/O);

@@ -1,6 +1,6 @@
 """The one redactor of secrets: ``Redactor`` and ``redact``, its instance for this process.
 
-It keeps API keys and credentials out of every log line and event file (DESIGN.md
+It keeps API keys and credentials out of every log line and event file (docs/design.md
 section 4: ``supervisor.logging`` puts ``redact`` in the structlog chain, and
 ``worker.events.TaskEventLog`` cleans every event with it) and, through
 ``clean_secrets``, the key out of every tool result before it is recorded or sent

@@ -15,7 +15,7 @@ futures of the start are compared:
 
 The two ends must be the same state: the same transcript, counters (turn, usage, total
 usage), ledger (every call's tool, input, effect class, idempotency key and result) and
-workspace files, byte for byte. Differences allowed by DESIGN.md, and only these: a
+workspace files, byte for byte. Differences allowed by docs/design.md, and only these: a
 read_only/idempotent/keyed call run again (its attempt count, and a keyed result's wording
 "duplicate suppressed"/"already recorded"), and a second hold when the kill fell inside an
 unsafe call an operator had let re-run (the operator decides it again; a supplied outcome

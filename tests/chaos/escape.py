@@ -6,7 +6,7 @@ every 0.2 s, and leaves its worker's reach in one of four ways (``ESCAPES``): ``
 once: an orphan), ``nohup ... &``, and a loop that ignores SIGTERM. Then its worker ends
 in one of four ways (``ENDS``): the task ends ``done``; the worker is killed with
 SIGKILL while the command still runs (the restart holds the unsafe call); ``agentd
-cancel``; ``agentd stop``. That is the matrix of DESIGN.md section 5: every cell must
+cancel``; ``agentd stop``. That is the matrix of docs/design.md section 5: every cell must
 leave no process of the loop alive one second after the end.
 
 Each loop names itself (``$0`` of its shell is a token of its cell) and writes its pid

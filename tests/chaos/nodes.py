@@ -1,5 +1,5 @@
 """Chaos class 21, nodes: three agentd nodes on one PostgreSQL, and every way a node or
-its database goes away under them (DESIGN.md section 10, invariant 10).
+its database goes away under them (docs/design.md section 10, invariant 10).
 
 The cluster: a throwaway PostgreSQL of the class's own (``supervisor.pgcluster``, so it
 can be restarted), one fresh schema in it, and three ``agentd start`` processes (``n1``,
@@ -94,7 +94,7 @@ NODES = ("n1", "n2", "n3")
 KILL, STOP, RESTART_DB, CUT = "kill", "stop", "db restart", "cut"
 FINAL = frozenset({"done", "failed", "cancelled"})
 #: Seconds past the lease another node may take to claim a dead node's task ("the lease
-#: plus a second or two", DESIGN.md section 10): the claiming node's poll
+#: plus a second or two", docs/design.md section 10): the claiming node's poll
 #: (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
 FAILOVER_SLACK = 2.0
 

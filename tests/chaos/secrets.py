@@ -1,5 +1,5 @@
 """Class 13, secrets: a canary API key tried through every channel a tool, or a reader of
-the spool, has (DESIGN.md section 5, "a tool cannot read the API key").
+the spool, has (docs/design.md section 5, "a tool cannot read the API key").
 
 A real daemon (``agentd start``, in the foreground and with ``--detach``) is given a canary
 key, in turn through each of its sources: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_API_KEY_FILE``

@@ -1,5 +1,5 @@
 """Storage chaos: fault class 16 of the campaign, a real daemon on a spool that fills up
-and goes read-only (DESIGN.md invariant 8).
+and goes read-only (docs/design.md invariant 8).
 
 The spool is a small tmpfs mounted for the run (root only; where the mount is refused the
 class says so in its one row and runs nothing). A real daemon (``tests.daemon.Daemon``)

@@ -1,5 +1,5 @@
 """The harness the fault modules share: tasks, worker processes under strace, a careful
-operator, and the checks of DESIGN.md section 6 on a task after a fault.
+operator, and the checks of docs/design.md section 6 on a task after a fault.
 
 Every task here runs on the scripted model with the built-in tools. Its side effects land
 in its workspace, where the operator (and the checks) can see them: ``append_file`` lines

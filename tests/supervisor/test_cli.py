@@ -1,4 +1,4 @@
-"""The operator command line (DESIGN.md section 2): exit codes, one-line errors, the JSON
+"""The operator command line (docs/design.md section 2): exit codes, one-line errors, the JSON
 documents, and what works while no daemon runs.
 
 Most cases call ``supervisor.cli.main([...])`` in this process; a few run the installed
@@ -29,7 +29,7 @@ from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
 AGENTD = Path(sys.executable).with_name("agentd")
 
-#: The field names of `agentd status --json` (DESIGN.md section 3); more may be added.
+#: The field names of `agentd status --json` (docs/design.md section 3); more may be added.
 SUPERVISOR_FIELDS = {"running", "pid", "started_at", "version", "spool"}
 TASK_FIELDS = {
     "id",

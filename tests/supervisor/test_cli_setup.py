@@ -1,4 +1,4 @@
-"""What an operator meets first (DESIGN.md section 2): where the config is found and
+"""What an operator meets first (docs/design.md section 2): where the config is found and
 written, what `config check` reports, a named spool that does not exist, and errors that
 say what to do. Real files, the real `agentd` script as a process where it matters.
 """

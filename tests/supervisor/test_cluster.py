@@ -1,4 +1,4 @@
-"""Several nodes on one PostgreSQL (DESIGN.md section 10), end to end: real daemons
+"""Several nodes on one PostgreSQL (docs/design.md section 10), end to end: real daemons
 (``agentd start`` with ``$AGENTD_STORE`` and ``$AGENTD_NODE``), real workers, a real
 server, kill -9 and SIGSTOP of a node's whole process tree, and the CLI as operators
 run it, from any node.

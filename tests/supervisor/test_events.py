@@ -1,4 +1,4 @@
-"""Task events in the daemon's own stream (DESIGN.md section 8): whichever process made
+"""Task events in the daemon's own stream (docs/design.md section 8): whichever process made
 them, each once and in order, at its level, with journald priorities under systemd; the
 hooks a real daemon runs; and the README's list of event names, kept in step with the
 code."""

@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN.md section 9) from a real daemon: ``/metrics`` scraped over
+"""Prometheus metrics (docs/design.md section 9) from a real daemon: ``/metrics`` scraped over
 HTTP and read with ``prometheus_client``'s own parser, while real workers finish tasks,
 are killed with ``-9`` and hold on dangling calls. Every wait is a deadline poll.
 """

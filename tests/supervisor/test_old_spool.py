@@ -1,5 +1,5 @@
 """A spool written by release 0.1.0 resumes on this release (byte compatibility of the spool,
-DESIGN.md's public contract): ``tests/fixtures/spool-0.1.0``, made by that release's real CLI
+docs/design.md): ``tests/fixtures/spool-0.1.0``, made by that release's real CLI
 and scripted model (``tests/fixtures/make_spool.py`` says how, and what each task is).
 
 Only the public contract is read here (the CLI's ``status``, ``history`` and
@@ -37,7 +37,7 @@ def _subreaper() -> Iterator[None]:
 
 def copy_spool(target: Path) -> None:
     """The fixture as a spool: git keeps no modes, so the 0700/0600 every spool has is put
-    back (DESIGN.md: every file 0600, every folder 0700)."""
+    back (docs/design.md: every file 0600, every folder 0700)."""
     shutil.copytree(FIXTURE, target, symlinks=True)
     os.chmod(target, 0o700)
     for folder, dirs, files in os.walk(target):

@@ -1,5 +1,5 @@
 """Operator commands against a real daemon: checked before they act, applied at a safe
-point, and a cancel that is final (DESIGN.md section 2, invariant 7).
+point, and a cancel that is final (docs/design.md section 2, invariant 7).
 
 Every command runs as its own process, the way an operator gives it; the campaign of the
 same attacks is ``tests/chaos/operator.py`` (fault class 18), whose helpers these use.

@@ -1,4 +1,4 @@
-"""The restart policy: ``decide(crashes, policy, rng)``, a pure function (DESIGN.md section 7).
+"""The restart policy: ``decide(crashes, policy, rng)``, a pure function (docs/design.md section 7).
 
 Jitter is drawn from the injected ``random.Random``, so every delay here is exact: the
 expected value is computed from a twin generator with the same seed.

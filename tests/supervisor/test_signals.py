@@ -1,4 +1,4 @@
-"""Signals a user may send by habit, against a real daemon (DESIGN.md section 7).
+"""Signals a user may send by habit, against a real daemon (docs/design.md section 7).
 
 HUP reloads the config file (a bad one is refused with one line and the old one kept, for
 the daemon and for the workers it starts) and reopens the log file; USR1 logs a summary;

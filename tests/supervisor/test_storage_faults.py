@@ -1,4 +1,4 @@
-"""A real daemon on a spool that fills up (DESIGN.md invariant 8): its workers' storage
+"""A real daemon on a spool that fills up (docs/design.md invariant 8): its workers' storage
 faults are waits, not crashes, and the records it could not write are rewritten once the
 disk takes writes again, so ``status`` is true within seconds.
 

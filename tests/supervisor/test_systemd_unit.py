@@ -1,4 +1,4 @@
-"""The systemd units: what DESIGN.md section 7 promises, checked by systemd-analyze itself.
+"""The systemd units: what docs/design.md section 7 promises, checked by systemd-analyze itself.
 
 Two sources: the checked-in ``systemd/agentd.service`` and what ``agentd unit [--user]``
 prints for this installation (``supervisor/unit.py``). The printed system unit keeps

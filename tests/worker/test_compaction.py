@@ -1,4 +1,4 @@
-"""Compaction (DESIGN.md section 4): the cut, the fold of a compaction record, rewind
+"""Compaction (docs/design.md section 4): the cut, the fold of a compaction record, rewind
 across one, and snapshots of a compacted scene."""
 
 from __future__ import annotations

@@ -515,7 +515,7 @@ def test_both_context_strategies_are_accepted(tmp_path: Path, strategy: str) -> 
     assert load_config(path).context.strategy == strategy
 
 
-# -- the shared store (DESIGN.md section 10) ------------------------------------------------
+# -- the shared store (docs/design.md section 10) ------------------------------------------------
 
 
 def test_the_store_node_and_lease_are_read(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def _call(effect: Effect | None, decision: str | None) -> Call:
 def expected(
     effect: Effect, policy: str | None, decision: str | None, present: bool, reconcilable: bool
 ) -> tuple[Action, bool]:
-    """DESIGN.md section 5, written out independently of the code under test."""
+    """docs/design.md section 5, written out independently of the code under test."""
     if decision is not None:  # 1. the operator's word is final; no reconcile needed
         return Action(decision), False
     if not present:  # an unknown tool: nobody can tell whether re-running is safe

@@ -1,5 +1,5 @@
 """Storage faults in a real worker process: a full or read-only spool is exit 7, from
-wherever it strikes, never exit 1 or a traceback (DESIGN.md invariant 8).
+wherever it strikes, never exit 1 or a traceback (docs/design.md invariant 8).
 
 The spool is a small tmpfs (``tests.mounts``: root only, skipped with mount's reason
 elsewhere), filled with a file until it refuses more, or remounted read-only. Each test

@@ -1,4 +1,4 @@
-"""The scripted model: an offline, deterministic backend (DESIGN.md section 4).
+"""The scripted model: an offline, deterministic backend (docs/design.md section 4).
 
 Model call k of a task (k = the turns recorded on its live branch, so compactions do not
 shift it) returns ``responses[k]`` of the script, so a resumed task continues where it

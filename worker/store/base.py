@@ -367,7 +367,7 @@ class NodeInfo:
 
 class SharedStore(TaskStore, Protocol):
     """A ``TaskStore`` that several daemons (nodes) share: the queue, the leases and the
-    nodes live in it (DESIGN.md section 10). A node ``claim``s tasks; each claim is an
+    nodes live in it (docs/design.md section 10). A node ``claim``s tasks; each claim is an
     ``Owner`` whose epoch fences every earlier one, and that its worker appends with.
     Ownership ends with ``put_record(..., release=True)``: the node's verdict on the task
     and the end of its lease, in one fenced step."""

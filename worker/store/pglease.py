@@ -1,5 +1,5 @@
 """The three hot statements of the PostgreSQL store: the fenced append, the claim, the
-lease renewal (DESIGN.md section 10, invariant 10).
+lease renewal (docs/design.md section 10, invariant 10).
 
 A task row carries its lease: the ``node`` that holds it, an ``epoch`` that every claim
 bumps, and ``lease_expires``. Whoever claims a task gets the new epoch, and every step it

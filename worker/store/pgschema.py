@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema (DESIGN.md section 10): its version, its tables, and the
+"""The PostgreSQL store's schema (docs/design.md section 10): its version, its tables, and the
 one migration path that creates or upgrades it.
 
 Every node of a cluster shares one database, so the schema is a contract between nodes
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     Connection: TypeAlias = psycopg.Connection[TupleRow]
 
-#: The states a task row may hold (DESIGN.md section 3).
+#: The states a task row may hold (docs/design.md section 3).
 STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
 
 _CREATE = f"""

@@ -1,4 +1,4 @@
-"""The ``TaskStore`` on PostgreSQL (DESIGN.md section 10): every node of a cluster shares
+"""The ``TaskStore`` on PostgreSQL (docs/design.md section 10): every node of a cluster shares
 one database, and the conformance suite (``tests/store/``) runs on it unchanged.
 
 The tables are ``worker.store.pgschema``'s; the fenced append and the lease renewal are

@@ -1,4 +1,4 @@
-"""The built-in tools (DESIGN.md section 5), all confined to the task's workspace.
+"""The built-in tools (docs/design.md section 5), all confined to the task's workspace.
 
 ``outbox_send`` is the ``keyed`` example: it stands for any service that deduplicates by
 idempotency key (a payment API, a message queue). Its "service" is the ``outbox/`` folder

@@ -1,4 +1,4 @@
-"""Containment of ``run_command`` on bubblewrap (DESIGN.md section 5).
+"""Containment of ``run_command`` on bubblewrap (docs/design.md section 5).
 
 A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that it has:
 

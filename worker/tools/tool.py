@@ -8,7 +8,7 @@ parameters are its input; the JSON schema the model sees is built from their typ
         "Write a file in the workspace."
 
 The effect class says what happens to a *dangling* call (started, never recorded as
-finished) on resume (DESIGN.md section 5). A tool may add a reconcile check,
+finished) on resume (docs/design.md section 5). A tool may add a reconcile check,
 ``reconcile(ctx, input) -> str | None``: it returns the call's result when it can tell
 that the call already took effect, and None when it cannot tell.
 
