@@ -240,14 +240,54 @@ def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if pid is None:
         print(f"agentd is not running on {spool.root}")
         return 0
+    in_tools = tools_in_flight(spool)
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + config.restart.stop_grace + 10
+    grace = config.restart.stop_grace
+    if in_tools:
+        calls = ", ".join(f"{task} ({phase.removeprefix('tool:')})" for task, phase in in_tools)
+        print(
+            f"agentd (pid {pid}) is stopping: waiting up to {grace:g} s for "
+            f"{len(in_tools)} tool call(s) to finish, then cutting them off: {calls}",
+            flush=True,
+        )
+    deadline = time.monotonic() + grace + 10
     while time.monotonic() < deadline:
         if running_pid(spool) is None:
+            for line in cut_off_calls(spool, [task for task, _ in in_tools]):
+                print(line)
             print(f"agentd stopped (pid {pid})")
             return 0
         time.sleep(0.05)
     raise AgentdError(f"agentd (pid {pid}) did not stop in time; check `agentd status`.")
+
+
+def tools_in_flight(spool: Spool) -> list[tuple[str, str]]:
+    """(task, phase) of every task whose worker is in a tool call: what a stop waits for."""
+    found = []
+    for task in listed_tasks(spool):
+        with contextlib.suppress(AgentdError, OSError, ValueError):
+            row = status_row(task)
+            if row["state"] == TaskStatus.RUNNING and str(row.get("phase") or "").startswith(
+                "tool:"
+            ):
+                found.append((task.id, str(row["phase"])))
+    return found
+
+
+def cut_off_calls(spool: Spool, task_ids: Sequence[str]) -> list[str]:
+    """One line for each call a stop left without a result, saying what the next start
+    does with it (docs/design.md section 5: an unsafe one waits for a decision)."""
+    lines = []
+    for task_id in task_ids:
+        with contextlib.suppress(AgentdError, OSError, ValueError):
+            for call in load_state(existing_task(spool, task_id)).dangling():
+                then = (
+                    f"held for a decision at the next start (`agentd dangling {task_id}`)"
+                    if call.effect == "unsafe"
+                    else "run again at the next start"
+                )
+                lines.append(f"cut off: {task_id} call {call.call_id} ({call.tool}): {then}")
+    return lines
 
 
 def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:

@@ -72,7 +72,7 @@ from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
-from supervisor.status import held_calls, read_heartbeat
+from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.workers import (
     WorkerProcess,
@@ -873,6 +873,21 @@ class Supervisor:
         except StorageError:  # (a shared store away: the verdict goes on without it)
             return None
 
+    def _verdict_reason(self, slot: TaskSlot, worker: WorkerProcess) -> str:
+        """Why a worker says its task ended: its exit record, else (it could not write
+        one, on a full disk say) the end its journal records, else a reason saying so."""
+        reason = self._exit_reason(slot, worker.pid)
+        if reason is not None:
+            return reason
+        try:
+            ended = load_state(slot.task, full=False).ended
+        except (AgentdError, OSError, ValueError):
+            ended = None
+        missing = "the worker left no exit record (could it write to its spool?)"
+        if ended is not None and ended.get("reason"):
+            return f"{ended['reason']}; {missing}"
+        return missing
+
     # The daemon's reads of a task on the way to a verdict. On the spool's files they do
     # not fail; a shared store may be away (invariant 8), and the daemon serves on: each
     # read gives what it would without the item, and what the verdict writes waits in the
@@ -912,10 +927,10 @@ class Supervisor:
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
                 self.emit("task_cancelled", slot)
         elif code == ExitCode.DONE:
-            self._save(slot, TaskStatus.DONE, reason=self._exit_reason(slot))
+            self._save(slot, TaskStatus.DONE, reason=self._verdict_reason(slot, worker))
             self.emit("task_done", slot, reason=slot.record.reason)
         elif code in (ExitCode.FAILED, ExitCode.CONFIG):
-            self._save(slot, TaskStatus.FAILED, reason=self._exit_reason(slot))
+            self._save(slot, TaskStatus.FAILED, reason=self._verdict_reason(slot, worker))
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
         elif code == ExitCode.HELD:
             if self._decided(slot):  # decided already: nobody to call

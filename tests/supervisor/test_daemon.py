@@ -861,6 +861,49 @@ def test_stop_is_graceful_and_running_tasks_resume_on_the_next_start(
         assert daemon.events(task_id, "task_resumed")
 
 
+def test_stop_says_which_tool_call_it_waits_for_and_what_becomes_of_the_one_it_cut_off(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    daemon = make_daemon(stop_grace=1.0, sandbox="off")
+    proc = daemon.start()
+    script = [
+        reply(tool_use("run_command", "call-sleep", command="sleep 60")),
+        reply(text("Never reached.")),
+    ]
+    task_id = daemon.submit(script, name="sleeper")
+    daemon.wait_row(task_id, lambda r: r["phase"] == "tool:run_command")
+    stop = daemon.run_cli("stop")
+    assert stop.returncode == 0, stop
+    assert proc.wait(timeout=10) == 0
+    lines = stop.stdout.strip().splitlines()
+    assert lines[0] == (
+        f"agentd (pid {proc.pid}) is stopping: waiting up to 1 s for 1 tool call(s) to "
+        f"finish, then cutting them off: {task_id} (run_command)"
+    ), lines
+    assert lines[1] == (
+        f"cut off: {task_id} call call-sleep (run_command): "
+        f"held for a decision at the next start (`agentd dangling {task_id}`)"
+    ), lines
+    assert lines[2] == f"agentd stopped (pid {proc.pid})"
+    daemon.start()
+    row = daemon.wait_state(task_id, "held")
+    assert [c["call_id"] for c in row["dangling"]] == ["call-sleep"], row
+
+
+def test_a_task_done_without_its_exit_record_says_why(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon(sandbox="off")
+    daemon.start()
+    # the tool turns the exit record's path into a folder: the worker cannot write it, as
+    # on a full disk, and still exits 0 (best effort), its journal saying how it ended
+    block = tool_use("run_command", command="mkdir -p ../exit.json/in-the-way")
+    task_id = daemon.submit([reply(block), reply(text("Finished."))], name="no-exit")
+    row = daemon.wait_state(task_id, "done", "failed")
+    assert row["state"] == "done", row
+    assert (
+        row["reason"] == "end_turn; the worker left no exit record (could it write to its spool?)"
+    )
+
+
 def test_max_workers_queues_the_rest(make_daemon: Callable[..., Daemon]) -> None:
     daemon = make_daemon(max_workers=2)
     daemon.start()
