@@ -43,7 +43,7 @@ from supervisor.decisions import (
 )
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
-from supervisor.stores import shared, store_for, use_shared
+from supervisor.stores import record_store, recorded_store, shared, store_for, use_shared
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
@@ -60,6 +60,7 @@ from worker.errors import (
     ConfigError,
     SpoolError,
     StateConflictError,
+    StorageError,
     UsageError,
 )
 from worker.protocol import NODE_ENV, TaskStatus
@@ -100,16 +101,18 @@ def resolve_spool(args: argparse.Namespace, config: Config) -> Spool:
     return Spool(default_spool())
 
 
-def store_url(args: argparse.Namespace, config: Config) -> str | None:
+def store_url(args: argparse.Namespace, config: Config, spool: Spool) -> str | None:
     """The shared store's URL, first of: ``--store``, ``$AGENTD_STORE`` (or what a daemon
     holds of it: ``credentials``; only that secret is read, so a command never fails on
-    another's source), the config's ``store``; None: the spool's files."""
+    another's source), the config's ``store``, the store a node on ``spool`` recorded
+    (without its password: libpq's own sources give it); None: the spool's files."""
     held = credentials.held().get(credentials.STORE)
     return (
         args.store
         or held
         or credentials.gather(os.environ, [credentials.STORE]).get(credentials.STORE)
-        or (config.store)
+        or config.store
+        or recorded_store(spool.root)
     )
 
 
@@ -157,10 +160,12 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         return _detach(args, spool)
     # (the daemon holds its secrets already: ``main`` took them over first of all)
     cluster = shared()
-    if cluster is not None and (url := store_url(args, config)) is not None:
+    if cluster is not None and (url := store_url(args, config, spool)) is not None:
         held = credentials.held()  # the store's URL, for the workers, through their pipe
         values = {**held.values, credentials.STORE: url}
         credentials.hold(credentials.Credentials(values, held.files))
+        if running_pid(spool) is None:  # (else this start is refused: the record stays)
+            record_store(spool.ensure().root, url)
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
@@ -320,6 +325,7 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
         "started_at": info.get("started_at") if pid else None,
         "version": __version__,
         "spool": str(spool.root),
+        "node": info.get("node") if pid else None,
     }
 
 
@@ -330,6 +336,7 @@ def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
     cluster = shared()
     leases = cluster.leases() if cluster is not None else None
     rows = []
+    sup = _supervisor_json(spool)
     with store.read_all():
         task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
         for task in task_dirs:
@@ -339,11 +346,12 @@ def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
             if leases is not None:
                 row["node"] = leases.get(task.id)
             else:  # one machine: its own name, while its worker runs
-                row["node"] = local_node() if row["state"] == TaskStatus.RUNNING else None
+                running = row["state"] == TaskStatus.RUNNING
+                row["node"] = (sup["node"] or local_node()) if running else None
             rows.append(row)
-    doc: dict[str, Any] = {"supervisor": _supervisor_json(spool), "tasks": rows}
-    if cluster is not None:
-        doc["supervisor"]["node"] = cluster.node
+    doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
+    if cluster is not None:  # the node of this spool's daemon, else the one asking
+        sup["node"] = sup["node"] or cluster.node
         doc["nodes"] = [n.to_json() for n in cluster.nodes()]
     return doc
 
@@ -777,7 +785,7 @@ def build_parser() -> Parser:
         help="append the daemon's log to this file, reopened on SIGHUP (--detach: "
         "SPOOL/supervisor.log)",
     )
-    command("stop", cmd_stop, "stop the running supervisor gracefully")
+    command("stop", cmd_stop, "stop the running supervisor gracefully", uses_store=False)
     p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
     p.add_argument("--prompt", metavar="TEXT", help="the task's first user message")
     p.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
@@ -923,15 +931,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             # pid, the secrets handed over through a pipe), so that no tool can read it
             # from /proc/PID/environ; then the daemon holds it in memory only.
             credentials.take_over()
-        if args.uses_store and (url := store_url(args, config)) is not None:
-            use_shared(
-                url,
-                node=node_name(args, config),
-                lease=config.cluster.lease,
-                migrate=args.command in ("start", "store"),
-            )
-        handler: Handler = args.handler
-        return handler(args, config, spool)
+        url = store_url(args, config, spool) if args.uses_store else None
+        try:
+            if url is not None:
+                use_shared(
+                    url,
+                    node=node_name(args, config),
+                    lease=config.cluster.lease,
+                    migrate=args.command in ("start", "store"),
+                )
+            handler: Handler = args.handler
+            return handler(args, config, spool)
+        except StorageError as exc:
+            recorded = recorded_store(spool.root)
+            if recorded is None or url != recorded or "password" not in str(exc):
+                raise
+            raise ConfigError(
+                f"this spool is a node of the store {recorded} (recorded at its start), "
+                "and no password for it was found or it was refused: put it in ~/.pgpass "
+                "or $PGPASSFILE, or give the whole URL with --store, $AGENTD_STORE or "
+                "$AGENTD_STORE_FILE."
+            ) from None
     except AgentdError as exc:
         print(f"agentd: {_one_line(without_password(str(exc)))}", file=sys.stderr)
         return exc.exit_code

@@ -412,6 +412,7 @@ class Supervisor:
             "started_at": started,
             "version": __version__,
             "spool": str(self.spool.root),
+            "node": self.shared.node if self.shared is not None else node_name(),
             "ready": True,
         }
         self.backlog.replace(

@@ -14,10 +14,13 @@ the backend is chosen here alone:
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker.spool import TaskDir
 from worker.store.base import SharedStore, TaskStore
+from worker.store.durable import atomic_write_json, load_json
 from worker.store.files import spool_store
 
 _shared: SharedStore | None = None
@@ -31,6 +34,37 @@ def use_shared(url: str, *, node: str | None, lease: float, migrate: bool = Fals
 
     _shared = PostgresStore(url, node=node, lease=lease, migrate=migrate)
     return _shared
+
+
+#: A node's spool records the store it serves (``record_store``), so that a command on
+#: that spool without ``--store`` works on the cluster instead of an empty spool.
+STORE_RECORD = "store.json"
+
+
+def public_url(url: str) -> str:
+    """``url`` without its password (in the netloc or a ``password=`` parameter): what
+    may be written down; libpq finds the password in its usual places."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}@{host}"
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def record_store(root: Path, url: str) -> None:
+    """Write down, in the spool at ``root``, the store a node on it serves (no password)."""
+    atomic_write_json(root / STORE_RECORD, {"url": public_url(url)})
+
+
+def recorded_store(root: Path) -> str | None:
+    """The store a node on the spool at ``root`` served (``record_store``), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        data = load_json((root / STORE_RECORD).read_bytes())
+        if isinstance(data, dict) and isinstance(data.get("url"), str):
+            return str(data["url"])
+    return None
 
 
 def forget_shared() -> None:

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,56 @@ def nodes(tmp_path: Path, postgres_schema: str) -> Iterator[list[Node]]:
         finally:
             for node in made:
                 node.daemon.cleanup()
+
+
+def test_a_node_spool_without_a_store_works_on_the_cluster_or_says_how(
+    nodes: list[Node], tmp_path: Path, postgres_schema: str
+) -> None:
+    a = nodes[0]
+    a.submit("first", steps(1, pause=0))
+    record = (a.daemon.spool.root / "store.json").read_text()
+    parts = urllib.parse.urlsplit(postgres_schema)
+    assert parts.password and parts.password not in record, record
+
+    def agentd(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        # a shell without AGENTD_STORE: only the spool says where its tasks are
+        return subprocess.run(
+            a.daemon.command(*args),
+            cwd=REPO,
+            env=worker_env(env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    refused = agentd("status", PGPASSFILE=str(tmp_path / "none"))
+    assert refused.returncode == 78, refused
+    assert refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "recorded at its start" in refused.stderr and "~/.pgpass" in refused.stderr
+    assert parts.password not in refused.stderr
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"{parts.hostname}:{parts.port}:*:{parts.username}:{parts.password}\n")
+    pgpass.chmod(0o600)
+    status = agentd("status", "--json", PGPASSFILE=str(pgpass))
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["supervisor"]["node"] == "a"
+    assert [t["id"] for t in doc["tasks"]] == ["first"]
+    script = tmp_path / "second.json"
+    script.write_text(json.dumps({"responses": steps(1, pause=0)}))
+    submitted = agentd(
+        "submit",
+        "--name",
+        "second",
+        "--prompt",
+        "go",
+        "--script",
+        str(script),
+        PGPASSFILE=str(pgpass),
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    poll_for(lambda: a.row("second")["state"] == "done", 30, what="the task submitted there done")
 
 
 def steps(count: int, pause: float = 0.3) -> list[dict[str, Any]]:
