@@ -467,9 +467,22 @@ def stop_before_record(task: TaskDir, index: int) -> None:
         written = index
         raise _Crash
 
+    created = Journal._create.__func__  # type: ignore[attr-defined]
+
+    def create(cls: type[Journal], path: Path, header: JSON) -> tuple[Journal, list[JSON]]:
+        nonlocal written
+        if index == 0:  # the header is written whole, or not at all
+            raise _Crash
+        written += 1
+        made: tuple[Journal, list[JSON]] = created(cls, path, header)
+        return made
+
     loop = make_loop(task)
     try:
-        with mock.patch.object(Journal, "_write", write):
+        with (
+            mock.patch.object(Journal, "_write", write),
+            mock.patch.object(Journal, "_create", classmethod(create)),
+        ):
             loop.run()
     except _Crash:
         pass
