@@ -603,7 +603,13 @@ def check_task(
         or (state.turn != plan.turns)
     ):
         problems.append((NOT_DONE, f"ended {ended or None} at turn {state.turn}/{plan.turns}"))
-    workspace = task.workspace_for(task.load_spec())
+    return problems + effect_problems(task.workspace_for(task.load_spec()), plan, exact=exact)
+
+
+def effect_problems(workspace: Path, plan: Plan, *, exact: bool = True) -> list[tuple[str, str]]:
+    """What ``workspace`` holds against ``plan``: every unsafe and keyed effect at most
+    once, and with ``exact`` exactly once, the files as the plan leaves them."""
+    problems: list[tuple[str, str]] = []
     for path, lines in plan.appends.items():
         try:
             body = (workspace / path).read_text()
