@@ -88,6 +88,8 @@ def test_a_blank_journal_fails_the_task_and_no_charge_runs_again(
     else:
         task.journal.write_bytes(bytes(size))
     blank = task.journal.read_bytes()
+    if ending == "stop":  # queued, no daemon: status reads the journal and says why
+        assert "damaged" in (daemon.row(name)["reason"] or ""), daemon.row(name)
 
     daemon.start()
     row = daemon.wait_state(name, "failed", "done", "held", timeout=30)
