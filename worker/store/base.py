@@ -131,8 +131,8 @@ def check_journal(name: str, held: int, seq: int, after: int) -> None:
         where = f"its records end at {held}" if held else "it holds no record"
         raise JournalCorruptError(
             f"{name} is damaged: {where}, but its task recorded {seq}; agentd will not run "
-            "recorded work again. Restore the task from a backup or fork it from an "
-            "earlier turn."
+            "recorded work again. Restore the task from a backup, or check what its calls "
+            "did and submit the task anew."
         )
     if not 0 <= after <= seq:
         raise JournalCorruptError(
@@ -153,8 +153,8 @@ def read_records(name: str, items: Sequence[bytes], first: int) -> list[JSON]:
         if not isinstance(record, dict) or not isinstance(record.get("k"), str):
             raise JournalCorruptError(
                 f"{name} is damaged: record {n} is not a journal record; agentd will not "
-                "skip recorded work. Restore the task from a backup or fork it from an "
-                "earlier turn."
+                "skip recorded work. Restore the task from a backup, or check what its "
+                "calls did and submit the task anew."
             )
         found.append(record)
     return found

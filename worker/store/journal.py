@@ -269,8 +269,8 @@ def refuse_shorter(path: Path, end: int, recorded: int | None) -> None:
     where = f"its whole records end at byte {end}" if end else "it holds no whole record"
     raise JournalCorruptError(
         f"{path} is damaged: {where}, but its task recorded {recorded} bytes as durable; "
-        "agentd will not run recorded work again. Restore the task folder from a backup "
-        "or fork the task from an earlier turn."
+        "agentd will not run recorded work again. Restore the task folder from a backup, "
+        "or check what its calls did and submit the task anew."
     )
 
 
