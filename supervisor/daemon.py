@@ -853,6 +853,7 @@ class Supervisor:
         beat = self._heartbeat(slot) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)
+        slot.record.progressed(beat)  # written with the verdict, durably
         self.metrics.forget(slot.task.id)
         turn = int(beat.get("turn", 0))
         last_exit: dict[str, Any] = {"code": code, "signal": sig}

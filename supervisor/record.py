@@ -20,7 +20,7 @@ from worker.errors import StateConflictError
 from worker.events import utc_now
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
-from worker.store.base import NOT_A_RECORD, Unreadable
+from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progress
 
 #: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
 FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
@@ -45,6 +45,7 @@ FIELD_SHAPES: dict[str, Callable[[Any], bool]] = {
     "pid": _optional(_whole),
     "pid_started": _optional(lambda v: _whole(v) or isinstance(v, float)),
     "crashes": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
+    PROGRESS: _optional(_whole),
     "updated_at": lambda v: isinstance(v, str),
 }
 
@@ -59,6 +60,13 @@ class TaskRecord:
     pid_started: float | None = None  # the worker's process start time, for adoption
     crashes: list[dict[str, Any]] = field(default_factory=list)  # recent: {turn, at}
     updated_at: str = ""
+    # ``PROGRESS``: the journal position its workers' heartbeats last said was durable
+    # (None: unknown, a record of an earlier release, or no worker ran yet)
+    journal: int | None = None
+
+    def progressed(self, beat: dict[str, Any] | None) -> None:
+        """Keep the progress a worker's heartbeat reports, if it is further on."""
+        self.journal = recorded_progress(beat, asdict(self))
 
     @classmethod
     def load(cls, task: TaskDir) -> TaskRecord:

@@ -15,7 +15,7 @@ from typing import Any
 from supervisor.liveness import Beat
 from supervisor.record import TaskRecord
 from supervisor.stores import store_of
-from worker.errors import NotFoundError, SpoolError, TaskSpecError
+from worker.errors import JournalCorruptError, NotFoundError, SpoolError, TaskSpecError
 from worker.protocol import TaskStatus, heartbeat_shaped
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
@@ -87,9 +87,14 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     turn, usage, dangling = 0, {"input_tokens": 0, "output_tokens": 0}, []
     tokens_used: int | None = None
     compactions = 0
+    damage = None
     if not running or beat is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
-            state = load_state(task, full=False, spec=spec)
+            try:
+                state = load_state(task, full=False, spec=spec)
+            except JournalCorruptError as exc:  # its worker refuses it in the same words
+                damage = str(exc)
+                raise
             turn = state.turn
             tokens_used = state.tokens_used if state.turn else None
             compactions = len(state.live_compactions())
@@ -124,7 +129,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         "sandbox": _text(beat.get("sandbox")) if beat else None,
         "usage": usage,
         "dangling": dangling,
-        "reason": record.reason or spec_error,
+        "reason": record.reason or spec_error or damage,
         "workspace": str(task.workspace_for(spec)) if spec else None,
         "updated_at": record.updated_at or None,
         "forked_from": spec.forked_from if spec else None,

@@ -63,6 +63,7 @@ class Heartbeat:
         self.on_fault = on_fault
         self._lock = threading.Lock()
         self._fields: dict[str, Any] = {"turn": 0, "interval": interval, **_phase("idle")}
+        self._sources: dict[str, Callable[[], Any]] = {}
         self._written = time.monotonic()  # when a beat was last written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -76,6 +77,13 @@ class Heartbeat:
         with self._lock:
             self._fields.update(fields)
 
+    def follow(self, **sources: Callable[[], Any]) -> None:
+        """Fields read when each beat is written (from the heartbeat's thread): what
+        changes without the loop saying so, like a journal sync that returned while the
+        model thinks."""
+        with self._lock:
+            self._sources.update(sources)
+
     def phase(self, phase: str) -> None:
         self.update(**_phase(phase))
 
@@ -84,6 +92,8 @@ class Heartbeat:
         with self._lock:
             now = {"at": time.time(), "at_mono": time.monotonic()}
             data = {"pid": os.getpid(), **now, **self._fields}
+            sources = list(self._sources.items())
+        data.update((name, source()) for name, source in sources)
         if self.metrics is not None:
             data["metrics"] = self.metrics.to_json()
         try:

@@ -225,6 +225,8 @@ class AgentLoop:
             on_ignored=self._snapshot_ignored,
         )
         self.journal, self.state = journal, state
+        if self.heartbeat:  # ``PROGRESS``: a journal found shorter is damage, not a new task
+            self.heartbeat.follow(journal=lambda: journal.durable.position)
         self._snapshot_turn = state.turn
         if snapshot is not None:
             self._snapshot_at, self._snapshot_size = snapshot.cursor, snapshot.size

@@ -143,9 +143,11 @@ def journal_calls(log: Path, journal: Path) -> list[tuple[str, int]]:
     return calls
 
 
-def cuts(calls: list[tuple[str, int]]) -> list[Cut]:
-    """Every instant before a journal call at which some written bytes were not durable."""
-    found, size, synced = [], 0, 0
+def cuts(calls: list[tuple[str, int]], header: int) -> list[Cut]:
+    """Every instant before a journal call at which some written bytes were not durable.
+    The journal's first ``header`` bytes were durable before its first call: it is made
+    whole, its header synced in a temp file renamed into place."""
+    found, size, synced = [], header, header
     for n, (name, written) in enumerate(calls, start=1):
         if size > synced:
             found.append(Cut(n, size, synced))
@@ -156,8 +158,9 @@ def cuts(calls: list[tuple[str, int]]) -> list[Cut]:
     return found
 
 
-def trace(pristine: TaskDir, root: Path) -> list[tuple[str, int]]:
-    """The journal calls of a clean run of (a copy of) ``pristine``, under ``strace -f``."""
+def trace(pristine: TaskDir, root: Path) -> tuple[list[tuple[str, int]], int]:
+    """The journal calls of a clean run of (a copy of) ``pristine``, under ``strace -f``,
+    and the size of its header (written before the journal had its name)."""
     task = clone_task(pristine, root / "clean")
     log = root / "clean.strace"
     prefix = [require_strace(), "-f", "-qq", "-y", "-e", "signal=none", "-o", str(log)]
@@ -165,7 +168,7 @@ def trace(pristine: TaskDir, root: Path) -> list[tuple[str, int]]:
     done = run_worker(task, prefix=prefix)
     if done.code != ExitCode.DONE:
         raise RuntimeError(f"the clean run of the power-loss task failed: {done}")
-    return journal_calls(log, task.journal)
+    return journal_calls(log, task.journal), scan(task.journal.read_bytes()).records[0][1]
 
 
 # -- the variants ---------------------------------------------------------------------------
@@ -262,8 +265,8 @@ def _shape(root: Path, turns: int, size: int) -> Shape:
     power-loss variant of each resumed."""
     plan = powerloss_plan(turns, size)
     pristine = make_task(root / "pristine", plan)
-    calls = trace(pristine, root)
-    shape = Shape(plan, calls, cuts(calls))
+    calls, header = trace(pristine, root)
+    shape = Shape(plan, calls, cuts(calls, header))
     every = [
         (n, cut, list(itertools.product(list(Fate), repeat=cut.pages)))
         for n, cut in enumerate(shape.points)

@@ -467,9 +467,22 @@ def stop_before_record(task: TaskDir, index: int) -> None:
         written = index
         raise _Crash
 
+    created = Journal._create.__func__  # type: ignore[attr-defined]
+
+    def create(cls: type[Journal], path: Path, header: JSON) -> tuple[Journal, list[JSON]]:
+        nonlocal written
+        if index == 0:  # the header is written whole, or not at all
+            raise _Crash
+        written += 1
+        made: tuple[Journal, list[JSON]] = created(cls, path, header)
+        return made
+
     loop = make_loop(task)
     try:
-        with mock.patch.object(Journal, "_write", write):
+        with (
+            mock.patch.object(Journal, "_write", write),
+            mock.patch.object(Journal, "_create", classmethod(create)),
+        ):
             loop.run()
     except _Crash:
         pass
@@ -590,7 +603,13 @@ def check_task(
         or (state.turn != plan.turns)
     ):
         problems.append((NOT_DONE, f"ended {ended or None} at turn {state.turn}/{plan.turns}"))
-    workspace = task.workspace_for(task.load_spec())
+    return problems + effect_problems(task.workspace_for(task.load_spec()), plan, exact=exact)
+
+
+def effect_problems(workspace: Path, plan: Plan, *, exact: bool = True) -> list[tuple[str, str]]:
+    """What ``workspace`` holds against ``plan``: every unsafe and keyed effect at most
+    once, and with ``exact`` exactly once, the files as the plan leaves them."""
+    problems: list[tuple[str, str]] = []
     for path, lines in plan.appends.items():
         try:
             body = (workspace / path).read_text()

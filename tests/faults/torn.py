@@ -11,7 +11,10 @@ append, its workspace holding exactly the effects of the records before. Then:
   (the checksum makes it a torn tail);
 * middle flips: a bit flipped in any record but the last of a finished journal: the
   worker must refuse (exit 3) with one line that says so, and change no byte of the
-  journal; it never skips the damage.
+  journal; it never skips the damage;
+* blank journals (``tests.faults.blank``), on every backend: empty, zeroed, header-only
+  and header-cut, with the task's progress recorded (refused: damage) and without (a
+  fresh task).
 
 Quick mode: the ``end`` record at every offset, the result of an ``append_file`` call at
 its header bytes and every 16th byte after, and 32 flips. Full mode: every record
@@ -26,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.faults import blank
 from tests.faults.common import (
     JSON,
     PROBLEMS,
@@ -191,8 +195,9 @@ def run(quick: bool, seed: int | None = None) -> list[Figure]:
                 setup, root, item[1], item[0]
             ),
         )
+        lost = blank.run(plan, root / "blank")  # every backend's blank journals
         seconds = elapsed()
-    return _figures(cases, results, seconds, seed, len(kinds))
+    return _figures(cases, results, seconds, seed, len(kinds), lost)
 
 
 def _unsafe_result_index(task: TaskDir) -> int:
@@ -209,7 +214,12 @@ def _unsafe_result_index(task: TaskDir) -> int:
 
 
 def _figures(
-    cases: list[Case], results: list[Result], seconds: float, seed: int, n_records: int
+    cases: list[Case],
+    results: list[Result],
+    seconds: float,
+    seed: int,
+    n_records: int,
+    blanks: list[Figure],
 ) -> list[Figure]:
     count = Counter(c.kind for c in cases)
     issues = Counter(kind for r in results for kind, _ in r.issues)
@@ -245,5 +255,6 @@ def _figures(
         r = bad[0]
         detail = f"{r.case}: " + "; ".join(f"{k}: {d}" for k, d in (r.issues + r.problems)[:2])
         figures.append(Figure(FAULT, "first failing case", detail[:300], violation=True))
+    figures += blanks
     figures.append(Figure(FAULT, "runtime s", round(seconds, 1)))
     return figures

@@ -16,7 +16,7 @@ from tests.store.test_conformance import HEADER, turn, user
 from tests.support import REPO, poll_for
 from worker.errors import FencedError, JournalCorruptError, LockBusyError
 from worker.state import fold, snapshot_bytes
-from worker.store.base import NOT_A_RECORD, Snapshot, Unreadable
+from worker.store.base import NOT_A_RECORD, PROGRESS, Snapshot, Unreadable
 from worker.store.files import FileStore
 from worker.store.journal import Journal
 
@@ -183,3 +183,46 @@ def test_what_the_daemon_reads_beside_the_protocol(tmp_path: Path) -> None:
     with pytest.raises(Unreadable) as refused:
         store.get_record(task)
     assert (refused.value.where, refused.value.reason) == (store.record_name(task), NOT_A_RECORD)
+
+
+@pytest.mark.parametrize("source", ["record", "heartbeat"])
+def test_a_journal_shorter_than_the_progress_recorded_is_damage(
+    tmp_path: Path, source: str
+) -> None:
+    """The progress a worker's heartbeat reports, or the daemon's record keeps from it:
+    a journal that lost synced records is refused by the reader and the owner alike."""
+    store = FileStore(tmp_path / "spool")
+    task = new_task(store)
+    owner = store.acquire(task)
+    writer, _ = store.open_journal(owner, header=HEADER)
+    writer.append([turn(1), user("more")])
+    progress = writer.durable.position
+    assert progress == journal_of(store).stat().st_size
+    writer.close()
+    if source == "record":
+        record, version = store.get_record(task)
+        store.cas_record(task, version, {**(record or {}), PROGRESS: progress})
+    else:
+        store.publish_heartbeat(task, {"pid": 1, PROGRESS: progress})
+    assert [r["k"] for r in store.replay(task)] == ["header", "turn", "user"]
+    os.truncate(journal_of(store), 0)
+    for read in (lambda: store.replay(task), lambda: store.open_journal(owner)):
+        with pytest.raises(JournalCorruptError, match=f"recorded {progress} bytes"):
+            read()
+    assert journal_of(store).read_bytes() == b""
+    journal_of(store).unlink()  # a journal gone is the same loss
+    with pytest.raises(JournalCorruptError, match="holds no whole record"):
+        store.open_journal(owner)
+    assert not journal_of(store).exists()
+
+
+def test_a_record_of_an_earlier_release_has_unknown_progress(tmp_path: Path) -> None:
+    """No progress field anywhere: a blank journal is read as today, a new one."""
+    store = FileStore(tmp_path / "spool")
+    task = new_task(store)
+    owner = store.acquire(task)
+    journal_of(store).touch()
+    assert store.progress(task) is None and store.replay(task) == []
+    writer, records = store.open_journal(owner, header=HEADER)
+    writer.close()
+    assert [r["k"] for r in records] == ["header"]

@@ -100,3 +100,28 @@ def test_a_final_stop_publishes_the_metrics_of_the_last_interval(
     assert sum(last["metrics"]["tool_call"]["read_file"]["b"]) == 1  # type: ignore[index]
     on_disk = json.loads((tmp_path / "heartbeat.json").read_text())
     assert on_disk["metrics"] == metrics.to_json()
+
+
+def test_a_followed_field_is_read_as_each_beat_is_written(
+    tmp_path: Path, writes: list[dict[str, object]]
+) -> None:
+    """The journal's durable size changes when a background sync returns, with no word
+    from the loop: each beat reads it then (the last one too)."""
+    durable = [100]
+    beat = Heartbeat(to_file(tmp_path / "heartbeat.json", writes), interval=0.05)
+    beat.follow(journal=lambda: durable[0])
+    beat.start()
+    try:
+        assert last(writes) == 100
+        durable[0] = 250
+        poll_for(lambda: last(writes) == 250, 10, what="a beat that read it again")
+        durable[0] = 300
+    finally:
+        beat.stop(final=True)
+    assert last(writes) == 300
+    assert json.loads((tmp_path / "heartbeat.json").read_text())["journal"] == 300
+
+
+def last(writes: list[dict[str, object]]) -> object:
+    """The journal field of the last beat written."""
+    return writes[-1]["journal"]

@@ -231,6 +231,84 @@ def test_empty_file_gets_a_header(tmp_path: Path) -> None:
     assert list(iter_records(path)) == [{"k": "header", "v": JOURNAL_VERSION}]
 
 
+def test_a_new_journal_is_whole_from_its_first_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its header is written and synced in a temp file that is renamed into place: a
+    crash before the rename leaves no journal, never a blank one (a fresh task), and the
+    rename publishes the whole header."""
+    path = tmp_path / "journal"
+    renamed: list[bytes] = []
+    real = os.replace
+
+    def crash(src: str | Path, dst: str | Path) -> None:
+        renamed.append(Path(src).read_bytes())
+        raise OSError(errno.EIO, "the machine went down")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(StorageError):
+        Journal.open(path, task="t1")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    assert [scan(data).records[0][0] for data in renamed] == [
+        {"k": "header", "v": JOURNAL_VERSION, "task": "t1"}
+    ]
+    monkeypatch.setattr(os, "replace", real)
+    journal, replay = Journal.open(path, task="t1")
+    journal.close()
+    assert path.read_bytes() == renamed[0] and replay == list(iter_records(path))
+
+
+def _blank(path: Path, kind: str, whole: bytes) -> None:
+    """``path`` made as a lost journal of ``kind``, from the journal ``whole``."""
+    header_end = scan(whole).records[0][1]
+    blanks = {
+        "empty": b"",
+        "zeroed": bytes(len(whole)),
+        "header-only": whole[:header_end],
+        "header-cut": whole[: header_end // 2],
+    }
+    path.write_bytes(blanks[kind])
+
+
+@pytest.mark.parametrize("kind", ["empty", "zeroed", "header-only", "header-cut"])
+def test_a_journal_shorter_than_its_recorded_progress_is_refused_untouched(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(3))
+    _blank(path, kind, path.read_bytes())
+    before = path.read_bytes()
+    with pytest.raises(JournalCorruptError) as info:
+        Journal.open(path, recorded=ends[-1])
+    message = str(info.value)
+    assert str(path) in message and f"recorded {ends[-1]} bytes" in message
+    assert "\n" not in message and "backup" in message
+    assert path.read_bytes() == before, "a refusal changes no byte"
+
+
+@pytest.mark.parametrize("kind", ["empty", "zeroed", "header-only", "header-cut"])
+def test_a_blank_journal_without_recorded_progress_is_a_new_one(tmp_path: Path, kind: str) -> None:
+    """No progress recorded (a task of an earlier release, whose create could leave a
+    blank journal): nothing in it was durable, and it is made whole again, as new."""
+    path = tmp_path / "journal"
+    _write_journal(path, _records(1))
+    _blank(path, kind, path.read_bytes())
+    journal, replay = Journal.open(path, task="t1")
+    journal.close()
+    assert [r["k"] for r in replay] == ["header"]
+    assert [r["k"] for r in iter_records(path)] == ["header"] and not read_file(path).torn
+
+
+def test_a_torn_tail_after_the_recorded_progress_is_cut_as_ever(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    ends = _write_journal(path, _records(3))
+    with open(path, "ab") as f:
+        f.write(encode({"k": "turn", "turn": 9})[:7])
+    journal, replay = Journal.open(path, recorded=ends[-1])
+    journal.close()
+    assert len(replay) == 4 and path.stat().st_size == ends[-1]
+
+
 def test_wrong_header_version_is_refused_clearly(tmp_path: Path) -> None:
     path = tmp_path / "journal"
     path.write_bytes(encode({"k": "header", "v": JOURNAL_VERSION + 1}) + encode({"k": "turn"}))
@@ -527,7 +605,7 @@ def test_marks_claim_only_what_was_synced_before_the_write(
         journal.sync_in_background()
         journal.append([{"k": "intent", "call_id": "b"}], sync=False)  # waits for it first
         journal.append([{"k": "user", "content": []}])
-    assert synced[:2] == [header_end, after_intent]
+    assert synced[:1] == [after_intent]  # (the header was synced whole, before its rename)
     assert _marks(path.read_bytes()) == [
         None,  # the header: a version-1 frame
         header_end,  # the turn and its intent: their own sync is not theirs to claim
@@ -589,6 +667,7 @@ def test_a_crash_loses_nothing_written_and_the_next_writer_claims_only_its_syncs
     whole, and they become durable with its first sync, not before."""
     path = tmp_path / "journal"
     journal, _ = Journal.open(path)
+    header_end = journal.size  # synced whole before the journal was renamed into place
     journal.append([_big("a", 10)], sync=False)
     os.close(journal._fd)  # killed before any sync of its result
     crashed_size = path.stat().st_size
@@ -598,7 +677,7 @@ def test_a_crash_loses_nothing_written_and_the_next_writer_claims_only_its_syncs
         after_intent = again.append([{"k": "intent", "call_id": "b"}])
         again.append([{"k": "user", "content": []}])
     assert after_intent > crashed_size
-    assert _marks(path.read_bytes())[-3:] == [synced[0], synced[0], after_intent]
+    assert _marks(path.read_bytes())[-3:] == [header_end, header_end, after_intent]
 
 
 _SIZES = st.sampled_from([1, 200, PAGE - 100, PAGE + 300, 2 * PAGE]) | st.integers(1, 9000)
@@ -631,6 +710,7 @@ def test_a_power_loss_loses_only_unsynced_records_and_never_fails_the_open(
     path = tmp_path_factory.mktemp("power") / "journal"
     with observed_syncs() as sizes:
         journal, _ = Journal.open(path)
+        sizes.append(journal.size)  # the header, synced before its rename
         for n, (how, size) in enumerate(ops):
             record = {"k": "result", "call_id": str(n), "content": "x" * size}
             if how == "hold":

@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from worker.errors import StorageError
+from worker.errors import JournalCorruptError, StorageError
 from worker.spool import TaskSpec
 from worker.state import TaskState
-from worker.store.durable import dump_json
+from worker.store.durable import dump_json, load_json
 
 JSON = dict[str, Any]
 
@@ -72,6 +72,25 @@ class Cursor:
 #: Before the first record: replaying from here folds the whole journal.
 START = Cursor()
 
+#: The field of a worker's heartbeat, and of the task record the daemon writes from it,
+#: that keeps the journal's last durable position the worker reported (a ``Cursor``'s
+#: ``position``). A journal that ends before it lost synced records: it is damage, never
+#: a fresh task. Absent (a record of an earlier release): unknown.
+PROGRESS = "journal"
+
+
+def recorded_progress(*sources: Mapping[str, Any] | None) -> int | None:
+    """The furthest journal position ``sources`` (records, heartbeats) say was durable;
+    None when none says (unknown progress)."""
+    found = [
+        value
+        for source in sources
+        if isinstance(source, Mapping)
+        for value in [source.get(PROGRESS)]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ]
+    return max(found, default=None)
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -101,6 +120,44 @@ class Version:
     """The version of a task record that ``get_record`` read, for ``cas_record``."""
 
     token: str = ""  # "": no record yet
+
+
+def check_journal(name: str, held: int, seq: int, after: int) -> None:
+    """The journal of a store that counts its records (``seq``: the records appended,
+    kept with the task's row) holds ``held`` of them: ``JournalCorruptError`` when it
+    holds fewer (records lost: the task's record shows turns its journal has not), or no
+    record starts at ``after``."""
+    if held < seq:
+        where = f"its records end at {held}" if held else "it holds no record"
+        raise JournalCorruptError(
+            f"{name} is damaged: {where}, but its task recorded {seq}; agentd will not run "
+            "recorded work again. Restore the task from a backup, or check what its calls "
+            "did and submit the task anew."
+        )
+    if not 0 <= after <= seq:
+        raise JournalCorruptError(
+            f"{name}: no record starts at {after}; read the journal from its start."
+        )
+
+
+def read_records(name: str, items: Sequence[bytes], first: int) -> list[JSON]:
+    """Stored records ``items`` as JSON objects; ``JournalCorruptError`` naming the first
+    that is not one (zeroed or cut bytes: damage, not a torn tail, since a row is written
+    whole in one step). ``first`` is the number (seq) of the first of ``items``."""
+    found = []
+    for n, item in enumerate(items, start=first):
+        try:
+            record = load_json(item)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+            raise JournalCorruptError(
+                f"{name} is damaged: record {n} is not a journal record; agentd will not "
+                "skip recorded work. Restore the task from a backup, or check what its "
+                "calls did and submit the task anew."
+            )
+        found.append(record)
+    return found
 
 
 class Unreadable(ValueError):
@@ -133,6 +190,12 @@ class JournalWriter(Protocol):
         """After the last record written (held records are not written yet)."""
         ...
 
+    @property
+    def durable(self) -> Cursor:
+        """After the last record known durable (at most ``cursor``): the progress a worker
+        reports in its heartbeat (``PROGRESS``)."""
+        ...
+
     def volume_since(self, cursor: Cursor) -> int:
         """Bytes recorded after ``cursor``: what spaces snapshots, never a position."""
         ...
@@ -157,6 +220,14 @@ class HeldInMemory:
     they return, so a background sync is a sync."""
 
     _held: list[bytes]
+
+    @property
+    def cursor(self) -> Cursor:
+        raise NotImplementedError
+
+    @property
+    def durable(self) -> Cursor:
+        return self.cursor  # every append is durable when it returns
 
     def append(self, records: Iterable[JSON], *, sync: bool = True) -> None:
         raise NotImplementedError

@@ -40,6 +40,7 @@ from worker.store.base import (
     Snapshot,
     Unreadable,
     Version,
+    recorded_progress,
 )
 from worker.store.durable import (
     atomic_write,
@@ -50,7 +51,7 @@ from worker.store.durable import (
     read_json,
     write_exclusive,
 )
-from worker.store.journal import Journal, read_file
+from worker.store.journal import Journal, read_file, refuse_shorter
 
 
 class FileJournal:
@@ -68,6 +69,10 @@ class FileJournal:
     @property
     def cursor(self) -> Cursor:
         return Cursor(self.journal.size)
+
+    @property
+    def durable(self) -> Cursor:
+        return Cursor(self.journal.durable)
 
     def volume_since(self, cursor: Cursor) -> int:
         return self.journal.size - cursor.position
@@ -208,15 +213,32 @@ class FileStore:
     ) -> tuple[FileJournal, list[JSON]]:
         self.check(owner)
         task = self.task(owner.task_id)
-        journal, records = Journal.open(task.journal, after.position, **(header or {}))
+        journal, records = Journal.open(
+            task.journal, after.position, recorded=self.progress(task.id), **(header or {})
+        )
         return FileJournal(self, owner, journal), records
 
     def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
+        """The records after ``after``; ``JournalCorruptError`` when the journal ends
+        before the progress recorded (``progress``), as the worker would refuse it."""
+        path = self.task(task_id).journal
         try:
-            scan = read_file(self.task(task_id).journal, after.position)
+            scan = read_file(path, after.position)
         except FileNotFoundError:
+            refuse_shorter(path, 0, self.progress(task_id))
             return []
+        refuse_shorter(path, scan.good_end, self.progress(task_id))
         return [record for record, _ in scan.records]
+
+    def progress(self, task_id: str) -> int | None:
+        """The journal size the task's workers reported durable: the furthest of the
+        record's (the daemon's copy, written durably at each exit) and the heartbeat's
+        (the last worker's, at most a beat old); None when neither says."""
+        try:
+            record, _ = self.get_record(task_id)
+        except Unreadable:
+            record = None
+        return recorded_progress(record, self.read_heartbeat(task_id))
 
     def journal_end(self, task_id: str) -> Cursor:
         """After the last record recorded so far (a torn tail's bytes too), read-only:

@@ -35,6 +35,15 @@ short, has a zero or overlong length, fails its checksum or is not a JSON object
   anything new is appended. Damage to the last synced write is cut the same way when no
   frame was written after its sync, since no byte on disk says it was synced.
 
+A journal is whole from its first byte: its header is written and synced in a temp file,
+renamed into place, and the folder synced (``Journal._create``), so no crash leaves one
+without its header. A journal whose whole records end before the size its task recorded
+as durable (``recorded``: the worker's heartbeat reports it, the daemon's task record
+keeps it) lost synced bytes: blanked, zeroed, cut or missing, it is refused, never taken
+for a new task whose calls would run again. With nothing recorded (a task of an earlier
+release, whose create could leave a blank journal), a journal without a header is made
+whole again, as new, as before.
+
 Each ``append`` is one ``write`` of whole frames, followed by ``fdatasync`` unless the
 caller defers it: a deferred record becomes durable with the next synced append, with
 ``sync()``, with ``close()``, or in the background (``sync_in_background``: the sync runs
@@ -54,14 +63,14 @@ import queue
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from worker.errors import JournalCorruptError, SpoolError, StorageError
 from worker.store.base import MAX_RECORD, record_bytes
-from worker.store.durable import fsync_dir, load_json, open_private, storage_error
+from worker.store.durable import atomic_write, load_json, open_private, storage_error
 
 JOURNAL_VERSION = 2
 
@@ -250,6 +259,21 @@ def _check_header(path: Path, result: Scan, start: int) -> None:
         )
 
 
+def refuse_shorter(path: Path, end: int, recorded: int | None) -> None:
+    """``JournalCorruptError`` when the whole records of ``path`` end at byte ``end``,
+    before ``recorded``, the size a worker reported durable: synced bytes are missing (a
+    journal cut, blanked or zeroed), and a replay of what is left would run recorded
+    calls again."""
+    if recorded is None or end >= recorded:
+        return
+    where = f"its whole records end at byte {end}" if end else "it holds no whole record"
+    raise JournalCorruptError(
+        f"{path} is damaged: {where}, but its task recorded {recorded} bytes as durable; "
+        "agentd will not run recorded work again. Restore the task folder from a backup, "
+        "or check what its calls did and submit the task anew."
+    )
+
+
 class Journal:
     """An open journal, positioned at its end, ready to append."""
 
@@ -266,12 +290,20 @@ class Journal:
         self._syncer: _SyncThread | None = None  # started by the first background sync
 
     @classmethod
-    def open(cls, path: Path, start: int = 0, **header: Any) -> tuple[Journal, list[Record]]:
-        """Open (creating it with a header if absent), cut a torn tail, return the records
-        from ``start`` on. ``header`` fields are added to a new journal's header record."""
-        created = not path.exists()
+    def open(
+        cls, path: Path, start: int = 0, *, recorded: int | None = None, **header: Any
+    ) -> tuple[Journal, list[Record]]:
+        """Open (making it whole with a header if absent), cut a torn tail, return the
+        records from ``start`` on. ``header`` fields are added to a new journal's header
+        record. ``recorded`` is the journal size a worker reported durable (the task's
+        record and heartbeat keep it; None: unknown, a task of an earlier release): a
+        journal whose whole records end before it lost synced bytes, and is refused with
+        ``JournalCorruptError`` before anything is cut or written."""
         try:
-            fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            fd = open_private(path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            refuse_shorter(path, 0, recorded)
+            return cls._create(path, header)
         except OSError as exc:
             raise storage_error("opening", path, exc) from exc
         try:
@@ -287,24 +319,47 @@ class Journal:
                     f"{path}: no record starts at byte {start}; read the journal from its start."
                 )
             _check_header(path, result, start)
-            version = result.version or JOURNAL_VERSION  # a new journal gets the newest
-            # What the last frame found says was durable; the bytes after that are the
-            # dead writer's and become durable with this one's first sync.
-            journal = cls(
-                path, fd, start + result.good_end, version=version, durable=result.durable
-            )
-            if result.torn:
-                journal._cut(start + result.good_end)
-            if created or journal.size == 0:
-                if created:
-                    fsync_dir(path.parent)
-                first = {"k": "header", "v": JOURNAL_VERSION, **header}
-                journal.append([first])
-                return journal, [first]
+            refuse_shorter(path, start + result.good_end, recorded)
+            if start or result.records:
+                version = result.version or JOURNAL_VERSION
+                # What the last frame found says was durable; the bytes after that are
+                # the dead writer's and become durable with this one's first sync.
+                journal = cls(
+                    path, fd, start + result.good_end, version=version, durable=result.durable
+                )
+                if result.torn:
+                    journal._cut(start + result.good_end)
+                return journal, [record for record, _ in result.records]
         except BaseException:
             os.close(fd)
             raise
-        return journal, [record for record, _ in result.records]
+        # No header and no progress recorded: a journal of an earlier release, made by a
+        # create and a folder sync before its header was written (a power loss between
+        # them left it blank). Nothing in it was durable: it is made whole again, as new.
+        os.close(fd)
+        return cls._create(path, header)
+
+    @classmethod
+    def _create(cls, path: Path, header: Mapping[str, Any]) -> tuple[Journal, list[Record]]:
+        """A new journal, whole from its first byte: its header written and synced in a
+        temp file, renamed into place, the folder synced. No crash leaves a journal
+        without its header, so a blank one is always damage."""
+        first = {"k": "header", "v": JOURNAL_VERSION, **header}
+        data = encode(first)
+        atomic_write(path, data)
+        try:
+            fd = open_private(path, os.O_RDWR | os.O_APPEND)
+        except OSError as exc:
+            raise storage_error("opening", path, exc) from exc
+        return cls(path, fd, len(data), version=JOURNAL_VERSION, durable=len(data)), [first]
+
+    @property
+    def durable(self) -> int:
+        """The journal size known durable, a background sync that returned included (safe
+        to read from another thread: the heartbeat's)."""
+        if self._syncer is not None and self._syncer.succeeded():
+            return self._syncing
+        return self._durable
 
     def _cut(self, size: int) -> None:
         """Truncate a torn tail and make the cut durable: the journal's whole remaining
@@ -429,6 +484,10 @@ class _SyncThread:
     def request(self) -> None:
         self._done.clear()
         self._asks.put(True)
+
+    def succeeded(self) -> bool:
+        """Whether the last sync asked for has returned without an error."""
+        return self._done.is_set() and self._failure is None
 
     def wait(self) -> OSError | None:
         self._done.wait()

@@ -25,7 +25,6 @@ from typing import Any
 
 from worker.errors import (
     FencedError,
-    JournalCorruptError,
     LockBusyError,
     NotFoundError,
     RecordConflictError,
@@ -42,6 +41,8 @@ from worker.store.base import (
     Owner,
     Snapshot,
     Version,
+    check_journal,
+    read_records,
     record_bytes,
 )
 from worker.store.durable import dump_json, load_json
@@ -55,6 +56,7 @@ class _Task:
     record: bytes
     version: int = 1
     journal: list[bytes] = field(default_factory=list)
+    seq: int = 0  # the records appended, counted apart from them: what the journal must hold
     volume: list[int] = field(default_factory=lambda: [0])  # bytes before record i
     snapshot: bytes | None = None
     decisions: dict[tuple[str, int], bytes] = field(default_factory=dict)
@@ -96,6 +98,7 @@ class MemoryJournal(HeldInMemory):
             for item in data:
                 task.journal.append(item)
                 task.volume.append(task.volume[-1] + len(item))
+            task.seq += len(data)
         self._held = []
 
     def hold(self, records: Iterable[JSON]) -> None:
@@ -157,6 +160,7 @@ class MemoryStore:
             for item in items:
                 task.journal.append(item)
                 task.volume.append(task.volume[-1] + len(item))
+            task.seq = len(items)
             self._tasks[spec.id] = task
 
     def read_all(self) -> contextlib.AbstractContextManager[None]:
@@ -232,7 +236,7 @@ class MemoryStore:
         with self.guard:
             task = self.fenced(owner)
             writer = MemoryJournal(self, owner)
-            if not task.journal:
+            if not task.seq:
                 first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
                 writer.append([first])
                 return writer, [first]
@@ -241,7 +245,7 @@ class MemoryStore:
     def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
         with self.guard:
             task = self.get(task_id)
-            return self._records(task, after) if task.journal else []
+            return self._records(task, after) if task.seq else []
 
     def journal_end(self, task_id: str) -> Cursor:
         """After the last record recorded so far (``FileStore.journal_end``)."""
@@ -250,12 +254,9 @@ class MemoryStore:
 
     @staticmethod
     def _records(task: _Task, after: Cursor) -> list[JSON]:
-        if not 0 <= after.position <= len(task.journal):
-            raise JournalCorruptError(
-                f"task {task.spec.id}: no record starts at {after.position}; read the "
-                "journal from its start."
-            )
-        return [load_json(item) for item in task.journal[after.position :]]
+        name = f"the journal of task {task.spec.id}"
+        check_journal(name, len(task.journal), task.seq, after.position)
+        return read_records(name, task.journal[after.position :], after.position + 1)
 
     # -- snapshots --------------------------------------------------------------------
 

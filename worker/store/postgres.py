@@ -49,7 +49,6 @@ from worker.config import ClusterConfig
 from worker.errors import (
     ConfigError,
     FencedError,
-    JournalCorruptError,
     LockBusyError,
     NotFoundError,
     RecordConflictError,
@@ -70,6 +69,8 @@ from worker.store.base import (
     Snapshot,
     Unreadable,
     Version,
+    check_journal,
+    read_records,
     record_bytes,
 )
 from worker.store.durable import dump_json, load_json
@@ -666,12 +667,9 @@ class PostgresStore:
 
     def _records(self, task_id: str, after: Cursor) -> tuple[int, int, list[bytes]]:
         epoch, seq, records = self._row(self._RECORDS, task_id, after=after.position)
-        if not 0 <= after.position <= seq:
-            raise JournalCorruptError(
-                f"task {task_id}: no record starts at {after.position}; read the journal "
-                "from its start."
-            )
-        return int(epoch), int(seq), [bytes(r) for r in records]
+        found = [bytes(r) for r in records]
+        _check_rows(task_id, int(seq), after.position, found)
+        return int(epoch), int(seq), found
 
     def open_journal(
         self, owner: Owner, *, after: Cursor = START, header: Mapping[str, Any] | None = None
@@ -684,14 +682,15 @@ class PostgresStore:
             first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
             writer.append([first])
             return writer, [first]
-        return writer, [load_json(r) for r in records]
+        return writer, read_records(_journal_name(owner.task_id), records, after.position + 1)
 
     def replay(self, task_id: str, after: Cursor = START) -> list[JSON]:
         seen = self._seen(task_id)
         if seen is not None and seen.records is not None and after.position == seen.after:
-            return [load_json(r) for r in seen.records]
+            _check_rows(task_id, seen.seq, seen.after, seen.records)
+            return read_records(_journal_name(task_id), seen.records, seen.after + 1)
         _, seq, records = self._records(task_id, after)
-        return [load_json(r) for r in records] if seq else []
+        return read_records(_journal_name(task_id), records, after.position + 1) if seq else []
 
     def journal_end(self, task_id: str) -> Cursor:
         (seq,) = self._row("SELECT seq FROM tasks WHERE id = %(task)s", task_id)
@@ -938,6 +937,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _journal_name(task_id: str) -> str:
+    return f"the journal of task {task_id}"
+
+
+def _check_rows(task_id: str, seq: int, after: int, rows: Sequence[bytes]) -> None:
+    """The rows read after seq ``after`` must reach the task's ``seq``, which the same
+    statement as every append moved: fewer is a journal that lost recorded rows."""
+    check_journal(_journal_name(task_id), after + len(rows), seq, after)
+
+
 @dataclass(frozen=True)
 class _Seen:
     """One task as ``read_all`` saw it: ``records`` are the journal's after seq ``after``
@@ -951,6 +960,7 @@ class _Seen:
     snapshot: bytes | None
     after: int
     records: list[bytes] | None
+    seq: int  # the task's: what the journal holds
 
 
 #: What ``read_all`` reads: every task, in one statement.
@@ -959,7 +969,7 @@ SELECT t.id, t.spec, t.record, t.version, h.beat, s.state, coalesce(s.seq, 0),
     CASE WHEN t.state = 'running' AND h.beat IS NOT NULL THEN NULL ELSE ARRAY(
         SELECT j.record FROM journal j
         WHERE j.task = t.id AND j.seq > coalesce(s.seq, 0) ORDER BY j.seq
-    ) END
+    ) END, t.seq
 FROM tasks t
 LEFT JOIN heartbeats h ON h.task = t.id
 LEFT JOIN snapshots s ON s.task = t.id
