@@ -54,7 +54,7 @@ def missing_system_tool(why: str) -> NoReturn:
 
 def poll_for(
     predicate: Callable[[], T | None],
-    timeout: float = 10.0,
+    timeout: float = 30.0,
     *,
     interval: float = 0.01,
     what: str | None = None,
