@@ -43,7 +43,7 @@ from supervisor.decisions import (
 )
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
-from supervisor.stores import shared, store_for, use_shared
+from supervisor.stores import postgres_store, shared, store_for, use_shared
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
@@ -667,6 +667,7 @@ def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.cluster:
         if args.keep:
             raise UsageError("agentd demo --cluster keeps nothing: its database goes with it.")
+        postgres_store()  # its nodes need psycopg: said here, before a server is started
         return run_cluster_demo()
     return run_demo(keep=args.keep)
 
