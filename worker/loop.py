@@ -424,6 +424,9 @@ class AgentLoop:
                 "model_retry", level="warning", attempt=attempt, delay=delay, error=str(exc)
             )
             self._phase(phase)  # a retry is progress: the deadline covers one attempt
+            if self.heartbeat:  # what status shows as the task's REASON meanwhile
+                retry = {"error": str(exc), "attempt": attempt, "next_try": time.time() + delay}
+                self.heartbeat.update(retry=retry)
 
         self._journal.sync_in_background()  # the last result becomes durable meanwhile
         self._interruptible = True
@@ -440,6 +443,8 @@ class AgentLoop:
             )
         finally:
             self._interruptible = False
+            if self.heartbeat:
+                self.heartbeat.update(retry=None)
         usage = reply.usage
         self.metrics.model_called(
             time.perf_counter() - started,
