@@ -156,11 +156,10 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.detach:
         return _detach(args, spool)
     # (the daemon holds its secrets already: ``main`` took them over first of all)
-    cluster = shared()
-    if cluster is not None and (url := store_url(args, config)) is not None:
-        held = credentials.held()  # the store's URL, for the workers, through their pipe
-        values = {**held.values, credentials.STORE: url}
-        credentials.hold(credentials.Credentials(values, held.files))
+    # the store's URL, for the workers, through their pipe (as read, when it was)
+    url = store_url(args, config) if shared() is not None else None
+    if url is not None and credentials.held().get(credentials.STORE) != url:
+        credentials.hold(credentials.held().with_value(credentials.STORE, url))
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
@@ -204,8 +203,7 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     # leaves the daemon without one rather than without a start.
     secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
     if args.store:  # (never in its command line, where any process can read it)
-        values = {**secrets.values, credentials.STORE: args.store}
-        secrets = credentials.Credentials(values, secrets.files)
+        secrets = secrets.with_value(credentials.STORE, args.store)
     try:
         log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -268,6 +266,15 @@ def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     )
     ring(spool, task.id)
     print(task.id)
+    pid = running_pid(spool) if args.script is None else None
+    info = (supervisor_info(spool) or {}) if pid is not None else {}
+    if info.get("api_key") is False:  # (the hint: what works for that daemon)
+        print(
+            f"agentd: warning: the daemon (pid {pid}) holds no Anthropic API key, so this "
+            f"task's model calls will fail; {info.get('api_key_hint')}; then "
+            f"`agentd retry {task.id}`.",
+            file=sys.stderr,
+        )
     return 0
 
 

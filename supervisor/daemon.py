@@ -99,6 +99,7 @@ from worker.protocol import (
     EPOCH_ENV,
     LEASE_ENV,
     NODE_ENV,
+    RETRIES_ENV,
     VERDICT_EXITS,
     ExitCode,
     TaskStatus,
@@ -185,6 +186,7 @@ class Supervisor:
         if self.shared is not None:  # (the store's URL travels with the other secrets)
             self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
         self._credentials = credentials.held()
+        self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
             ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
             if preload
@@ -407,16 +409,14 @@ class Supervisor:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
         self._serve_metrics()  # before READY: a ready daemon answers scrapes
-        info = {
+        self._info = {
             "pid": os.getpid(),
             "started_at": started,
             "version": __version__,
             "spool": str(self.spool.root),
             "ready": True,
         }
-        self.backlog.replace(
-            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
-        )
+        self._publish_info()
         self.notifier.ready()
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
@@ -489,6 +489,41 @@ class Supervisor:
         file, the defaults)."""
         return self.config_path or self.config.source
 
+    def _publish_info(self) -> None:
+        """``supervisor.json``: who the daemon is, and whether it holds an API key (what
+        ``submit`` warns about: never the key itself)."""
+        if not self._info:  # not ready yet: ``run`` publishes it
+            return
+        held = self._credentials
+        has_key = held.get(credentials.API_KEY) or held.get(credentials.AUTH_TOKEN)
+        info = {**self._info, "api_key": bool(has_key)}
+        if not has_key:
+            info["api_key_hint"] = credentials.how_to_change(credentials.API_KEY, os.environ)
+        self.backlog.replace(
+            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
+        )
+
+    def _reread_credentials(self) -> None:
+        """SIGHUP: the secrets read from a ``NAME_FILE`` are read again; changed ones are
+        what workers started from now on get (the fork server is started again with them).
+        One that cannot be read is refused (``credentials_reload_failed``): the ones in use
+        stay."""
+        try:
+            renewed = credentials.reread(self._credentials)
+        except ConfigError as exc:
+            self.emit("credentials_reload_failed", level="warning", reason=str(exc))
+            return
+        before = self._credentials.values
+        changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
+        if not changed:
+            return
+        credentials.hold(renewed)
+        self._credentials = renewed
+        if self.forks is not None:
+            self.forks.renew(renewed)
+        self._publish_info()
+        self.emit("credentials_reloaded", names=changed)
+
     def reload(self) -> None:
         """SIGHUP: reopen the log file (for logrotate), then read the config file again.
 
@@ -507,6 +542,7 @@ class Supervisor:
         else:
             if reopened is not None:
                 self.emit("log_reopened", path=str(reopened))
+        self._reread_credentials()
         before = self.config
         if not self._accept_config_file(at_start=False):
             return
@@ -746,9 +782,12 @@ class Supervisor:
 
     def _env_for(self, slot: TaskSlot) -> dict[str, str]:
         """The worker's environment: with the claim it runs under, on a shared store."""
+        env = self._worker_env
+        if slot.record.retries:
+            env = {**env, RETRIES_ENV: str(slot.record.retries)}
         if slot.owner is None:
-            return self._worker_env
-        return {**self._worker_env, EPOCH_ENV: str(slot.owner.epoch)}
+            return env
+        return {**env, EPOCH_ENV: str(slot.owner.epoch)}
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the

@@ -90,7 +90,7 @@ class Daemon:
         self,
         env: dict[str, str] | None = None,
         *,
-        timeout: float = 15.0,
+        timeout: float = 60.0,
         args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         """Start ``agentd start ARGS`` in its own session; return once it serves."""

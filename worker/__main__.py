@@ -52,7 +52,7 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, ExitCode
+from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
@@ -198,6 +198,7 @@ def run_owned(
         owner=owner,
         metrics=metrics,
         fence=lease.check if lease is not None else None,
+        retries=int(os.environ.get(RETRIES_ENV) or 0),
     )
     loop.install_signal_handlers()
     try:

@@ -172,8 +172,10 @@ class AgentLoop:
         sleep: Callable[[float], None] = time.sleep,
         metrics: StepMetrics | None = None,
         fence: Callable[[], None] | None = None,
+        retries: int = 0,
     ) -> None:
         self.store = store
+        self.retries = retries  # the operator's, by the task's record (``RETRIES_ENV``)
         self.fence = fence
         self.task_id = spec.id
         self.owner = owner
@@ -321,6 +323,7 @@ class AgentLoop:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
+            self._reopen_if_retried()
             if self.config.context.strategy == "server" and not self._server_compacts:
                 self._event(
                     "context_strategy_fallback",
@@ -387,6 +390,16 @@ class AgentLoop:
         if budget is not None and used >= budget:
             return "done", "token_budget"
         return None
+
+    def _reopen_if_retried(self) -> None:
+        """A task whose journal ended ``failed`` (a model or spec error) and that an
+        operator retried since goes on: a ``retry`` record, once per retry, reopens it.
+        (A worker started again after it wrote its end, with no retry since, ends the
+        same way again.)"""
+        ended = self.state.ended
+        if ended and ended.get("state") == "failed" and self.state.retries < self.retries:
+            self._record({"k": "retry", "n": self.retries})
+            self._event("task_reopened", retries=self.retries, ended=ended.get("reason"))
 
     def _end(self, state: str, reason: str) -> Outcome:
         if self.journal is not None and not self.state.ended:
