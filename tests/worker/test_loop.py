@@ -342,6 +342,30 @@ def test_a_model_error_fails_the_task(spool: Spool) -> None:
     )
 
 
+def test_a_retry_reopens_a_failed_journal_once_per_retry(spool: Spool) -> None:
+    class Broken:
+        def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
+            raise ModelError("401: invalid x-api-key")
+
+        def close(self) -> None:
+            pass
+
+    task = scripted_task(spool, [DONE], name="reopened")
+    assert run(task, model=Broken())[0].state == "failed"
+    # started again with no retry since (a crash after the end was written): the same end
+    assert run(task, model=Broken())[0].state == "failed"
+    assert of_kind(journal_records(task), "retry") == []
+    # retried (the daemon says so: AGENTD_RETRIES), still failing: reopened once, ends again
+    assert run(task, model=Broken(), retries=1)[0].state == "failed"
+    assert run(task, model=Broken(), retries=1)[0].state == "failed"  # no second reopen
+    assert [r["n"] for r in of_kind(journal_records(task), "retry")] == [1]
+    # retried again, the model fixed: it goes on from where it failed
+    outcome, _ = run(task, retries=2)
+    assert outcome.state == "done"
+    kinds = [r["k"] for r in journal_records(task)]
+    assert kinds == ["header", "end", "retry", "end", "retry", "turn", "end"]
+
+
 def test_a_stop_request_records_nothing(spool: Spool) -> None:
     task = scripted_task(spool, [DONE], name="stop-early")
     loop = make_loop(task)
