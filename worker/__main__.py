@@ -97,7 +97,8 @@ def open_store(spool: Path) -> TaskStore:
     from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: a shared store only)
 
     lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)
-    return PostgresStore(url, node=os.environ.get(NODE_ENV) or None, lease=lease)
+    node = os.environ.get(NODE_ENV) or None
+    return PostgresStore(url, node=node, lease=lease, waits=True)  # (the node runs: a wait)
 
 
 def handed_over(store: TaskStore, task_id: str) -> Owner | None:
