@@ -61,6 +61,7 @@ from worker.errors import (
     SpoolError,
     StateConflictError,
     UsageError,
+    quoted,
 )
 from worker.protocol import NODE_ENV, TaskStatus
 from worker.redactor import without_password
@@ -118,7 +119,10 @@ def node_name(args: argparse.Namespace, config: Config) -> str | None:
     hostname (the store's default)."""
     name = args.node or os.environ.get(NODE_ENV) or config.node
     if name is not None and not NODE_NAME.fullmatch(name):
-        raise UsageError(f"--node {name!r} is not a name of letters, digits, '.', '_' and '-'.")
+        raise UsageError(
+            f"--node {quoted(name)} is not a name of letters, digits, '.', '_' and '-' "
+            "(at most 63, starting with a letter or digit)."
+        )
     return name
 
 
@@ -916,7 +920,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+#: The longest error line: past it, the line is cut (``_one_line``).
+ERROR_LINE_LIMIT = 1000
+
+
 def _one_line(text: str) -> str:
     """``text`` with line breaks and other control characters escaped (an argument or a
-    path from the user may hold them): an error is always exactly one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    path from the user may hold them): an error is always exactly one line, and never
+    longer than ``ERROR_LINE_LIMIT`` (a value in it may be as long as the user made it)."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(line) <= ERROR_LINE_LIMIT:
+        return line
+    return f"{line[: ERROR_LINE_LIMIT - 40]}... (cut: {len(line)} characters in all)"

@@ -35,6 +35,19 @@ from __future__ import annotations
 
 import errno as errnos
 
+#: The most characters of a value an error line quotes (``quoted``): an argument of
+#: 10,000 characters must not make a line of 10,000.
+QUOTED_LIMIT = 80
+
+
+def quoted(value: str, limit: int = QUOTED_LIMIT) -> str:
+    """``value`` as an error line quotes it (``repr``), cut to ``limit`` characters of it,
+    saying how long it was when it was cut."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 #: The errnos of a disk that is full, failing or read-only: faults that clear by themselves
 #: or by an operator's hand (space freed, a disk remounted), never the task's fault.
 STORAGE_ERRNOS = frozenset({errnos.ENOSPC, errnos.EDQUOT, errnos.EIO, errnos.EROFS})
