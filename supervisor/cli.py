@@ -515,6 +515,7 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from supervisor.views import shown_outcome  # noqa: PLC0415  (the same)
 
     task = existing_task(spool, args.task)
     rows = history_rows(task)
@@ -538,7 +539,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             continue
         calls = (
             ", ".join(
-                f"{c['tool']}({c['effect'] or '-'}: {c['outcome']})" for c in row["tool_calls"]
+                f"{c['tool']}({c['effect'] or '-'}: {shown_outcome(c)})" for c in row["tool_calls"]
             )
             or row["stop_reason"]
             or ""

@@ -503,26 +503,25 @@ class Supervisor:
             "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
         )
 
-    def _reread_credentials(self) -> None:
+    def _reread_credentials(self) -> list[str]:
         """SIGHUP: the secrets read from a ``NAME_FILE`` are read again; changed ones are
         what workers started from now on get (the fork server is started again with them).
-        One that cannot be read is refused (``credentials_reload_failed``): the ones in use
-        stay."""
+        Returns the names of those that changed. A file that cannot be read is refused
+        (``config_reload_failed``, naming it): the secrets in use stay."""
         try:
             renewed = credentials.reread(self._credentials)
         except ConfigError as exc:
-            self.emit("credentials_reload_failed", level="warning", reason=str(exc))
-            return
+            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
+            return []
         before = self._credentials.values
         changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
-        if not changed:
-            return
-        credentials.hold(renewed)
-        self._credentials = renewed
-        if self.forks is not None:
-            self.forks.renew(renewed)
-        self._publish_info()
-        self.emit("credentials_reloaded", names=changed)
+        if changed:
+            credentials.hold(renewed)
+            self._credentials = renewed
+            if self.forks is not None:
+                self.forks.renew(renewed)
+            self._publish_info()
+        return changed
 
     def reload(self) -> None:
         """SIGHUP: reopen the log file (for logrotate), then read the config file again.
@@ -542,9 +541,9 @@ class Supervisor:
         else:
             if reopened is not None:
                 self.emit("log_reopened", path=str(reopened))
-        self._reread_credentials()
+        renewed = self._reread_credentials()
         before = self.config
-        if not self._accept_config_file(at_start=False):
+        if not self._accept_config_file(at_start=False, renewed=renewed):
             return
         changed = config_changes(before, self.config)
         applied = [key for key in changed if key.startswith(LIVE_KEYS)]
@@ -557,13 +556,14 @@ class Supervisor:
             applied=applied,
             new_workers=new_workers,
             restart_needed=restart,
+            renewed=renewed,  # the secrets read again from their files that changed (names)
         )
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
         self._wake.set()
 
-    def _accept_config_file(self, *, at_start: bool) -> bool:
+    def _accept_config_file(self, *, at_start: bool, renewed: list[str] | None = None) -> bool:
         """Read the config file and, when it validates, make it the daemon's and copy its
         bytes to ``WORKER_CONFIG`` for workers. At start the config the command line read
         a moment ago is in use already: a file changed since is refused as at a reload,
@@ -573,7 +573,15 @@ class Supervisor:
             if data is not None:
                 atomic_write(self.spool.root / WORKER_CONFIG, data)
         except (ConfigError, StorageError, OSError) as exc:  # OSError: syncing the folder
-            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=at_start)
+            # (``renewed``: the secrets a reload read again that changed, applied all the same)
+            fields: dict[str, Any] = {"renewed": renewed} if renewed else {}
+            self.emit(
+                "config_reload_failed",
+                level="warning",
+                reason=str(exc),
+                at_start=at_start,
+                **fields,
+            )
             return False
         self.config = config
         self.worker_config = self.spool.root / WORKER_CONFIG if data is not None else None

@@ -399,7 +399,6 @@ class AgentLoop:
         ended = self.state.ended
         if ended and ended.get("state") == "failed" and self.state.retries < self.retries:
             self._record({"k": "retry", "n": self.retries})
-            self._event("task_reopened", retries=self.retries, ended=ended.get("reason"))
 
     def _end(self, state: str, reason: str) -> Outcome:
         if self.journal is not None and not self.state.ended:

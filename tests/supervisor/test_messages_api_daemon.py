@@ -137,8 +137,8 @@ def test_sighup_reads_the_key_file_again_and_a_retry_then_works(
         assert "send the daemon SIGHUP" in reason and "agentd retry TASK" in reason
         key_file.write_text(DEFAULT_API_KEY + "\n")
         os.kill(daemon.proc.pid, signal.SIGHUP)
-        (event,) = logged(daemon, "credentials_reloaded")
-        assert event["names"] == [credentials.API_KEY]
+        (event,) = logged(daemon, "config_reloaded")
+        assert event["renewed"] == [credentials.API_KEY]
         assert DEFAULT_API_KEY not in daemon.log_path.read_text()
         code, _, err = daemon.cli("retry", "rotated")
         assert (code, err) == (0, "")
@@ -159,7 +159,7 @@ def test_a_key_file_that_cannot_be_read_at_sighup_keeps_the_key_in_use(
         assert daemon.proc is not None
         key_file.write_text("")
         os.kill(daemon.proc.pid, signal.SIGHUP)
-        (event,) = logged(daemon, "credentials_reload_failed")
+        (event,) = logged(daemon, "config_reload_failed")
         assert "is empty" in event["reason"]
         daemon.submit([reply(text("unused"))], name="scripted")  # the daemon still serves
         submit(daemon, "--name", "still")
