@@ -174,6 +174,7 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
     from supervisor import logging as agentd_logging  # noqa: PLC0415  (the same)
     from supervisor.daemon import Supervisor  # noqa: PLC0415  (the same)
+    from worker import proctitle  # noqa: PLC0415  (the same)
 
     if args.log_file:
         try:
@@ -183,6 +184,7 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     agentd_logging.configure(args.log_format)
     # The file this process read, found or named, is the one its workers read.
     supervisor = Supervisor(spool, config, config.source)
+    proctitle.daemon(spool.root)
     return asyncio.run(supervisor.run())
 
 
@@ -210,9 +212,11 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
         secrets = secrets.with_value(credentials.STORE, args.store)
     try:
         log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        logged = os.fstat(log).st_size  # what the daemon says from here on is this start's
     except OSError as exc:
         print(f"agentd: cannot open {log_file} ({exc.strerror}); the daemon logs nowhere.")
         log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        logged = 0
     try:
         proc = credentials.start_process(
             cmd,
@@ -228,13 +232,32 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AgentdError(f"agentd exited at start (code {proc.returncode}); see {log_file}.")
+            said = _error_line(log_file, logged)  # the daemon's one line, as in the foreground
+            if said is None:
+                raise AgentdError(
+                    f"agentd exited at start (code {proc.returncode}); see {log_file}."
+                )
+            print(said, file=sys.stderr)
+            return proc.returncode
         info = supervisor_info(spool) or {}
         if info.get("pid") == proc.pid and running_pid(spool) == proc.pid:
             print(f"agentd started (pid {proc.pid}) on {spool.root}")
             return 0
         time.sleep(0.05)
     raise AgentdError(f"agentd did not become ready in 15 s; see {log_file}.")
+
+
+def _error_line(log_file: Path, offset: int) -> str | None:
+    """The last ``agentd: ...`` line a detached daemon wrote to its log past ``offset``:
+    the one line it exited with."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(offset)
+            text = f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    said = [line for line in text.splitlines() if line.startswith("agentd: ")]
+    return said[-1] if said else None
 
 
 def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:

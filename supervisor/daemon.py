@@ -67,7 +67,7 @@ from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
-from supervisor.metrics import Metrics, MetricsServer, Sample
+from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
@@ -387,6 +387,9 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGUSR1, self.log_status)
         loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
         self._accept_config_file(at_start=True)
+        # before anything starts (a node joins, a worker runs): a listener that cannot
+        # bind stops the start, in one line (and before READY: a ready daemon answers)
+        self._serve_metrics()
         if self.shared is not None:
             self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
 
@@ -408,7 +411,6 @@ class Supervisor:
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
-        self._serve_metrics()  # before READY: a ready daemon answers scrapes
         self._info = {
             "pid": os.getpid(),
             "started_at": started,
@@ -1238,8 +1240,8 @@ class Supervisor:
 
     def _serve_metrics(self) -> None:
         """Serve ``/metrics`` when ``[metrics] listen`` asks for it. An address that cannot
-        be bound is logged (``metrics_failed``) and the daemon serves its tasks without
-        metrics: they are no reason to leave tasks unsupervised."""
+        be bound stops the start (``metrics_failed``, then the one line ``listen_error``
+        raises: exit 1 when it is in use, 78 when it is not this machine's)."""
         address = self.config.metrics.address
         if address is None:
             return
@@ -1249,7 +1251,7 @@ class Supervisor:
             server.start()
         except OSError as exc:
             self.emit("metrics_failed", level="error", listen=listen, error=str(exc))
-            return
+            raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
 

@@ -26,7 +26,7 @@ import socket
 import sys
 from pathlib import Path
 
-from worker import credentials
+from worker import credentials, proctitle
 from worker.config import ClusterConfig, load_config
 from worker.descendants import contained
 from worker.errors import (
@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidIdError as exc:
         say(f"agentd worker: {exc}")
         return 2
+    proctitle.worker(task.id, task.root)
     output = BoundedOutput.install(task.output)
     store: TaskStore | None = None
     try:

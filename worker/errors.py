@@ -16,6 +16,7 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── FencedError                      a step of an owner whose ownership moved
     │   ├── RecordConflictError              a task record changed since it was read
     │   └── SchemaVersionError       exit 78 the database's schema is not this release's
+    ├── AddressInUseError            exit 1  a listener's address is another process's
     ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
@@ -127,6 +128,11 @@ class SchemaVersionError(SpoolError):
     against it could corrupt what newer nodes wrote, and a restart will not fix it."""
 
     exit_code = 78
+
+
+class AddressInUseError(AgentdError):
+    """A listener of the daemon (``[metrics] listen``) cannot bind: another process has
+    the address. (An address that is not this machine's is a ``ConfigError``.)"""
 
 
 class ClusterError(AgentdError):
