@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from supervisor.control import ring
 from supervisor.submit import submit as submit_task
 from tests.daemon import Daemon, subreaper
-from tests.support import poll_for, reply, text
+from tests.support import REPO, poll_for, reply, text, worker_env
 from worker import credentials
 from worker.testing.messages_api import DEFAULT_API_KEY, Fault, MessagesAPIServer, Reply
 
@@ -187,3 +188,34 @@ def test_under_systemd_the_hint_is_a_restart(tmp_path: Path) -> None:
     credentials.hold(credentials.Credentials())
     how = credentials.how_to_change(credentials.API_KEY, {"INVOCATION_ID": "0123"})
     assert "`systemctl restart agentd`" in how
+
+
+def test_the_local_messages_api_runs_for_users_and_says_what_to_set(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "worker.testing.messages_api", "--context-limit", "400"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=worker_env(),
+    )
+    try:
+        assert server.stdout is not None
+        lines = [server.stdout.readline().strip() for _ in range(2)]
+        names = [line.partition("=")[0] for line in lines]
+        assert names == ["ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"], lines
+        env = dict(line.split("=", 1) for line in lines)
+        assert env["ANTHROPIC_BASE_URL"].startswith("http://127.0.0.1:")
+        daemon.start({**env, **LOCAL})
+        assert submit(daemon, "--name", "short").returncode == 0
+        assert daemon.wait_state("short", "done", "failed")["state"] == "done"
+        long = daemon.run_cli("submit", "--name", "long", "--prompt", "word " * 1000)
+        assert long.returncode == 0, long
+        row = daemon.wait_state("long", "done", "failed")
+        assert row["state"] == "failed" and "context window" in row["reason"], row
+    finally:
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+        if server.stdout is not None:
+            server.stdout.close()
