@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck unit bench chaos man clean
+.PHONY: demo demo-cluster test system-tools lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,13 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck unit
+# The system tools the suite drives (git, strace, bwrap, libfaketime, PostgreSQL, ...):
+# installed as root with apt-get, otherwise named with the line that installs them.
+# AGENTD_TEST_SYSTEM=skip runs the rest without them (never under CI=true).
+system-tools:
+	@.ci/system-tools
+
+test: system-tools lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --full

@@ -43,7 +43,14 @@ from supervisor.decisions import (
 )
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
-from supervisor.stores import record_store, recorded_store, shared, store_for, use_shared
+from supervisor.stores import (
+    postgres_store,
+    record_store,
+    recorded_store,
+    shared,
+    store_for,
+    use_shared,
+)
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
@@ -62,6 +69,7 @@ from worker.errors import (
     StateConflictError,
     StorageError,
     UsageError,
+    quoted,
 )
 from worker.protocol import NODE_ENV, TaskStatus
 from worker.redactor import without_password
@@ -121,7 +129,10 @@ def node_name(args: argparse.Namespace, config: Config) -> str | None:
     hostname (the store's default)."""
     name = args.node or os.environ.get(NODE_ENV) or config.node
     if name is not None and not NODE_NAME.fullmatch(name):
-        raise UsageError(f"--node {name!r} is not a name of letters, digits, '.', '_' and '-'.")
+        raise UsageError(
+            f"--node {quoted(name)} is not a name of letters, digits, '.', '_' and '-' "
+            "(at most 63, starting with a letter or digit)."
+        )
     return name
 
 
@@ -159,13 +170,12 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.detach:
         return _detach(args, spool)
     # (the daemon holds its secrets already: ``main`` took them over first of all)
-    cluster = shared()
-    if cluster is not None and (url := store_url(args, config, spool)) is not None:
-        held = credentials.held()  # the store's URL, for the workers, through their pipe
-        values = {**held.values, credentials.STORE: url}
-        credentials.hold(credentials.Credentials(values, held.files))
-        if running_pid(spool) is None:  # (else this start is refused: the record stays)
-            record_store(spool.ensure().root, url)
+    # the store's URL, for the workers, through their pipe (as read, when it was)
+    url = store_url(args, config, spool) if shared() is not None else None
+    if url is not None and credentials.held().get(credentials.STORE) != url:
+        credentials.hold(credentials.held().with_value(credentials.STORE, url))
+    if url is not None and running_pid(spool) is None:  # (else this start is refused)
+        record_store(spool.ensure().root, url)
     # The daemon's imports (asyncio among them) are paid by the daemon alone: every other
     # command, `status` first of all, starts in half the time without them. The daemon
     # speaks no TLS (its sockets are local), so `ssl`, which asyncio and structlog load
@@ -176,6 +186,7 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
     from supervisor import logging as agentd_logging  # noqa: PLC0415  (the same)
     from supervisor.daemon import Supervisor  # noqa: PLC0415  (the same)
+    from worker import proctitle  # noqa: PLC0415  (the same)
 
     if args.log_file:
         try:
@@ -185,6 +196,7 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     agentd_logging.configure(args.log_format)
     # The file this process read, found or named, is the one its workers read.
     supervisor = Supervisor(spool, config, config.source)
+    proctitle.daemon(spool.root)
     return asyncio.run(supervisor.run())
 
 
@@ -209,13 +221,14 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     # leaves the daemon without one rather than without a start.
     secrets = credentials.gather(os.environ)  # for the daemon through a pipe, not its environ
     if args.store:  # (never in its command line, where any process can read it)
-        values = {**secrets.values, credentials.STORE: args.store}
-        secrets = credentials.Credentials(values, secrets.files)
+        secrets = secrets.with_value(credentials.STORE, args.store)
     try:
         log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        logged = os.fstat(log).st_size  # what the daemon says from here on is this start's
     except OSError as exc:
         print(f"agentd: cannot open {log_file} ({exc.strerror}); the daemon logs nowhere.")
         log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        logged = 0
     try:
         proc = credentials.start_process(
             cmd,
@@ -231,13 +244,32 @@ def _detach(args: argparse.Namespace, spool: Spool) -> int:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AgentdError(f"agentd exited at start (code {proc.returncode}); see {log_file}.")
+            said = _error_line(log_file, logged)  # the daemon's one line, as in the foreground
+            if said is None:
+                raise AgentdError(
+                    f"agentd exited at start (code {proc.returncode}); see {log_file}."
+                )
+            print(said, file=sys.stderr)
+            return proc.returncode
         info = supervisor_info(spool) or {}
         if info.get("pid") == proc.pid and running_pid(spool) == proc.pid:
             print(f"agentd started (pid {proc.pid}) on {spool.root}")
             return 0
         time.sleep(0.05)
     raise AgentdError(f"agentd did not become ready in 15 s; see {log_file}.")
+
+
+def _error_line(log_file: Path, offset: int) -> str | None:
+    """The last ``agentd: ...`` line a detached daemon wrote to its log past ``offset``:
+    the one line it exited with."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(offset)
+            text = f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    said = [line for line in text.splitlines() if line.startswith("agentd: ")]
+    return said[-1] if said else None
 
 
 def cmd_stop(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -313,6 +345,15 @@ def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     )
     ring(spool, task.id)
     print(task.id)
+    pid = running_pid(spool) if args.script is None else None
+    info = (supervisor_info(spool) or {}) if pid is not None else {}
+    if info.get("api_key") is False:  # (the hint: what works for that daemon)
+        print(
+            f"agentd: warning: the daemon (pid {pid}) holds no Anthropic API key, so this "
+            f"task's model calls will fail; {info.get('api_key_hint')}; then "
+            f"`agentd retry {task.id}`.",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -552,6 +593,7 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from supervisor.views import shown_outcome  # noqa: PLC0415  (the same)
 
     task = existing_task(spool, args.task)
     rows = history_rows(task)
@@ -575,7 +617,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             continue
         calls = (
             ", ".join(
-                f"{c['tool']}({c['effect'] or '-'}: {c['outcome']})" for c in row["tool_calls"]
+                f"{c['tool']}({c['effect'] or '-'}: {shown_outcome(c)})" for c in row["tool_calls"]
             )
             or row["stop_reason"]
             or ""
@@ -715,6 +757,7 @@ def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.cluster:
         if args.keep:
             raise UsageError("agentd demo --cluster keeps nothing: its database goes with it.")
+        postgres_store()  # its nodes need psycopg: said here, before a server is started
         return run_cluster_demo()
     return run_demo(keep=args.keep)
 
@@ -942,9 +985,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             handler: Handler = args.handler
             return handler(args, config, spool)
-        except StorageError as exc:
+        except (StorageError, ConfigError) as exc:  # (the login refused: a ConfigError)
             recorded = recorded_store(spool.root)
-            if recorded is None or url != recorded or "password" not in str(exc):
+            if recorded is None or url != recorded or "refused the login" not in str(exc):
                 raise
             raise ConfigError(
                 f"this spool is a node of the store {recorded} (recorded at its start), "
@@ -968,7 +1011,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+#: The longest error line: past it, the line is cut (``_one_line``).
+ERROR_LINE_LIMIT = 1000
+
+
 def _one_line(text: str) -> str:
     """``text`` with line breaks and other control characters escaped (an argument or a
-    path from the user may hold them): an error is always exactly one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    path from the user may hold them): an error is always exactly one line, and never
+    longer than ``ERROR_LINE_LIMIT`` (a value in it may be as long as the user made it)."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(line) <= ERROR_LINE_LIMIT:
+        return line
+    return f"{line[: ERROR_LINE_LIMIT - 40]}... (cut: {len(line)} characters in all)"

@@ -67,7 +67,7 @@ from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
-from supervisor.metrics import Metrics, MetricsServer, Sample
+from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
@@ -99,6 +99,7 @@ from worker.protocol import (
     EPOCH_ENV,
     LEASE_ENV,
     NODE_ENV,
+    RETRIES_ENV,
     VERDICT_EXITS,
     ExitCode,
     TaskStatus,
@@ -185,6 +186,7 @@ class Supervisor:
         if self.shared is not None:  # (the store's URL travels with the other secrets)
             self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
         self._credentials = credentials.held()
+        self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
             ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
             if preload
@@ -385,6 +387,9 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGUSR1, self.log_status)
         loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
         self._accept_config_file(at_start=True)
+        # before anything starts (a node joins, a worker runs): a listener that cannot
+        # bind stops the start, in one line (and before READY: a ready daemon answers)
+        self._serve_metrics()
         if self.shared is not None:
             self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
 
@@ -406,8 +411,7 @@ class Supervisor:
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
-        self._serve_metrics()  # before READY: a ready daemon answers scrapes
-        info = {
+        self._info = {
             "pid": os.getpid(),
             "started_at": started,
             "version": __version__,
@@ -415,9 +419,7 @@ class Supervisor:
             "node": self.shared.node if self.shared is not None else node_name(),
             "ready": True,
         }
-        self.backlog.replace(
-            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
-        )
+        self._publish_info()
         self.notifier.ready()
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
@@ -490,6 +492,40 @@ class Supervisor:
         file, the defaults)."""
         return self.config_path or self.config.source
 
+    def _publish_info(self) -> None:
+        """``supervisor.json``: who the daemon is, and whether it holds an API key (what
+        ``submit`` warns about: never the key itself)."""
+        if not self._info:  # not ready yet: ``run`` publishes it
+            return
+        held = self._credentials
+        has_key = held.get(credentials.API_KEY) or held.get(credentials.AUTH_TOKEN)
+        info = {**self._info, "api_key": bool(has_key)}
+        if not has_key:
+            info["api_key_hint"] = credentials.how_to_change(credentials.API_KEY, os.environ)
+        self.backlog.replace(
+            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
+        )
+
+    def _reread_credentials(self) -> list[str]:
+        """SIGHUP: the secrets read from a ``NAME_FILE`` are read again; changed ones are
+        what workers started from now on get (the fork server is started again with them).
+        Returns the names of those that changed. A file that cannot be read is refused
+        (``config_reload_failed``, naming it): the secrets in use stay."""
+        try:
+            renewed = credentials.reread(self._credentials)
+        except ConfigError as exc:
+            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
+            return []
+        before = self._credentials.values
+        changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
+        if changed:
+            credentials.hold(renewed)
+            self._credentials = renewed
+            if self.forks is not None:
+                self.forks.renew(renewed)
+            self._publish_info()
+        return changed
+
     def reload(self) -> None:
         """SIGHUP: reopen the log file (for logrotate), then read the config file again.
 
@@ -508,8 +544,9 @@ class Supervisor:
         else:
             if reopened is not None:
                 self.emit("log_reopened", path=str(reopened))
+        renewed = self._reread_credentials()
         before = self.config
-        if not self._accept_config_file(at_start=False):
+        if not self._accept_config_file(at_start=False, renewed=renewed):
             return
         changed = config_changes(before, self.config)
         applied = [key for key in changed if key.startswith(LIVE_KEYS)]
@@ -522,13 +559,14 @@ class Supervisor:
             applied=applied,
             new_workers=new_workers,
             restart_needed=restart,
+            renewed=renewed,  # the secrets read again from their files that changed (names)
         )
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
         self._wake.set()
 
-    def _accept_config_file(self, *, at_start: bool) -> bool:
+    def _accept_config_file(self, *, at_start: bool, renewed: list[str] | None = None) -> bool:
         """Read the config file and, when it validates, make it the daemon's and copy its
         bytes to ``WORKER_CONFIG`` for workers. At start the config the command line read
         a moment ago is in use already: a file changed since is refused as at a reload,
@@ -538,7 +576,15 @@ class Supervisor:
             if data is not None:
                 atomic_write(self.spool.root / WORKER_CONFIG, data)
         except (ConfigError, StorageError, OSError) as exc:  # OSError: syncing the folder
-            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=at_start)
+            # (``renewed``: the secrets a reload read again that changed, applied all the same)
+            fields: dict[str, Any] = {"renewed": renewed} if renewed else {}
+            self.emit(
+                "config_reload_failed",
+                level="warning",
+                reason=str(exc),
+                at_start=at_start,
+                **fields,
+            )
             return False
         self.config = config
         self.worker_config = self.spool.root / WORKER_CONFIG if data is not None else None
@@ -747,9 +793,12 @@ class Supervisor:
 
     def _env_for(self, slot: TaskSlot) -> dict[str, str]:
         """The worker's environment: with the claim it runs under, on a shared store."""
+        env = self._worker_env
+        if slot.record.retries:
+            env = {**env, RETRIES_ENV: str(slot.record.retries)}
         if slot.owner is None:
-            return self._worker_env
-        return {**self._worker_env, EPOCH_ENV: str(slot.owner.epoch)}
+            return env
+        return {**env, EPOCH_ENV: str(slot.owner.epoch)}
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
@@ -1208,8 +1257,8 @@ class Supervisor:
 
     def _serve_metrics(self) -> None:
         """Serve ``/metrics`` when ``[metrics] listen`` asks for it. An address that cannot
-        be bound is logged (``metrics_failed``) and the daemon serves its tasks without
-        metrics: they are no reason to leave tasks unsupervised."""
+        be bound stops the start (``metrics_failed``, then the one line ``listen_error``
+        raises: exit 1 when it is in use, 78 when it is not this machine's)."""
         address = self.config.metrics.address
         if address is None:
             return
@@ -1219,7 +1268,7 @@ class Supervisor:
             server.start()
         except OSError as exc:
             self.emit("metrics_failed", level="error", listen=listen, error=str(exc))
-            return
+            raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
 

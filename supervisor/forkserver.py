@@ -143,10 +143,11 @@ class ForkServer:
             return None
         return found
 
-    def stop(self) -> None:
-        """Close the server (it exits when its input closes); restart later, not now."""
+    def stop(self, *, restart_later: bool = True) -> None:
+        """Close the server (it exits when its input closes); restart later, not now
+        (``restart_later`` False: at the next start)."""
         proc, self.proc, self.ready = self.proc, None, False
-        self._next_start = time.monotonic() + 5.0
+        self._next_start = time.monotonic() + 5.0 if restart_later else 0.0
         if proc is None:
             return
         self.restarts += 1
@@ -289,6 +290,19 @@ class ForkQueue(Generic[T]):
         self._answering, self._warming = deque(), []
         if pending:
             self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
+        self._settle_lost(pending)
+
+    def renew(self, credentials: Credentials) -> None:
+        """The daemon's secrets changed (SIGHUP read a key file again): the server, whose
+        forks inherit what it holds, is started again with ``credentials``; what it was
+        asked meanwhile is settled (started fresh, with the new ones)."""
+        self.server.credentials = credentials
+        if self.server.proc is None:
+            return
+        self._unwatch()
+        self.server.stop(restart_later=False)
+        pending = [*self._answering, *self._warming]
+        self._answering, self._warming = deque(), []
         self._settle_lost(pending)
 
     def abandon_warming(self) -> list[Asked[T]]:

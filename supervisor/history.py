@@ -67,6 +67,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
                             "tool": c["tool"],
                             "effect": c.get("effect"),
                             "outcome": (c.get("result") or {}).get("outcome", "pending"),
+                            "is_error": bool((c.get("result") or {}).get("is_error")),
                             "key": c.get("key"),
                         }
                         for c in scene.get("calls", [])
@@ -79,7 +80,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
             for block in record["message"]["content"]:
                 if block.get("type") == "tool_use":
                     call = {"call_id": block["id"], "tool": block["name"], "effect": None}
-                    call.update(outcome="pending", key=None)
+                    call.update(outcome="pending", is_error=False, key=None)
                     row["tool_calls"].append(call)
                     calls[block["id"]] = call
             rows.append(row)
@@ -87,7 +88,8 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
             call = calls[record["call_id"]]
             call.update(effect=record.get("effect"), key=record.get("key"), outcome="dangling")
         elif kind == "result" and record["call_id"] in calls:
-            calls[record["call_id"]]["outcome"] = record.get("outcome", "ran")
+            call = calls[record["call_id"]]
+            call.update(outcome=record.get("outcome", "ran"), is_error=bool(record.get("is_error")))
         elif kind == "vcs":
             for row in reversed(rows):
                 if row["turn"] == record["turn"] and not row["rewound"]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import math
 import re
 import sys
@@ -39,6 +40,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from supervisor.status import held_calls
+from worker.errors import AddressInUseError, AgentdError, ConfigError
 from worker.metrics import (
     CALL_BOUNDS,
     CHECKPOINT_BOUNDS,
@@ -311,6 +313,22 @@ def families(sample: Sample) -> Iterator[Metric]:
     for kind, hist in sample.tokens.items():
         tokens.add_metric(["chat", kind], hist.buckets(), hist.sum)
     yield tokens
+
+
+def listen_error(key: str, listen: str, exc: OSError) -> AgentdError:
+    """The one line of a listener (``key = listen``) that could not bind: its address is
+    in use (``AddressInUseError``, exit 1), or it is not an address of this machine, or
+    not one this user may bind (``ConfigError``, exit 78)."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return AddressInUseError(
+            f"{key} = {listen!r}: another process listens there ({why}); stop it or pick "
+            "another port, then start again."
+        )
+    return ConfigError(
+        f"{key} = {listen!r} cannot be listened on ({why}); give an address of this "
+        'machine, such as "127.0.0.1:9464", and a port this user may bind, then start again.'
+    )
 
 
 class MetricsServer:

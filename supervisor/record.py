@@ -44,6 +44,7 @@ FIELD_SHAPES: dict[str, Callable[[Any], bool]] = {
     "last_exit": _optional(lambda v: isinstance(v, dict)),
     "pid": _optional(_whole),
     "pid_started": _optional(lambda v: _whole(v) or isinstance(v, float)),
+    "retries": _whole,
     "crashes": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
     PROGRESS: _optional(_whole),
     "updated_at": lambda v: isinstance(v, str),
@@ -59,6 +60,7 @@ class TaskRecord:
     pid: int | None = None
     pid_started: float | None = None  # the worker's process start time, for adoption
     crashes: list[dict[str, Any]] = field(default_factory=list)  # recent: {turn, at}
+    retries: int = 0  # an operator's retries: what reopens a journal that ended failed
     updated_at: str = ""
     # ``PROGRESS``: the journal position its workers' heartbeats last said was durable
     # (None: unknown, a record of an earlier release, or no worker ran yet)
@@ -126,6 +128,7 @@ class TaskRecord:
         """Queue a failed task again, with a clean crash history (a crash loop that made it
         fail would otherwise fail it again at its first crash)."""
         self.check_retry(task_id)
+        self.retries += 1
         self._queue()
 
     def requeue(self, task_id: str) -> None:

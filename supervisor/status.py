@@ -21,6 +21,9 @@ from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
 
+#: How much of a failed model call's error REASON shows (the log has it whole).
+RETRY_ERROR_LIMIT = 160
+
 
 def load_state(task: TaskDir, *, full: bool = True, spec: TaskSpec | None = None) -> TaskState:
     """Fold the task's journal (read-only) into its state: ``worker.store.replay.load``.
@@ -70,6 +73,23 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
             }
         )
     return rows
+
+
+def retrying(beat: dict[str, Any] | None) -> str | None:
+    """What a running task's REASON says while its worker retries a model call (the
+    ``retry`` of its heartbeat): what failed, the attempt, when the next try is."""
+    retry = (beat or {}).get("retry")
+    if not isinstance(retry, dict):
+        return None
+    error = " ".join(str(retry.get("error", "")).split())
+    if len(error) > RETRY_ERROR_LIMIT:
+        error = error[: RETRY_ERROR_LIMIT - 3] + "..."
+    next_try = retry.get("next_try")
+    wait = next_try - time.time() if isinstance(next_try, int | float) else None
+    when = f"in {wait:.0f} s" if wait is not None and wait >= 0.5 else "now"
+    return (
+        f"retrying the model call: attempt {retry.get('attempt')} failed ({error}); next try {when}"
+    )
 
 
 def status_row(task: TaskDir) -> dict[str, Any]:
@@ -129,7 +149,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         "sandbox": _text(beat.get("sandbox")) if beat else None,
         "usage": usage,
         "dangling": dangling,
-        "reason": record.reason or spec_error or damage,
+        "reason": record.reason or spec_error or damage or (retrying(beat) if running else None),
         "workspace": str(task.workspace_for(spec)) if spec else None,
         "updated_at": record.updated_at or None,
         "forked_from": spec.forked_from if spec else None,

@@ -16,23 +16,44 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from worker.errors import ConfigError
 from worker.spool import TaskDir
 from worker.store.base import SharedStore, TaskStore
 from worker.store.durable import atomic_write_json, load_json
 from worker.store.files import spool_store
 
+if TYPE_CHECKING:
+    from worker.store.postgres import PostgresStore
+
 _shared: SharedStore | None = None
+
+#: What a command that needs the PostgreSQL store says where psycopg is not installed (a
+#: plain ``pip install agentd``: it is the ``postgres`` extra).
+PSYCOPG_MISSING = (
+    "the PostgreSQL store needs psycopg, which is not installed: pip install 'agentd[postgres]'"
+)
+
+
+def postgres_store() -> type[PostgresStore]:
+    """The PostgreSQL store's class; ``ConfigError`` saying how to install psycopg when
+    it cannot be imported."""
+    try:
+        from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: only with a store)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "psycopg":
+            raise
+        raise ConfigError(PSYCOPG_MISSING) from None
+    return PostgresStore
 
 
 def use_shared(url: str, *, node: str | None, lease: float, migrate: bool = False) -> SharedStore:
     """Put every task of this process in the PostgreSQL database at ``url`` (checked, or
     created or migrated with ``migrate``: ``agentd start``, ``agentd store init``)."""
     global _shared  # noqa: PLW0603  (the process's one choice of backend)
-    from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: only with a store)
-
-    _shared = PostgresStore(url, node=node, lease=lease, migrate=migrate)
+    _shared = postgres_store()(url, node=node, lease=lease, migrate=migrate)
     return _shared
 
 

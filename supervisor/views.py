@@ -196,7 +196,7 @@ def turn_event(task_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
         "input_tokens": row.get("input_tokens", 0),
         "output_tokens": row.get("output_tokens", 0),
         "tool_calls": [
-            {k: c.get(k) for k in ("call_id", "tool", "effect", "outcome")}
+            {k: c.get(k) for k in ("call_id", "tool", "effect", "outcome", "is_error")}
             for c in row.get("tool_calls", [])
         ],
     }
@@ -270,12 +270,18 @@ class TaskLog:
         return self._rows
 
 
+def shown_outcome(call: Mapping[str, Any]) -> str:
+    """A tool call's outcome as the text views show it: ``error`` for a result whose
+    ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``)."""
+    return "error" if call.get("is_error") else str(call.get("outcome"))
+
+
 def log_line(event: Mapping[str, Any]) -> str:
     """One event as a line of text: time, level, name, then its fields in logfmt."""
     fields = {k: v for k, v in event.items() if k not in _COLUMNS}
     if event.get("event") == "turn":
         calls = fields.pop("tool_calls", [])
-        fields["tools"] = [f"{c.get('tool')}:{c.get('outcome')}" for c in calls] or None
+        fields["tools"] = [f"{c.get('tool')}:{shown_outcome(c)}" for c in calls] or None
     text = " ".join(logfmt(fields))
     level = str(event.get("level", "info"))
     return f"{event.get('timestamp') or '-'} {level:7} {event.get('event')} {text}".rstrip()

@@ -90,7 +90,7 @@ class Daemon:
         self,
         env: dict[str, str] | None = None,
         *,
-        timeout: float = 15.0,
+        timeout: float = 60.0,
         args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         """Start ``agentd start ARGS`` in its own session; return once it serves."""
@@ -156,7 +156,7 @@ class Daemon:
         self,
         task_id: str,
         predicate: Callable[[dict[str, Any]], object],
-        timeout: float = 15.0,
+        timeout: float = 60.0,
         what: str = "",
     ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
@@ -170,7 +170,7 @@ class Daemon:
         assert row is not None
         return row
 
-    def wait_state(self, task_id: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+    def wait_state(self, task_id: str, *states: str, timeout: float = 60.0) -> dict[str, Any]:
         return self.wait_row(task_id, lambda r: r["state"] in states, timeout, f"state {states}")
 
     def wait_running(

@@ -17,9 +17,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psutil
+import pytest
 
 from supervisor.submit import create_task, submit
 from worker.config import Config
@@ -39,12 +40,21 @@ REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
+def missing_system_tool(why: str) -> NoReturn:
+    """A system tool a test drives is not installed (``.ci/system-tools`` lists them): the
+    test skips when the run was told to go without (``AGENTD_TEST_SYSTEM=skip``, never
+    under ``CI=true``), and fails otherwise, saying ``why``."""
+    if os.environ.get("AGENTD_TEST_SYSTEM") == "skip" and os.environ.get("CI") != "true":
+        pytest.skip(why)
+    pytest.fail(why)
+
+
 # -- waiting --------------------------------------------------------------------------
 
 
 def poll_for(
     predicate: Callable[[], T | None],
-    timeout: float = 10.0,
+    timeout: float = 30.0,
     *,
     interval: float = 0.01,
     what: str | None = None,

@@ -18,6 +18,7 @@ import pytest
 from tests.chaos.compound import run
 from tests.faults.common import STRACE_MISSING
 from tests.faults.report import format_figures, violations
+from tests.support import missing_system_tool
 
 SEED = int(os.environ["AGENTD_CHAOS_SEED"]) if os.environ.get("AGENTD_CHAOS_SEED") else None
 
@@ -25,7 +26,7 @@ SEED = int(os.environ["AGENTD_CHAOS_SEED"]) if os.environ.get("AGENTD_CHAOS_SEED
 @pytest.mark.timeout(600)
 def test_compound_failures(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("strace") is None:
-        pytest.fail(STRACE_MISSING)
+        missing_system_tool(STRACE_MISSING)
     figures = run(quick=True, seed=SEED)
     with capsys.disabled():
         print("\n" + format_figures(figures), flush=True)

@@ -17,12 +17,13 @@ import pytest
 from tests.chaos.powerloss import run
 from tests.faults.common import STRACE_MISSING
 from tests.faults.report import format_figures, violations
+from tests.support import missing_system_tool
 
 
 @pytest.mark.timeout(600)
 def test_power_loss_is_a_torn_tail(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("strace") is None:
-        pytest.fail(STRACE_MISSING)
+        missing_system_tool(STRACE_MISSING)
     figures = run(quick=True)
     with capsys.disabled():
         print("\n" + format_figures(figures), flush=True)

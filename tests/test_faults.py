@@ -15,6 +15,7 @@ import pytest
 
 from tests.faults.common import STRACE_MISSING
 from tests.faults.report import format_figures, violations
+from tests.support import missing_system_tool
 
 NEEDS_STRACE = {"crash_points", "io_errors"}
 
@@ -23,7 +24,7 @@ NEEDS_STRACE = {"crash_points", "io_errors"}
 @pytest.mark.parametrize("name", ["crash_points", "io_errors", "torn", "fuzz", "security"])
 def test_fault_campaign(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     if name in NEEDS_STRACE and shutil.which("strace") is None:
-        pytest.fail(STRACE_MISSING)
+        missing_system_tool(STRACE_MISSING)
     figures = importlib.import_module(f"tests.faults.{name}").run(quick=True)
     with capsys.disabled():
         print("\n" + format_figures(figures), flush=True)

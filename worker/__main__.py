@@ -26,7 +26,7 @@ import socket
 import sys
 from pathlib import Path
 
-from worker import credentials
+from worker import credentials, proctitle
 from worker.config import ClusterConfig, load_config
 from worker.descendants import contained
 from worker.errors import (
@@ -52,7 +52,7 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, ExitCode
+from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
@@ -97,7 +97,8 @@ def open_store(spool: Path) -> TaskStore:
     from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: a shared store only)
 
     lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)
-    return PostgresStore(url, node=os.environ.get(NODE_ENV) or None, lease=lease)
+    node = os.environ.get(NODE_ENV) or None
+    return PostgresStore(url, node=node, lease=lease, waits=True)  # (the node runs: a wait)
 
 
 def handed_over(store: TaskStore, task_id: str) -> Owner | None:
@@ -198,6 +199,7 @@ def run_owned(
         owner=owner,
         metrics=metrics,
         fence=lease.check if lease is not None else None,
+        retries=int(os.environ.get(RETRIES_ENV) or 0),
     )
     loop.install_signal_handlers()
     try:
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidIdError as exc:
         say(f"agentd worker: {exc}")
         return 2
+    proctitle.worker(task.id, task.root)
     output = BoundedOutput.install(task.output)
     store: TaskStore | None = None
     try:

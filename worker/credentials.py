@@ -21,6 +21,10 @@ has started (docs/design.md section 5):
   --detach``, the daemon) starts the fork server and fresh workers with an environment
   without secrets (``without_credentials``) and a pipe that holds them
   (``handing_over``). A worker forked from the fork server inherits them in memory.
+* SIGHUP makes the daemon read again the secrets it read from a file (``NAME_FILE``:
+  ``reread``), for the workers it starts from then on. Neither a variable nor a systemd
+  credential can change under a running process (systemd does not refresh
+  ``LoadCredential=`` on a reload): those need a restart, as ``how_to_change`` says.
 * Every such process is non-dumpable (``PR_SET_DUMPABLE`` 0), so a tool running as the
   same user can neither read its ``/proc/PID/environ`` or memory nor attach to it. Root
   can still read the memory of any process; that is what the sandbox is for.
@@ -61,6 +65,9 @@ CREDENTIAL_NAMES: Mapping[str, str] = {
 #: The environment variable that names the descriptor of a handover pipe.
 HANDOVER = "AGENTD_CREDENTIALS_FD"
 FILE_SUFFIX = "_FILE"
+#: Where a secret was read from (``Credentials.origins``), besides the path of its file.
+FROM_ENVIRONMENT = "environment"
+FROM_SYSTEMD = "systemd"
 #: A secret longer than this is refused: the handover pipe must hold all of them at once
 #: (a pipe holds 64 KiB before a write blocks), and no key is anywhere near it.
 MAX_SECRET = 16 * 1024
@@ -75,9 +82,17 @@ class Credentials:
     #: The files the values were read from (a key file, systemd's credentials folder):
     #: what a sandboxed tool must not see, once no environment names them any more.
     files: tuple[str, ...] = ()
+    #: Where each value was read from: ``FROM_ENVIRONMENT``, ``FROM_SYSTEMD`` or the
+    #: absolute path of the file ``NAME_FILE`` named (which ``reread`` reads again).
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, name: str) -> str | None:
         return self.values.get(name)
+
+    def with_value(self, name: str, value: str) -> Credentials:
+        """These credentials with ``name`` set to ``value`` (given on the command line)."""
+        origins = {**self.origins, name: FROM_ENVIRONMENT}
+        return Credentials({**self.values, name: value}, self.files, origins)
 
     def secrets(self) -> frozenset[str]:
         """The secret values, for redaction: the store URL's password on its own too (a
@@ -96,7 +111,8 @@ class Credentials:
         return f"Credentials({', '.join(sorted(self.values))})"
 
     def encode(self) -> bytes:
-        return json.dumps({"values": dict(self.values), "files": list(self.files)}).encode()
+        document = {"values": dict(self.values), "files": list(self.files)}
+        return json.dumps({**document, "origins": dict(self.origins)}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Credentials:
@@ -106,17 +122,20 @@ class Credentials:
             document = None
         values = document.get("values") if isinstance(document, dict) else None
         files = document.get("files") if isinstance(document, dict) else None
+        origins = document.get("origins", {}) if isinstance(document, dict) else None
         if (
             not isinstance(values, dict)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items())
             or not isinstance(files, list)
             or not all(isinstance(f, str) for f in files)
+            or not isinstance(origins, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in origins.items())
         ):
             raise ConfigError(
                 f"the credentials handed over through ${HANDOVER} are not agentd's; "
                 f"unset {HANDOVER} and start agentd again."
             )
-        return cls(values, tuple(files))
+        return cls(values, tuple(files), origins)
 
 
 # -- the sources ---------------------------------------------------------------------------
@@ -127,19 +146,55 @@ def gather(environ: Mapping[str, str], names: Iterable[str] = CREDENTIAL_NAMES) 
     docstring)."""
     found: dict[str, str] = {}
     files: list[str] = []
+    origins: dict[str, str] = {}
     for name in names:
         credential = CREDENTIAL_NAMES[name]
         if value := environ.get(name):
             found[name] = _checked(value, f"${name}")
+            origins[name] = FROM_ENVIRONMENT
         elif file := environ.get(name + FILE_SUFFIX):
             found[name] = _read_secret(Path(file), f"{name}{FILE_SUFFIX}={file}")
-            files.append(os.path.abspath(file))
+            files.append(origins.setdefault(name, os.path.abspath(file)))
         elif directory := environ.get("CREDENTIALS_DIRECTORY"):
             path = Path(directory) / credential
             if path.exists():
                 found[name] = _read_secret(path, f"the systemd credential {credential}")
                 files.append(os.path.abspath(directory))
-    return Credentials(found, tuple(dict.fromkeys(files)))
+                origins[name] = FROM_SYSTEMD
+    return Credentials(found, tuple(dict.fromkeys(files)), origins)
+
+
+def reread(credentials: Credentials) -> Credentials:
+    """``credentials`` with every secret that was read from a ``NAME_FILE`` read from it
+    again (SIGHUP); ``ConfigError`` when one cannot be, and then nothing changes."""
+    values = dict(credentials.values)
+    for name, origin in credentials.origins.items():
+        if origin not in (FROM_ENVIRONMENT, FROM_SYSTEMD):
+            values[name] = _read_secret(Path(origin), f"{name}{FILE_SUFFIX}={origin}")
+    return Credentials(values, credentials.files, credentials.origins)
+
+
+def how_to_change(name: str, environ: Mapping[str, str]) -> str:
+    """What gives the daemon a new ``name`` (the end of an error about a missing or bad
+    one), from where the secrets this process holds were read: a file named by
+    ``NAME_FILE`` is read again at SIGHUP; a variable or a systemd credential only at a
+    restart. ``environ``: this process's (systemd's ``INVOCATION_ID`` tells a service)."""
+    origin = held().origins.get(name)
+    file = f"{name}{FILE_SUFFIX}"
+    if origin == FROM_SYSTEMD or (origin is None and "INVOCATION_ID" in environ):
+        return (
+            f"put it in the file the unit's LoadCredential={CREDENTIAL_NAMES[name]}:... names "
+            f"and run `systemctl restart agentd` (a reload does not refresh a credential)"
+        )
+    if origin is not None and origin != FROM_ENVIRONMENT:
+        return (
+            f"put it in {origin} (the daemon's {file}) and send the daemon SIGHUP, which "
+            f"reads that file again: `kill -HUP PID`, PID from `agentd status`"
+        )
+    return (
+        f"the daemon reads it when it starts, so restart it with {file} (read again at "
+        f"each SIGHUP) or {name} set: `agentd stop`, then `{file}=PATH agentd start --detach`"
+    )
 
 
 def _read_secret(path: Path, origin: str) -> str:

@@ -16,6 +16,7 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── FencedError                      a step of an owner whose ownership moved
     │   ├── RecordConflictError              a task record changed since it was read
     │   └── SchemaVersionError       exit 78 the database's schema is not this release's
+    ├── AddressInUseError            exit 1  a listener's address is another process's
     ├── ClusterError                 exit 1  a throwaway PostgreSQL could not be started
     ├── TaskSpecError                exit 1  a task's spec or script cannot be used
     └── ModelError                   exit 1  the model backend failed
@@ -34,6 +35,19 @@ The supervisor imports this module; it never defines a second tree.
 from __future__ import annotations
 
 import errno as errnos
+
+#: The most characters of a value an error line quotes (``quoted``): an argument of
+#: 10,000 characters must not make a line of 10,000.
+QUOTED_LIMIT = 80
+
+
+def quoted(value: str, limit: int = QUOTED_LIMIT) -> str:
+    """``value`` as an error line quotes it (``repr``), cut to ``limit`` characters of it,
+    saying how long it was when it was cut."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
 
 #: The errnos of a disk that is full, failing or read-only: faults that clear by themselves
 #: or by an operator's hand (space freed, a disk remounted), never the task's fault.
@@ -114,6 +128,11 @@ class SchemaVersionError(SpoolError):
     against it could corrupt what newer nodes wrote, and a restart will not fix it."""
 
     exit_code = 78
+
+
+class AddressInUseError(AgentdError):
+    """A listener of the daemon (``[metrics] listen``) cannot bind: another process has
+    the address. (An address that is not this machine's is a ``ConfigError``.)"""
 
 
 class ClusterError(AgentdError):

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worker import proctitle
 from worker.credentials import take_over
 from worker.store.durable import open_private
 
@@ -198,6 +199,7 @@ def reap(middle: int, *, wait: bool = True) -> bool:
 
 def serve() -> int:
     take_over()
+    proctitle.fork_server()
     preload()
     os.write(1, b'{"ready": true}\n')
     middles: list[int] = []  # intermediate children not reaped yet: off the reply's path

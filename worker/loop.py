@@ -172,8 +172,10 @@ class AgentLoop:
         sleep: Callable[[float], None] = time.sleep,
         metrics: StepMetrics | None = None,
         fence: Callable[[], None] | None = None,
+        retries: int = 0,
     ) -> None:
         self.store = store
+        self.retries = retries  # the operator's, by the task's record (``RETRIES_ENV``)
         self.fence = fence
         self.task_id = spec.id
         self.owner = owner
@@ -323,6 +325,7 @@ class AgentLoop:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
+            self._reopen_if_retried()
             if self.config.context.strategy == "server" and not self._server_compacts:
                 self._event(
                     "context_strategy_fallback",
@@ -390,6 +393,15 @@ class AgentLoop:
             return "done", "token_budget"
         return None
 
+    def _reopen_if_retried(self) -> None:
+        """A task whose journal ended ``failed`` (a model or spec error) and that an
+        operator retried since goes on: a ``retry`` record, once per retry, reopens it.
+        (A worker started again after it wrote its end, with no retry since, ends the
+        same way again.)"""
+        ended = self.state.ended
+        if ended and ended.get("state") == "failed" and self.state.retries < self.retries:
+            self._record({"k": "retry", "n": self.retries})
+
     def _end(self, state: str, reason: str) -> Outcome:
         if self.journal is not None and not self.state.ended:
             self._record({"k": "end", "state": state, "reason": reason})
@@ -426,6 +438,9 @@ class AgentLoop:
                 "model_retry", level="warning", attempt=attempt, delay=delay, error=str(exc)
             )
             self._phase(phase)  # a retry is progress: the deadline covers one attempt
+            if self.heartbeat:  # what status shows as the task's REASON meanwhile
+                retry = {"error": str(exc), "attempt": attempt, "next_try": time.time() + delay}
+                self.heartbeat.update(retry=retry)
 
         self._journal.sync_in_background()  # the last result becomes durable meanwhile
         self._interruptible = True
@@ -442,6 +457,8 @@ class AgentLoop:
             )
         finally:
             self._interruptible = False
+            if self.heartbeat:
+                self.heartbeat.update(retry=None)
         usage = reply.usage
         self.metrics.model_called(
             time.perf_counter() - started,

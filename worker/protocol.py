@@ -47,6 +47,9 @@ VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERRO
 NODE_ENV = "AGENTD_NODE"
 LEASE_ENV = "AGENTD_LEASE"
 EPOCH_ENV = "AGENTD_EPOCH"
+#: How many times an operator retried the task (``agentd retry``): a worker whose journal
+#: ended ``failed`` reopens it (a ``retry`` record) when fewer retries are recorded there.
+RETRIES_ENV = "AGENTD_RETRIES"
 
 
 class TaskStatus(StrEnum):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.errors import InvalidIdError, NotFoundError, TaskSpecError
+from worker.errors import InvalidIdError, NotFoundError, TaskSpecError, quoted
 from worker.store.durable import private_dir, read_json
 
 SPEC_VERSION = 1
@@ -25,9 +25,8 @@ CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 def validate_task_id(task_id: str) -> str:
     if not TASK_ID.fullmatch(task_id) or task_id in (".", ".."):
-        shown = task_id if len(task_id) <= 80 else task_id[:80] + "..."
         raise InvalidIdError(
-            f"invalid task id {shown!r}: use 1 to 64 characters of a-z, 0-9, '.', '_' "
+            f"invalid task id {quoted(task_id)}: use 1 to 64 characters of a-z, 0-9, '.', '_' "
             "and '-', starting with a letter or digit."
         )
     return task_id
@@ -36,7 +35,7 @@ def validate_task_id(task_id: str) -> str:
 def validate_call_id(call_id: str) -> str:
     if not CALL_ID.fullmatch(call_id):
         raise InvalidIdError(
-            f"invalid call id {call_id[:80]!r}: call ids are 1 to 128 characters of "
+            f"invalid call id {quoted(call_id)}: call ids are 1 to 128 characters of "
             "A-Z, a-z, 0-9, '_' and '-'; copy it from `agentd dangling`."
         )
     return call_id

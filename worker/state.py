@@ -148,6 +148,7 @@ class TaskState:
     held: list[JSON] = field(default_factory=list)
     ended: JSON | None = None
     epoch: int = 0  # rewinds so far: part of every new idempotency key
+    retries: int = 0  # the operator's retries recorded (``retry`` records: see _apply_retry)
     turns: list[TurnInfo] = field(default_factory=list)
     records: int = 0  # records applied
     boundaries: dict[int, Boundary] | None = field(default_factory=dict)  # None: unknown
@@ -331,6 +332,11 @@ class TaskState:
     def _apply_end(self, record: JSON) -> None:
         self.ended = {"state": record["state"], "reason": record["reason"]}
 
+    def _apply_retry(self, record: JSON) -> None:
+        """An operator retried the task after it ended failed: it goes on from here."""
+        self.retries = int(record["n"])
+        self.ended = None
+
     def _append_user(self, blocks: list[JSON]) -> None:
         last = self.messages[-1]
         if last["role"] == "user":
@@ -374,6 +380,7 @@ class TaskState:
             "held": self.held,
             "ended": self.ended,
             "epoch": self.epoch,
+            "retries": self.retries,
             "turns": [
                 {**vars(t), "usage": t.usage.to_json()}  # TurnInfo with usage as JSON
                 for t in self.turns
@@ -400,6 +407,7 @@ class TaskState:
             held=list(data["held"]),
             ended=data["ended"],
             epoch=data["epoch"],
+            retries=data.get("retries", 0),
             turns=[TurnInfo(**{**t, "usage": Usage.from_json(t["usage"])}) for t in data["turns"]],
             records=data["records"],
             boundaries=None,

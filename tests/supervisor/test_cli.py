@@ -158,6 +158,23 @@ def test_bad_task_ids_are_refused_before_touching_the_filesystem(
     assert tree(tmp_path) == before  # not even a task folder was made
 
 
+def test_long_values_are_cut_in_error_lines(agentd: Run, spool: Spool, tmp_path: Path) -> None:
+    spool.ensure()
+    long = "n" * 5000
+    err = assert_error(
+        agentd("--store", "postgresql://agentd@127.0.0.1:9/agentd", "--node", long, "status"),
+        2,
+        f"--node {'n' * 80!r}... (5000 characters) is not a name",
+    )
+    assert len(err) < 300, err
+    err = assert_error(
+        agentd("status", "--", "!" * 5000), 2, "invalid task id", "(5000 characters)"
+    )
+    assert len(err) < 300, err
+    err = assert_error(agentd("--config", str(tmp_path / ("d" * 3000)), "status"), 78)
+    assert len(err) <= cli.ERROR_LINE_LIMIT + len("agentd: \n") and "characters in all" in err
+
+
 @pytest.mark.parametrize("command", ["status", "dangling"])
 def test_an_empty_task_id_is_refused_by_status_and_dangling(agentd: Run, command: str) -> None:
     submit(agentd, "--name", "t1")

@@ -28,8 +28,10 @@ from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics
 from tests.support import REPO, poll_for, reply, scripted_task, text, tool_use, worker_env
 from worker.config import Config
+from worker.errors import StorageError
 from worker.spool import Spool
 from worker.store.base import Owner
+from worker.store.postgres import PostgresStore
 
 LEASE = 2.0
 CONFIG = f"""
@@ -352,6 +354,24 @@ def test_a_database_of_a_newer_schema_is_refused_in_one_line(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "newer than this release" in lines[0], (command, lines)
         assert str(password) not in done.stderr
+
+
+def test_a_wrong_store_password_is_a_setting_to_fix_exit_78_but_a_wait_for_a_worker(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(postgres_schema)
+    wrong = psycopg.conninfo.make_conninfo(postgres_schema, password="not-the-password")  # noqa: S106  (a wrong one)
+    node = Node(tmp_path, "c", wrong)
+    node.daemon.spool.ensure()
+    for command in (("start",), ("start", "--detach"), ("status",), ("store", "init")):
+        done = node.agentd(*command)
+        assert (done.returncode, done.stdout) == (78, ""), (command, done)
+        (line,) = done.stderr.splitlines()
+        assert "refused the login: password authentication failed" in line, line
+        assert "not-the-password" not in line and str(params["password"]) not in line
+    # a worker of a running node: the same refusal is a storage fault it waits out
+    with pytest.raises(StorageError, match="cannot be reached"):
+        PostgresStore(wrong, node="c", waits=True)
 
 
 def test_a_cut_database_link_is_a_storage_fault_the_task_waits_out(

@@ -26,7 +26,7 @@ from worker.testing.messages_api import MessagesAPIServer, Reply
 
 
 def cmdline(pid: int) -> str:
-    return " ".join(psutil.Process(pid).cmdline())
+    return " ".join(psutil.Process(pid).cmdline()).strip()
 
 
 def test_a_restart_in_the_first_seconds_waits_for_the_warming_fork_server(
@@ -50,6 +50,38 @@ def test_a_restart_in_the_first_seconds_waits_for_the_warming_fork_server(
         ready = [e for e in daemon.log_events() if e["event"] == "forkserver_ready"]
         assert ready and parse_time(ready[0]["timestamp"]) <= parse_time(spawned[0]["timestamp"])
         assert daemon.wait_state(task_id, "done", timeout=30)["restarts"] == 1
+    finally:
+        daemon.cleanup()
+
+
+def test_ps_names_the_daemon_the_fork_server_and_each_worker(tmp_path: Path) -> None:
+    """Process titles (setproctitle), as ``ps`` shows them: a fresh worker and a forked one
+    each with its task and spool, the fork server, the daemon with its spool."""
+    daemon = Daemon(tmp_path, "[restart]\nbackoff_initial = 0.05\n")
+    spool = daemon.spool.root
+
+    def titled(pid: int) -> str | None:
+        title = cmdline(pid)
+        return title if title.startswith("agentd: ") else None
+
+    try:
+        daemon.submit([reply(text("Done."), delay=60.0)], "cold")
+        proc = daemon.start()
+        assert poll_for(lambda: titled(proc.pid)) == f"agentd: daemon {spool}"
+        first = poll_for(lambda: daemon.events("cold", "worker_spawned"), what="a worker")
+        assert poll_for(lambda: titled(first[0]["pid"])) == f"agentd: worker cold in {spool}"
+        poll_for(
+            lambda: [e for e in daemon.log_events() if e["event"] == "forkserver_ready"],
+            what="the fork server",
+        )
+        (server,) = [
+            c for c in psutil.Process(proc.pid).children() if "fork server" in cmdline(c.pid)
+        ]
+        assert cmdline(server.pid) == "agentd: fork server (worker.forkserver)"
+        daemon.submit([reply(text("Done."), delay=60.0)], "warm")
+        pid = poll_for(lambda: daemon.events("warm", "worker_spawned"), what="a fork")[0]["pid"]
+        forked = f"agentd: worker warm in {spool} (forked by worker.forkserver)"
+        poll_for(lambda: cmdline(pid) == forked, what=f"the title {forked!r}, not {cmdline(pid)!r}")
     finally:
         daemon.cleanup()
 

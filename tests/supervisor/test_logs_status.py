@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor.record import TaskRecord
-from supervisor.views import END_GRACE, log_line, render_status
+from supervisor.views import END_GRACE, human_count, log_line, render_status
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
 
@@ -131,6 +131,29 @@ def test_logs_json_is_one_object_a_line_with_the_events_as_stored(
     assert [c["tool"] for c in turns[0]["tool_calls"]] == ["write_file", "read_file"]
     assert turns[0]["tool_calls"][0]["outcome"] == "ran"
     assert lines(daemon.run_cli("logs", finished, "--json", "-n", "2")) == out[-2:]
+
+
+def test_a_tool_call_that_returned_an_error_shows_as_error(daemon: Daemon) -> None:
+    responses = [
+        reply(tool_use("read_file", path="no-such-file"), tool_use("list_dir", path=".")),
+        reply(text("Done.")),
+    ]
+    task_id = daemon.submit(responses, name="erred")
+    daemon.wait_state(task_id, "done")
+    (line,) = [line for line in lines(daemon.run_cli("logs", task_id)) if " turn turn=1 " in line]
+    assert "tools=read_file:error,list_dir:ran" in line, line
+    turn = next(
+        json.loads(line)
+        for line in lines(daemon.run_cli("logs", task_id, "--json"))
+        if json.loads(line)["event"] == "turn"
+    )
+    calls = [(c["tool"], c["outcome"], c["is_error"]) for c in turn["tool_calls"]]
+    assert calls == [("read_file", "ran", True), ("list_dir", "ran", False)]
+    (row,) = [line for line in lines(daemon.run_cli("history", task_id)) if "read_file" in line]
+    assert "read_file(read_only: error), list_dir(read_only: ran)" in row, row
+    (first, _) = json.loads(daemon.run_cli("history", task_id, "--json").stdout)
+    history = [(c["tool"], c["outcome"], c["is_error"]) for c in first["tool_calls"]]
+    assert history == calls
 
 
 def follow(daemon: Daemon, task_id: str) -> subprocess.Popen[str]:
@@ -248,7 +271,7 @@ def test_status_has_age_tokens_and_context_columns(daemon: Daemon, finished: str
     doc = json.loads(daemon.run_cli("status", finished, "--json").stdout)["tasks"][0]
     spent = doc["usage"]["input_tokens"] + doc["usage"]["output_tokens"]
     assert row[1] == "done" and re.fullmatch(r"\d+(s|m\d+s)", row[2]), row
-    assert row[3] == str(TURNS) and row[4] == str(spent), row
+    assert row[3] == str(TURNS) and row[4] == human_count(spent), row
     assert header[5] == "CONTEXT" and row[5] == str(doc["tokens_used"]), row
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from supervisor.control import running_pid
 from supervisor.metrics import Metrics
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use
@@ -288,18 +289,31 @@ def test_listen_without_a_host_or_a_port_is_refused(tmp_path: Path, listen: str)
     assert "\n" not in message
 
 
-def test_a_listen_address_in_use_is_logged_and_the_daemon_serves_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("detach", [False, True], ids=["foreground", "detached"])
+def test_a_listen_address_that_cannot_be_bound_stops_the_start_in_one_line(
+    tmp_path: Path, detach: bool
+) -> None:
     with socket.socket() as taken, subreaper():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        daemon = Daemon(tmp_path, f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
-        try:
-            daemon.start()
-            task_id = daemon.submit([reply(text("Done."))], name="served")
-            daemon.wait_state(task_id, "done")
-            (failed,) = [e for e in daemon.log_events() if e["event"] == "metrics_failed"]
-            assert failed["level"] == "error" and failed["listen"] == f"127.0.0.1:{port}"
-            assert "metrics_serving" not in {e["event"] for e in daemon.log_events()}
-        finally:
-            daemon.cleanup()
+        # in use: exit 1; not an address of this machine (TEST-NET-1): exit 78
+        for listen, code, said in (
+            (f"127.0.0.1:{port}", 1, "another process listens there"),
+            ("192.0.2.1:9464", 78, "give an address of this machine"),
+        ):
+            daemon = Daemon(tmp_path / str(code), f'[metrics]\nlisten = "{listen}"\n')
+            try:
+                daemon.spool.ensure()
+                done = daemon.run_cli("start", *(["--detach"] if detach else []))
+                assert (done.returncode, done.stdout) == (code, ""), done
+                # (in the foreground the daemon's log is its stderr: the line comes last)
+                said_lines = [
+                    line for line in done.stderr.splitlines() if line.startswith("agentd")
+                ]
+                assert said_lines == done.stderr.splitlines()[-1:], done.stderr
+                (line,) = said_lines
+                assert line.startswith(f"agentd: [metrics] listen = '{listen}'") and said in line
+                assert running_pid(daemon.spool) is None  # nothing serves, the lock is free
+            finally:
+                daemon.cleanup()

@@ -344,7 +344,7 @@ class TooLong:
 def test_a_prompt_too_long_is_compacted_once_and_retried(spool: Spool) -> None:
     script = compacting_script()
     for response in script["responses"]:
-        response.pop("usage", None)  # tokens_used never reaches the threshold
+        response["usage"] = SMALL_USAGE  # tokens_used never reaches the threshold
     task = submit_script(spool, script)
     model = TooLong(ScriptedModel.from_file(task.script), limit=8)
     outcome, _ = run_loop(task, model)
@@ -359,7 +359,7 @@ def test_a_prompt_too_long_is_compacted_once_and_retried(spool: Spool) -> None:
 def test_a_prompt_still_too_long_after_compaction_fails_naming_the_setting(spool: Spool) -> None:
     script = compacting_script()
     for response in script["responses"]:
-        response.pop("usage", None)
+        response["usage"] = SMALL_USAGE
     task = submit_script(spool, script)
     model = TooLong(ScriptedModel.from_file(task.script), limit=99, from_turn=3)
     outcome, _ = run_loop(task, model)
@@ -369,6 +369,11 @@ def test_a_prompt_still_too_long_after_compaction_fails_naming_the_setting(spool
     assert "\n" not in outcome.reason
     assert len(of_kind(journal_records(task), "compaction")) == 1
     assert model.refused == 2  # the prompt, then the compacted prompt: no third try
+
+
+#: The usage a response reports in a test that reaches the window only by the message count
+#: (without one, the scripted model reports the request's size, which would).
+SMALL_USAGE = {"input_tokens": 10, "output_tokens": 5}
 
 
 class WindowExceeded:
@@ -394,7 +399,7 @@ def test_a_reply_cut_by_the_window_is_not_recorded_and_is_retried_compacted(
 ) -> None:
     script = compacting_script()
     for response in script["responses"]:
-        response.pop("usage", None)
+        response["usage"] = SMALL_USAGE
     task = submit_script(spool, script)
     outcome, _ = run_loop(task, WindowExceeded(ScriptedModel.from_file(task.script), at=5))
 
@@ -461,3 +466,40 @@ def test_the_server_strategy_on_the_scripted_model_compacts_as_client_and_says_s
     (fallback,) = [e for e in read_events(task.events) if e["event"] == "context_strategy_fallback"]
     assert fallback["level"] == "warning" and "offers no server compaction" in fallback["error"]
     assert len(of_kind(journal_records(task), "compaction")) == 2
+
+
+def test_a_script_without_usage_reports_the_request_size_so_compaction_shrinks_it(
+    spool: Spool,
+) -> None:
+    """The scripted model reports ``input_tokens`` = ceil(characters of the request / 4)
+    for a response without ``usage``: a growing transcript reaches ``compact_at``, and a
+    compacted one reports its smaller size, so it compacts now and then, not at every
+    turn past the threshold (as a usage that only grows would make it)."""
+    body = "x" * 200
+    responses = [
+        reply(text(f"Writing f{k}."), tool_use("write_file", path=f"f{k}.txt", content=body))
+        for k in range(1, 31)
+    ]
+    path = spool.root.parent / "sized.json"
+    path.write_text(json.dumps({"responses": [*responses, reply(text("All written."))]}))
+    config = Config(
+        model=ModelConfig(max_tokens=50),
+        context=ContextConfig(window=2400, compact_at=0.5, keep_turns=2),
+    )
+    task = submit(spool, config, prompt="Write thirty files.", script=path, name="sized")
+    loop = make_loop(task, config=config)
+    try:
+        assert loop.run().state == "done"
+    finally:
+        loop.close()
+    sizes: dict[int, int] = {}  # turn -> the input_tokens its request reported
+    after: list[int] = []  # the turn each compaction followed
+    for record in journal_records(task):
+        if record["k"] == "turn":
+            sizes[record["turn"]] = record["usage"]["input_tokens"]
+        elif record["k"] == "compaction":
+            assert record["tokens_after"] < record["tokens_before"] <= 2400, record
+            after.append(max(sizes))
+    assert 1 <= len(after) <= 6, after
+    for followed in after:
+        assert sizes[followed + 1] < sizes[followed], (followed, sizes)

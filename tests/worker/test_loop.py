@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,12 @@ def spool(tmp_path: Path) -> Spool:
     return make_spool(tmp_path)
 
 
+def size_tokens(messages: list[dict[str, Any]]) -> int:
+    """What the scripted model reports as ``input_tokens`` for ``messages`` when its
+    response has no ``usage``: the characters of the request over 4, rounded up."""
+    return math.ceil(len(json.dumps(messages, ensure_ascii=False)) / 4)
+
+
 def run(task: TaskDir, **kwargs: Any) -> tuple[Outcome, AgentLoop]:
     loop = make_loop(task, **kwargs)
     try:
@@ -108,7 +115,8 @@ def test_end_turn_after_a_tool_call(spool: Spool) -> None:
     assert requests(loop)[1][-1]["content"][0]["tool_use_id"] == CALL
     check_transcripts(loop)
     assert scene(loop.state) == scene(replayed(task))
-    assert loop.state.usage_total.input_tokens == 10 + 15  # the scripted defaults
+    # without a scripted usage, each request's size over 4
+    assert loop.state.usage_total.input_tokens == sum(map(size_tokens, requests(loop)))
 
 
 def test_a_finished_task_stays_finished(spool: Spool) -> None:
@@ -324,7 +332,7 @@ def test_retried_model_calls_record_one_turn(spool: Spool) -> None:
     assert model.calls == 3
     assert len(sleeps) == 2
     assert len(of_kind(journal_records(task), "turn")) == 1
-    assert loop.state.usage_total.input_tokens == 10
+    assert loop.state.usage_total.input_tokens == size_tokens(loop.state.messages[:1])
 
 
 def test_a_model_error_fails_the_task(spool: Spool) -> None:
@@ -340,6 +348,30 @@ def test_a_model_error_fails_the_task(spool: Spool) -> None:
     assert outcome == Outcome(
         "failed", "401: invalid x-api-key; check ANTHROPIC_API_KEY.", ExitCode.FAILED
     )
+
+
+def test_a_retry_reopens_a_failed_journal_once_per_retry(spool: Spool) -> None:
+    class Broken:
+        def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
+            raise ModelError("401: invalid x-api-key")
+
+        def close(self) -> None:
+            pass
+
+    task = scripted_task(spool, [DONE], name="reopened")
+    assert run(task, model=Broken())[0].state == "failed"
+    # started again with no retry since (a crash after the end was written): the same end
+    assert run(task, model=Broken())[0].state == "failed"
+    assert of_kind(journal_records(task), "retry") == []
+    # retried (the daemon says so: AGENTD_RETRIES), still failing: reopened once, ends again
+    assert run(task, model=Broken(), retries=1)[0].state == "failed"
+    assert run(task, model=Broken(), retries=1)[0].state == "failed"  # no second reopen
+    assert [r["n"] for r in of_kind(journal_records(task), "retry")] == [1]
+    # retried again, the model fixed: it goes on from where it failed
+    outcome, _ = run(task, retries=2)
+    assert outcome.state == "done"
+    kinds = [r["k"] for r in journal_records(task)]
+    assert kinds == ["header", "end", "retry", "end", "retry", "turn", "end"]
 
 
 def test_a_stop_request_records_nothing(spool: Spool) -> None:
@@ -628,7 +660,7 @@ def test_journal_built_by_hand_resumes(spool: Spool) -> None:
     assert outcome.state == "done"
     assert intents(task)[-1] == {**intents(task)[-1], "attempt": 2, "key": "agentd-handmade"}
     assert (task.path / "workspace" / "h.txt").read_text() == "hand"
-    assert loop.state.usage_total.input_tokens == 3 + 15
+    assert loop.state.usage_total.input_tokens == 3 + size_tokens(loop.state.messages[:-1])
     check_transcripts(loop)
 
 

@@ -272,11 +272,11 @@ def test_no_key_at_all_is_a_final_error(
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path))
     backend = MessagesAPIModel(base_url=server.base_url)
-    with pytest.raises(ModelError, match="set ANTHROPIC_API_KEY") as info:
+    with pytest.raises(ModelError, match="restart it with ANTHROPIC_API_KEY_FILE") as info:
         backend.complete(request(), turn_index=0)
     assert not isinstance(info.value, RetryableModelError)
     monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", str(tmp_path))  # a profile dir without profiles
-    with pytest.raises(ModelError, match="set ANTHROPIC_API_KEY"):
+    with pytest.raises(ModelError, match="restart it with ANTHROPIC_API_KEY_FILE"):
         backend.complete(request(), turn_index=0)
     backend.close()
     assert server.requests == []

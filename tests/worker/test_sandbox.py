@@ -183,7 +183,7 @@ def test_a_setsid_child_dies_when_the_call_ends(spool: Spool, config: Path) -> N
     try:
         out = sh(sandboxed(spool, config), workspace, command)
         assert "started" in out
-        poll_for(lambda: not processes_with(marker), 5.0, what="the setsid child to be gone")
+        poll_for(lambda: not processes_with(marker), 30.0, what="the setsid child to be gone")
     finally:
         kill_processes_with(marker)
 

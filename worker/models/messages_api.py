@@ -56,10 +56,13 @@ if TYPE_CHECKING:
 RETRY_TASK = "run `agentd retry TASK`"
 COMPACTION_BETA = "compact-2026-01-12"  # the beta of the compact_20260112 edit
 _RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
-NO_KEY = (
-    "set ANTHROPIC_API_KEY for the daemon (in its environment, in the file "
-    "ANTHROPIC_API_KEY_FILE names, or as the systemd credential anthropic_api_key)"
-)
+
+
+def key_hint() -> str:
+    """How to give the daemon a (new) API key, then the task another go: what works where
+    this worker's key came from (``credentials.how_to_change``)."""
+    how = credentials.how_to_change(credentials.API_KEY, os.environ)
+    return f"{how}; then {RETRY_TASK}"
 
 
 def tls_context() -> ssl.SSLContext:
@@ -137,7 +140,7 @@ class MessagesAPIModel:
             raise self._retryable(f"The Anthropic API sent an unusable response ({exc})") from None
         except anthropic.CredentialsError as exc:
             raise self._error(
-                f"The Anthropic SDK could not load credentials ({exc}); {NO_KEY} and {RETRY_TASK}."
+                f"The Anthropic SDK could not load credentials ({exc}); {key_hint()}."
             ) from None
         except httpx2.TimeoutException:
             raise self._retryable(f"The Anthropic API stream stalled{self._after()}") from None
@@ -170,7 +173,7 @@ class MessagesAPIModel:
         client = anthropic.Anthropic(**options)
         if client.api_key is None and client.auth_token is None and client.credentials is None:
             client.close()
-            raise ModelError(f"No Anthropic API key is set; {NO_KEY}, and {RETRY_TASK}.")
+            raise ModelError(f"No Anthropic API key is set; {key_hint()}.")
         self._client = client
         return client
 
@@ -239,10 +242,7 @@ class MessagesAPIModel:
                 return ThrottledError(message, retry_after)
             return RetryableModelError(message)
         if status == 401 or kind == "authentication_error":
-            return self._error(
-                "The Anthropic API rejected the API key (401); set ANTHROPIC_API_KEY to a valid "
-                f"key and {RETRY_TASK}."
-            )
+            return self._error(f"The Anthropic API rejected the API key (401); {key_hint()}.")
         if status == 403 or kind == "permission_error":
             return self._error(
                 f"The Anthropic API key may not make this request ({detail}); use a key with "

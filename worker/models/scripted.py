@@ -6,6 +6,11 @@ left off. A compaction's summary call returns ``summaries[j]`` for the task's j-
 compaction, or a deterministic summary naming the turns it replaces when the script has
 none. The script is validated when it is loaded, with one-line errors naming the response
 at fault.
+
+A response's ``usage`` is reported as written. A response without one reports
+``input_tokens`` = ceil(characters of the request / 4) (``request_tokens``: the system
+prompt and the messages written as JSON), and 5 output tokens; so a transcript that
+grows reports a growing size, and a compacted one its smaller size, as the API would.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ _USAGE_KEYS = (
     "cache_creation_input_tokens",
     "cache_read_input_tokens",
 )
+
+
+def request_tokens(request: ModelRequest) -> int:
+    """What a scripted response without ``usage`` reports as ``input_tokens``: the
+    characters of the request (its system prompt and its messages as JSON) over 4,
+    rounded up."""
+    size = len(request.system or "") + len(json.dumps(list(request.messages), ensure_ascii=False))
+    return math.ceil(size / 4)
 
 
 def _default_id(turn_index: int, block_index: int) -> str:
@@ -186,8 +199,9 @@ class ScriptedModel:
             content.append(block)
         has_tool = any(b["type"] == "tool_use" for b in content)
         stop = response.get("stop_reason") or ("tool_use" if has_tool else "end_turn")
+        written = response.get("usage")
         usage = Usage.from_json(
-            response.get("usage") or {"input_tokens": 10 + 5 * turn_index, "output_tokens": 5}
+            written or {"input_tokens": request_tokens(request), "output_tokens": 5}
         )
         return ModelReply(content, stop, usage, request.model)
 

@@ -109,6 +109,13 @@ CONNECTION_DEFAULTS = {
 _WRITTEN_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:/@\s]*:(.*)@", re.IGNORECASE | re.DOTALL)
 
 
+#: What libpq says when the server refuses the login itself (no SQLSTATE comes with it).
+LOGIN_REFUSED = re.compile(
+    r'password authentication failed for user "[^"]*"|no password supplied|'
+    r'no pg_hba\.conf entry[^.;]*|role "[^"]*" does not exist'
+)
+
+
 #: A NUL character in a JSON string (after an even run of backslashes): jsonb refuses it.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
@@ -280,7 +287,9 @@ class PostgresStore:
     ``node`` names this node in leases and messages (default: the hostname); ``lease`` is
     how long, in seconds, an acquisition lasts without a ``renew``. ``migrate`` creates or
     upgrades the schema (``agentd start``, ``agentd store init``); without it a database
-    this release cannot use is refused at once (``SchemaVersionError``)."""
+    this release cannot use is refused at once (``SchemaVersionError``). A login the
+    server refuses is ``ConfigError`` (exit 78), or with ``waits`` (a running node's
+    worker) the ``StorageError`` every unreachable store is."""
 
     def __init__(
         self,
@@ -289,16 +298,30 @@ class PostgresStore:
         node: str | None = None,
         lease: float = DEFAULT_LEASE,
         migrate: bool = False,
+        waits: bool = False,
     ) -> None:
         self.node = node or socket.gethostname()
         self.db = _Database(url, application=f"agentd {self.node}")
         self.lease = lease
         self._reading = threading.local()  # a view of every task, while ``read_all`` lasts
-        with self.db.step() as conn:
-            if migrate:
-                pgschema.migrate(conn)
-            else:
-                pgschema.check(conn)
+        try:
+            with self.db.step() as conn:
+                if migrate:
+                    pgschema.migrate(conn)
+                else:
+                    pgschema.check(conn)
+        except StorageError as exc:
+            # a login refused when a command or the daemon opens the store is a setting
+            # to fix (exit 78, so systemd does not restart it every two seconds); once the
+            # node runs (``waits``: its workers), it is the database's to end: a wait
+            refused = LOGIN_REFUSED.search(str(exc))
+            if refused is None or waits:
+                raise
+            raise ConfigError(
+                f"the PostgreSQL store ({self.db.shown}) refused the login: "
+                f"{refused.group(0)}; fix the user or password of the store URL (--store, "
+                "AGENTD_STORE, AGENTD_STORE_FILE, or PGPASSFILE) and start again."
+            ) from None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.db.shown!r}, node={self.node!r})"

@@ -46,12 +46,17 @@ API's 400, and the prompt counts from the last compaction block on (the API drop
 precedes it). A block whose ``content`` is null is a no-op, as in the API. Issued blocks
 land in ``srv.compactions``; the responder still sees the whole request.
 
-Standalone: ``python -m worker.testing.messages_api --port-file F --script-file S [--record-file R]
-[--by-turn] [--exit-with-parent]`` where S is
-``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key": KEY}``.
-Replies are served in order, one per request; with ``--by-turn`` (``by_turn(responses)``
-in-process) reply k answers every request whose messages hold k assistant messages, so a
-client that crashed and resumed, or many clients at once, get the reply of their turn.
+Standalone, to try long tasks offline (a context window, compaction) with real workers:
+``python -m worker.testing.messages_api [--port N] [--script-file S] [--context-limit N]
+[--port-file F] [--record-file R] [--by-turn] [--exit-with-parent]`` prints the two lines
+to give the daemon (``ANTHROPIC_BASE_URL=...`` and ``ANTHROPIC_API_KEY=...``) and serves
+until interrupted. S is ``{"responses": [reply or {"fault": NAME, ...}, ...], "api_key":
+KEY}``; without it every request gets a short text reply ("Done."). Replies are served in
+order, one per request; with ``--by-turn`` (``by_turn(responses)`` in-process) reply k
+answers every request whose messages hold k assistant messages, so a client that crashed
+and resumed, or many clients at once, get the reply of their turn. A reply's ``usage`` is
+served as written; without one, ``input_tokens`` is ``prompt_tokens`` (the size of the
+messages over 4), so a compacted transcript reports its smaller size.
 """
 
 from __future__ import annotations
@@ -868,10 +873,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m worker.testing.messages_api", description=__doc__
     )
-    parser.add_argument("--port-file", required=True, type=Path)
-    parser.add_argument("--script-file", required=True, type=Path)
+    parser.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
+    parser.add_argument(
+        "--script-file", type=Path, help='the replies, {"responses": [...]} (default: "Done.")'
+    )
+    parser.add_argument(
+        "--context-limit",
+        type=int,
+        metavar="N",
+        help='the context window in tokens: a longer prompt gets the API\'s "prompt is too long"',
+    )
+    parser.add_argument("--port-file", type=Path, help="write the port here once serving")
     parser.add_argument("--record-file", type=Path, help="append one JSON line per request")
-    parser.add_argument("--port", type=int, default=0)
     parser.add_argument(
         "--by-turn",
         action="store_true",
@@ -883,14 +896,26 @@ def main(argv: list[str] | None = None) -> int:
         help="stop when the process that started this one is gone (no orphan after a crash)",
     )
     args = parser.parse_args(argv)
-    script = json.loads(args.script_file.read_text())
+    if args.context_limit is not None and args.context_limit < 1:
+        parser.error("--context-limit must be a number of tokens, 1 or more")
+    try:
+        script = json.loads(args.script_file.read_text()) if args.script_file else {}
+    except (OSError, ValueError) as exc:
+        parser.error(f"--script-file {args.script_file}: {exc}")
     responses = script.get("responses", [])
-    server = MessagesAPIServer(
-        api_key=script.get("api_key", DEFAULT_API_KEY),
-        port=args.port,
-        responder=by_turn(responses) if args.by_turn else None,
-    )
-    if not args.by_turn:
+    responder = by_turn(responses) if args.by_turn else None
+    if args.script_file is None:
+        responder = lambda _: Reply.text("Done.")  # noqa: E731  (a default, said in --help)
+    try:
+        server = MessagesAPIServer(
+            api_key=script.get("api_key", DEFAULT_API_KEY),
+            port=args.port,
+            responder=responder,
+            context_limit=args.context_limit,
+        )
+    except OSError as exc:
+        parser.error(f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}")
+    if responder is None:
         server.replies.extend(as_action(item) for item in responses)
     record_lock = threading.Lock()
 
@@ -907,9 +932,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with server:
-        tmp = args.port_file.with_name(args.port_file.name + ".tmp")
-        tmp.write_text(f"{server.port}\n")
-        os.replace(tmp, args.port_file)
+        print(f"ANTHROPIC_BASE_URL={server.base_url}", flush=True)
+        print(f"ANTHROPIC_API_KEY={server.api_key or DEFAULT_API_KEY}", flush=True)
+        if args.port_file is not None:
+            tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+            tmp.write_text(f"{server.port}\n")
+            os.replace(tmp, args.port_file)
         while not stop.wait(0.2):
             if args.exit_with_parent and os.getppid() != parent:
                 break
