@@ -25,7 +25,7 @@ from supervisor.record import TaskRecord
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics
-from tests.support import REPO, poll_for, reply, scripted_task, text, tool_use, worker_env
+from tests.support import poll_for, reply, scripted_task, text, tool_use
 from worker.config import Config
 from worker.spool import Spool
 from worker.store.base import Owner
@@ -55,15 +55,7 @@ class Node:
         self.daemon.start(self.env)
 
     def agentd(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.daemon.command(*args),
-            cwd=REPO,
-            env=worker_env(self.env),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return self.daemon.run_cli(*args, env=self.env, timeout=60)
 
     def status(self) -> dict[str, Any]:
         done = self.agentd("status", "--json")
