@@ -6,6 +6,9 @@ config folder hidden), and ``off`` (bare ``/bin/sh -c``, the floor), in alternat
 that both see the same machine load. The figure is the median wall time of a call, and
 the overhead is the difference of the medians; the target is an overhead under 10 ms.
 A second row does the same with ``network = false`` (a network namespace of its own).
+A third gives the cost of hiding the other tasks' workspaces (``worker.loop.OtherWorkspaces``)
+when ``NEIGHBOURS`` tasks of the spool each have a ``--workspace`` of their own: one
+mount each, so it grows with them; shown, not judged.
 Where bwrap does not work the rows say why and the target is not judged.
 """
 
@@ -13,16 +16,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.report import Row
 from bench.supervision import bench_run
+from supervisor.submit import create_task
+from worker.loop import OtherWorkspaces
+from worker.spool import Spool, TaskSpec
+from worker.store.files import FileStore
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext
 from worker.tools.sandbox import Sandbox, SandboxMode, probe, sandbox_for
 
 NAME = "sandbox"
 TARGET_MS = 10.0
+NEIGHBOURS = 100
 
 
 def _call_ms(ctx: ToolContext) -> float:
@@ -79,7 +88,31 @@ def _measure(workdir: Path, runs: int) -> list[Row]:
                 note=f"sandbox overhead{what}: {agentd - floor:.2f} ms a call",
             )
         )
+    if probe("bwrap", True).problem is None:
+        rows.append(_neighbours(workdir, ctx, runs))
     return rows
+
+
+def _neighbours(workdir: Path, ctx: Callable[[Sandbox], ToolContext], runs: int) -> Row:
+    spool = Spool(workdir / "spool")
+    for i in range(NEIGHBOURS):
+        folder = workdir / "neighbours" / f"w{i}"
+        folder.mkdir(parents=True)
+        create_task(spool, TaskSpec(id=f"n{i}", prompt="x", workspace=str(folder)), None)
+    others = OtherWorkspaces(FileStore(spool.root), "t1")
+    plain = ctx(sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None))
+    hiding = ctx(
+        sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None, others=others)
+    )
+    floor, agentd = _medians(plain, hiding, runs)
+    return Row(
+        NAME,
+        f"run_command of `true` hiding {NEIGHBOURS} other workspaces, median of {runs}",
+        "ms",
+        agentd,
+        floor=floor,
+        note=f"hiding {NEIGHBOURS} other tasks' workspaces: {agentd - floor:.2f} ms a call",
+    )
 
 
 def run(quick: bool) -> list[Row]:

@@ -8,8 +8,10 @@ operator's own code, which pages someone or opens a ticket) with:
   ``node``, ``timestamp``, and for a hold ``dangling``, the held calls as
   ``agentd dangling --json`` shows them;
 * ``AGENTD_EVENT`` and ``AGENTD_TASK`` in its environment, which is the daemon's
-  without any credential (``worker.credentials.without_credentials``) and without the
-  systemd notification variables: a hook gets neither the API key nor the watchdog.
+  without any credential (``worker.credentials.without_credentials``), without libpq's
+  variables (``PGPASSWORD``, ``PGPASSFILE``...: ``without_libpq``) and without the
+  systemd notification variables: a hook gets neither the API key, nor the store's
+  password, nor the watchdog.
 
 A hook never blocks and never crashes the daemon. It is started at once (a fork and an
 exec, as a fresh worker is) with its input in an unlinked file, so nothing waits on a
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from worker.config import HooksConfig
+from worker.credentials import without_libpq
 from worker.errors import ConfigError
 from worker.protocol import TaskStatus
 
@@ -94,7 +97,7 @@ class HookRunner:
     def __init__(
         self, environ: Mapping[str, str], report: Report, *, timeout: float = HOOK_TIMEOUT
     ) -> None:
-        self._environ = dict(environ)
+        self._environ = without_libpq(environ)
         self._report = report
         self._timeout = timeout
         self._running: dict[int, _Running] = {}

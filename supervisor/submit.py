@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,7 @@ def submit(
         workspace = workspace.expanduser().absolute()
         if workspace.exists() and not workspace.is_dir():
             raise UsageError(f"--workspace {workspace} exists and is not a folder.")
+        refuse_spool_exposure(spool, task_id, workspace)
     spec = TaskSpec(
         id=task_id,
         prompt=prompt,
@@ -135,6 +137,26 @@ def submit(
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     return create_task(spool, spec, script_bytes, prepare=prepare)
+
+
+def refuse_spool_exposure(spool: Spool, task_id: str, workspace: Path) -> None:
+    """A UsageError when ``workspace`` is the spool, in it (but for the task's own default
+    workspace) or holds it: the tools would reach every task's journal and decisions
+    there, through the file tools and where the sandbox is off. Symlinks are resolved."""
+    root = Path(os.path.realpath(spool.root))
+    real = Path(os.path.realpath(workspace))
+    if real == Path(os.path.realpath(spool.task(task_id).path / "workspace")):
+        return
+    if real.is_relative_to(root):
+        where, instead = "is" if real == root else "is in", root.parent / "work"
+    elif root.is_relative_to(real):
+        where, instead = "holds", real / "work"
+    else:
+        return
+    raise UsageError(
+        f"--workspace {workspace} {where} the spool {spool.root}, which a task's tools must "
+        f"never reach; give a project folder of its own, such as {instead}."
+    )
 
 
 def create_task(

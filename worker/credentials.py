@@ -39,6 +39,7 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
 import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
@@ -161,6 +162,8 @@ def gather(environ: Mapping[str, str], names: Iterable[str] = CREDENTIAL_NAMES) 
                 found[name] = _read_secret(path, f"the systemd credential {credential}")
                 files.append(os.path.abspath(directory))
                 origins[name] = FROM_SYSTEMD
+    if directory := environ.get("CREDENTIALS_DIRECTORY"):  # whatever else it holds
+        files.append(os.path.abspath(directory))
     return Credentials(found, tuple(dict.fromkeys(files)), origins)
 
 
@@ -227,6 +230,55 @@ def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without secrets, pointers to them or a handover: what a child process
     may be executed with."""
     return {k: v for k, v in environ.items() if k not in HIDDEN and k != HANDOVER}
+
+
+#: What every variable libpq reads starts with (``PGPASSWORD``, ``PGPASSFILE``,
+#: ``PGSERVICEFILE``, ``PGHOST``...): none reaches a hook or a tool.
+LIBPQ_PREFIX = "PG"
+#: Where libpq looks for a service file that no variable names, besides ``PGSYSCONFDIR``:
+#: the folders builds of it are configured with (Debian's, PostgreSQL's own, /etc).
+SERVICE_FILES = (
+    "/etc/postgresql-common/pg_service.conf",
+    "/usr/local/pgsql/etc/pg_service.conf",
+    "/etc/pg_service.conf",
+)
+#: The folders a PostgreSQL server puts its Unix socket in by default (a socket in the
+#: host's /tmp is out of reach already: the sandbox has a /tmp of its own).
+SOCKET_FOLDERS = ("/run/postgresql", "/var/run/postgresql")
+
+
+def without_libpq(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without any of libpq's variables (``LIBPQ_PREFIX``)."""
+    return {k: v for k, v in environ.items() if not k.startswith(LIBPQ_PREFIX)}
+
+
+def store_paths(environ: Mapping[str, str], url: str) -> list[str]:
+    """What a tool must not reach while a worker holds the store's ``url``: each file
+    libpq may read a password, a service or a client key from (``~/.pgpass``,
+    ``PGPASSFILE``, ``PGSERVICEFILE``, ``~/.pg_service.conf`` and the system one,
+    ``~/.postgresql``, ``PGSSLKEY``), and the folders of the server's Unix socket, where
+    a tool of the same user could log in without any password (peer or trust).
+
+    Paths that do not exist are given too: the sandbox skips them."""
+    homes = {environ.get("HOME") or ""}
+    with contextlib.suppress(KeyError):
+        homes.add(pwd.getpwuid(os.getuid()).pw_dir)  # libpq's own guess without HOME
+    paths = [
+        os.path.join(home, name)
+        for home in sorted(homes - {""})
+        for name in (".pgpass", ".pg_service.conf", ".postgresql")
+    ]
+    paths += [environ[n] for n in ("PGPASSFILE", "PGSERVICEFILE", "PGSSLKEY") if environ.get(n)]
+    if folder := environ.get("PGSYSCONFDIR"):
+        paths.append(os.path.join(folder, "pg_service.conf"))
+    paths += SERVICE_FILES
+    hosts = environ.get("PGHOST", "").split(",")
+    with contextlib.suppress(Exception):  # psycopg parses it as libpq does (a store only)
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
+
+        hosts += str(conninfo_to_dict(url).get("host") or "").split(",")
+    sockets = [h for h in hosts if h.startswith("/") and not Path(h).is_relative_to("/tmp")]  # noqa: S108
+    return [os.path.abspath(p) for p in (*paths, *SOCKET_FOLDERS, *sockets)]
 
 
 # -- what this process holds ---------------------------------------------------------------

@@ -48,6 +48,7 @@ from worker.errors import (
     InvalidIdError,
     JournalCorruptError,
     ModelError,
+    NotFoundError,
     StorageError,
     TaskSpecError,
     storage_fault,
@@ -136,6 +137,36 @@ def tool_environment(environ: Mapping[str, str], task_id: str, workspace: str) -
     return env
 
 
+def tool_secret_files(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What the sandbox hides of this worker's secrets: the files they were read from,
+    and with a store everything libpq could log in with (``credentials.store_paths``)."""
+    held = credentials.held()
+    url = held.get(credentials.STORE)
+    return held.files + (tuple(credentials.store_paths(environ, url)) if url else ())
+
+
+class OtherWorkspaces:
+    """The workspace of every other task of ``store`` that names one (``--workspace``, or
+    a shared store's default): what the sandbox hides at each call (DESIGN.md section 5).
+    A spec never changes, so each is read once; after that a call costs a listing of the
+    ids. A spec that cannot be read yet (a task being made) is tried again next call."""
+
+    def __init__(self, store: TaskStore, task_id: str) -> None:
+        self._store = store
+        self._task_id = task_id
+        self._known: dict[str, Path | None] = {task_id: None}
+
+    def __call__(self) -> list[Path]:
+        new = [i for i in self._store.task_ids() if i not in self._known]
+        if new:
+            with self._store.read_all():
+                for task_id in new:
+                    with contextlib.suppress(NotFoundError, TaskSpecError):
+                        folder = self._store.load_spec(task_id).workspace
+                        self._known[task_id] = Path(folder) if folder else None
+        return [path for path in self._known.values() if path is not None]
+
+
 def without_secrets(record: JSON) -> JSON:
     """``record`` as it may be recorded and sent to the model: a result's content (a tool's
     output, a reconcile answer, an operator's) with every secret the worker knows of
@@ -195,8 +226,9 @@ class AgentLoop:
             config.tools.network,
             spool=spool,
             config=config.source,
-            secret_files=credentials.held().files,
+            secret_files=tool_secret_files(os.environ),
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
+            others=OtherWorkspaces(store, self.task_id),
         )
         self.stop_requested = False
         self._interruptible = False

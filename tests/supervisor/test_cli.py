@@ -258,6 +258,64 @@ def test_submitting_a_name_twice_exits_3(agentd: Run) -> None:
     assert_error(agentd("submit", "--prompt", "x", "--name", "twin"), 3, "already exists")
 
 
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("{spool}", ("is the spool",)),
+        ("{spool}/tasks", ("is in the spool",)),
+        ("{spool}/tasks/victim/workspace", ("is in the spool",)),  # another task's
+        ("{spool}/tasks/victim", ("is in the spool",)),
+        ("{spool}/../link", ("is the spool",)),  # a symlink to it
+        ("{spool}/..", ("holds the spool",)),
+    ],
+)
+def test_a_workspace_that_would_expose_the_spool_exits_2(
+    agentd: Run, spool: Spool, where: str, words: tuple[str, ...]
+) -> None:
+    submit(agentd, "--name", "victim")
+    (spool.root.parent / "link").symlink_to(spool.root)
+    workspace = where.format(spool=spool.root)
+    before = tree(spool.root)
+    err = assert_error(
+        agentd("submit", "--prompt", "x", "--name", "t2", "--workspace", workspace), 2, *words
+    )
+    assert str(spool.root) in err and "such as" in err  # names the spool, offers a folder
+    assert tree(spool.root) == before  # nothing written
+    # the task's own default workspace, named, is its own (the one a shared store names)
+    own = spool.task("t3").path / "workspace"
+    assert submit(agentd, "--name", "t3", "--workspace", str(own)) == "t3"
+
+
+def test_submit_workspace_dot_in_the_home_of_the_default_spool_exits_2(tmp_path: Path) -> None:
+    """The README's first example run where it must not be: the home folder, which holds
+    the default spool (~/.local/state/agentd)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "XDG_"))}
+    env.pop("STATE_DIRECTORY", None)
+
+    def submit_in_home(workspace: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "supervisor", "submit", "--prompt", "x"]
+        return subprocess.run(
+            [*argv, "--workspace", workspace],
+            cwd=home,
+            env={**env, "HOME": str(home), "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = submit_in_home(".")
+    spool = home / ".local" / "state" / "agentd"
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and f"holds the spool {spool}" in done.stderr
+    assert f"such as {home}/work" in done.stderr
+    assert not (spool / "tasks").exists() or not list((spool / "tasks").iterdir())
+    (home / "work").mkdir()
+    assert submit_in_home("work").returncode == 0
+
+
 # -- configuration errors: exit 78 --------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from supervisor.record import TaskRecord
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics
-from tests.support import REPO, poll_for, reply, scripted_task, text, tool_use, worker_env
+from tests.support import poll_for, reply, scripted_task, text, tool_use
 from worker.config import Config
 from worker.errors import StorageError
 from worker.spool import Spool
@@ -58,15 +58,7 @@ class Node:
         self.daemon.start(self.env)
 
     def agentd(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.daemon.command(*args),
-            cwd=REPO,
-            env=worker_env(self.env),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return self.daemon.run_cli(*args, env=self.env, timeout=60)
 
     def status(self) -> dict[str, Any]:
         done = self.agentd("status", "--json")
@@ -126,15 +118,7 @@ def test_a_node_spool_without_a_store_works_on_the_cluster_or_says_how(
 
     def agentd(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         # a shell without AGENTD_STORE: only the spool says where its tasks are
-        return subprocess.run(
-            a.daemon.command(*args),
-            cwd=REPO,
-            env=worker_env(env),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return a.daemon.run_cli(*args, env=env, timeout=60)
 
     refused = agentd("status", PGPASSFILE=str(tmp_path / "none"))
     assert refused.returncode == 78, refused

@@ -168,7 +168,15 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     hook = [sys.executable, "-c", RECORD_HOOK, str(out)]
     daemon = Daemon(tmp_path / "d", config_text(extra=hooks_table(on_held=hook)))
     daemons.append(daemon)
-    daemon.start(env={"ANTHROPIC_API_KEY": "sk-ant-api03-hook-canary-0123456789abcdef"})
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text("*:*:*:*:pg-hook-canary\n")
+    daemon.start(
+        env={
+            "ANTHROPIC_API_KEY": "sk-ant-api03-hook-canary-0123456789abcdef",
+            "PGPASSWORD": "pg-hook-canary",
+            "PGPASSFILE": str(pgpass),
+        }
+    )
     row = hold(daemon, "held-1")
 
     def relayed(name: str) -> list[dict[str, Any]]:
@@ -195,6 +203,7 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     assert (seen["env"]["AGENTD_EVENT"], seen["env"]["AGENTD_TASK"]) == ("dangling_held", "held-1")
     assert "ANTHROPIC_API_KEY" not in seen["env"]
     assert "sk-ant-api03-hook-canary" not in json.dumps(seen)
+    assert not [name for name in seen["env"] if name.startswith("PG")]  # the store's neither
     assert all(not line.startswith("<") for line in daemon.log_path.read_text().splitlines())
 
 

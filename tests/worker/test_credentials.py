@@ -122,6 +122,38 @@ def test_the_files_secrets_came_from_travel_with_them(tmp_path: Path) -> None:
     found = credentials.gather({"CREDENTIALS_DIRECTORY": str(creds)})
     assert found.files == (str(creds),)
     assert Credentials.decode(found.encode()) == found
+    (creds / "anthropic_api_key").unlink()  # a credentials folder of other secrets only
+    assert credentials.gather({"CREDENTIALS_DIRECTORY": str(creds)}).files == (str(creds),)
+
+
+def test_with_a_store_every_file_and_socket_folder_libpq_could_log_in_with_is_named() -> None:
+    env = {
+        "HOME": "/home/op",
+        "PGPASSFILE": "/etc/agentd/pgpass",
+        "PGSERVICEFILE": "/srv/pg_service.conf",
+        "PGSYSCONFDIR": "/opt/pg/etc",
+        "PGSSLKEY": "/srv/client.key",
+        "PGHOST": "/var/lib/pgsock,db.example",
+    }
+    paths = credentials.store_paths(env, "postgresql://agentd@/agentd?host=/srv/pgsock")
+    for path in [
+        "/home/op/.pgpass",
+        "/home/op/.pg_service.conf",
+        "/home/op/.postgresql",
+        *(env[n] for n in ("PGPASSFILE", "PGSERVICEFILE", "PGSSLKEY")),
+        "/opt/pg/etc/pg_service.conf",
+        *credentials.SERVICE_FILES,
+        *credentials.SOCKET_FOLDERS,
+        "/var/lib/pgsock",
+        "/srv/pgsock",
+    ]:
+        assert path in paths
+    # a socket in the host's /tmp is out of reach already (the sandbox has its own /tmp)
+    assert "/tmp/pg" not in credentials.store_paths({}, "postgresql://a@/b?host=/tmp/pg")
+    assert credentials.without_libpq({**env, "PATH": "/bin"}) == {
+        "HOME": "/home/op",
+        "PATH": "/bin",
+    }
 
 
 @pytest.mark.parametrize("content", ["", "   \n", "x" * (credentials.MAX_SECRET + 1)])

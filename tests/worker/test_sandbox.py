@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +29,11 @@ from tests.support import (
     tool_use,
     unique_sleep,
 )
+from worker import credentials
+from worker.loop import OtherWorkspaces, tool_environment
 from worker.protocol import ExitCode
 from worker.spool import Spool
+from worker.store.files import FileStore
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext, ToolError
 from worker.tools.sandbox import Sandbox, SandboxMode, mount_options, probe, sandbox_for
@@ -262,3 +268,87 @@ def test_the_probe_runs_once_a_process(tmp_path: Path) -> None:
     for _ in range(3):
         assert sandbox.verdict().startswith("refused: bwrap cannot create its namespaces")
     assert count.read_text() == "x\n"
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A folder outside the host's /tmp, which the sandbox replaces with its own anyway:
+    what is hidden there is hidden by the mounts under test."""
+    folder = Path(tempfile.mkdtemp(prefix="agentd-sandbox-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_with_a_store_what_libpq_could_log_in_with_is_hidden(outside_tmp: Path) -> None:
+    home, elsewhere, sockets, workspace = (outside_tmp / n for n in ("home", "etc", "run", "ws"))
+    for folder in (home, elsewhere, sockets, workspace, home / ".postgresql"):
+        folder.mkdir()
+    secrets = [
+        home / ".pgpass",
+        home / ".pg_service.conf",
+        home / ".postgresql" / "postgresql.key",
+        elsewhere / "pgpass",
+        elsewhere / "pg_service.conf",
+        sockets / ".s.PGSQL.5432.lock",
+    ]
+    for path in secrets:
+        path.write_text(f"*:*:*:agentd:{SECRET}\n")
+    env = {
+        "HOME": str(home),
+        "PGPASSFILE": str(elsewhere / "pgpass"),
+        "PGSERVICEFILE": str(elsewhere / "pg_service.conf"),
+    }
+    url = f"postgresql://agentd@/postgres?host={sockets}"
+    hidden = credentials.store_paths(env, url)
+    command = f"cat {' '.join(map(str, secrets))}; true"
+    bare = sandbox_for(SandboxMode.REQUIRED, True, spool=None, config=None)
+    assert sh(bare, workspace, command).count(SECRET) == len(secrets)  # the control
+    sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=None, config=None, secret_files=hidden)
+    out = sh(sandbox, workspace, command)
+    assert SECRET not in out
+    assert sh(sandbox, workspace, f"ls -a {sockets}").split() == [
+        *("exit", "code", "0", "---", "stdout", "---", ".", ".."),
+        *("---", "stderr", "---"),
+    ]
+    assert sh(sandbox, workspace, "echo ok > x; cat x").startswith(
+        "exit code 0\n--- stdout ---\nok"
+    )
+
+
+def test_no_libpq_variable_reaches_a_tool() -> None:
+    env = {"PATH": "/usr/bin", "HOME": "/root", "PGPASSWORD": SECRET, "PGPASSFILE": "/x"}
+    assert tool_environment(env, "t1", "/w") == {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "AGENTD_TASK": "t1",
+        "AGENTD_WORKSPACE": "/w",
+    }
+
+
+def test_another_tasks_workspace_is_hidden_and_a_shared_one_stays_writable(
+    outside_tmp: Path,
+) -> None:
+    spool = make_spool(outside_tmp)
+    mine, theirs, later = (outside_tmp / n for n in ("mine", "theirs", "later"))
+    for folder in (mine, theirs, later):
+        folder.mkdir()
+        (folder / "secret").write_text(SECRET)
+    done = [reply(text("done"))]
+    scripted_task(spool, done, name="t1", workspace=mine)
+    scripted_task(spool, done, name="t2", workspace=theirs)
+    scripted_task(spool, done, name="t3", workspace=mine)  # shares t1's
+    others = OtherWorkspaces(FileStore(spool.root), "t1")
+    sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None, others=others)
+    command = "cat {0}/secret; echo x > {0}/planted; true"
+    assert SECRET in sh(
+        sandbox_for(SandboxMode.REQUIRED, True, spool=None, config=None),
+        mine,
+        command.format(later),
+    )  # the control: a folder of no task shows
+    out = sh(sandbox, mine, command.format(theirs))
+    assert SECRET not in out and not (theirs / "planted").exists()
+    scripted_task(spool, done, name="t4", workspace=later)  # after the worker started
+    out = sh(sandbox, mine, command.format(later))
+    assert SECRET not in out and not (later / "planted").exists()
+    assert SECRET in sh(sandbox, mine, command.format(mine))  # its own, shared with t3
+    assert (mine / "planted").read_text() == "x\n"

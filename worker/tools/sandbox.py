@@ -12,8 +12,10 @@ A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that
 * ``/proc`` of its own namespace, a minimal ``/dev``, a private ``/tmp``;
 * the root filesystem read-only, and the workspace bind-mounted read-write: the only
   writable place that outlives the call;
-* the spool, the config file (and its folder, when that is a folder of its own) and the
-  API key's file or credentials folder hidden under empty read-only mounts. A workspace
+* the spool, the config file (and its folder, when that is a folder of its own), the
+  API key's file or credentials folder, with a store the files and socket folders libpq
+  could log in with (``worker.credentials.store_paths``), and every other task's
+  workspace (``others``, asked at each call) hidden under empty read-only mounts. A workspace
   inside a hidden folder (the default one, ``SPOOL/tasks/ID/workspace``) is mounted back
   at its own path, and nothing else of that folder is;
 * no capabilities (``--cap-drop ALL``: agentd may run as root), a new session (no
@@ -43,7 +45,7 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -67,14 +69,16 @@ class SandboxRefused(Exception):
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How run_command contains its commands: the ``[tools]`` settings, the paths to hide,
-    and the bwrap to use (a name looked up on ``PATH``, or a path)."""
+    """How run_command contains its commands: the ``[tools]`` settings, the paths to hide
+    (and ``others``: more of them, asked at each call, such as the other tasks'
+    workspaces), and the bwrap to use (a name looked up on ``PATH``, or a path)."""
 
     mode: SandboxMode = SandboxMode.AUTO
     network: bool = True
     hidden: tuple[Path, ...] = ()
     bwrap: str = "bwrap"
     on_verdict: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    others: Callable[[], Iterable[Path]] | None = field(default=None, compare=False, repr=False)
 
     def problem(self) -> str | None:
         """Why bwrap cannot contain a command here (probed once a process), or None."""
@@ -107,7 +111,7 @@ class Sandbox:
         return [
             probe(self.bwrap, self.network).path,
             *namespace_options(self.network),
-            *mount_options(Path(os.path.realpath(workspace)), self.hidden),
+            *mount_options(Path(os.path.realpath(workspace)), self._hidden()),
             "--clearenv",
             *(arg for key, value in inner.items() for arg in ("--setenv", key, value)),
             "--",
@@ -115,6 +119,9 @@ class Sandbox:
             "-c",
             command,
         ]
+
+    def _hidden(self) -> tuple[Path, ...]:
+        return (*self.hidden, *self.others()) if self.others is not None else self.hidden
 
 
 def namespace_options(network: bool) -> list[str]:
@@ -135,8 +142,8 @@ def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
         (_depth(Path(PRIVATE_TMP)), 0, ["--tmpfs", PRIVATE_TMP]),
         (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
     ]
-    paths = _existing(hidden)
-    folders = [path for path in paths if path.is_dir()]
+    paths = [path for path in _existing(hidden) if path != workspace]  # (a shared one)
+    folders = {path for path in paths if path.is_dir()}
     covered: list[str] = []
     for path in paths:
         if _hidden_already(path, folders, workspace):
@@ -159,10 +166,10 @@ def _depth(path: Path) -> int:
     return len(path.parts)
 
 
-def _hidden_already(path: Path, folders: Iterable[Path], workspace: Path) -> bool:
-    """``path`` lies in another hidden folder, and not in the workspace shown through it."""
-    in_workspace = path.is_relative_to(workspace)
-    return any(path != f and path.is_relative_to(f) and not in_workspace for f in folders)
+def _hidden_already(path: Path, folders: Set[Path], workspace: Path) -> bool:
+    """``path`` lies in another hidden folder, and not in the workspace shown through it.
+    (A look-up of each parent: there may be a hidden workspace for each of 1,000 tasks.)"""
+    return not path.is_relative_to(workspace) and any(p in folders for p in path.parents)
 
 
 def _existing(paths: Iterable[Path]) -> list[Path]:
@@ -219,11 +226,13 @@ def sandbox_for(
     config: Path | None,
     secret_files: Sequence[str] = (),
     on_verdict: Callable[[str], None] | None = None,
+    others: Callable[[], Iterable[Path]] | None = None,
 ) -> Sandbox:
     """The sandbox of one worker: what it hides is the spool, the config file and its
     folder (when the folder is one of its own, not ``/`` or a top-level folder such as
     ``/etc``), and the files the secrets were read from (``Credentials.files``: the API
-    key's file, systemd's credentials folder). A store with no spool hides none."""
+    key's file, systemd's credentials folder, libpq's), and what ``others`` gives at each
+    call. A store with no spool hides none."""
     hidden = [spool] if spool is not None else []
     if config is not None:
         hidden.append(config)
@@ -231,4 +240,4 @@ def sandbox_for(
         if _depth(folder) > 2:
             hidden.append(folder)
     hidden += [Path(name) for name in secret_files]
-    return Sandbox(mode, network, tuple(hidden), on_verdict=on_verdict)
+    return Sandbox(mode, network, tuple(hidden), on_verdict=on_verdict, others=others)

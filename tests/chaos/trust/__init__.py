@@ -16,10 +16,13 @@ writes, decisions forged, tasks failed by a neighbour; all must be 0.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import shutil
 import sys
+import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +32,10 @@ from tests.faults.report import Figure, campaign_main
 FAULT = "22 trust"
 
 #: The attack modules, each with ``run(quick: bool, host: Host) -> list[Figure]``.
-ATTACKS: tuple[str, ...] = ()
+ATTACKS: tuple[str, ...] = (
+    "tests.chaos.trust.store_secrets",
+    "tests.chaos.trust.workspaces",
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,18 @@ class Host:
 
 #: bubblewrap as the daemon's own user: the machine as a developer runs it.
 BWRAP = Host("bwrap", Daemon)
+
+
+@contextlib.contextmanager
+def outside_tmp(name: str) -> Iterator[Path]:
+    """A fresh folder for an attack outside the host's /tmp (which the sandbox replaces
+    with its own, so nothing there would need hiding), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=f"agentd-trust-{name}-", dir="/var/tmp"))
+    try:
+        root.chmod(0o755)  # (an unprivileged daemon of an emulated unit walks through it)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def hosts() -> list[Host]:
