@@ -29,7 +29,9 @@ its task in ``backoff`` with reason ``storage_fault: ...`` on the schedule of
 write (records, event lines, ``supervisor.json``) waits in a ``WriteBacklog`` that each
 tick retries; ``storage_fault`` is logged when the first write is refused and
 ``storage_recovered`` when the last kept one is written, and then every task that waits
-on storage is retried at once.
+on storage is retried at once. A worker the machine refuses to start (EAGAIN, ENOMEM:
+another task's tools may hold every process) is a wait too: ``backoff`` with reason
+``resources: ...``, on ``policy.wait_for_resources``' schedule, never ``failed``.
 
 Metrics (``[metrics] listen``, ``supervisor.metrics``): the daemon counts its restart,
 crash-loop and storage-fault decisions where it makes them, folds the histograms its
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -69,7 +72,7 @@ from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
+from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
 from supervisor.status import held_calls, read_heartbeat
@@ -117,6 +120,9 @@ UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
+#: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
+#: waits for the resources to come back (``_resource_wait``), it does not fail.
+RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
@@ -138,6 +144,7 @@ class TaskSlot:
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
+    resource_waits: int = 0  # starts refused for want of processes or memory, in a row
     storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
     owner: Owner | None = None  # on a shared store: this node's claim of the task
 
@@ -787,10 +794,30 @@ class Supervisor:
         try:
             worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
         except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:
+                self._resource_wait(slot, f"cannot start a worker: {exc}")
+                return
             self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
+        slot.resource_waits = 0
         self._started(slot, worker)
+
+    def _resource_wait(self, slot: TaskSlot, why: str) -> None:
+        """The machine refused a worker (no process or memory to spare: another task's
+        tools may hold them all). A wait, as a storage fault is: the task is retried on
+        ``wait_for_resources``' schedule until a start succeeds, and never fails for it."""
+        if self.stopping:
+            self._save(slot, TaskStatus.QUEUED)
+            return
+        slot.resource_waits += 1
+        move = wait_for_resources(slot.resource_waits, self.config.restart, self.rng)
+        slot.due = self.clock() + move.delay
+        self._save(slot, TaskStatus.BACKOFF, reason=f"resources: {why}")
+        if slot.resource_waits == 1:
+            self.emit("resource_wait", slot, level="warning", error=why)
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="resources")
+        asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         self._attach(slot, worker)
