@@ -55,9 +55,10 @@ from typing import Any
 
 import structlog
 
-from supervisor import inbox
+from supervisor import cgroups, inbox
 from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
+from supervisor.cgroups import Cgroups
 from supervisor.control import (
     REQUEUE_REQUEST,
     RETRY_REQUEST,
@@ -219,6 +220,7 @@ class Supervisor:
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
+        self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     # -- events -------------------------------------------------------------------------
 
@@ -410,6 +412,8 @@ class Supervisor:
         await asyncio.sleep(0)
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
         # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
+        self.cgroups = cgroups.delegate()  # before the fork server: it starts in the leaf
+        self.emit("cgroups", verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
@@ -420,6 +424,7 @@ class Supervisor:
             "version": __version__,
             "spool": str(self.spool.root),
             "ready": True,
+            "cgroups": self.cgroups.verdict,
         }
         self.backlog.replace(
             "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
@@ -752,10 +757,20 @@ class Supervisor:
         )
 
     def _env_for(self, slot: TaskSlot) -> dict[str, str]:
-        """The worker's environment: with the claim it runs under, on a shared store."""
-        if slot.owner is None:
-            return self._worker_env
-        return {**self._worker_env, EPOCH_ENV: str(slot.owner.epoch)}
+        """The worker's environment: with the claim it runs under, on a shared store, and
+        the task's cgroup where cgroups are delegated (made now, with the limits)."""
+        env = self._worker_env
+        if slot.owner is not None:
+            env = {**env, EPOCH_ENV: str(slot.owner.epoch)}
+        tools = self.config.tools
+        try:
+            return {
+                **env,
+                **self.cgroups.prepare(slot.task.id, tools.max_processes, tools.max_memory),
+            }
+        except OSError as exc:  # the task runs on, bounded only as the daemon is
+            self.emit("cgroup_failed", slot, level="warning", why=f"{exc}")
+            return env
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
@@ -876,6 +891,7 @@ class Supervisor:
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
+        self.cgroups.release(slot.task.id)
         beat = self._heartbeat(slot) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)

@@ -52,7 +52,7 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, ExitCode
+from worker.protocol import CGROUP_ENV, EPOCH_ENV, LEASE_ENV, NODE_ENV, ExitCode
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None)
     args = parser.parse_args(argv)
     os.umask(0o077)
+    refused = join_cgroup()
     task_dir = args.task_dir.absolute()
     if ".." in task_dir.parts or task_dir.parent.name != "tasks":
         say(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)")
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"agentd worker: {exc}")
         return 2
     output = BoundedOutput.install(task.output)
+    if refused is not None:  # the task runs on, bounded only as the daemon is
+        say(f"agentd worker: {refused}")
     store: TaskStore | None = None
     try:
         store = open_store(task.root)
@@ -254,6 +257,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if output is not None:
             output.close()
+
+
+def join_cgroup() -> str | None:
+    """Move this process into its task's cgroup (``CGROUP_ENV``, set by a daemon whose
+    cgroups are delegated: ``supervisor.cgroups``) before it starts anything. None when
+    it did or none is named, else why not."""
+    path = os.environ.pop(CGROUP_ENV, None)
+    if not path:
+        return None
+    try:
+        Path(path, "cgroup.procs").write_text("0")
+    except OSError as exc:
+        return f"cannot join the task's cgroup {path}: {exc.strerror}"
+    return None
 
 
 def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:

@@ -47,6 +47,9 @@ VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERRO
 NODE_ENV = "AGENTD_NODE"
 LEASE_ENV = "AGENTD_LEASE"
 EPOCH_ENV = "AGENTD_EPOCH"
+#: Where cgroups are delegated: the task's cgroup, which its worker joins first thing
+#: (``supervisor.cgroups``); tools never see it (their environment is an allowlist).
+CGROUP_ENV = "AGENTD_CGROUP"
 
 
 class TaskStatus(StrEnum):
