@@ -95,13 +95,9 @@ def pids_cgroup(name: str) -> Iterator[PidsCgroup]:
                 time.sleep(0.05)
 
 
-class DaemonIn(Daemon):
-    """A ``tests.daemon.Daemon`` whose processes all run in ``cgroup``: the daemon, its
-    fork server, its workers and their tools."""
-
-    def __init__(self, root: Path, config: str, cgroup: PidsCgroup) -> None:
-        super().__init__(root, config)
-        self.cgroup = cgroup
-
-    def command(self, *args: str) -> list[str]:
-        return self.cgroup.wrap(super().command(*args))
+def confine(daemon: Daemon, cgroup: PidsCgroup) -> Daemon:
+    """``daemon`` (a ``tests.daemon.Daemon`` of any host) with every process it starts in
+    ``cgroup``: the daemon, its fork server, its workers and their tools."""
+    command = daemon.command
+    daemon.command = lambda *args: cgroup.wrap(command(*args))  # type: ignore[method-assign]
+    return daemon

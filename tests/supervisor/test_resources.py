@@ -16,9 +16,9 @@ import pytest
 from supervisor.cgroups import CGROUP_FS, delegate, own_cgroup
 from supervisor.control import supervisor_info
 from tests.daemon import Daemon, subreaper
-from tests.pids import DaemonIn, PidsCgroup, PidsRefused, pids_cgroup
+from tests.pids import PidsCgroup, PidsRefused, confine, pids_cgroup
 from tests.supervisor.test_daemon import config_text, steps
-from tests.support import reply, text, tool_use
+from tests.support import poll_for, reply, text, tool_use
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +41,7 @@ def cgroup(request: pytest.FixtureRequest) -> Iterator[PidsCgroup]:
 
 
 def test_a_refused_fork_is_a_wait_not_a_failure(tmp_path: Path, cgroup: PidsCgroup) -> None:
-    daemon = DaemonIn(tmp_path / "d", config_text(), cgroup)
+    daemon = confine(Daemon(tmp_path / "d", config_text()), cgroup)
     try:
         daemon.start()
         cgroup.limit(cgroup.current())  # from now on every fork in the daemon's tree fails
@@ -49,8 +49,8 @@ def test_a_refused_fork_is_a_wait_not_a_failure(tmp_path: Path, cgroup: PidsCgro
         row = daemon.wait_row(task_id, lambda r: r["state"] != "queued", what="a verdict")
         assert row["state"] == "backoff", row
         assert row["reason"].startswith("resources: cannot start a worker: [Errno 11]"), row
-        waited = daemon.events(task_id, "resource_wait")
-        assert len(waited) == 1 and waited[0]["level"] == "warning"
+        waited = poll_for(lambda: daemon.events(task_id, "resource_wait"), 10.0, what="the event")
+        assert waited[0]["level"] == "warning"
         cgroup.limit(None)  # the flood is over
         row = daemon.wait_state(task_id, "done", "failed", timeout=30)
         assert row["state"] == "done", row
