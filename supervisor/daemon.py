@@ -815,13 +815,13 @@ class Supervisor:
             self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
-        slot.resource_waits = 0
         self._started(slot, worker)
 
     def _resource_wait(self, slot: TaskSlot, why: str) -> None:
-        """The machine refused a worker (no process or memory to spare: another task's
-        tools may hold them all). A wait, as a storage fault is: the task is retried on
-        ``wait_for_resources``' schedule until a start succeeds, and never fails for it."""
+        """The machine refused a worker a process (the fork) or, once started, a thread or
+        memory (its exit 8): another task's tools may hold them all. A wait, as a storage
+        fault is: nothing goes into the crash history, and the task is retried on
+        ``wait_for_resources``' schedule until a worker gets what it needs."""
         if self.stopping:
             self._save(slot, TaskStatus.QUEUED)
             return
@@ -951,6 +951,8 @@ class Supervisor:
         slot.record.pid = None
         if code != ExitCode.STORAGE:
             slot.storage_waits = 0
+        if code != ExitCode.RESOURCES:
+            slot.resource_waits = 0
         if worker.kill_reason == "cancel":
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
                 self.emit("task_cancelled", slot)
@@ -974,6 +976,9 @@ class Supervisor:
             self._save(slot, TaskStatus.QUEUED)
         elif code == ExitCode.STORAGE:
             self._storage_wait(slot, worker)
+        elif code == ExitCode.RESOURCES:
+            why = self._exit_reason(slot, worker.pid) or "the worker got no process or memory"
+            self._resource_wait(slot, why)
         else:
             self._crashed(slot, worker, code, turn)
 

@@ -38,6 +38,7 @@ from worker.errors import (
     LockBusyError,
     StorageError,
     TaskSpecError,
+    resource_fault,
     storage_fault,
 )
 from worker.events import record_event
@@ -249,11 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = open_store(task.root)
         return run(store, task, args.config, output)
-    except (AgentdError, OSError) as exc:  # whatever raised it, a storage fault is a wait
+    except (AgentdError, OSError, RuntimeError, MemoryError) as exc:
+        # whatever raised it, a storage fault is a wait, and so is a machine out of
+        # processes or memory (a neighbour's tools may hold them all)
         fault = storage_fault(exc)
-        if fault is None:
+        if fault is not None:
+            return stopped_by_storage(store, task.id, fault)
+        short = resource_fault(exc)
+        if short is None:
             raise
-        return stopped_by_storage(store, task.id, fault)
+        return stopped_for_resources(store, task.id, short)
     finally:
         if output is not None:
             output.close()
@@ -307,6 +313,16 @@ def stopped_by_storage(store: TaskStore | None, task_id: str, fault: StorageErro
         write_exit(store, task_id, Outcome("stopped", str(fault), ExitCode.STORAGE))
     say(f"agentd worker: task {task_id} stopped: {fault}")
     return ExitCode.STORAGE
+
+
+def stopped_for_resources(store: TaskStore | None, task_id: str, why: str) -> int:
+    """The worker's last words when the machine refused it a process, a thread or memory
+    (best effort, as on a storage fault)."""
+    if store is not None:
+        with contextlib.suppress(Exception):  # (its own write may be refused as well)
+            write_exit(store, task_id, Outcome("stopped", why, ExitCode.RESOURCES))
+    say(f"agentd worker: task {task_id} stopped: {why}")
+    return ExitCode.RESOURCES
 
 
 def storage_exit(

@@ -33,6 +33,7 @@ class ExitCode(IntEnum):
     STOPPED = 5
     LOCKED = 6
     STORAGE = 7  # a storage fault: a wait, never counted as a crash
+    RESOURCES = 8  # no process, thread or memory to be had: a wait, never counted as a crash
     CONFIG = 78
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from supervisor.control import supervisor_info
 from tests.daemon import Daemon, subreaper
 from tests.pids import PidsCgroup, PidsRefused, confine, pids_cgroup
 from tests.supervisor.test_daemon import config_text, steps
-from tests.support import poll_for, reply, text, tool_use
+from tests.support import make_spool, poll_for, reply, scripted_task, text, tool_use, worker_env
+from worker.protocol import ExitCode
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -125,3 +128,30 @@ def test_a_tasks_tools_run_in_its_own_bounded_cgroup(tmp_path: Path) -> None:
         assert "fork" in (workspace / "flood.txt").read_text()  # 100 sleeps were refused
     finally:
         daemon.cleanup()
+
+
+def test_a_worker_that_gets_no_thread_stops_for_resources(
+    tmp_path: Path, cgroup: PidsCgroup
+) -> None:
+    # started by the daemon's rules (its output on worker.log), in a cgroup with no room
+    # for one more thread: its output copy and its heartbeat cannot start
+    spool = make_spool(tmp_path)
+    task = scripted_task(spool, steps(2), name="threadless")
+    argv = [sys.executable, "-m", "worker", str(task.path)]
+    with open(task.output, "ab") as out:
+        proc = subprocess.Popen(
+            cgroup.wrap(["/bin/sh", "-c", 'read go && exec "$@"', "sh", *argv]),
+            env=worker_env(),
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=out,
+        )
+    assert proc.stdin is not None
+    poll_for(lambda: cgroup.current() >= 1, 10.0, what="the worker's shell")
+    cgroup.limit(cgroup.current())
+    proc.stdin.write(b"\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == ExitCode.RESOURCES
+    assert "stopped: no thread to be had" in task.output.read_text()
+    last_words = json.loads(task.exit.read_text())
+    assert last_words["code"] == ExitCode.RESOURCES
