@@ -29,7 +29,10 @@ from tests.faults.report import Figure, campaign_main
 FAULT = "22 trust"
 
 #: The attack modules, each with ``run(quick: bool, host: Host) -> list[Figure]``.
-ATTACKS = ()
+ATTACKS = (
+    "tests.chaos.trust.fork_flood",
+    "tests.chaos.trust.output_flood",
+)
 
 
 @dataclass(frozen=True)
