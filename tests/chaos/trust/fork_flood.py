@@ -51,13 +51,15 @@ def say(message: str) -> None:
     print(f"fork_flood: {message}", file=sys.stderr, flush=True)
 
 
-def config_text() -> str:
+def config_text(tools: str = f"max_processes = {TASK_LIMIT}") -> str:
+    """A daemon's config for a trust attack: fast heartbeats and retries, ``tools`` the
+    body of its ``[tools]`` table."""
     return (
         "max_workers = 32\n"
         "[heartbeat]\ninterval = 0.2\ntimeout = 10.0\n"
         "[deadlines]\nmodel_call = 120\ntool_call = 120\n"
         "[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\nstop_grace = 2.0\n"
-        f"[tools]\nmax_processes = {TASK_LIMIT}\n"
+        f"[tools]\n{tools}\n"
     )
 
 

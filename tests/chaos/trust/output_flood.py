@@ -15,9 +15,10 @@ call. It runs under the host's sandbox and bare (``sandbox = "off"``, where the
 background process really outlives the shell: under bwrap it dies with the call).
 
 Figures, per setting and host: the temp folder's growth (at most ``GROWTH_MB``), the calls
-held past the shell's exit (a result that timed out, or lacks the command's last line:
-0), and the call's seconds. Control: the old spooling (``spooled``, the code as it was)
-runs the same flood in the same temp folder, which must grow by ``CONTROL_MB`` or more.
+held past the shell's exit or missing the output's end (a result that timed out, or lacks
+the command's last line, which only the kept tail has: 0), and the task's seconds.
+Control: the old spooling (``spooled``, the code as it was) runs the same flood in the
+same temp folder, which must grow by ``CONTROL_MB`` or more.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.chaos.trust import FAULT, Host
+from tests.chaos.trust.fork_flood import config_text
 from tests.daemon import subreaper
 from tests.faults.report import Figure
 from tests.mounts import tmpfs
@@ -49,16 +51,6 @@ SETTINGS = {"sandbox": 'sandbox = "auto"', "bare": 'sandbox = "off"'}
 
 def say(message: str) -> None:
     print(f"output_flood: {message}", file=sys.stderr, flush=True)
-
-
-def config_text(tools: str) -> str:
-    return (
-        "max_workers = 4\n"
-        "[heartbeat]\ninterval = 0.2\ntimeout = 10.0\n"
-        "[deadlines]\nmodel_call = 120\ntool_call = 120\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\nstop_grace = 2.0\n"
-        f"[tools]\n{tools}\n"
-    )
 
 
 def flood_command(size: str) -> str:
@@ -155,7 +147,7 @@ def run(quick: bool, host: Host) -> list[Figure]:
                     ),
                     Figure(
                         FAULT,
-                        f"output flood: calls held past the shell's exit, {setting} {at}",
+                        f"output flood: calls held or missing the output's end, {setting} {at}",
                         int(found["held"]),
                         found["held"] > 0,
                     ),
