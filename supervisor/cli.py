@@ -364,6 +364,7 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
         "running": pid is not None,
         "pid": pid,
         "started_at": info.get("started_at") if pid else None,
+        "cgroups": info.get("cgroups") if pid else None,
         "version": __version__,
         "spool": str(spool.root),
         "node": info.get("node") if pid else None,

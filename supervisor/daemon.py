@@ -29,7 +29,9 @@ its task in ``backoff`` with reason ``storage_fault: ...`` on the schedule of
 write (records, event lines, ``supervisor.json``) waits in a ``WriteBacklog`` that each
 tick retries; ``storage_fault`` is logged when the first write is refused and
 ``storage_recovered`` when the last kept one is written, and then every task that waits
-on storage is retried at once.
+on storage is retried at once. A worker the machine refuses to start (EAGAIN, ENOMEM:
+another task's tools may hold every process) is a wait too: ``backoff`` with reason
+``resources: ...``, on ``policy.wait_for_resources``' schedule, never ``failed``.
 
 Metrics (``[metrics] listen``, ``supervisor.metrics``): the daemon counts its restart,
 crash-loop and storage-fault decisions where it makes them, folds the histograms its
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -52,9 +55,10 @@ from typing import Any
 
 import structlog
 
-from supervisor import inbox
+from supervisor import cgroups, inbox
 from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
+from supervisor.cgroups import Cgroups
 from supervisor.control import (
     REQUEUE_REQUEST,
     RETRY_REQUEST,
@@ -69,7 +73,7 @@ from supervisor.liveness import Alive, Beat, Hung, Limits, judge
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.policy import Crash, GiveUp, decide, wait_for_storage
+from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, EventRelay
 from supervisor.status import held_calls, load_state, read_heartbeat
@@ -118,6 +122,9 @@ UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
 TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
+#: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
+#: waits for the resources to come back (``_resource_wait``), it does not fail.
+RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
@@ -139,6 +146,7 @@ class TaskSlot:
     waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
     paused: bool = False  # an operator command holds the task for a moment (rewind)
     starting: bool = False  # a worker was asked of the fork server; its pid is to come
+    resource_waits: int = 0  # starts refused for want of processes or memory, in a row
     storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
     owner: Owner | None = None  # on a shared store: this node's claim of the task
 
@@ -214,6 +222,7 @@ class Supervisor:
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
+        self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     # -- events -------------------------------------------------------------------------
 
@@ -408,6 +417,8 @@ class Supervisor:
         await asyncio.sleep(0)
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
         # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
+        self.cgroups = cgroups.delegate()  # before the fork server: it starts in the leaf
+        self.emit("cgroups", verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.rescan()
@@ -418,6 +429,7 @@ class Supervisor:
             "spool": str(self.spool.root),
             "node": self.shared.node if self.shared is not None else node_name(),
             "ready": True,
+            "cgroups": self.cgroups.verdict,
         }
         self._publish_info()
         self.notifier.ready()
@@ -792,13 +804,23 @@ class Supervisor:
         )
 
     def _env_for(self, slot: TaskSlot) -> dict[str, str]:
-        """The worker's environment: with the claim it runs under, on a shared store."""
+        """The worker's environment: with the claim it runs under, on a shared store, the
+        operator's retries, and the task's cgroup where cgroups are delegated (made now,
+        with the limits)."""
         env = self._worker_env
         if slot.record.retries:
             env = {**env, RETRIES_ENV: str(slot.record.retries)}
-        if slot.owner is None:
+        if slot.owner is not None:
+            env = {**env, EPOCH_ENV: str(slot.owner.epoch)}
+        tools = self.config.tools
+        try:
+            return {
+                **env,
+                **self.cgroups.prepare(slot.task.id, tools.max_processes, tools.max_memory),
+            }
+        except OSError as exc:  # the task runs on, bounded only as the daemon is
+            self.emit("cgroup_failed", slot, level="warning", why=f"{exc}")
             return env
-        return {**env, EPOCH_ENV: str(slot.owner.epoch)}
 
     def _start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
@@ -837,10 +859,30 @@ class Supervisor:
         try:
             worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
         except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:
+                self._resource_wait(slot, f"cannot start a worker: {exc}")
+                return
             self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
         self._started(slot, worker)
+
+    def _resource_wait(self, slot: TaskSlot, why: str) -> None:
+        """The machine refused a worker a process (the fork) or, once started, a thread or
+        memory (its exit 8): another task's tools may hold them all. A wait, as a storage
+        fault is: nothing goes into the crash history, and the task is retried on
+        ``wait_for_resources``' schedule until a worker gets what it needs."""
+        if self.stopping:
+            self._save(slot, TaskStatus.QUEUED)
+            return
+        slot.resource_waits += 1
+        move = wait_for_resources(slot.resource_waits, self.config.restart, self.rng)
+        slot.due = self.clock() + move.delay
+        self._save(slot, TaskStatus.BACKOFF, reason=f"resources: {why}")
+        if slot.resource_waits == 1:
+            self.emit("resource_wait", slot, level="warning", error=why)
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="resources")
+        asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         self._attach(slot, worker)
@@ -899,6 +941,7 @@ class Supervisor:
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
         self._sweep_strays()  # nor what its tools started outside its group
+        self.cgroups.release(slot.task.id)
         beat = self._heartbeat(slot) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
             self.metrics.fold(slot.task.id, beat)
@@ -974,6 +1017,8 @@ class Supervisor:
         slot.record.pid = None
         if code != ExitCode.STORAGE:
             slot.storage_waits = 0
+        if code != ExitCode.RESOURCES:
+            slot.resource_waits = 0
         if worker.kill_reason == "cancel":
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
                 self.emit("task_cancelled", slot)
@@ -997,6 +1042,9 @@ class Supervisor:
             self._save(slot, TaskStatus.QUEUED)
         elif code == ExitCode.STORAGE:
             self._storage_wait(slot, worker)
+        elif code == ExitCode.RESOURCES:
+            why = self._exit_reason(slot, worker.pid) or "the worker got no process or memory"
+            self._resource_wait(slot, why)
         else:
             self._crashed(slot, worker, code, turn)
 

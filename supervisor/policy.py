@@ -17,6 +17,11 @@ The task waits in ``backoff`` and is retried ``STORAGE_BACKOFF`` seconds after t
 fault of a run, doubling to ``backoff_max``, with the same jitter: a disk that fills is
 polled closely at first and gently later, and it is never given up on (the daemon also
 retries at once when its own writes succeed again).
+
+A worker that cannot be started for want of resources (``fork`` refused with EAGAIN or
+ENOMEM: a process flood, the memory full) is the same kind of wait, on the same
+schedule: ``wait_for_resources``. Another task's tools may have used them up; the task
+that could not start is none the worse for it, and must not end ``failed``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,14 @@ def wait_for_storage(
     """The delay before retrying a task whose worker met a storage fault ``waits`` times
     in a row (the first fault of a run is 1): never a GiveUp, whatever the count."""
     return _backoff(STORAGE_BACKOFF, max(1, waits), policy, rng)
+
+
+def wait_for_resources(
+    waits: int, policy: RestartConfig, rng: random.Random | None = None
+) -> Restart:
+    """The delay before retrying a start refused for want of resources ``waits`` times in
+    a row: never a GiveUp."""
+    return wait_for_storage(waits, policy, rng)
 
 
 def _backoff(

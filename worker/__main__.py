@@ -38,6 +38,7 @@ from worker.errors import (
     LockBusyError,
     StorageError,
     TaskSpecError,
+    resource_fault,
     storage_fault,
 )
 from worker.events import record_event
@@ -52,7 +53,7 @@ from worker.loop import (
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
+from worker.protocol import CGROUP_ENV, EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None)
     args = parser.parse_args(argv)
     os.umask(0o077)
+    refused = join_cgroup()
     task_dir = args.task_dir.absolute()
     if ".." in task_dir.parts or task_dir.parent.name != "tasks":
         say(f"agentd worker: {task_dir} is not a task folder (SPOOL/tasks/ID)")
@@ -245,18 +247,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     proctitle.worker(task.id, task.root)
     output = BoundedOutput.install(task.output)
+    if refused is not None:  # the task runs on, bounded only as the daemon is
+        say(f"agentd worker: {refused}")
     store: TaskStore | None = None
     try:
         store = open_store(task.root)
         return run(store, task, args.config, output)
-    except (AgentdError, OSError) as exc:  # whatever raised it, a storage fault is a wait
+    except (AgentdError, OSError, RuntimeError, MemoryError) as exc:
+        # whatever raised it, a storage fault is a wait, and so is a machine out of
+        # processes or memory (a neighbour's tools may hold them all)
         fault = storage_fault(exc)
-        if fault is None:
+        if fault is not None:
+            return stopped_by_storage(store, task.id, fault)
+        short = resource_fault(exc)
+        if short is None:
             raise
-        return stopped_by_storage(store, task.id, fault)
+        return stopped_for_resources(store, task.id, short)
     finally:
         if output is not None:
             output.close()
+
+
+def join_cgroup() -> str | None:
+    """Move this process into its task's cgroup (``CGROUP_ENV``, set by a daemon whose
+    cgroups are delegated: ``supervisor.cgroups``) before it starts anything. None when
+    it did or none is named, else why not."""
+    path = os.environ.pop(CGROUP_ENV, None)
+    if not path:
+        return None
+    try:
+        Path(path, "cgroup.procs").write_text("0")
+    except OSError as exc:
+        return f"cannot join the task's cgroup {path}: {exc.strerror}"
+    return None
 
 
 def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:
@@ -293,6 +316,16 @@ def stopped_by_storage(store: TaskStore | None, task_id: str, fault: StorageErro
         write_exit(store, task_id, Outcome("stopped", str(fault), ExitCode.STORAGE))
     say(f"agentd worker: task {task_id} stopped: {fault}")
     return ExitCode.STORAGE
+
+
+def stopped_for_resources(store: TaskStore | None, task_id: str, why: str) -> int:
+    """The worker's last words when the machine refused it a process, a thread or memory
+    (best effort, as on a storage fault)."""
+    if store is not None:
+        with contextlib.suppress(Exception):  # (its own write may be refused as well)
+            write_exit(store, task_id, Outcome("stopped", why, ExitCode.RESOURCES))
+    say(f"agentd worker: task {task_id} stopped: {why}")
+    return ExitCode.RESOURCES
 
 
 def storage_exit(

@@ -83,7 +83,18 @@ class ToolsConfig:
     modules: tuple[str, ...] = ()
     sandbox: SandboxMode = SandboxMode.AUTO
     network: bool = True
+    max_processes: int = 512  # a task's processes and threads at once (its cgroup's pids.max)
+    max_memory: int = 2 * 1024**3  # bytes a task's processes may use (its cgroup's memory.max)
     policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+#: The least ``[tools] max_processes`` and ``max_memory`` may be: a worker itself runs in
+#: its task's cgroup, with its threads and its interpreter.
+MIN_PROCESSES = 16
+MIN_MEMORY = 256 * 1024**2
+#: The suffixes of a size in ``[tools] max_memory``: powers of 1024.
+SIZE_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+SIZE = re.compile(r"([0-9]+)([KMGT])")
 
 
 @dataclass(frozen=True)
@@ -314,6 +325,8 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         modules=_modules(t),
         sandbox=SandboxMode(t.choice("sandbox", [m.value for m in SandboxMode])),
         network=t.flag("network"),
+        max_processes=_max_processes(t),
+        max_memory=_max_memory(t),
         policy=_policy(t.table("policy", known_keys=False)),
     )
 
@@ -495,6 +508,41 @@ def _modules(tools: _Table) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _max_processes(tools: _Table) -> int:
+    value = tools.value("max_processes")
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_PROCESSES:
+        tools.fail(
+            "max_processes",
+            f"must be a whole number of at least {MIN_PROCESSES} (a task's processes and "
+            f"threads at once, its worker's included), got {_show(value)}",
+        )
+    return value
+
+
+def _max_memory(tools: _Table) -> int:
+    value = tools.value("max_memory")
+    size = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (found := SIZE.fullmatch(value.strip().upper())):
+        size = int(found[1]) * SIZE_UNITS[found[2]]
+    if size is None or size < MIN_MEMORY:
+        tools.fail(
+            "max_memory",
+            f'must be a number of bytes or a size such as "2G" (K, M, G, T: powers of '
+            f"1024), of at least {size_text(MIN_MEMORY)}, got {_show(value)}",
+        )
+    return size
+
+
+def size_text(size: int) -> str:
+    """A number of bytes as ``max_memory`` may say it: "2G", "768M" (or the bytes)."""
+    for unit, factor in reversed(SIZE_UNITS.items()):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
 def _argv(hooks: _Table, key: str) -> tuple[str, ...]:
     """A command as an argv list (no shell: run ``["sh", "-c", "..."]`` for one)."""
     value = hooks.value(key)
@@ -630,6 +678,8 @@ def config_document(config: Config) -> dict[str, Any]:
         "modules": list(config.tools.modules),
         "sandbox": config.tools.sandbox.value,
         "network": config.tools.network,
+        "max_processes": config.tools.max_processes,
+        "max_memory": size_text(config.tools.max_memory),
         "policy": dict(config.tools.policy),
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
@@ -708,6 +758,15 @@ shown in `agentd status`) when bwrap is missing or cannot create namespaces; "of
 never uses it.""",
     "tools.network": """\
 false: run_command gets a network namespace of its own, loopback only (under bwrap).""",
+    "tools.max_processes": """\
+Where the daemon can delegate cgroups v2 (`agentd status`: "cgroups: delegated"), each
+task's worker and every process its tools start run in a cgroup of the task's own: at
+most this many processes and threads at once (pids.max), so a fork bomb in one task
+cannot starve the others. Without cgroups, a worker the machine cannot start waits in
+`backoff` (reason "resources: ...") and the task never fails for it.""",
+    "tools.max_memory": """\
+The memory the task's cgroup may use (memory.max), in bytes or as "512M", "2G"; past it
+the kernel reclaims, then kills a process of that task only.""",
     "tools.policy": """\
 What a dangling call of a tool (started, never recorded as finished) gets on resume:
 "rerun" runs it again, "hold" waits for an operator (`agentd dangling`,

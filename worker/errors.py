@@ -52,6 +52,9 @@ def quoted(value: str, limit: int = QUOTED_LIMIT) -> str:
 #: The errnos of a disk that is full, failing or read-only: faults that clear by themselves
 #: or by an operator's hand (space freed, a disk remounted), never the task's fault.
 STORAGE_ERRNOS = frozenset({errnos.ENOSPC, errnos.EDQUOT, errnos.EIO, errnos.EROFS})
+#: What a fork or a thread meets when the machine (or the task's cgroup) has no process
+#: or memory left: another task's tools may hold them all.
+RESOURCE_ERRNOS = frozenset({errnos.EAGAIN, errnos.ENOMEM})
 
 
 class AgentdError(Exception):
@@ -154,6 +157,23 @@ class RetryableModelError(ModelError):
 class ContextTooLongError(ModelError):
     """The API refused the prompt as longer than the model's context window: the loop
     compacts the transcript once and retries (docs/design.md section 4)."""
+
+
+def resource_fault(exc: BaseException) -> str | None:
+    """Why ``exc`` (itself, or what caused it) is the machine refusing a process, a thread
+    or memory, in one line; None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in RESOURCE_ERRNOS:
+            return f"no process or memory to be had ({current})"
+        if isinstance(current, RuntimeError) and "can't start new thread" in str(current):
+            return "no thread to be had (the machine's processes are used up)"
+        if isinstance(current, MemoryError):
+            return "no memory to be had"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def storage_fault(exc: BaseException) -> StorageError | None:

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,8 @@ def _become_worker(request: dict[str, Any]) -> None:
     code = 1
     try:
         code = main(args)
+    except BaseException:  # said in worker.log: the os._exit below would swallow it
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -46,11 +46,16 @@ class BoundedOutput:
         self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self.size = os.fstat(self._fd).st_size
         self._read, write = os.pipe()  # both close-on-exec; fds 1 and 2 are inheritable
+        self._thread = threading.Thread(target=self._copy, name="output", daemon=True)
+        try:  # the copy runs before the descriptors move: no thread, nothing moved
+            self._thread.start()
+        except RuntimeError:  # (no thread to be had: the worker says so on the file)
+            for fd in (self._read, write, self._fd):
+                os.close(fd)
+            raise
         os.dup2(write, 1)
         os.dup2(write, 2)
         os.close(write)
-        self._thread = threading.Thread(target=self._copy, name="output", daemon=True)
-        self._thread.start()
 
     @classmethod
     def install(cls, path: Path, limit: int = OUTPUT_LIMIT) -> BoundedOutput | None:
@@ -66,6 +71,8 @@ class BoundedOutput:
             return cls(path, limit)
         except OSError:  # the file cannot be opened again (a read-only spool): leave it be
             return None
+        except RuntimeError:  # no thread to be had: left unbounded, and the worker, which
+            return None  # needs more threads, stops for want of resources (exit 8)
 
     def _copy(self) -> None:
         while data := os.read(self._read, _CHUNK):

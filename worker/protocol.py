@@ -33,6 +33,7 @@ class ExitCode(IntEnum):
     STOPPED = 5
     LOCKED = 6
     STORAGE = 7  # a storage fault: a wait, never counted as a crash
+    RESOURCES = 8  # no process, thread or memory to be had: a wait, never counted as a crash
     CONFIG = 78
 
 
@@ -50,6 +51,9 @@ EPOCH_ENV = "AGENTD_EPOCH"
 #: How many times an operator retried the task (``agentd retry``): a worker whose journal
 #: ended ``failed`` reopens it (a ``retry`` record) when fewer retries are recorded there.
 RETRIES_ENV = "AGENTD_RETRIES"
+#: Where cgroups are delegated: the task's cgroup, which its worker joins first thing
+#: (``supervisor.cgroups``); tools never see it (their environment is an allowlist).
+CGROUP_ENV = "AGENTD_CGROUP"
 
 
 class TaskStatus(StrEnum):

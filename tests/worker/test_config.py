@@ -344,6 +344,38 @@ def test_the_network_is_true_or_false(tmp_path: Path, bad: str) -> None:
     assert "tools.network must be true or false, got " in _error(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "processes", "memory"),
+    [
+        ("", 512, 2 * 1024**3),
+        ('max_processes = 64\nmax_memory = "512M"', 64, 512 * 1024**2),
+        ('max_memory = "3g"', 512, 3 * 1024**3),
+        ("max_memory = 1073741824", 512, 1024**3),
+    ],
+)
+def test_a_task_has_a_process_and_a_memory_bound(
+    tmp_path: Path, text: str, processes: int, memory: int
+) -> None:
+    tools = load_config(_write(tmp_path, f"[tools]\n{text}\n"), environ={}).tools
+    assert (tools.max_processes, tools.max_memory) == (processes, memory)
+
+
+@pytest.mark.parametrize("bad", ["0", "15", '"512"', "true", "1.5"])
+def test_max_processes_is_a_whole_number_of_at_least_16(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[tools]\nmax_processes = {bad}\n")
+    assert "tools.max_processes must be a whole number of at least 16 (" in _error(path)
+
+
+@pytest.mark.parametrize("bad", ['"2 GB"', '"lots"', '"128M"', "1024", "true", "2.5", '"-1G"'])
+def test_max_memory_is_bytes_or_a_size(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[tools]\nmax_memory = {bad}\n")
+    message = _error(path)
+    assert (
+        'tools.max_memory must be a number of bytes or a size such as "2G" (K, M, G, T: ' in message
+    )
+    assert "of at least 256M, got " in message
+
+
 def test_a_tool_policy_names_a_possible_tool(tmp_path: Path) -> None:
     message = _error(_write(tmp_path, '[tools.policy]\n"run command" = "hold"\n'))
 

@@ -36,7 +36,14 @@ from worker.spool import Spool
 from worker.store.files import FileStore
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext, ToolError
-from worker.tools.sandbox import Sandbox, SandboxMode, mount_options, probe, sandbox_for
+from worker.tools.sandbox import (
+    PRIVATE_TMP_SIZE,
+    Sandbox,
+    SandboxMode,
+    mount_options,
+    probe,
+    sandbox_for,
+)
 
 # Skipped on a developer machine without a working bwrap; never in CI (.ci/run installs it),
 # where these tests then fail instead.
@@ -116,6 +123,13 @@ def test_tmp_is_private_to_the_call(spool: Spool, config: Path, tmp_path: Path) 
     out = sh(sandboxed(spool, config), workspace, f"echo x > /tmp/{name} && ls /tmp")
     assert out.startswith("exit code 0\n") and name in out
     assert not (Path("/tmp") / name).exists()  # the host's /tmp
+
+
+def test_tmp_has_a_size(spool: Spool, config: Path) -> None:
+    workspace = spool.tasks_dir / "t1" / "workspace"
+    out = sh(sandboxed(spool, config), workspace, "stat -f -c '%b %S' /tmp")
+    blocks, block_size = out.split("--- stdout ---\n")[1].split()[:2]
+    assert int(blocks) * int(block_size) == PRIVATE_TMP_SIZE
 
 
 def test_proc_shows_only_the_sandbox_processes(spool: Spool, config: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.mounts import tmpfs
 from tests.support import (
     journal_records,
     kill_processes_with,
@@ -320,6 +322,40 @@ def test_run_command_output_is_clipped(workspace: Path, sandbox: Sandbox) -> Non
     out = run(run_command, workspace, sandbox, command=command)
     assert "[... 100 more bytes]" in out
     assert out.count("a") >= MAX_OUTPUT
+
+
+def test_run_command_keeps_the_head_and_the_tail(workspace: Path, sandbox: Sandbox) -> None:
+    out = run(run_command, workspace, sandbox, command="seq 1 100000")
+    stdout = out.split("--- stdout ---\n")[1].split("\n--- stderr ---")[0]
+    assert stdout.startswith("1\n2\n3\n")
+    assert stdout.endswith("99999\n100000\n")
+    size = len("".join(f"{n}\n" for n in range(1, 100001)))
+    assert f"\n[... {size - MAX_OUTPUT} more bytes]\n" in stdout
+
+
+def test_run_command_output_touches_no_disk(
+    tmp_path: Path, workspace: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a temp folder of 4 MiB: a spool of the output there would stop the command at 4 MiB
+    small = tmp_path / "small-tmp"
+    with tmpfs(small, 4):
+        monkeypatch.setattr(tempfile, "tempdir", str(small))
+        out = run(run_command, workspace, sandbox, command="head -c 256M /dev/zero")
+    assert out.startswith("exit code 0\n")
+    assert f"[... {256 * 2**20 - MAX_OUTPUT} more bytes]" in out
+
+
+def test_run_command_returns_when_the_shell_exits(workspace: Path, sandbox: Sandbox) -> None:
+    # a background process holds both pipes open and writes on: the shell's exit ends it
+    marker = unique_sleep()
+    command = f"(while :; do echo more; sleep 0.01; done & sleep {marker}) & echo started"
+    started = time.monotonic()
+    try:
+        out = run(run_command, workspace, sandbox, command=command, timeout=20)
+        assert time.monotonic() - started < 10
+        assert out.startswith("exit code 0\n--- stdout ---\nstarted\n")
+    finally:
+        kill_processes_with(marker)
 
 
 def test_run_command_timeout_kills_the_process_tree(workspace: Path, sandbox: Sandbox) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import subprocess
-import tempfile
+import time
 from pathlib import Path
-from typing import IO
 
 from worker.store.durable import atomic_write, private_dir, write_exclusive
 from worker.tools.paths import confine
@@ -97,9 +97,78 @@ def _kill_tree(pid: int) -> None:
                 child.kill()
 
 
-def _clip(data: bytes, size: int) -> str:
-    text = data[:MAX_OUTPUT].decode(errors="replace")
-    return text + (f"\n[... {size - MAX_OUTPUT} more bytes]" if size > MAX_OUTPUT else "")
+class _Bounded:
+    """One output stream of a command, kept in memory within a bound: its first
+    ``KEEP`` bytes and its last ``KEEP`` bytes, and how many it had in all."""
+
+    KEEP = MAX_OUTPUT // 2
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        room = self.KEEP - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > self.KEEP:
+            del self.tail[: len(self.tail) - self.KEEP]
+
+    def text(self) -> str:
+        head = self.head.decode(errors="replace")
+        left_out = self.size - len(self.head) - len(self.tail)
+        if left_out == 0:
+            return (self.head + self.tail).decode(errors="replace")
+        return f"{head}\n[... {left_out} more bytes]\n{self.tail.decode(errors='replace')}"
+
+
+#: Bytes read from a command's pipes after its shell exited: what was written before the
+#: exit is in the pipe's buffer (64 KiB by default); a background process that writes on
+#: for ever cannot keep the tool reading.
+DRAIN_LIMIT = 4 * MAX_OUTPUT
+
+
+def _read_until_exit(
+    proc: subprocess.Popen[bytes], pipes: dict[int, _Bounded], limit: float
+) -> bool:
+    """Read the command's output into ``pipes`` until its shell exits (not until EOF: a
+    process left in the background may hold a pipe open), then what is left in the
+    pipes' buffers. False when ``limit`` seconds passed first (nothing drained then)."""
+    deadline = time.monotonic() + limit
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(pidfd, selectors.EVENT_READ)
+            for fd in pipes:
+                selector.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                for key, _ in selector.select(left):
+                    if key.fd == pidfd:
+                        _drain(pipes)
+                        return True
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        pipes[key.fd].add(data)
+                    else:
+                        selector.unregister(key.fd)  # EOF: the other may still be open
+    finally:
+        os.close(pidfd)
+
+
+def _drain(pipes: dict[int, _Bounded]) -> None:
+    for fd, kept in pipes.items():
+        drained = 0
+        with contextlib.suppress(BlockingIOError):
+            while drained < DRAIN_LIMIT and (data := os.read(fd, 65536)):
+                kept.add(data)
+                drained += len(data)
 
 
 @tool(effect=Effect.UNSAFE)
@@ -110,34 +179,43 @@ def run_command(ctx: ToolContext, command: str, timeout: float = 60.0) -> str:
         argv = ctx.sandbox.argv(command, ctx.workspace, ctx.env)
     except SandboxRefused as exc:
         raise ToolError(str(exc)) from None
-    # Output goes to files, not pipes: a background process that escapes the command's
-    # process tree may keep a pipe open for ever, but it cannot keep the tool waiting.
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            argv,
-            cwd=ctx.workspace,
-            env=dict(ctx.env),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-        )
+    # Output comes through pipes into memory, bounded (``_Bounded``): nothing touches a
+    # disk whatever the command prints, and the shell's exit, not EOF, ends the reading.
+    out_read, out_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    err_read, err_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    pipes = {out_read: _Bounded(), err_read: _Bounded()}
+    try:
+        for fd in (out_write, err_write):
+            os.set_blocking(fd, True)  # the command's ends block as pipes usually do
         try:
-            proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
+            proc = subprocess.Popen(
+                argv,
+                cwd=ctx.workspace,
+                env=dict(ctx.env),
+                stdin=subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+            )
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        if not _read_until_exit(proc, pipes, limit):
             _kill_tree(proc.pid)
             proc.wait()
+            _drain(pipes)
             raise ToolError(
-                f"command timed out after {limit:g} s and was killed\n" + _outputs(out, err)
-            ) from None
-        return f"exit code {proc.returncode}\n" + _outputs(out, err)
+                f"command timed out after {limit:g} s and was killed\n" + _outputs(pipes)
+            )
+        proc.wait()
+        return f"exit code {proc.returncode}\n" + _outputs(pipes)
+    finally:
+        os.close(out_read)
+        os.close(err_read)
 
 
-def _outputs(out: IO[bytes], err: IO[bytes]) -> str:
-    texts = []
-    for stream in (out, err):
-        stream.seek(0)
-        texts.append(_clip(stream.read(MAX_OUTPUT + 1), os.fstat(stream.fileno()).st_size))
-    return f"--- stdout ---\n{texts[0]}\n--- stderr ---\n{texts[1]}"
+def _outputs(pipes: dict[int, _Bounded]) -> str:
+    out, err = (kept.text() for kept in pipes.values())
+    return f"--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
 def _outbox_entry(ctx: ToolContext) -> Path:

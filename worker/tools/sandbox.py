@@ -9,7 +9,7 @@ A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that
   sees and can signal no process outside: not the daemon, not another task;
 * its own IPC namespace, and with ``[tools] network = false`` its own network namespace
   (loopback only);
-* ``/proc`` of its own namespace, a minimal ``/dev``, a private ``/tmp``;
+* ``/proc`` of its own namespace, a minimal ``/dev``, a private ``/tmp`` of bounded size;
 * the root filesystem read-only, and the workspace bind-mounted read-write: the only
   writable place that outlives the call;
 * the spool, the config file (and its folder, when that is a folder of its own), the
@@ -52,6 +52,9 @@ from pathlib import Path
 
 SHELL = "/bin/sh"
 PRIVATE_TMP = "/tmp"  # noqa: S108  (a fresh tmpfs of the sandbox's own, not the host's /tmp)
+#: Bytes the sandbox's /tmp may hold (bwrap ``--size``, since 0.5): a tmpfs lives in
+#: memory, and a command that fills it gets ENOSPC instead of taking the host's memory.
+PRIVATE_TMP_SIZE = 256 * 1024 * 1024
 PROBE_TIMEOUT = 10.0  # seconds: bwrap starts in milliseconds when it works at all
 
 
@@ -139,7 +142,7 @@ def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
     made read-only once everything is mounted (bwrap needs them writable to make the
     workspace's mount point inside)."""
     plan: list[tuple[int, int, list[str]]] = [
-        (_depth(Path(PRIVATE_TMP)), 0, ["--tmpfs", PRIVATE_TMP]),
+        (_depth(Path(PRIVATE_TMP)), 0, ["--size", str(PRIVATE_TMP_SIZE), "--tmpfs", PRIVATE_TMP]),
         (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
     ]
     paths = [path for path in _existing(hidden) if path != workspace]  # (a shared one)

@@ -35,6 +35,8 @@ FAULT = "22 trust"
 ATTACKS: tuple[str, ...] = (
     "tests.chaos.trust.store_secrets",
     "tests.chaos.trust.workspaces",
+    "tests.chaos.trust.fork_flood",
+    "tests.chaos.trust.output_flood",
 )
 
 
