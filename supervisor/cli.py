@@ -650,7 +650,7 @@ def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         )
         for warning in unit.home_warnings(install):
             print(f"agentd: warning: {warning}", file=sys.stderr)
-    print(unit.render(install, user=args.user), end="")
+    print(unit.render(install, user=args.user, allow_jit=args.allow_jit), end="")
     return 0
 
 
@@ -853,6 +853,11 @@ def build_parser() -> Parser:
         uses_store=False,
     )
     p.add_argument("--user", action="store_true", help="a unit for ~/.config/systemd/user/")
+    p.add_argument(
+        "--allow-jit",
+        action="store_true",
+        help="MemoryDenyWriteExecute=no, for tools that run node or java",
+    )
     p = command(
         "completion",
         cmd_completion,
