@@ -280,6 +280,8 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
         "started_at": info.get("started_at") if pid else None,
         "version": __version__,
         "spool": str(spool.root),
+        # how run_command runs, as the daemon probed it at start (DESIGN.md section 3)
+        "sandbox": info.get("sandbox") if pid else None,
     }
 
 
@@ -588,7 +590,7 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if path.exists() and not args.force:
         raise AgentdError(f"{path} exists; edit it, or give --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_module.default_config_text())
+    path.write_text(config_module.default_config_text(system=args.system))
     print(f"wrote {path}")
     return 0
 

@@ -107,6 +107,7 @@ from worker.protocol import (
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
+from worker.tools.sandbox import Sandbox, mode_for
 
 RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
@@ -212,6 +213,26 @@ class Supervisor:
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
+
+    def _probe_sandbox(self) -> str:
+        """How run_command will run (``Sandbox.verdict``), probed once at start: under
+        ``required`` (and ``auto`` with a store) a sandbox that cannot run stops the start
+        (ConfigError: exit 78); under ``auto`` it is said loudly (``sandbox_unavailable``,
+        the gauge, ``supervisor.sandbox`` in status), never in silence."""
+        tools = self.config.tools
+        mode = mode_for(tools.sandbox, store=self.shared is not None)
+        verdict = Sandbox(mode, tools.network).verdict()
+        if verdict.startswith("refused: "):
+            why = "a store is configured, so" if mode is not tools.sandbox else "the config says"
+            raise ConfigError(
+                f"tools.sandbox: {why} run_command needs its sandbox, but {verdict[9:]}; "
+                "install bubblewrap and let it create namespaces (under systemd: the "
+                "unit `agentd unit` prints), then start again."
+            )
+        if verdict.startswith("bare: "):
+            self.emit("sandbox_unavailable", level="warning", why=verdict[6:], sandbox=verdict)
+        self.metrics.sandbox_available = verdict == "bwrap"
+        return verdict
 
     # -- events -------------------------------------------------------------------------
 
@@ -385,6 +406,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGUSR1, self.log_status)
         loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
         self._accept_config_file(at_start=True)
+        sandbox = self._probe_sandbox()
         if self.shared is not None:
             self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
 
@@ -412,6 +434,7 @@ class Supervisor:
             "started_at": started,
             "version": __version__,
             "spool": str(self.spool.root),
+            "sandbox": sandbox,
             "ready": True,
         }
         self.backlog.replace(

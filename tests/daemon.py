@@ -197,12 +197,14 @@ class Daemon:
             code = cli.main(argv)
         return code, out.getvalue(), err.getvalue()
 
-    def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``agentd ARGS`` as its own process."""
+    def run_cli(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``agentd ARGS`` as its own process (``env`` added to its environment)."""
         return subprocess.run(
             self.command(*args),
             cwd=REPO,
-            env=worker_env(),
+            env=worker_env(env),
             capture_output=True,
             text=True,
             timeout=30,

@@ -73,7 +73,7 @@ from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
 from worker.store.snapshots import SnapshotWriter
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
-from worker.tools.sandbox import sandbox_for
+from worker.tools.sandbox import mode_for, sandbox_for
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 # ...and journal bytes between snapshots, at least the last snapshot's size over this: a
@@ -189,7 +189,9 @@ class AgentLoop:
         self.workspace = workspace
         self.tool_env = tool_environment(os.environ, self.task_id, str(self.workspace))
         self.sandbox = sandbox_for(
-            config.tools.sandbox,
+            mode_for(
+                config.tools.sandbox, store=credentials.held().get(credentials.STORE) is not None
+            ),
             config.tools.network,
             spool=spool,
             config=config.source,

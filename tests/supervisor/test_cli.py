@@ -30,7 +30,7 @@ from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 AGENTD = Path(sys.executable).with_name("agentd")
 
 #: The field names of `agentd status --json` (DESIGN.md section 3); more may be added.
-SUPERVISOR_FIELDS = {"running", "pid", "started_at", "version", "spool"}
+SUPERVISOR_FIELDS = {"running", "pid", "started_at", "version", "spool", "sandbox"}
 TASK_FIELDS = {
     "id",
     "state",
