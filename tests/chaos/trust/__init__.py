@@ -23,13 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import unitdaemon
 from tests.daemon import Daemon
 from tests.faults.report import Figure, campaign_main
 
 FAULT = "22 trust"
 
 #: The attack modules, each with ``run(quick: bool, host: Host) -> list[Figure]``.
-ATTACKS = ()
+ATTACKS: tuple[str, ...] = ("tests.chaos.trust.unit_sandbox",)
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,19 @@ class Host:
 
 #: bubblewrap as the daemon's own user: the machine as a developer runs it.
 BWRAP = Host("bwrap", Daemon)
+#: The shipped unit, emulated (``tests.unitjail``): its seccomp filters, its /proc and its
+#: unprivileged user. ``tests.unitdaemon.UnitDaemon``: what a test gives that daemon
+#: lives under its ``root``, and what the test writes for it goes inside ``as_user()``.
+UNIT = Host("unit", unitdaemon.UnitDaemon)
 
 
 def hosts() -> list[Host]:
     """The hosts this machine can give: bwrap always, the emulated unit where it can be
-    built (``tests.unitjail``)."""
-    return [BWRAP]
+    built (``tests.unitjail``: root, libseccomp, systemd-analyze, bwrap)."""
+    if (why := unitdaemon.why_not()) is not None:
+        print(f"trust: no emulated unit host here: {why}", file=sys.stderr, flush=True)
+        return [BWRAP]
+    return [BWRAP, UNIT]
 
 
 def run(quick: bool) -> list[Figure]:
