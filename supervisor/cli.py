@@ -368,6 +368,8 @@ def _supervisor_json(spool: Spool) -> dict[str, Any]:
         "version": __version__,
         "spool": str(spool.root),
         "node": info.get("node") if pid else None,
+        # how run_command runs, as the daemon probed it at start (docs/design.md section 3)
+        "sandbox": info.get("sandbox") if pid else None,
     }
 
 
@@ -679,7 +681,7 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if path.exists() and not args.force:
         raise AgentdError(f"{path} exists; edit it, or give --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_module.default_config_text())
+    path.write_text(config_module.default_config_text(system=args.system))
     print(f"wrote {path}")
     return 0
 
@@ -741,7 +743,7 @@ def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         )
         for warning in unit.home_warnings(install):
             print(f"agentd: warning: {warning}", file=sys.stderr)
-    print(unit.render(install, user=args.user), end="")
+    print(unit.render(install, user=args.user, allow_jit=args.allow_jit), end="")
     return 0
 
 
@@ -945,6 +947,11 @@ def build_parser() -> Parser:
         uses_store=False,
     )
     p.add_argument("--user", action="store_true", help="a unit for ~/.config/systemd/user/")
+    p.add_argument(
+        "--allow-jit",
+        action="store_true",
+        help="MemoryDenyWriteExecute=no, for tools that run node or java",
+    )
     p = command(
         "completion",
         cmd_completion,

@@ -112,6 +112,7 @@ from worker.protocol import (
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
+from worker.tools.sandbox import Sandbox, mode_for
 
 RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
@@ -223,6 +224,26 @@ class Supervisor:
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
+
+    def _probe_sandbox(self) -> str:
+        """How run_command will run (``Sandbox.verdict``), probed once at start: under
+        ``required`` (and ``auto`` with a store) a sandbox that cannot run stops the start
+        (ConfigError: exit 78); under ``auto`` it is said loudly (``sandbox_unavailable``,
+        the gauge, ``supervisor.sandbox`` in status), never in silence."""
+        tools = self.config.tools
+        mode = mode_for(tools.sandbox, store=self.shared is not None)
+        verdict = Sandbox(mode, tools.network).verdict()
+        if verdict.startswith("refused: "):
+            why = "a store is configured, so" if mode is not tools.sandbox else "the config says"
+            raise ConfigError(
+                f"tools.sandbox: {why} run_command needs its sandbox, but {verdict[9:]}; "
+                "install bubblewrap and let it create namespaces (under systemd: the "
+                "unit `agentd unit` prints), then start again."
+            )
+        if verdict.startswith("bare: "):
+            self.emit("sandbox_unavailable", level="warning", why=verdict[6:], sandbox=verdict)
+        self.metrics.sandbox_available = verdict == "bwrap"
+        return verdict
 
     # -- events -------------------------------------------------------------------------
 
@@ -399,6 +420,7 @@ class Supervisor:
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
+        sandbox = self._probe_sandbox()
         if self.shared is not None:
             self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
 
@@ -428,6 +450,7 @@ class Supervisor:
             "version": __version__,
             "spool": str(self.spool.root),
             "node": self.shared.node if self.shared is not None else node_name(),
+            "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
         }

@@ -140,6 +140,8 @@ class Sample:
     #: alive (None on the spool's files: the two are not exposed)
     lease_lost: int | None = None
     nodes: int | None = None
+    #: run_command runs under bwrap (the daemon's probe at start)
+    sandbox_available: bool = False
 
 
 class Metrics:
@@ -151,6 +153,7 @@ class Metrics:
         self.storage_faults = 0  # storage-fault episodes, the daemon's and its workers'
         self.lease_lost = 0  # tasks a shared store's other nodes took over from this one
         self.compactions = 0  # context compactions, counted as their events are relayed
+        self.sandbox_available = False  # the daemon's probe at start found bwrap working
         self.checkpoint = Histogram(CHECKPOINT_BOUNDS)
         self.model_call = Histogram(CALL_BOUNDS)
         self.tool_call: dict[str, Histogram] = {}
@@ -244,6 +247,7 @@ class Metrics:
             tokens={kind: h.copy() for kind, h in self.tokens.items()},
             lease_lost=self.lease_lost if nodes is not None else None,
             nodes=nodes,
+            sandbox_available=self.sandbox_available,
         )
 
 
@@ -268,6 +272,11 @@ def families(sample: Sample) -> Iterator[Metric]:
         "agentd_oldest_hold_seconds",
         "Seconds the longest-held task has waited for a decision (0: none is held).",
         value=sample.oldest_hold_seconds,
+    )
+    yield GaugeMetricFamily(
+        "agentd_sandbox_available",
+        "1 when run_command runs under bubblewrap (probed at start), 0 when it runs bare.",
+        value=int(sample.sandbox_available),
     )
     counters = (
         ("agentd_worker_restarts", "Worker restarts the daemon scheduled.", sample.restarts),

@@ -110,6 +110,8 @@ def render_status(
     if nodes is not None:
         alive = sum(1 for n in nodes if n["alive"])
         lines[0] += f"; node {sup.get('node')}, {alive} of {len(nodes)} node(s) alive"
+    if sup["running"] and sup.get("sandbox"):
+        lines[0] += f"; run_command sandbox: {sup['sandbox']}"
     if sup.get("cgroups"):
         lines[0] += f"; cgroups: {sup['cgroups']}"
     header = (

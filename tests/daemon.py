@@ -74,6 +74,16 @@ class Daemon:
 
     # -- processes ----------------------------------------------------------------------
 
+    def as_user(self) -> contextlib.AbstractContextManager[None]:
+        """Inside it, files this process makes belong to the daemon's user (``agentd
+        submit`` as that user): the daemon's own user here, another under the emulated
+        unit (``tests.unitdaemon``)."""
+        return contextlib.nullcontext()
+
+    def launch(self, *args: str) -> list[str]:
+        """The argv that runs ``agentd ARGS`` where this daemon runs."""
+        return self.command(*args)
+
     def command(self, *args: str) -> list[str]:
         return [
             sys.executable,
@@ -96,7 +106,7 @@ class Daemon:
         """Start ``agentd start ARGS`` in its own session; return once it serves."""
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                self.command("--log-format", "json", "start", *args),
+                self.launch("--log-format", "json", "start", *args),
                 cwd=REPO,
                 env=worker_env(env),
                 stdin=subprocess.DEVNULL,
@@ -202,7 +212,7 @@ class Daemon:
     ) -> subprocess.CompletedProcess[str]:
         """``agentd ARGS`` as its own process (``env`` added to the tests' environment)."""
         return subprocess.run(
-            self.command(*args),
+            self.launch(*args),
             cwd=REPO,
             env=worker_env(env),
             capture_output=True,

@@ -753,9 +753,11 @@ Containment of run_command on bubblewrap (bwrap, Debian package `bubblewrap`): i
 own PID, IPC and mount namespaces, the workspace as the only writable place, the
 spool and this file's folder invisible, /proc showing its own processes only, and
 every process it starts killed when the call ends. "auto" uses bwrap when it works
-here and runs commands bare otherwise; "required" refuses a call (an error result,
-shown in `agentd status`) when bwrap is missing or cannot create namespaces; "off"
-never uses it.""",
+here and runs commands bare otherwise, saying so at start (sandbox_unavailable, the
+status header, agentd_sandbox_available 0); "required" refuses to start the daemon
+(exit 78), and a call (an error result, shown in `agentd status`), when bwrap is
+missing or cannot create namespaces; "off" never uses it. With a store configured,
+"auto" is "required". `agentd init --system` writes "required".""",
     "tools.network": """\
 false: run_command gets a network namespace of its own, loopback only (under bwrap).""",
     "tools.max_processes": """\
@@ -869,6 +871,18 @@ def _render_default() -> str:
 DEFAULT_CONFIG_TEXT: str = _render_default()
 
 
-def default_config_text() -> str:
-    """``DEFAULT_CONFIG_TEXT``: every key at its default, each under a comment."""
-    return DEFAULT_CONFIG_TEXT
+#: What ``agentd init --system`` writes in place of the default sandbox: the service
+#: never runs a tool bare, and a unit that would leave bwrap no namespaces stops the start.
+SYSTEM_SANDBOX = """\
+# Written by `agentd init --system`: a machine's service never runs a command bare.
+sandbox = "required"
+"""
+
+
+def default_config_text(*, system: bool = False) -> str:
+    """``DEFAULT_CONFIG_TEXT``: every key at its default, each under a comment; for the
+    machine's service (``system``), ``[tools] sandbox = "required"``."""
+    if not system:
+        return DEFAULT_CONFIG_TEXT
+    head, _, tail = DEFAULT_CONFIG_TEXT.partition('\nsandbox = "auto"\n')
+    return head + "\n" + SYSTEM_SANDBOX + tail

@@ -74,7 +74,7 @@ from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
 from worker.store.snapshots import SnapshotWriter
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
-from worker.tools.sandbox import sandbox_for
+from worker.tools.sandbox import mode_for, sandbox_for
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 # ...and journal bytes between snapshots, at least the last snapshot's size over this: a
@@ -147,7 +147,7 @@ def tool_secret_files(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 class OtherWorkspaces:
     """The workspace of every other task of ``store`` that names one (``--workspace``, or
-    a shared store's default): what the sandbox hides at each call (DESIGN.md section 5).
+    a shared store's default): what the sandbox hides at each call (docs/design.md section 5).
     A spec never changes, so each is read once; after that a call costs a listing of the
     ids. A spec that cannot be read yet (a task being made) is tried again next call."""
 
@@ -222,7 +222,9 @@ class AgentLoop:
         self.workspace = workspace
         self.tool_env = tool_environment(os.environ, self.task_id, str(self.workspace))
         self.sandbox = sandbox_for(
-            config.tools.sandbox,
+            mode_for(
+                config.tools.sandbox, store=credentials.held().get(credentials.STORE) is not None
+            ),
             config.tools.network,
             spool=spool,
             config=config.source,

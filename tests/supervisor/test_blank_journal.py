@@ -1,4 +1,4 @@
-"""A blank or cut journal is damage, never a fresh task (DESIGN.md invariants 1, 2, 9).
+"""A blank or cut journal is damage, never a fresh task (docs/design.md invariants 1, 2, 9).
 
 On a real daemon: a task charges a ledger three times with unsafe calls, then waits on
 its model. Its worker ends (stopped with the daemon, or killed with it), its journal is

@@ -30,7 +30,16 @@ from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 AGENTD = Path(sys.executable).with_name("agentd")
 
 #: The field names of `agentd status --json` (docs/design.md section 3); more may be added.
-SUPERVISOR_FIELDS = {"running", "pid", "started_at", "version", "spool", "node"}
+SUPERVISOR_FIELDS = {
+    "running",
+    "pid",
+    "started_at",
+    "version",
+    "spool",
+    "node",
+    "sandbox",
+    "cgroups",
+}
 TASK_FIELDS = {
     "id",
     "state",

@@ -66,6 +66,12 @@ class SandboxMode(StrEnum):
     OFF = "off"  # never bwrap
 
 
+def mode_for(mode: SandboxMode, *, store: bool) -> SandboxMode:
+    """The mode in force: with a store configured (PostgreSQL), ``auto`` is ``required``,
+    as a bare tool could reach the store's credentials and every task of the cluster."""
+    return SandboxMode.REQUIRED if store and mode is SandboxMode.AUTO else mode
+
+
 class SandboxRefused(Exception):
     """Under ``required``, bwrap is missing or cannot run: the call must not run bare."""
 

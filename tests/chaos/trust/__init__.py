@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import unitdaemon
 from tests.daemon import Daemon
 from tests.faults.report import Figure, campaign_main
 
@@ -33,6 +34,7 @@ FAULT = "22 trust"
 
 #: The attack modules, each with ``run(quick: bool, host: Host) -> list[Figure]``.
 ATTACKS: tuple[str, ...] = (
+    "tests.chaos.trust.unit_sandbox",
     "tests.chaos.trust.store_secrets",
     "tests.chaos.trust.workspaces",
     "tests.chaos.trust.fork_flood",
@@ -51,6 +53,10 @@ class Host:
 
 #: bubblewrap as the daemon's own user: the machine as a developer runs it.
 BWRAP = Host("bwrap", Daemon)
+#: The shipped unit, emulated (``tests.unitjail``): its seccomp filters, its /proc and its
+#: unprivileged user. ``tests.unitdaemon.UnitDaemon``: what a test gives that daemon
+#: lives under its ``root``, and what the test writes for it goes inside ``as_user()``.
+UNIT = Host("unit", unitdaemon.UnitDaemon)
 
 
 @contextlib.contextmanager
@@ -67,22 +73,31 @@ def outside_tmp(name: str) -> Iterator[Path]:
 
 def hosts() -> list[Host]:
     """The hosts this machine can give: bwrap always, the emulated unit where it can be
-    built (``tests.unitjail``)."""
-    return [BWRAP]
+    built (``tests.unitjail``: root, libseccomp, systemd-analyze, bwrap)."""
+    if (why := unitdaemon.why_not()) is not None:
+        print(f"trust: no emulated unit host here: {why}", file=sys.stderr, flush=True)
+        return [BWRAP]
+    return [BWRAP, UNIT]
 
 
 def run(quick: bool) -> list[Figure]:
     figures: list[Figure] = []
+    skipped: list[str] = []  # attacks whose module does not run on a host (its ``HOSTS``)
     for module_name in ATTACKS:
         module = importlib.import_module(module_name)
+        name = module_name.rsplit(".", 1)[1]
         for host in hosts():
+            if host.name not in getattr(module, "HOSTS", (host.name,)):
+                skipped.append(f"{name} ({host.name})")
+                continue
             try:
                 found = module.run(quick, host)
             except Exception as exc:
                 traceback.print_exc()
-                name = module_name.rsplit(".", 1)[1]
                 found = [Figure(FAULT, f"{name} ({host.name}): could not run", str(exc), True)]
             figures += found
+    if skipped:
+        figures.append(Figure(FAULT, "attacks not run on a host", ", ".join(skipped)))
     return figures
 
 

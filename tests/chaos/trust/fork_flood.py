@@ -1,6 +1,6 @@
 """Fork flood: a tool takes every process the machine has while other tasks start.
 
-Attack 6 of issue 20. A task's ``run_command`` starts ``FLOOD`` sleeps, as many as the
+A task's ``run_command`` starts ``FLOOD`` sleeps, as many as the
 machine lets it, and holds them ``HOLD`` seconds (a fork bomb that ends by itself: each
 sleep lasts ``HOLD``, and the shell that waits for them started its own timer first, so
 a refused fork does not end the flood early). While the flood holds every process,
@@ -35,6 +35,10 @@ from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
 from tests.pids import PidsCgroup, confine, pids_cgroup
 from tests.support import poll_for, reply, text, tool_use
+
+#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
+#: whose unprivileged daemon this attack's set-up does not serve.
+HOSTS = ("bwrap",)
 
 LIMIT = 160  # processes and threads of the daemon's whole tree: the attack's machine
 TASK_LIMIT = 64  # [tools] max_processes: the flood's own bound where cgroups are delegated

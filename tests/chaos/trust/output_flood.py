@@ -1,6 +1,6 @@
 """Output flood: a tool prints without end, and a process it leaves behind holds its pipe.
 
-Attack 7 of issue 20. A task's ``run_command`` is ``sleep HOLD & head -c 1G /dev/zero;
+A task's ``run_command`` is ``sleep HOLD & head -c 1G /dev/zero;
 echo flooded``: a gigabyte of output, and a background process that keeps the command's
 output open long after its shell has exited. Before the defence the worker spooled each
 command's output to a file in its temp folder (the host's ``/tmp``): 1 GiB written there

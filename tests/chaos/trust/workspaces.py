@@ -2,7 +2,7 @@
 workspace that exposes it.
 
 Two tasks run on one daemon, each with a ``--workspace`` of its own. The victim's holds
-a secret; the attacker's ``run_command`` reads it and plants a file there (DESIGN.md
+a secret; the attacker's ``run_command`` reads it and plants a file there (docs/design.md
 section 5: every other task is invisible to a tool under the sandbox). Then the
 attacker submits tasks whose workspace would expose the spool: the spool itself, the
 victim's task folder in it, and the folder that holds the spool (``--workspace .`` in
@@ -25,6 +25,10 @@ from tests.chaos.trust import FAULT, Host, outside_tmp
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
 from tests.support import reply, spec_task, text, tool_use
+
+#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
+#: whose unprivileged daemon this attack's set-up does not serve.
+HOSTS = ("bwrap",)
 
 SECRET = "workspace-canary-7d41"  # noqa: S105  (a canary, not a password)
 CONFIG = (
