@@ -9,15 +9,17 @@ with the same key is recognised and not repeated.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import IO
 
-from worker.store.durable import atomic_write, private_dir, write_exclusive
-from worker.tools.paths import confine
+from worker.store.durable import atomic_write_at, open_private, private_dir, write_exclusive
+from worker.tools.paths import confine, open_beneath, parent_beneath
 from worker.tools.sandbox import SandboxRefused
 from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
 
@@ -28,14 +30,23 @@ MAX_OUTPUT = 64 * 1024
 @tool(effect=Effect.READ_ONLY)
 def read_file(ctx: ToolContext, path: str) -> str:
     """Read a UTF-8 text file from the workspace."""
-    target = confine(ctx.workspace, path)
     try:
-        with open(target, "rb") as f:
-            data = f.read(MAX_READ + 1)
+        # O_NONBLOCK: a FIFO planted in the workspace must not hang the call
+        fd = open_beneath(ctx.workspace_root, path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ToolError(f"no file {path!r} in the workspace") from None
-    except IsADirectoryError:
-        raise ToolError(f"{path!r} is a folder; use list_dir") from None
+    except NotADirectoryError:
+        raise ToolError(f"a folder on the way to {path!r} is a file") from None
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind):
+            raise ToolError(f"{path!r} is a folder; use list_dir")
+        if not stat.S_ISREG(kind):
+            raise ToolError(f"{path!r} is not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_READ + 1)
+    finally:
+        os.close(fd)
     if len(data) > MAX_READ:
         raise ToolError(f"{path!r} is larger than {MAX_READ} bytes")
     try:
@@ -47,44 +58,57 @@ def read_file(ctx: ToolContext, path: str) -> str:
 @tool(effect=Effect.READ_ONLY)
 def list_dir(ctx: ToolContext, path: str = ".") -> str:
     """List a folder of the workspace; folders end with '/'."""
-    target = confine(ctx.workspace, path)
     try:
-        entries = sorted(os.scandir(target), key=lambda e: e.name)
+        fd = open_beneath(ctx.workspace_root, path, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
         raise ToolError(f"no folder {path!r} in the workspace") from None
     except NotADirectoryError:
         raise ToolError(f"{path!r} is a file; use read_file") from None
-    return "\n".join(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries)
-
-
-def _parent_ready(ctx: ToolContext, path: str) -> Path:
-    """The confined target of ``path`` with its parent folders created."""
-    target = confine(ctx.workspace, path)
-    if target == Path(os.path.realpath(ctx.workspace)):
-        # Writing "the workspace itself" would put a temp file next to it, outside.
-        raise ToolError(f"path {path!r} names the workspace itself; give a file path in it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return confine(ctx.workspace, path)  # again: a folder created on the way is checked too
+    try:
+        with os.scandir(fd) as found:
+            entries = sorted(found, key=lambda e: e.name)
+        return "\n".join(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries)
+    finally:
+        os.close(fd)
 
 
 @tool(effect=Effect.IDEMPOTENT)
 def write_file(ctx: ToolContext, path: str, content: str) -> str:
     """Create or replace a text file in the workspace (parent folders are created)."""
-    atomic_write(_parent_ready(ctx, path), content.encode())
-    return f"wrote {len(content.encode())} bytes to {path}"
+    data = content.encode()
+    dir_fd, name = parent_beneath(ctx.workspace_root, path)
+    try:
+        atomic_write_at(dir_fd, name, data, shown=ctx.workspace / path)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a folder; give a file path in the workspace") from None
+    finally:
+        os.close(dir_fd)
+    return f"wrote {len(data)} bytes to {path}"
 
 
 @tool(effect=Effect.UNSAFE)
 def append_file(ctx: ToolContext, path: str, content: str) -> str:
     """Append text to a file in the workspace (created if missing)."""
-    target = _parent_ready(ctx, path)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    data = content.encode()
+    dir_fd, name = parent_beneath(ctx.workspace_root, path)
     try:
-        os.write(fd, content.encode())
+        fd = open_private(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dir_fd)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a folder; give a file path in the workspace") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ToolError(f"{path!r} was swapped for a symlink meanwhile; try again") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
-    return f"appended {len(content.encode())} bytes to {path}"
+    return f"appended {len(data)} bytes to {path}"
 
 
 def _kill_tree(pid: int) -> None:
