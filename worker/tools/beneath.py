@@ -136,6 +136,16 @@ class Root:
         its last entry there: never a symlink (a final symlink is followed), "" when
         ``path`` names the folder itself. ``create`` makes the missing folders on the way
         (0777 less the umask, like ``mkdir -p``)."""
+        head, _, last = path.rstrip("/").rpartition("/")
+        if self.openat2 and last not in ("", ".", ".."):
+            try:
+                dir_fd = _openat2(self.fd, head or ".", os.O_RDONLY | os.O_DIRECTORY, 0)
+            except OSError:
+                pass  # missing, out, through an absolute link: the walk settles it
+            else:
+                if not _is_link(dir_fd, last):
+                    return dir_fd, last
+                os.close(dir_fd)  # a final symlink: followed by the walk
         stack = [os.dup(self.fd)]  # the folders from the root down to the current one
         pending = deque(_parts(path))
         links = 0
@@ -174,12 +184,7 @@ class Root:
         """One component: the fd of a folder on the way, a symlink's target, or None for
         the last entry when it is not a symlink."""
         if last:
-            try:
-                if not stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode):
-                    return None
-            except FileNotFoundError:
-                return None
-            return _readlink(dir_fd, name)
+            return _readlink(dir_fd, name) if _is_link(dir_fd, name) else None
         for _ in range(2):
             try:
                 return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -210,6 +215,14 @@ class Root:
 
     def __repr__(self) -> str:
         return f"Root({Path(self.path)!s}, fd={self.fd})"
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    """Whether the entry ``name`` is a symlink (False if it is missing)."""
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _readlink(dir_fd: int, name: str) -> str | None:
