@@ -253,6 +253,17 @@ def test_symlinks_out_of_the_workspace_are_refused(
     assert (planted / "secret.txt").read_text() == "secret"
 
 
+def test_an_outbox_that_is_a_symlink_out_is_refused(workspace: Path, planted: Path) -> None:
+    (workspace / "outbox").symlink_to(planted)
+    ctx = ctx_for(workspace, key="agentd-out")
+    data = {"to": "ops@example.com", "body": "hi"}
+    for call in (outbox_send.run, outbox_send.reconcile):
+        assert call is not None
+        with pytest.raises(ToolError, match="escapes the workspace"):
+            call(ctx, data)
+    assert sorted(os.listdir(planted)) == ["secret.txt"]
+
+
 def test_symlinks_inside_the_workspace_are_followed(workspace: Path) -> None:
     (workspace / "real").mkdir()
     (workspace / "real" / "f.txt").write_text("inside")

@@ -125,17 +125,33 @@ def atomic_write_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> None
 
 def write_exclusive(path: Path, data: bytes) -> bool:
     """Durably create ``path`` with ``data`` unless it exists; True if this call created it."""
-    tmp = _write_temp(path, data, durable=True)
     try:
-        os.link(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise storage_error("creating", path, exc) from exc
+    try:
+        return write_exclusive_at(dir_fd, path.name, data, shown=path)
+    finally:
+        os.close(dir_fd)
+
+
+def write_exclusive_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> bool:
+    """``write_exclusive`` of the entry ``name`` of the folder open as ``dir_fd`` (every
+    step through that fd, like ``atomic_write_at``); ``shown`` is the path errors name."""
+    tmp = _write_temp(Path(name), data, durable=True, dir_fd=dir_fd).name
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except FileExistsError:
         return False
     except OSError as exc:
-        raise storage_error("creating", path, exc) from exc
+        raise storage_error("creating", shown, exc) from exc
     finally:
         with contextlib.suppress(OSError):
-            tmp.unlink()
-    fsync_dir(path.parent)
+            os.unlink(tmp, dir_fd=dir_fd)
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:
+        raise storage_error("fsync of folder", shown.parent, exc) from exc
     return True
 
 

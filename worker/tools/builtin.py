@@ -15,11 +15,11 @@ import os
 import stat
 import subprocess
 import tempfile
-from pathlib import Path
+from collections.abc import Iterator
 from typing import IO
 
-from worker.store.durable import atomic_write_at, open_private, private_dir, write_exclusive
-from worker.tools.paths import confine, open_beneath, parent_beneath
+from worker.store.durable import DIR_MODE, atomic_write_at, open_private, write_exclusive_at
+from worker.tools.paths import open_beneath, parent_beneath
 from worker.tools.sandbox import SandboxRefused
 from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
 
@@ -164,15 +164,25 @@ def _outputs(out: IO[bytes], err: IO[bytes]) -> str:
     return f"--- stdout ---\n{texts[0]}\n--- stderr ---\n{texts[1]}"
 
 
-def _outbox_entry(ctx: ToolContext) -> Path:
-    # confined like any tool path: an outbox/ that is a symlink out of the workspace is refused
-    return private_dir(confine(ctx.workspace, "outbox")) / f"{ctx.idempotency_key}.json"
+@contextlib.contextmanager
+def _outbox(ctx: ToolContext) -> Iterator[tuple[int, str]]:
+    """The fd of the outbox folder (0700) and the name of this call's entry in it, resolved
+    beneath the workspace like any tool path: an outbox/ that is a symlink out is refused."""
+    dir_fd, name = parent_beneath(ctx.workspace_root, f"outbox/{ctx.idempotency_key}.json")
+    try:
+        if os.fstat(dir_fd).st_mode & 0o777 != DIR_MODE:
+            os.fchmod(dir_fd, DIR_MODE)
+        yield dir_fd, name
+    finally:
+        os.close(dir_fd)
 
 
 def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:
-    entry = _outbox_entry(ctx)
-    if not os.path.exists(entry):
-        return None
+    with _outbox(ctx) as (dir_fd, name):
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
     return f"delivered to {data.get('to')} (key {ctx.idempotency_key}, already recorded)"
 
 
@@ -180,7 +190,9 @@ def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:
 def outbox_send(ctx: ToolContext, to: str, body: str) -> str:
     """Deliver a message to the outbox service, deduplicated by the call's idempotency key."""
     record = json.dumps({"to": to, "body": body, "key": ctx.idempotency_key}).encode()
-    if write_exclusive(_outbox_entry(ctx), record):
+    with _outbox(ctx) as (dir_fd, name):
+        created = write_exclusive_at(dir_fd, name, record, shown=ctx.workspace / "outbox" / name)
+    if created:
         return f"delivered to {to} (key {ctx.idempotency_key})"
     return f"delivered to {to} (key {ctx.idempotency_key}, duplicate suppressed)"
 

@@ -7,7 +7,6 @@ workspace, so a symlink planted inside the workspace that points out of it is re
 The file tools resolve a path beneath the workspace's fd (``worker.tools.beneath``) and
 use the fd that comes back: nothing is checked by name and then opened by name again, so
 a folder swapped for a symlink between the two cannot take a read or a write outside.
-``confine`` is the check by name, for what takes a path (the outbox's folder).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 from worker.tools.beneath import Escape, Root
 from worker.tools.tool import ToolError
@@ -73,13 +71,3 @@ def _worded(user_path: str) -> Iterator[None]:
         raise ToolError(
             f"path {user_path!r} has too many levels of symlinks (or changed meanwhile)"
         ) from None
-
-
-def confine(workspace: Path, user_path: str) -> Path:
-    """The real path of ``user_path``, checked to be inside ``workspace``."""
-    checked(user_path)
-    root = os.path.realpath(workspace)
-    target = os.path.realpath(os.path.join(root, user_path))
-    if target != root and not target.startswith(root + os.sep):
-        raise ToolError(f"path {user_path!r} escapes the workspace")
-    return Path(target)
