@@ -20,8 +20,12 @@ The control races the same calls through a copy of the old tools (``old_read_fil
 ``old_write_file``: the path checked by ``realpath``, then opened by name), which must be
 seen to lose at least once each; it tries until then, up to ``CONTROL_BUDGET`` seconds.
 
-The file tools run in the worker, outside any sandbox, so a host changes nothing of the
-race: the figures carry its name, the attack is the same under each.
+The same race is also run end to end, on a real daemon of the ``Host``
+(``through_daemon``): the racer is a ``run_command`` of an attacker task, which plants the
+symlink itself, in the sandbox of that host; the victim is another task on the same
+``--workspace``, whose scripted model asks for the calls, run by its worker. Its reads aim
+at a ``.pgpass`` of a home folder outside, its writes at the journal of a finished task
+in the spool; that journal must keep its bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.chaos.trust import FAULT, Host
+from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
+from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.store.durable import atomic_write
 from worker.tools.beneath import Root
 from worker.tools.builtin import read_file, write_file
@@ -47,6 +53,13 @@ from worker.tools.tool import ToolContext, ToolError
 SECRET = "*:5432:*:agentd:pgpass-canary-7f3a9c"  # noqa: S105  (a canary, not a password)
 JOURNAL = b"a finished task's journal\n"
 TRIES = {True: 1000, False: 20000}  # per tool and resolution: quick, full
+DAEMON_TRIES = {True: 400, False: 2000}  # per tool, through a daemon
+CONFIG = (
+    "max_workers = 8\n"
+    "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
+    "[deadlines]\ntool_call = 600\n"
+    '[tools]\nsandbox = "required"\n'
+)
 CONTROL_BUDGET = 30.0  # seconds the control may take to see each attack win
 
 # The racer: swaps the names ``d`` and ``.swap`` (a folder, a symlink out) until killed.
@@ -196,11 +209,81 @@ def race(root: Path, attempt: Attempt, tries: int, *, until_win: float | None = 
     return Tally(wins, n)
 
 
+# -- the race on a real daemon ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Through:
+    """What the victim's calls met on a daemon: ``wins``, and how many were refused (the
+    link met) or served from the folder (the racer was seen, both ways)."""
+
+    wins: int
+    refused: int
+    served: int
+
+
+def through_daemon(root: Path, host: Host, tries: int) -> tuple[Through, Through]:
+    """The reads and the writes raced on a daemon of ``host`` (see the module docstring)."""
+    daemon = host.daemon(root / "agentd", CONFIG)
+    try:
+        daemon.start()
+        finished = daemon.submit([reply(text("done"))], "finished")
+        daemon.wait_state(finished, "done", timeout=60)
+        journal = daemon.task(finished).journal
+        before = journal.read_bytes()
+        home = root / "home"
+        home.mkdir()
+        (home / ".pgpass").write_text(SECRET + "\n")
+        calls = [tool_use("read_file", path="d/.pgpass") for _ in range(tries)]
+        results = _victim(daemon, root / "shared-read", home, calls, "reader")
+        read = Through(
+            sum(SECRET in r for r in results),
+            sum("escapes the workspace" in r for r in results),
+            sum("nothing to see" in r for r in results),
+        )
+        calls = [
+            tool_use("write_file", path="d/journal", content=f"forged {n}\n") for n in range(tries)
+        ]
+        results = _victim(daemon, root / "shared-write", journal.parent, calls, "writer")
+        write = Through(
+            int(journal.read_bytes() != before),
+            sum("escapes the workspace" in r for r in results),
+            sum(r.startswith("wrote ") for r in results),
+        )
+        return read, write
+    finally:
+        daemon.cleanup()
+
+
+def _victim(
+    daemon: Daemon, shared: Path, target: Path, calls: list[dict[str, object]], name: str
+) -> list[str]:
+    """The results of ``calls`` made by a task on the workspace ``shared`` while a tool of
+    another task there swaps its ``d/`` with a symlink to ``target``."""
+    (shared / "d").mkdir(parents=True)
+    (shared / "d" / ".pgpass").write_text("nothing to see")
+    (shared / "d" / "journal").write_text("the shared workspace's own file\n")
+    (shared / "racer.py").write_text(RACER)
+    command = f"ln -s '{target}' .swap && exec python3 racer.py d .swap >racer.out 2>&1"
+    attacker = daemon.submit(
+        [reply(tool_use("run_command", command=command, timeout=600)), reply(text("done"))],
+        f"{name}-attacker",
+        workspace=shared,
+    )
+    out = shared / "racer.out"
+    poll_for(lambda: out.exists() and "ready" in out.read_text(), 60, what="the racer to race")
+    victim = daemon.submit([reply(*calls), reply(text("done"))], name, workspace=shared)
+    daemon.wait_state(victim, "done", "failed", timeout=300)
+    daemon.cli("cancel", attacker)
+    daemon.wait_state(attacker, "cancelled", "done", "failed", timeout=60)
+    return [str(r["content"]) for r in of_kind(journal_records(daemon.task(victim)), "result")]
+
+
 def run(quick: bool, host: Host) -> list[Figure]:
-    tries = TRIES[quick]
+    tries, daemon_tries = TRIES[quick], DAEMON_TRIES[quick]
     started = time.monotonic()
     secrets = foreign = 0
-    with tempfile.TemporaryDirectory(prefix="agentd-swap-race-") as folder:
+    with tempfile.TemporaryDirectory(prefix="agentd-swap-race-") as folder, subreaper():
         root = Path(folder)
         for way, openat2 in (("openat2", True), ("walk", False)):
             read, write = tools(openat2=openat2)
@@ -210,11 +293,30 @@ def run(quick: bool, host: Host) -> list[Figure]:
         old_write = race(
             root / "old-write", writes(old_write_file), tries, until_win=CONTROL_BUDGET
         )
+        daemon_read, daemon_write = through_daemon(root / "daemon", host, daemon_tries)
+    secrets += daemon_read.wins
+    foreign += daemon_write.wins
     name = f"swap race ({host.name})"
+    unseen = [
+        what
+        for what, through in (("reads", daemon_read), ("writes", daemon_write))
+        if not (through.refused and through.served)
+    ]
     return [
-        Figure(FAULT, f"{name}: tries per tool", tries * 2),
+        Figure(
+            FAULT,
+            f"{name}: tries per tool",
+            f"{tries * 2} in the worker's code, {daemon_tries} through a daemon",
+        ),
         Figure(FAULT, f"{name}: secrets read", secrets, secrets > 0),
         Figure(FAULT, f"{name}: foreign writes", foreign, foreign > 0),
+        Figure(
+            FAULT,
+            f"{name}: through a daemon, calls refused / served (the racer seen both ways)",
+            f"reads {daemon_read.refused} / {daemon_read.served}, "
+            f"writes {daemon_write.refused} / {daemon_write.served}",
+            bool(unseen),
+        ),
         control(f"{name}: control, check-then-use: secrets read", old_read),
         control(f"{name}: control, check-then-use: foreign writes", old_write),
         Figure(FAULT, f"{name}: runtime s", time.monotonic() - started),
