@@ -30,6 +30,7 @@ recorded then); during a tool call it takes effect once the result is recorded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import signal
@@ -73,6 +74,7 @@ from worker.state import Call, TaskState
 from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
 from worker.store.snapshots import SnapshotWriter
+from worker.tools.beneath import Root
 from worker.tools.registry import ToolContext, ToolError, ToolRegistry
 from worker.tools.sandbox import mode_for, sandbox_for
 
@@ -623,6 +625,12 @@ class AgentLoop:
 
     # -- tools --------------------------------------------------------------------------
 
+    @functools.cached_property
+    def workspace_root(self) -> Root:
+        """The workspace, opened once (``O_DIRECTORY | O_NOFOLLOW``) at the first tool call:
+        every path of the file tools is resolved beneath this fd."""
+        return Root(self.workspace)
+
     def _context(self, call: Call, key: str) -> ToolContext:
         return ToolContext(
             workspace=self.workspace,
@@ -632,6 +640,7 @@ class AgentLoop:
             timeout=self.config.deadlines.tool_call,
             env=self.tool_env,
             sandbox=self.sandbox,
+            root=self.workspace_root,
         )
 
     def _error_result(self, call: Call, message: str, outcome: str = "error") -> None:
@@ -796,6 +805,8 @@ class AgentLoop:
 
     def close(self) -> None:
         self._snapshots.close()
+        if "workspace_root" in self.__dict__:
+            self.workspace_root.close()
         if self.journal is not None:
             self.journal.close()
         if self._own_owner and self.owner is not None:

@@ -255,11 +255,64 @@ def test_symlinks_out_of_the_workspace_are_refused(
     assert (planted / "secret.txt").read_text() == "secret"
 
 
+def test_an_outbox_that_is_a_symlink_out_is_refused(workspace: Path, planted: Path) -> None:
+    (workspace / "outbox").symlink_to(planted)
+    ctx = ctx_for(workspace, key="agentd-out")
+    data = {"to": "ops@example.com", "body": "hi"}
+    for call in (outbox_send.run, outbox_send.reconcile):
+        assert call is not None
+        with pytest.raises(ToolError, match="escapes the workspace"):
+            call(ctx, data)
+    assert sorted(os.listdir(planted)) == ["secret.txt"]
+
+
 def test_symlinks_inside_the_workspace_are_followed(workspace: Path) -> None:
     (workspace / "real").mkdir()
     (workspace / "real" / "f.txt").write_text("inside")
     (workspace / "alias").symlink_to(workspace / "real")
     assert run(read_file, workspace, path="alias/f.txt") == "inside"
+
+
+def test_writes_through_a_symlink_inside_reach_its_target(workspace: Path) -> None:
+    (workspace / "real").mkdir()
+    (workspace / "real" / "f.txt").write_text("old")
+    (workspace / "alias.txt").symlink_to("real/f.txt")
+    run(write_file, workspace, path="alias.txt", content="new")
+    run(append_file, workspace, path="alias.txt", content="+")
+    assert (workspace / "real" / "f.txt").read_text() == "new+"
+    assert (workspace / "alias.txt").is_symlink()
+
+
+@pytest.mark.parametrize("t", [write_file, append_file], ids=lambda t: t.name)
+@pytest.mark.parametrize("path", ["d", "d/", "d/e/..", "f.txt/x"])
+def test_writing_a_folder_is_refused(workspace: Path, t: Tool, path: str) -> None:
+    (workspace / "d" / "e").mkdir(parents=True)
+    (workspace / "f.txt").write_text("")
+    before = tree(workspace)
+    with pytest.raises(ToolError, match="folder") as info:
+        run(t, workspace, path=path, content="x")
+    assert "\n" not in str(info.value)
+    assert tree(workspace) == before
+
+
+@pytest.mark.timeout(20)  # the check-then-open of old blocked in open() for ever
+def test_reading_a_fifo_is_refused_at_once(workspace: Path) -> None:
+    os.mkfifo(workspace / "pipe")
+    with pytest.raises(ToolError, match="not a regular file"):
+        run(read_file, workspace, path="pipe")
+
+
+def test_the_workspace_is_the_folder_the_worker_opened(workspace: Path, outside: Path) -> None:
+    """A context carries the workspace opened once: its name swapped for a symlink to
+    elsewhere after that (by a tool of another task) takes no tool there."""
+    ctx = ctx_for(workspace)
+    write_file.run(ctx, {"path": "a.txt", "content": "mine"})
+    workspace.rename(workspace.with_name("moved"))
+    workspace.symlink_to(outside)
+    assert read_file.run(ctx, {"path": "a.txt"}) == "mine"
+    write_file.run(ctx, {"path": "secret.txt", "content": "pwned"})
+    assert (outside / "secret.txt").read_text() == "secret"
+    assert "secret.txt" in list_dir.run(ctx, {})
 
 
 # -- the built-in tools -----------------------------------------------------------------

@@ -37,9 +37,10 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def open_private(path: Path, flags: int) -> int:
-    """``os.open`` with 0600 whatever the umask, never following a symlink at ``path``."""
-    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+def open_private(path: Path | str, flags: int, *, dir_fd: int | None = None) -> int:
+    """``os.open`` with 0600 whatever the umask, never following a symlink at ``path``
+    (relative to the folder open as ``dir_fd``, if given)."""
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE, dir_fd=dir_fd)
     with contextlib.suppress(OSError):
         if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
             os.fchmod(fd, FILE_MODE)
@@ -65,13 +66,14 @@ def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
     )
 
 
-def _write_temp(path: Path, data: bytes, *, durable: bool) -> Path:
+def _write_temp(path: Path, data: bytes, *, durable: bool, dir_fd: int | None = None) -> Path:
     # Unique per call, not just per process: two threads writing the same name must not
     # share (and truncate) one temp file, or the winner of a race could publish the
     # loser's bytes.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    at = tmp.name if dir_fd is not None else tmp
     try:
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        fd = open_private(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
         try:
             view = memoryview(data)
             while view:
@@ -82,7 +84,7 @@ def _write_temp(path: Path, data: bytes, *, durable: bool) -> Path:
             os.close(fd)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            os.unlink(at, dir_fd=dir_fd)
         raise storage_error("writing", path, exc) from exc
     return tmp
 
@@ -100,19 +102,56 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
+def atomic_write_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> None:
+    """``atomic_write`` (durable) of the entry ``name`` of the folder open as ``dir_fd``.
+
+    The temp file, the rename and the folder's fsync all go through that fd, so a folder
+    renamed or swapped for a symlink meanwhile cannot send the bytes anywhere else.
+    ``shown`` is the path errors name. A folder at ``name`` raises IsADirectoryError."""
+    tmp = _write_temp(Path(name), data, durable=True, dir_fd=dir_fd).name
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        if isinstance(exc, IsADirectoryError):
+            raise
+        raise storage_error("renaming onto", shown, exc) from exc
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:
+        raise storage_error("fsync of folder", shown.parent, exc) from exc
+
+
 def write_exclusive(path: Path, data: bytes) -> bool:
     """Durably create ``path`` with ``data`` unless it exists; True if this call created it."""
-    tmp = _write_temp(path, data, durable=True)
     try:
-        os.link(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise storage_error("creating", path, exc) from exc
+    try:
+        return write_exclusive_at(dir_fd, path.name, data, shown=path)
+    finally:
+        os.close(dir_fd)
+
+
+def write_exclusive_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> bool:
+    """``write_exclusive`` of the entry ``name`` of the folder open as ``dir_fd`` (every
+    step through that fd, like ``atomic_write_at``); ``shown`` is the path errors name."""
+    tmp = _write_temp(Path(name), data, durable=True, dir_fd=dir_fd).name
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except FileExistsError:
         return False
     except OSError as exc:
-        raise storage_error("creating", path, exc) from exc
+        raise storage_error("creating", shown, exc) from exc
     finally:
         with contextlib.suppress(OSError):
-            tmp.unlink()
-    fsync_dir(path.parent)
+            os.unlink(tmp, dir_fd=dir_fd)
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:
+        raise storage_error("fsync of folder", shown.parent, exc) from exc
     return True
 
 

@@ -9,15 +9,17 @@ with the same key is recognised and not repeated.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import selectors
+import stat
 import subprocess
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
-from worker.store.durable import atomic_write, private_dir, write_exclusive
-from worker.tools.paths import confine
+from worker.store.durable import DIR_MODE, atomic_write_at, open_private, write_exclusive_at
+from worker.tools.paths import open_beneath, parent_beneath
 from worker.tools.sandbox import SandboxRefused
 from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
 
@@ -28,14 +30,23 @@ MAX_OUTPUT = 64 * 1024
 @tool(effect=Effect.READ_ONLY)
 def read_file(ctx: ToolContext, path: str) -> str:
     """Read a UTF-8 text file from the workspace."""
-    target = confine(ctx.workspace, path)
     try:
-        with open(target, "rb") as f:
-            data = f.read(MAX_READ + 1)
+        # O_NONBLOCK: a FIFO planted in the workspace must not hang the call
+        fd = open_beneath(ctx.workspace_root, path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ToolError(f"no file {path!r} in the workspace") from None
-    except IsADirectoryError:
-        raise ToolError(f"{path!r} is a folder; use list_dir") from None
+    except NotADirectoryError:
+        raise ToolError(f"a folder on the way to {path!r} is a file") from None
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind):
+            raise ToolError(f"{path!r} is a folder; use list_dir")
+        if not stat.S_ISREG(kind):
+            raise ToolError(f"{path!r} is not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_READ + 1)
+    finally:
+        os.close(fd)
     if len(data) > MAX_READ:
         raise ToolError(f"{path!r} is larger than {MAX_READ} bytes")
     try:
@@ -47,44 +58,57 @@ def read_file(ctx: ToolContext, path: str) -> str:
 @tool(effect=Effect.READ_ONLY)
 def list_dir(ctx: ToolContext, path: str = ".") -> str:
     """List a folder of the workspace; folders end with '/'."""
-    target = confine(ctx.workspace, path)
     try:
-        entries = sorted(os.scandir(target), key=lambda e: e.name)
+        fd = open_beneath(ctx.workspace_root, path, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
         raise ToolError(f"no folder {path!r} in the workspace") from None
     except NotADirectoryError:
         raise ToolError(f"{path!r} is a file; use read_file") from None
-    return "\n".join(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries)
-
-
-def _parent_ready(ctx: ToolContext, path: str) -> Path:
-    """The confined target of ``path`` with its parent folders created."""
-    target = confine(ctx.workspace, path)
-    if target == Path(os.path.realpath(ctx.workspace)):
-        # Writing "the workspace itself" would put a temp file next to it, outside.
-        raise ToolError(f"path {path!r} names the workspace itself; give a file path in it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return confine(ctx.workspace, path)  # again: a folder created on the way is checked too
+    try:
+        with os.scandir(fd) as found:
+            entries = sorted(found, key=lambda e: e.name)
+        return "\n".join(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries)
+    finally:
+        os.close(fd)
 
 
 @tool(effect=Effect.IDEMPOTENT)
 def write_file(ctx: ToolContext, path: str, content: str) -> str:
     """Create or replace a text file in the workspace (parent folders are created)."""
-    atomic_write(_parent_ready(ctx, path), content.encode())
-    return f"wrote {len(content.encode())} bytes to {path}"
+    data = content.encode()
+    dir_fd, name = parent_beneath(ctx.workspace_root, path)
+    try:
+        atomic_write_at(dir_fd, name, data, shown=ctx.workspace / path)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a folder; give a file path in the workspace") from None
+    finally:
+        os.close(dir_fd)
+    return f"wrote {len(data)} bytes to {path}"
 
 
 @tool(effect=Effect.UNSAFE)
 def append_file(ctx: ToolContext, path: str, content: str) -> str:
     """Append text to a file in the workspace (created if missing)."""
-    target = _parent_ready(ctx, path)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    data = content.encode()
+    dir_fd, name = parent_beneath(ctx.workspace_root, path)
     try:
-        os.write(fd, content.encode())
+        fd = open_private(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dir_fd)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a folder; give a file path in the workspace") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ToolError(f"{path!r} was swapped for a symlink meanwhile; try again") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
-    return f"appended {len(content.encode())} bytes to {path}"
+    return f"appended {len(data)} bytes to {path}"
 
 
 def _kill_tree(pid: int) -> None:
@@ -218,15 +242,25 @@ def _outputs(pipes: dict[int, _Bounded]) -> str:
     return f"--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
-def _outbox_entry(ctx: ToolContext) -> Path:
-    # confined like any tool path: an outbox/ that is a symlink out of the workspace is refused
-    return private_dir(confine(ctx.workspace, "outbox")) / f"{ctx.idempotency_key}.json"
+@contextlib.contextmanager
+def _outbox(ctx: ToolContext) -> Iterator[tuple[int, str]]:
+    """The fd of the outbox folder (0700) and the name of this call's entry in it, resolved
+    beneath the workspace like any tool path: an outbox/ that is a symlink out is refused."""
+    dir_fd, name = parent_beneath(ctx.workspace_root, f"outbox/{ctx.idempotency_key}.json")
+    try:
+        if os.fstat(dir_fd).st_mode & 0o777 != DIR_MODE:
+            os.fchmod(dir_fd, DIR_MODE)
+        yield dir_fd, name
+    finally:
+        os.close(dir_fd)
 
 
 def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:
-    entry = _outbox_entry(ctx)
-    if not os.path.exists(entry):
-        return None
+    with _outbox(ctx) as (dir_fd, name):
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
     return f"delivered to {data.get('to')} (key {ctx.idempotency_key}, already recorded)"
 
 
@@ -234,7 +268,9 @@ def _outbox_reconcile(ctx: ToolContext, data: dict[str, object]) -> str | None:
 def outbox_send(ctx: ToolContext, to: str, body: str) -> str:
     """Deliver a message to the outbox service, deduplicated by the call's idempotency key."""
     record = json.dumps({"to": to, "body": body, "key": ctx.idempotency_key}).encode()
-    if write_exclusive(_outbox_entry(ctx), record):
+    with _outbox(ctx) as (dir_fd, name):
+        created = write_exclusive_at(dir_fd, name, record, shown=ctx.workspace / "outbox" / name)
+    if created:
         return f"delivered to {to} (key {ctx.idempotency_key})"
     return f"delivered to {to} (key {ctx.idempotency_key}, duplicate suppressed)"
 

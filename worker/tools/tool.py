@@ -19,6 +19,7 @@ module, which imports neither.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import typing
@@ -28,6 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from worker.tools.beneath import Root
 from worker.tools.sandbox import Sandbox
 
 
@@ -49,7 +51,9 @@ class ToolError(Exception):
 @dataclass(frozen=True)
 class ToolContext:
     """What one call of a tool is given. ``env`` is the scrubbed environment a tool's
-    processes get; ``sandbox`` how ``run_command`` contains them (``worker.tools.sandbox``)."""
+    processes get; ``sandbox`` how ``run_command`` contains them (``worker.tools.sandbox``);
+    ``root`` the workspace as the worker opened it once (``worker.tools.beneath``), which
+    the file tools resolve every path beneath."""
 
     workspace: Path
     task_id: str
@@ -58,6 +62,12 @@ class ToolContext:
     timeout: float
     env: Mapping[str, str] = field(default_factory=dict)
     sandbox: Sandbox = field(default_factory=Sandbox)
+    root: Root | None = None
+
+    @functools.cached_property
+    def workspace_root(self) -> Root:
+        """``root``, or for a context made without one, the workspace opened on first use."""
+        return self.root if self.root is not None else Root(self.workspace)
 
 
 Reconcile = Callable[[ToolContext, dict[str, Any]], str | None]

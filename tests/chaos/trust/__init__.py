@@ -39,6 +39,7 @@ ATTACKS: tuple[str, ...] = (
     "tests.chaos.trust.workspaces",
     "tests.chaos.trust.fork_flood",
     "tests.chaos.trust.output_flood",
+    "tests.chaos.trust.swap_race",
 )
 
 
