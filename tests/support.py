@@ -103,6 +103,16 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
+def make_repo(path: Path) -> Path:
+    """A real repository at ``path`` with one commit of ``a.txt`` ("committed")."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    (path / "a.txt").write_text("committed")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "init")
+    return path
+
+
 def spec_task(spool: Spool, responses: list[JSON], **fields: Any) -> TaskDir:
     """A scripted task with spec fields ``submit`` does not take (``token_budget``...)."""
     fields.setdefault("id", f"t-{uuid.uuid4().hex[:8]}")

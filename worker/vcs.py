@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.errors import AgentdError
 from worker.tools.sandbox import Sandbox, SandboxRefused
 
 GIT_TIMEOUT = 30.0
@@ -83,8 +84,8 @@ _CONFIG = """\
 """
 
 
-class VcsError(Exception):
-    """A git command failed; the message says which and why."""
+class VcsError(AgentdError):
+    """A git command failed; the message says which and why, in one line."""
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ class Git:
                     self.repo.work_tree,
                     env,
                     binds=[self.private],
-                    shown=[self.repo.common_dir / "objects"],
+                    shown=[p for p in [self.repo.common_dir / "objects"] if p.is_dir()],
                 )
         except SandboxRefused as exc:
             raise VcsError(f"git {args[0]} refused: {exc}") from None
@@ -255,7 +256,8 @@ class Git:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise VcsError(f"git {args[0]} failed: {exc}") from None
         if done.returncode != 0:
-            raise VcsError(f"git {args[0]} failed: {done.stderr.strip()[:300]}")
+            why = " ".join(done.stderr.split())[:300] or f"exit status {done.returncode}"
+            raise VcsError(f"git {args[0]} failed: {why}")
         return done.stdout
 
     @contextlib.contextmanager
@@ -275,9 +277,16 @@ class Git:
 
     def tree(self) -> str:
         """A tree of the working tree as it is, through the private GIT_DIR's own index
-        (kept between turns: unchanged files are not read again)."""
-        self.run("add", "-A")
-        return self.run("write-tree").strip()
+        (kept between turns: unchanged files are not read again). When a blob that index
+        borrowed is gone from the repository, the index is dropped and every file read
+        again, so that the snapshot has it in the private objects."""
+        try:
+            self.run("add", "-A")
+            return self.run("write-tree").strip()
+        except VcsError:
+            (self.private / "index").unlink(missing_ok=True)
+            self.run("add", "-A")
+            return self.run("write-tree").strip()
 
     def capture(self, task_id: str, turn: int) -> Checkpoint:
         """Record the work tree's files after ``turn``."""

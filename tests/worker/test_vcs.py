@@ -21,22 +21,22 @@ import pytest
 
 from supervisor.history import fork, rewind
 from supervisor.status import load_state
-from tests.support import git, make_loop, make_spool, reply, scripted_task, text, tool_use
+from tests.support import (
+    git,
+    make_loop,
+    make_repo,
+    make_spool,
+    reply,
+    scripted_task,
+    text,
+    tool_use,
+)
 from worker import vcs
 from worker.config import Config, ToolsConfig
 from worker.spool import Spool
 from worker.tools.sandbox import Sandbox, SandboxMode
 
 BARE = Config(tools=ToolsConfig(sandbox=SandboxMode.OFF))
-
-
-def make_repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q")
-    (path / "a.txt").write_text("committed")
-    git(path, "add", ".")
-    git(path, "commit", "-qm", "init")
-    return path
 
 
 def three_turns() -> list[dict[str, object]]:
@@ -301,3 +301,18 @@ def test_git_runs_under_the_sandbox_when_it_is_on(tmp_path: Path) -> None:
         private.parent.parent / "t2" / "git",
     )
     assert (child.repo.work_tree / "a.txt").read_text() == "committed"
+
+
+def test_a_snapshot_after_the_repository_lost_its_objects_has_every_file(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    found = vcs.discover(repo)
+    assert found is not None
+    git_ = vcs.Git(found, tmp_path / "private")
+    os.utime(repo / "a.txt", (1e9, 1e9))  # (not racily clean: its index entry is trusted)
+    git_.capture("t1", 1)  # its index now borrows a.txt's blob from the repository
+    (repo / ".git").rename(tmp_path / "moved.git")  # as a tool may do
+    (repo / ".git").write_text(f"gitdir: {tmp_path / 'moved.git'}\n")
+    point = git_.capture("t1", 2)
+    (repo / "a.txt").write_text("changed")
+    git_.restore(point.snapshot)
+    assert (repo / "a.txt").read_text() == "committed"

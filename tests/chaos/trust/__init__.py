@@ -29,7 +29,7 @@ from tests.faults.report import Figure, campaign_main
 FAULT = "22 trust"
 
 #: The attack modules, each with ``run(quick: bool, host: Host) -> list[Figure]``.
-ATTACKS = ()
+ATTACKS = ("tests.chaos.trust.git_keys",)
 
 
 @dataclass(frozen=True)
