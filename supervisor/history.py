@@ -38,6 +38,7 @@ from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
+from worker.tools.sandbox import sandbox_for
 
 IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
@@ -249,7 +250,7 @@ def rewind(
                 journal.close()
             state.apply({"k": "rewind", "to": to})
             store.put_snapshot(pause.owner, Snapshot(journal.cursor, state))
-            workspace = _rewind_workspace(task, state, to, restore=restore_workspace)
+            workspace = _rewind_workspace(config, task, state, to, restore=restore_workspace)
 
     cut = [c["call_id"] for c in cut_off]
     record_event(
@@ -266,17 +267,26 @@ def rewind(
     return RewindReport(task.id, from_turn, to, undo, workspace, cut_off)
 
 
-def _rewind_workspace(task: TaskDir, state: TaskState, to: int, *, restore: bool) -> str:
+def _rewind_workspace(
+    config: Config, task: TaskDir, state: TaskState, to: int, *, restore: bool
+) -> str:
     """Restore the workspace files of turn ``to`` when asked and possible; what was done."""
-    spec = store_of(task).load_spec(task.id)
-    workspace_dir = task.workspace_for(spec)
+    git = _git_of(config, task, store_of(task).load_spec(task.id).git)
     snapshot = state.vcs.get(to, {}).get("snapshot")
-    if restore and snapshot:
-        vcs.restore(workspace_dir, snapshot)
+    if restore and snapshot and git is not None:
+        git.restore(snapshot)
         return f"files restored to their state after turn {to} (git {snapshot[:12]})"
-    if vcs.uses_vcs(workspace_dir, explicit=spec.workspace is not None):
+    if git is not None:
         return "files were left as they are (add --restore-workspace to restore them)"
     return "files were not restored (the workspace is not under git)"
+
+
+def _git_of(config: Config, task: TaskDir, spec_git: Any) -> vcs.Git | None:
+    """The task's git (``worker.vcs``), run under the sandbox its tools get."""
+    sandbox = sandbox_for(
+        config.tools.sandbox, config.tools.network, spool=task.root, config=config.source
+    )
+    return vcs.git_of(spec_git, task.git, sandbox)
 
 
 # -- fork ---------------------------------------------------------------------------------
@@ -326,20 +336,21 @@ def fork(
     )
     note = "files were not restored (the workspace is not under git)"
     worktree = None
-    root = vcs.repo_root(parent_ws) if snapshot else None
-    if snapshot and root and vcs.uses_vcs(parent_ws, explicit=spec.workspace is not None):
+    git = _git_of(config, parent, spec.git) if snapshot else None
+    if snapshot and git is not None:
         worktree = spool.task(new_id).path / "worktree"
-        inside = parent_ws.resolve().relative_to(root.resolve())
-        new_spec = replace(new_spec, workspace=str(worktree / inside))
-        note = f"own git worktree at the files after turn {at} (git {snapshot[:12]})"
+        inside = parent_ws.resolve().relative_to(git.repo.work_tree.resolve())
+        child = vcs.Repository(worktree, None, git.repo.common_dir)
+        new_spec = replace(new_spec, workspace=str(worktree / inside), git=child.to_json())
+        note = f"own work tree at the files after turn {at} (git {snapshot[:12]})"
     elif spec.workspace is not None:
         note += f"; the fork shares the workspace {spec.workspace}"
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
     def prepare() -> None:
-        if worktree is not None and snapshot:
-            vcs.add_worktree(parent_ws, snapshot, worktree)
+        if git is not None and worktree is not None and snapshot:
+            git.fork(snapshot, worktree, spool.task(new_id).git)
         elif spec.workspace is None and parent_ws.is_dir():
             shutil.copytree(parent_ws, spool.task(new_id).path / "workspace", symlinks=True)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from supervisor.record import TaskRecord
 from supervisor.stores import shared, store_for
+from worker import vcs
 from worker.config import Config
 from worker.errors import NotFoundError, TaskSpecError, UsageError
 from worker.events import record_event, utc_now
@@ -115,6 +116,7 @@ def submit(
         tools=tool_names,
         max_turns=max_turns,
         workspace=str(workspace) if workspace else None,
+        git=_repository(workspace),
         scripted=script is not None or model == "scripted",
         created_at=utc_now(),
     )
@@ -157,6 +159,14 @@ def refuse_spool_exposure(spool: Spool, task_id: str, workspace: Path) -> None:
         f"--workspace {workspace} {where} the spool {spool.root}, which a task's tools must "
         f"never reach; give a project folder of its own, such as {instead}."
     )
+
+
+def _repository(workspace: Path | None) -> dict[str, Any] | None:
+    """The repository of a workspace given with --workspace (``worker.vcs.discover``);
+    a task's own workspace is never one (it is made empty, and what a tool puts in it
+    later is the tool's)."""
+    repo = vcs.discover(workspace) if workspace is not None else None
+    return repo.to_json() if repo is not None else None
 
 
 def create_task(

@@ -101,6 +101,28 @@ def scripted_task(
         script.unlink()
 
 
+def git(cwd: Path, *args: str) -> str:
+    """``git ARGS`` in ``cwd`` as a user runs it (with a name to commit under); its output."""
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def make_repo(path: Path) -> Path:
+    """A real repository at ``path`` with one commit of ``a.txt`` ("committed")."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    (path / "a.txt").write_text("committed")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "init")
+    return path
+
+
 def spec_task(spool: Spool, responses: list[JSON], **fields: Any) -> TaskDir:
     """A scripted task with spec fields ``submit`` does not take (``token_budget``...)."""
     fields.setdefault("id", f"t-{uuid.uuid4().hex[:8]}")

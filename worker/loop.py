@@ -69,7 +69,7 @@ from worker.models.retry import call_with_retries
 from worker.protocol import ExitCode, decision_fields, exit_record
 from worker.reconcile import Action, plan
 from worker.redactor import redact
-from worker.spool import TaskSpec
+from worker.spool import Spool, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
@@ -242,7 +242,10 @@ class AgentLoop:
         self._snapshot_at: Cursor = START  # where the last snapshot was taken
         self._snapshot_size = 0  # and the bytes it took
         self._snapshots = SnapshotWriter(store)  # writes them while the model thinks
-        self._vcs = vcs.uses_vcs(self.workspace, explicit=spec.workspace is not None)
+        #: the workspace's git, as decided at submit (None: its files are not recorded)
+        self._git = (
+            vcs.git_of(spec.git, Spool(spool).task(spec.id).git, self.sandbox) if spool else None
+        )
         #: [context] strategy "server" on a backend that offers it: the API compacts
         self._server_compacts = config.context.strategy == "server" and (
             offers_server_compaction(model)
@@ -303,16 +306,13 @@ class AgentLoop:
 
     def _checkpoint_workspace(self) -> None:
         """Record the workspace's git state at this turn boundary, once per boundary."""
-        if not self._vcs or self.state.turn in self.state.vcs:
+        if self._git is None or self.state.turn in self.state.vcs:
             return
         try:
-            point = vcs.capture(self.workspace, self.task_id, self.state.turn)
+            point = self._git.capture(self.task_id, self.state.turn)
         except vcs.VcsError as exc:
             self._event("vcs_capture_failed", level="warning", error=str(exc))
-            self._vcs = False
-            return
-        if point is None:
-            self._vcs = False
+            self._git = None
             return
         record = {"k": "vcs", "turn": self.state.turn, "commit": point.commit}
         # not synced on its own: the next record's fdatasync carries it, and a lost one

@@ -67,6 +67,9 @@ class TaskSpec:
     workspace: str | None = None
     scripted: bool = False
     forked_from: Mapping[str, Any] | None = None
+    #: The workspace's repository, decided at submit (``worker.vcs.Repository``), or None:
+    #: the workspace's files are then never checkpointed, whatever appears in it later.
+    git: Mapping[str, Any] | None = None
     created_at: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -105,6 +108,13 @@ class TaskSpec:
         forked = data.get("forked_from")
         if forked is not None and not isinstance(forked, dict):
             raise bad("forked_from must be an object or null")
+        git = data.get("git")
+        if git is not None and not (
+            isinstance(git, dict)
+            and all(isinstance(git.get(k), str) for k in ("work_tree", "common_dir"))
+            and isinstance(git.get("git_dir"), (str, type(None)))
+        ):
+            raise bad("git must be an object with work_tree, git_dir and common_dir, or null")
         return cls(
             id=data["id"],
             prompt=data["prompt"],
@@ -117,6 +127,7 @@ class TaskSpec:
             workspace=data.get("workspace"),
             scripted=bool(data.get("scripted", False)),
             forked_from=forked,
+            git=git,
             created_at=str(data.get("created_at", "")),
             extra=data.get("extra") or {},
         )
@@ -183,6 +194,11 @@ class TaskDir:
     @functools.cached_property
     def output(self) -> Path:
         return self.path / "worker.log"
+
+    @functools.cached_property
+    def git(self) -> Path:
+        """The task's private GIT_DIR (``worker.vcs``), when its workspace is under git."""
+        return self.path / "git"
 
     @functools.cached_property
     def decisions(self) -> Path:

@@ -21,6 +21,7 @@ from supervisor.status import held_calls, load_state, status_row
 from tests.support import (
     REPO,
     assert_paired,
+    git,
     journal_records,
     make_loop,
     make_spool,
@@ -240,17 +241,6 @@ def test_fork_of_a_fork_and_name_clash(spool: Spool) -> None:
 # -- version control ----------------------------------------------------------------------
 
 
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     path = tmp_path / "repo"
@@ -287,7 +277,7 @@ def test_fork_gets_its_own_worktree_at_the_turn(spool: Spool, repo: Path) -> Non
     task = scripted_task(spool, six_turns(), name="g2", workspace=repo)
     assert run_to_end(task) == "done"
     report = fork(spool, CONFIG, "g2", 2, name="g3")
-    assert "worktree" in report.workspace
+    assert "own work tree" in report.workspace
     ws = Path(spool.task("g3").load_spec().workspace or "")
     assert (ws / "a.txt").read_text() == "two" and (ws / "b.txt").read_text() == "bee"
     assert not (ws / "log.txt").exists()

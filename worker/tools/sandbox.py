@@ -106,6 +106,21 @@ class Sandbox:
         """What to execute for ``command`` (bwrap's own arguments carry the environment).
 
         Raises ``SandboxRefused`` under ``required`` when bwrap cannot run."""
+        return self.wrap([SHELL, "-c", command], workspace, env)
+
+    def wrap(
+        self,
+        argv: Sequence[str],
+        workspace: Path,
+        env: Mapping[str, str],
+        *,
+        binds: Sequence[Path] = (),
+        shown: Sequence[Path] = (),
+    ) -> list[str]:
+        """What to execute for ``argv``: under bwrap, with ``binds`` (folders that may be
+        hidden, such as a task's private GIT_DIR in the spool) also mounted writable and
+        ``shown`` read-only, each at its own path; ``argv`` itself where the command
+        would run bare."""
         verdict = self.verdict()
         if self.on_verdict is not None:
             self.on_verdict(verdict)
@@ -115,18 +130,19 @@ class Sandbox:
                 "the command did not run"
             )
         if verdict != "bwrap":
-            return [SHELL, "-c", command]
+            return list(argv)
         inner = {**env, "TMPDIR": PRIVATE_TMP} if "TMPDIR" in env else dict(env)
+        extra = [(Path(os.path.realpath(path)), "--bind") for path in binds] + [
+            (Path(os.path.realpath(path)), "--ro-bind") for path in shown
+        ]
         return [
             probe(self.bwrap, self.network).path,
             *namespace_options(self.network),
-            *mount_options(Path(os.path.realpath(workspace)), self._hidden()),
+            *mount_options(Path(os.path.realpath(workspace)), self._hidden(), extra),
             "--clearenv",
             *(arg for key, value in inner.items() for arg in ("--setenv", key, value)),
             "--",
-            SHELL,
-            "-c",
-            command,
+            *argv,
         ]
 
     def _hidden(self) -> tuple[Path, ...]:
@@ -139,9 +155,12 @@ def namespace_options(network: bool) -> list[str]:
     return [*unshare, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
 
 
-def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
+def mount_options(
+    workspace: Path, hidden: Iterable[Path], binds: Iterable[tuple[Path, str]] = ()
+) -> list[str]:
     """The filesystem: / read-only, fresh /proc, /dev and /tmp, the hidden paths covered,
-    the workspace writable at its own path, and ``--chdir`` into it.
+    the workspace writable at its own path (and each of ``binds``: a path and its bwrap
+    option), and ``--chdir`` into the workspace.
 
     Each mount is made after every mount of a shorter path (at equal depth, a cover before
     the workspace), so it lands on top of those that contain it. Covers of folders are
@@ -150,6 +169,7 @@ def mount_options(workspace: Path, hidden: Iterable[Path]) -> list[str]:
     plan: list[tuple[int, int, list[str]]] = [
         (_depth(Path(PRIVATE_TMP)), 0, ["--size", str(PRIVATE_TMP_SIZE), "--tmpfs", PRIVATE_TMP]),
         (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
+        *((_depth(path), 1, [option, str(path), str(path)]) for path, option in binds),
     ]
     paths = [path for path in _existing(hidden) if path != workspace]  # (a shared one)
     folders = {path for path in paths if path.is_dir()}

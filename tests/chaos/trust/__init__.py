@@ -40,6 +40,7 @@ ATTACKS: tuple[str, ...] = (
     "tests.chaos.trust.fork_flood",
     "tests.chaos.trust.output_flood",
     "tests.chaos.trust.swap_race",
+    "tests.chaos.trust.git_keys",
 )
 
 

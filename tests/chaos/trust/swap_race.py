@@ -48,11 +48,11 @@ from tests.support import journal_records, of_kind, poll_for, reply, text, tool_
 from worker.store.durable import atomic_write
 from worker.tools.beneath import Root
 from worker.tools.builtin import read_file, write_file
+from worker.tools.tool import ToolContext, ToolError
 
 #: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
 #: whose unprivileged daemon this attack's set-up does not serve.
 HOSTS = ("bwrap",)
-from worker.tools.tool import ToolContext, ToolError
 
 SECRET = "*:5432:*:agentd:pgpass-canary-7f3a9c"  # noqa: S105  (a canary, not a password)
 JOURNAL = b"a finished task's journal\n"
