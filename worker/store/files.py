@@ -293,6 +293,12 @@ class FileStore:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None, Version()
+        except PermissionError as exc:  # the folder or the file is another user's
+            raise Unreadable(
+                str(path),
+                f"{UNREADABLE} ({exc.strerror}): give the task folder to the user agentd runs "
+                "as, or remove it",
+            ) from None
         except OSError:
             raise Unreadable(str(path), UNREADABLE) from None
         try:
