@@ -23,6 +23,7 @@ from __future__ import annotations
 import secrets
 import shutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
@@ -335,17 +336,20 @@ def fork(
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
-    def prepare() -> None:
+    def prepare(folder: Path | None) -> None:
+        made = folder or spool.task(new_id).path  # (the folder being made, or the task's)
         if worktree is not None and snapshot:
-            vcs.add_worktree(parent_ws, snapshot, worktree)
+            vcs.add_worktree(parent_ws, snapshot, made / worktree.name)
         elif spec.workspace is None and parent_ws.is_dir():
-            shutil.copytree(parent_ws, spool.task(new_id).path / "workspace", symlinks=True)
+            shutil.copytree(parent_ws, made / "workspace", symlinks=True)
 
     try:
         script: bytes | None = store.load_script(parent_id)
     except FileNotFoundError:
         script = None
     create_task(spool, new_spec, script, journal=stamped, prepare=prepare)
+    if worktree is not None and snapshot:
+        vcs.moved_worktree(parent_ws, worktree)  # made in the folder moved into place
     record_event(store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at)
     ring(spool, new_id)
     return ForkReport(new_id, parent_id, at, note)

@@ -241,6 +241,11 @@ class Spool:
     def tasks_dir(self) -> Path:
         return self.root / "tasks"
 
+    @property
+    def tmp_dir(self) -> Path:
+        """Where a task folder is made before it is moved into ``tasks`` whole."""
+        return self.root / "tmp"
+
     def ensure(self) -> Spool:
         private_dir(self.root)
         private_dir(self.tasks_dir)

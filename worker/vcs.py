@@ -152,3 +152,11 @@ def add_worktree(workspace: Path, snapshot: str, target: Path) -> Path:
         raise VcsError(f"{workspace} is not inside a git repository")
     _git(root, "worktree", "add", "--detach", str(target), snapshot)
     return target / workspace.resolve().relative_to(root.resolve())
+
+
+def moved_worktree(workspace: Path, target: Path) -> None:
+    """Tell the repository of ``workspace`` that one of its worktrees now lives at
+    ``target`` (``git worktree repair``): it was made in a folder since moved."""
+    root = repo_root(workspace)
+    if root is not None:
+        _git(root, "worktree", "repair", str(target))

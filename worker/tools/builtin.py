@@ -16,7 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from worker.store.durable import atomic_write, private_dir, write_exclusive
+from worker.store.durable import (
+    NotRegularFileError,
+    atomic_write,
+    private_dir,
+    read_regular,
+    write_exclusive,
+)
 from worker.tools.paths import confine
 from worker.tools.sandbox import SandboxRefused
 from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
@@ -30,12 +36,13 @@ def read_file(ctx: ToolContext, path: str) -> str:
     """Read a UTF-8 text file from the workspace."""
     target = confine(ctx.workspace, path)
     try:
-        with open(target, "rb") as f:
-            data = f.read(MAX_READ + 1)
+        data = read_regular(target, MAX_READ, follow_symlinks=True)
     except FileNotFoundError:
         raise ToolError(f"no file {path!r} in the workspace") from None
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a folder; use list_dir") from None
+    except NotRegularFileError as exc:
+        raise ToolError(f"{path!r} is {exc.strerror}") from None
     if len(data) > MAX_READ:
         raise ToolError(f"{path!r} is larger than {MAX_READ} bytes")
     try:
