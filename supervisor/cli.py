@@ -54,6 +54,7 @@ from supervisor.stores import (
 from supervisor.submit import (
     PROMPT_FILE_LIMIT,
     RESULT_FILE_LIMIT,
+    checked_text,
     existing_task,
     listed_tasks,
     read_text_input,
@@ -152,7 +153,7 @@ def text_or_file(text: str | None, path: str | None, option: str, limit: int) ->
     """The value of ``--OPTION TEXT`` or the contents of ``--OPTION-file F`` (at most
     ``limit`` bytes: see ``PROMPT_FILE_LIMIT``)."""
     if path is None:
-        return text
+        return checked_text(text, f"--{option}")
     return read_text_input(Path(path), limit, f"--{option}-file")
 
 
@@ -521,6 +522,7 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         raise UsageError("--skip and --result are different decisions; give one.")
     if args.reason is not None and not args.skip:
         raise UsageError("--reason goes with --skip.")
+    checked_text(args.reason, "--reason")
     action = "skip" if args.skip else "result" if result is not None else "rerun"
     refuse_if_cancelled(task, "decision")  # checked again as each decision is written
     calls = (
@@ -660,7 +662,8 @@ def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import fork  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    report = fork(spool, config, args.task, args.at, name=args.name, prompt=args.prompt)
+    prompt = checked_text(args.prompt, "--prompt")
+    report = fork(spool, config, args.task, args.at, name=args.name, prompt=prompt)
     print(report.task)
     print(f"forked from {report.parent} at turn {report.at}; workspace: {report.workspace}",
           file=sys.stderr)  # fmt: skip

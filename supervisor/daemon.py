@@ -220,6 +220,7 @@ class Supervisor:
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(self.log, self.store, self._relayed)
         self._scanned = False  # the first rescan is done: tasks found later are new
+        self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
@@ -667,19 +668,35 @@ class Supervisor:
                     self._apply_requests(mine)
             return
         for task_id in self.store.task_ids():
-            slot = self.slots.get(task_id)
-            task = slot.task if slot is not None else self.spool.task(task_id)
-            if not self.store.exists(task_id):
-                continue
-            if slot is None:
-                slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
-                self.relay.track(task.id, from_end=not self._scanned)
-                self._recover(slot)
-            self.relay.pull(task.id)
-            self._apply_requests(slot)
-            if slot.record.state == TaskStatus.HELD and pending_decisions(task):
-                self._move(slot, TaskRecord.release_hold)
+            try:
+                self._scan(task_id)
+            except OSError as exc:  # a folder it cannot read (another user's): the rest go on
+                if task_id not in self._unreadable:
+                    self._unreadable.add(task_id)
+                    where = exc.filename or self.spool.task(task_id).path
+                    self.log.warning(
+                        "task_unreadable",
+                        task=task_id,
+                        reason=f"{where}: {exc.strerror or exc}",
+                        hint="give the task folder to the user agentd runs as, or remove it",
+                    )
+            else:
+                self._unreadable.discard(task_id)
         self._scanned = True
+
+    def _scan(self, task_id: str) -> None:
+        slot = self.slots.get(task_id)
+        task = slot.task if slot is not None else self.spool.task(task_id)
+        if not self.store.exists(task_id):
+            return
+        if slot is None:
+            slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
+            self.relay.track(task.id, from_end=not self._scanned)
+            self._recover(slot)
+        self.relay.pull(task.id)
+        self._apply_requests(slot)
+        if slot.record.state == TaskStatus.HELD and pending_decisions(task):
+            self._move(slot, TaskRecord.release_hold)
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its

@@ -59,7 +59,7 @@ class ForkServer:
             fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
             self.proc = start_process(
-                [sys.executable, "-m", "worker.forkserver"],
+                [sys.executable, "-m", "worker.forkserver", str(self.log)],
                 self.credentials,
                 self.env,
                 stdin=subprocess.PIPE,

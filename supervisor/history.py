@@ -23,6 +23,7 @@ from __future__ import annotations
 import secrets
 import shutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
@@ -348,11 +349,12 @@ def fork(
     else:
         note += "; the fork starts with a copy of the parent's files as they are now"
 
-    def prepare() -> None:
+    def prepare(folder: Path | None) -> None:
+        made = folder or spool.task(new_id).path  # (the folder being made, or the task's)
         if git is not None and worktree is not None and snapshot:
-            git.fork(snapshot, worktree, spool.task(new_id).git)
+            git.fork(snapshot, made / worktree.name, made / spool.task(new_id).git.name)
         elif spec.workspace is None and parent_ws.is_dir():
-            shutil.copytree(parent_ws, spool.task(new_id).path / "workspace", symlinks=True)
+            shutil.copytree(parent_ws, made / "workspace", symlinks=True)
 
     try:
         script: bytes | None = store.load_script(parent_id)

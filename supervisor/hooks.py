@@ -18,7 +18,8 @@ exec, as a fresh worker is) with its input in an unlinked file, so nothing waits
 pipe, and then watched through its pidfd from the daemon's loop, like a worker. One
 that exits with a code other than 0, cannot be started, or runs past ``HOOK_TIMEOUT``
 seconds (its whole process group is then killed) is reported as ``hook_failed``, with
-the last line of its stderr. A running hook is one of the daemon's own children
+the last line of its stderr (read from its end, ``STDERR_READ`` bytes at most: a hook's
+output never grows the daemon). A running hook is one of the daemon's own children
 (``HookRunner.pids``, in ``Supervisor.own_children``): the sweep of strays spares it;
 what it leaves behind when it ends is a stray like any other.
 """
@@ -55,6 +56,9 @@ HOOK_STATES = {
 
 #: Characters of a failed hook's stderr kept for ``hook_failed``.
 STDERR_TAIL = 300
+#: Bytes of a failed hook's stderr read back, from its end: whatever a hook writes (300 MB,
+#: say), the daemon holds no more than this of it, its last lines.
+STDERR_READ = 64 * 1024
 
 
 def check_commands(hooks: HooksConfig, source: Path | str) -> None:
@@ -167,8 +171,10 @@ class HookRunner:
             if code == 0 and not timed_out:
                 return
             try:
-                stderr.seek(0)
-                lines = stderr.read().decode("utf-8", "replace").strip().splitlines()
+                size = stderr.seek(0, os.SEEK_END)
+                stderr.seek(max(0, size - STDERR_READ))
+                tail = stderr.read(STDERR_READ)
+                lines = tail.decode("utf-8", "replace").strip().splitlines()
             except OSError:
                 lines = []
         if timed_out:

@@ -30,7 +30,7 @@ line goes to a new file of that name, not to the rotated one.
 
 from __future__ import annotations
 
-import contextlib
+import atexit
 import logging
 import os
 import sys
@@ -43,8 +43,8 @@ import structlog
 from structlog.typing import FilteringBoundLogger, Processor
 
 from worker.events import TaskEventLog, read_events, read_events_from
+from worker.output import LOG_FILE_LIMIT, BoundedOutput
 from worker.redactor import REDACTED, Redactor, redact
-from worker.store.durable import open_private
 
 __all__ = [
     "EVENTS_FILE",
@@ -68,8 +68,10 @@ LogFormat = Literal["json", "console"]
 #: The name of each task's event file inside its spool folder.
 EVENTS_FILE = "events.jsonl"
 
-#: The file this process's stdout and stderr were sent to (``log_to_file``), if any.
+#: The file this process's stdout and stderr were sent to (``log_to_file``), if any, and
+#: the copy that bounds it.
 _log_file: Path | None = None
+_output: BoundedOutput | None = None
 
 #: Lines kept while the log's stream refuses writes; older ones are dropped past this.
 LOG_BACKLOG = 1000
@@ -213,32 +215,24 @@ def reset() -> None:
 
 
 def log_to_file(path: Path) -> None:
-    """Send this process's stdout and stderr to ``path`` (appended; created 0600), and
+    """Send this process's stdout and stderr to ``path`` (appended; created 0600; moved to
+    ``PATH.1`` past ``LOG_FILE_LIMIT``, as a worker's output is: ``worker.output``), and
     remember it for ``reopen_log_file``. Raises OSError when it cannot be opened."""
-    global _log_file  # noqa: PLW0603  (the same)
-    _redirect_output(path)
+    global _log_file, _output  # noqa: PLW0603  (the same)
+    if _output is not None:
+        _output.close()
+    _output = BoundedOutput(path, LOG_FILE_LIMIT)
+    atexit.register(_output.close)  # what is still in the pipe reaches the file
     _log_file = path
 
 
 def reopen_log_file() -> Path | None:
-    """Open the log file again by its name (after a rotation: a new file) and send stdout
-    and stderr to it; the path, or None when this process logs to no file. Raises OSError
-    when it cannot be opened, and the output stays on the file it was on."""
-    if _log_file is not None:
-        _redirect_output(_log_file)
+    """Open the log file again by its name (after a rotation: a new file); the path, or
+    None when this process logs to no file. Raises OSError when it cannot be opened, and
+    the output stays on the file it was on."""
+    if _output is not None:
+        _output.reopen()
     return _log_file
-
-
-def _redirect_output(path: Path) -> None:
-    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # a line cut at the swap is lost
-                stream.flush()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-    finally:
-        os.close(fd)
 
 
 def dropped_lines() -> int:

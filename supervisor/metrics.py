@@ -13,8 +13,12 @@ Two sources, one exposition:
   beat, written as it ends, is folded when its exit is settled, so its last interval is
   not lost; a worker killed with ``-9`` loses at most the interval since its last beat.
 
-The server is ``prometheus_client``'s, in a thread, with a registry of its own holding
-one collector (``serve``). A scrape asks the daemon's event loop for a ``Sample`` (every
+The server is ``prometheus_client``'s WSGI application with a registry of its own holding
+one collector, served by a bounded server (``_BoundedServer``): one thread accepts, a pool
+of ``HANDLER_THREADS`` answers, at most ``MAX_CONNECTIONS`` connections are open at once
+(more are closed as they come), and a connection that says nothing for
+``CONNECTION_TIMEOUT`` seconds is dropped. Idle connections by the hundred cost a few
+threads, never one each. A scrape asks the daemon's event loop for a ``Sample`` (every
 value is read on the loop, which alone changes them: one consistent picture, no locks on
 the daemon's side) and renders it; so a daemon that nobody scrapes reads no heartbeat for
 metrics at all. ``prometheus_client`` is imported only when metrics are served: the
@@ -63,6 +67,11 @@ SAMPLE_PATIENCE = 2.0
 #: bound a label set (tool names come from the registry, a few dozen at most).
 MAX_TOOLS = 256
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+#: The metrics server's bounds: threads that answer, connections open at once (the rest
+#: are closed at once), and seconds a connection may stay silent.
+HANDLER_THREADS = 2
+MAX_CONNECTIONS = 16
+CONNECTION_TIMEOUT = 5.0
 
 
 @dataclass
@@ -362,7 +371,7 @@ class MetricsServer:
         is the caller's to report."""
         if "ssl" in sys.modules and sys.modules["ssl"] is None:
             del sys.modules["ssl"]  # kept out by `agentd start`; prometheus_client needs it
-        from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415  (after `ssl`)
+        from prometheus_client import CollectorRegistry, make_wsgi_app  # noqa: PLC0415  (after `ssl`)
         from prometheus_client.registry import Collector  # noqa: PLC0415  (the same)
 
         server = self
@@ -375,7 +384,11 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SpoolCollector())
         host, port = self.address
-        self._server, self._thread = start_http_server(port, host, registry=registry)
+        self._server = _bounded_server(host, port, make_wsgi_app(registry))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics", daemon=True
+        )
+        self._thread.start()
 
     def sample(self) -> Sample | None:
         """A fresh sample from the loop (from the server's thread), or the last one when
@@ -402,3 +415,48 @@ class MetricsServer:
         if self._thread is not None:
             self._thread.join(timeout=1)
             self._thread = None
+
+
+def _bounded_server(host: str, port: int, app: Any) -> WSGIServer:
+    """A WSGI server on ``(host, port)`` within the bounds above (the module docstring)."""
+    import socket  # noqa: PLC0415  (only a daemon with [metrics] serves)
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer  # noqa: PLC0415  (the same)
+
+    class Handler(WSGIRequestHandler):
+        timeout = CONNECTION_TIMEOUT  # each read and write of the connection
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a scrape is no event of the daemon's
+
+    class Server(WSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        def __init__(self) -> None:
+            self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                HANDLER_THREADS, thread_name_prefix="metrics"
+            )
+            super().__init__((host, port), Handler)  # (a failed bind calls server_close)
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self._slots.acquire(blocking=False):
+                self.shutdown_request(request)  # past the limit: closed at once
+                return
+            self._pool.submit(self._answer, request, client_address)
+
+        def _answer(self, request: Any, client_address: Any) -> None:
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: S110  (a client gone, a timeout: its own business)
+                pass
+            finally:
+                self.shutdown_request(request)
+                self._slots.release()
+
+        def server_close(self) -> None:
+            super().server_close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    server = Server()
+    server.set_app(app)
+    return server

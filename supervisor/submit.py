@@ -23,7 +23,7 @@ from worker.config import Config
 from worker.errors import NotFoundError, TaskSpecError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
-from worker.store.durable import private_dir
+from worker.store.durable import NotRegularFileError, private_dir, read_regular
 from worker.store.files import refuse_symlinks
 
 #: Caps on the files an operator names on the command line. Each is read up to its cap and
@@ -39,10 +39,11 @@ def read_input(path: Path, limit: int, option: str) -> bytes:
     """The bytes of a file named by ``option``, at most ``limit`` of them; a UsageError in
     one line when it is missing, unreadable or larger."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular(path, limit, follow_symlinks=True)
     except FileNotFoundError:
         raise UsageError(f"{option} {path}: no such file; check the path.") from None
+    except NotRegularFileError as exc:
+        raise UsageError(f"{option} {path} is {exc.strerror}; name a file.") from None
     except OSError as exc:
         raise UsageError(
             f"{option} {path}: cannot read it ({exc.strerror or exc}); check the path and its "
@@ -62,6 +63,21 @@ def read_text_input(path: Path, limit: int, option: str) -> str:
         return read_input(path, limit, option).decode()
     except UnicodeDecodeError:
         raise UsageError(f"{option} {path} is not UTF-8 text; save it as UTF-8.") from None
+
+
+def checked_text(value: str | None, option: str) -> str | None:
+    """``value`` when UTF-8 can hold it; a UsageError in one line when it cannot: an
+    argument whose bytes were not UTF-8, which Python keeps as surrogate escapes, and no
+    spec, journal or model request can carry."""
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"{option} is not UTF-8 text (the shell passed bytes of another encoding); "
+                "give it in UTF-8."
+            ) from None
+    return value
 
 
 def _size(limit: int) -> str:
@@ -87,6 +103,9 @@ def submit(
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415
 
     task_id = validate_task_id(name) if name is not None else new_task_id()
+    checked_text(prompt, "--prompt")
+    checked_text(system, "--system")
+    checked_text(model, "--model")
     if not prompt.strip():
         raise UsageError("the prompt is empty; give --prompt TEXT or --prompt-file FILE.")
     if max_turns < 1:
@@ -132,7 +151,7 @@ def submit(
     folder = Path(spec.workspace) if spec.workspace else spool.task(task_id).path / "workspace"
     spec = dataclasses.replace(spec, workspace=str(folder))
 
-    def prepare() -> None:
+    def prepare(_: Path | None) -> None:
         if folder.parent == spool.task(task_id).path:  # the default: in the spool, private
             spool.ensure()
             private_dir(folder.parent)
@@ -175,7 +194,7 @@ def create_task(
     script: bytes | None,
     *,
     journal: Sequence[dict[str, Any]] = (),
-    prepare: Callable[[], None] | None = None,
+    prepare: Callable[[Path | None], None] | None = None,
 ) -> TaskDir:
     """Create the task in the spool's store (``TaskStore.create``): a queued record, a
     fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 import tomli_w
 
 from worker.errors import ConfigError
+from worker.store.durable import read_regular
 from worker.tools.sandbox import SandboxMode
 
 #: The environment variable that names the config file when no path is given.
@@ -240,8 +241,7 @@ def read_config(
         elif (path := discovered_config(environ)) is None:
             return Config(), None
     try:
-        with path.open("rb") as f:
-            data = f.read(CONFIG_FILE_LIMIT + 1)
+        data = read_regular(path, CONFIG_FILE_LIMIT, follow_symlinks=True)
         if len(data) > CONFIG_FILE_LIMIT:
             raise ConfigError(
                 f"{path}: is larger than the 1 MiB a config file may have{how}; "

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from worker.errors import ConfigError
+from worker.store.durable import read_regular
 
 if TYPE_CHECKING:
     import subprocess
@@ -202,9 +203,7 @@ def how_to_change(name: str, environ: Mapping[str, str]) -> str:
 
 def _read_secret(path: Path, origin: str) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SECRET + 1)
-        text = data.decode().strip()
+        text = read_regular(path, MAX_SECRET, follow_symlinks=True).decode().strip()
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         raise ConfigError(f"cannot read {origin}: {why}; fix the file or unset it.") from None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from worker.redactor import Redactor, redact
+from worker.store.durable import open_regular
 
 
 def utc_now() -> str:
@@ -80,7 +81,7 @@ def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int
     Lines that are not a JSON object (torn by a crash) are skipped.
     """
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             f.seek(offset)
             data = f.read()
     except OSError:  # none yet, or not a file of ours (a symlink): no events to show

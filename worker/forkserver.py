@@ -38,6 +38,7 @@ from typing import Any
 
 from worker import proctitle
 from worker.credentials import take_over
+from worker.output import LOG_FILE_LIMIT, BoundedOutput
 from worker.store.durable import open_private
 
 
@@ -201,8 +202,10 @@ def reap(middle: int, *, wait: bool = True) -> bool:
 
 
 def serve() -> int:
-    take_over()
+    take_over()  # (it may execute this process again: the copy's thread starts after it)
     proctitle.fork_server()
+    if len(sys.argv) > 1:  # its log: bounded as a worker's output is (``worker.output``)
+        BoundedOutput.install(Path(sys.argv[1]), LOG_FILE_LIMIT, fds=(2,))
     preload()
     os.write(1, b'{"ready": true}\n')
     middles: list[int] = []  # intermediate children not reaped yet: off the reply's path

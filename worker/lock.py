@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from worker.errors import LockBusyError
-from worker.store.durable import open_private
+from worker.store.durable import open_private, open_regular
 
 
 class TaskLock:
@@ -67,7 +67,7 @@ def holder_pid(path: Path) -> int | None:
 def is_locked(path: Path) -> bool:
     """True when some process holds the lock. Probes without taking it for long."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_regular(path)
     except OSError:  # none, or not a lock file (a symlink): no worker can hold it either
         return False
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -217,7 +218,15 @@ class TaskDir:
         return self.decisions / f"{validate_call_id(key)}.{attempt}.json"
 
     def exists(self) -> bool:
-        return self.spec.is_file()
+        """Whether the folder holds a task: its spec is a file, or the folder cannot be
+        looked into (owned by another user, say). A task that cannot be read is still a
+        task: it is shown ``failed`` with its reason, never taken for an empty folder."""
+        try:
+            return stat.S_ISREG(os.stat(self.spec, follow_symlinks=False).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            return True
 
     def load_spec(self) -> TaskSpec:
         try:
@@ -246,6 +255,11 @@ class Spool:
     @property
     def tasks_dir(self) -> Path:
         return self.root / "tasks"
+
+    @property
+    def tmp_dir(self) -> Path:
+        """Where a task folder is made before it is moved into ``tasks`` whole."""
+        return self.root / "tmp"
 
     def ensure(self) -> Spool:
         private_dir(self.root)

@@ -196,7 +196,9 @@ class Git:
             for name in [f"{i:02x}" for i in range(256)] + ["pack"]:
                 (build / "borrowed" / name).symlink_to(objects / name)
             alternates = build / "objects" / "info" / "alternates"
-            alternates.write_text(f"{self.private / 'borrowed'}\n")
+            # relative to the objects folder: the GIT_DIR may be made in a folder that is
+            # then moved into place (a fork's task folder, built whole before it appears)
+            alternates.write_text("../borrowed\n")
             os.rename(build, self.private)
         except FileExistsError:
             shutil.rmtree(build, ignore_errors=True)  # another process made it first

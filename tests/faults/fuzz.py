@@ -690,6 +690,16 @@ crash_loop_limit = 3
 stop_grace = 2.0
 """
 SETTLED = ("done", "failed", "held", "cancelled")
+#: The owner of the spool content that is another user's.
+STRANGER = 12345
+#: How the daemon and status run: as root, in a user namespace that maps only root, so
+#: that a file of ``STRANGER``'s is as closed to them as to a daemon run as its own user
+#: (root would read it anyway); empty where that cannot be done (not root, no unshare).
+AS_DAEMON: tuple[str, ...] = ()
+if os.geteuid() == 0 and shutil.which("unshare"):
+    _probe = ["unshare", "--user", "--map-root-user", "true"]
+    if subprocess.run(_probe, capture_output=True, check=False).returncode == 0:
+        AS_DAEMON = tuple(_probe[:-1])
 
 
 def _garbage(rng: random.Random, size: int = 64) -> bytes:
@@ -755,7 +765,25 @@ def plant_bad_tasks(spool: Spool, rng: random.Random) -> dict[str, tuple[str, ..
     bad_decision.parent.mkdir(mode=0o700, exist_ok=True)
     bad_decision.write_bytes(_garbage(rng))
     expect["decision-garbage"] = ("held",)
+    # a file where a folder should be
+    task("decisions-file", ("done",), decisions=_garbage(rng))
+    task("output-folder", ("done", "failed"), output=None)
+    t = task("workspace-file", ("done", "failed"))
+    shutil.rmtree(t.path / "workspace", ignore_errors=True)
+    (t.path / "workspace").write_bytes(_garbage(rng))
+    # folders and files the daemon may not read: another user's (``STRANGER``), seen
+    # from a daemon without the root's right to read anything (``AS_DAEMON``)
+    if AS_DAEMON:
+        for name, mode in (("foreign", 0o700), ("foreign-000", 0o000)):
+            t = task(name, ("failed",))
+            for path in (t.path, *t.path.iterdir()):
+                os.chown(path, STRANGER, STRANGER, follow_symlinks=False)
+            t.path.chmod(mode)
+        t = task("foreign-state", ("failed",))
+        os.chown(t.state, STRANGER, STRANGER)
+        t.state.chmod(0o600)
     # junk that is no task
+    (spool.tasks_dir / "not-a-folder").write_bytes(_garbage(rng))
     (spool.tasks_dir / "README").write_bytes(_garbage(rng))
     (spool.tasks_dir / "Bad..Name").mkdir()
     (spool.tasks_dir / "empty").mkdir()
@@ -765,7 +793,16 @@ def plant_bad_tasks(spool: Spool, rng: random.Random) -> dict[str, tuple[str, ..
 
 def _status(spool: Spool) -> tuple[int, dict[str, Any] | None, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor", "--spool", str(spool.root), "status", "--json"],
+        [
+            *AS_DAEMON,
+            sys.executable,
+            "-m",
+            "supervisor",
+            "--spool",
+            str(spool.root),
+            "status",
+            "--json",
+        ],
         cwd=REPO,
         env=worker_env(STABLE_ENV),
         capture_output=True,
@@ -787,7 +824,10 @@ def daemon_on_garbage(root: Path, rng: random.Random, timeout: float) -> list[Fi
     expect = plant_bad_tasks(spool, rng)
     scripted_task(spool, mixed_plan(3).responses, name="good")
     log = root / "daemon.log"
-    cmd = [sys.executable, "-m", "supervisor", "--spool", str(spool.root), "--config", str(config)]
+    cmd = [
+        *AS_DAEMON,
+        *(sys.executable, "-m", "supervisor", "--spool", str(spool.root), "--config", str(config)),
+    ]
     with open(log, "wb") as out:
         daemon = subprocess.Popen(
             [*cmd, "--log-format", "json", "start"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,10 +92,11 @@ def test_what_prepare_makes_comes_before_the_task_and_a_failed_one_leaves_none(
     store: TaskStore,
 ) -> None:
     seen: list[bool] = []
-    store.create(TaskSpec(id="f1", prompt="p"), {}, prepare=lambda: seen.append(store.exists("f1")))
+    spec = TaskSpec(id="f1", prompt="p")
+    store.create(spec, {}, prepare=lambda _: seen.append(store.exists("f1")))
     assert seen == [False] and store.exists("f1")
 
-    def fail() -> None:
+    def fail(_: Path | None) -> None:
         raise OSError("no room for the workspace")
 
     with pytest.raises(OSError, match="no room"):

@@ -613,8 +613,8 @@ def test_every_file_the_cli_reads_has_a_size_cap(
         if option == "--prompt-file":
             command.remove("--prompt")
             command.remove("x")
-    for path in ("/dev/zero", str(big)):
-        assert_error(agentd(*command, path), 2, option, path, "larger than")
+    assert_error(agentd(*command, str(big)), 2, option, str(big), "larger than")
+    assert_error(agentd(*command, "/dev/zero"), 2, option, "a character device, not a regular")
     err = assert_error(agentd(*command, missing), 2, option, missing, "no such file")
     assert "Errno" not in err
     assert not task.decisions.exists() and not agentd.spool.task("capped").exists()
@@ -626,8 +626,8 @@ def test_every_file_the_cli_reads_has_a_size_cap(
 def test_a_config_file_over_its_cap_exits_78_in_one_line(agentd: Run, tmp_path: Path) -> None:
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * 1024 * 1024 + "\n")
-    for path in ("/dev/zero", str(big)):
-        assert_error(agentd("--config", path, "status"), 78, path, "larger than")
+    assert_error(agentd("--config", str(big), "status"), 78, str(big), "larger than")
+    assert_error(agentd("--config", "/dev/zero", "status"), 78, "not a regular file")
 
 
 # -- OS-level failures: one line, never a traceback -------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import psutil
 import pytest
 
 from supervisor.hooks import HookRunner, check_commands
+from tests.support import REPO
 from worker.config import HooksConfig
 from worker.errors import ConfigError
 
@@ -102,3 +104,32 @@ def test_config_check_names_a_hook_command_that_does_not_exist(tmp_path: Path) -
         check_commands(HooksConfig(on_failed=("no-such-pager-x",)), "f.toml")
     with pytest.raises(ConfigError, match="is not an executable file"):
         check_commands(HooksConfig(on_held=(str(tmp_path / "pager"),)), "f.toml")
+
+
+def test_a_hook_that_writes_hundreds_of_megabytes_of_stderr_leaves_the_daemon_small() -> None:
+    """Only the end of a hook's stderr is read back: 200 MB of it must not reach the
+    daemon's memory (its peak resident size, measured in a process of its own)."""
+    flood = (
+        "import os; chunk = b'x' * (1 << 20); "
+        "[os.write(2, chunk) for _ in range(200)]; os.write(2, b'\\nthe last words\\n'); "
+        "raise SystemExit(1)"
+    )
+    probe = (
+        "import resource, sys, json\n"
+        "from tests.supervisor.test_hooks import run_hooks\n"
+        f"reports, _, _ = run_hooks([[sys.executable, '-c', {flood!r}]], timeout=120, within=150)\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "print(json.dumps({'reports': reports, 'peak': peak}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["reports"] == [["t1", "on_held", "exit 1: the last words"]]
+    assert result["peak"] < 100 * 1024 * 1024  # the interpreter and the loop: some 20-40 MB

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.control import running_pid
-from supervisor.metrics import Metrics
+from supervisor.metrics import HANDLER_THREADS, Metrics
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use
 from worker.config import Config, load_config
@@ -317,3 +318,33 @@ def test_a_listen_address_that_cannot_be_bound_stops_the_start_in_one_line(
                 assert running_pid(daemon.spool) is None  # nothing serves, the lock is free
             finally:
                 daemon.cleanup()
+
+
+def test_idle_connections_by_the_hundred_cost_a_few_threads_and_scrapes_go_on(
+    scraper: Scraper,
+) -> None:
+    """The metrics server holds at most ``MAX_CONNECTIONS`` connections on a pool of
+    ``HANDLER_THREADS`` threads: 300 connections that never send a request do not grow
+    the daemon by a thread each, and once they are closed a scrape is answered."""
+    assert scraper.daemon.proc is not None
+    daemon = psutil.Process(scraper.daemon.proc.pid)
+    scraper.text()
+    before = daemon.num_threads()
+    port = int(scraper.url.split(":")[2].split("/")[0])
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        peak = max(daemon.num_threads() for _ in range(20))
+    finally:
+        for conn in idle:
+            conn.close()
+    assert peak <= before + HANDLER_THREADS + 1, (before, peak)
+
+    def answered() -> bool:
+        try:
+            return "agentd_tasks" in scraper.text()
+        except OSError:  # refused while the closed connections are let go
+            return False
+
+    poll_for(answered, 30, what="a scrape after the flood")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from worker.errors import ModelError, TaskSpecError
 from worker.models.base import JSON, ModelReply, ModelRequest, SummaryOf, Usage
+from worker.store.durable import read_regular
 
 _BLOCK_TYPES = {"text", "tool_use", "thinking"}
 _CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -114,8 +114,7 @@ def load_script(path: Path) -> list[JSON]:
 def _read_script(path: Path) -> bytes:
     try:
         # never through a symlink: a task's script is a file of its own folder
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW), "rb") as f:
-            raw = f.read()
+        raw = read_regular(path)
     except FileNotFoundError:
         raise TaskSpecError(f"{path}: the task has no script; submit it with --script.") from None
     except OSError as exc:

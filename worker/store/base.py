@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from worker.errors import JournalCorruptError, StorageError
@@ -260,12 +261,14 @@ class TaskStore(Protocol):
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[Path | None], None] | None = None,
     ) -> None:
         """Create the task with its first ``record`` (and a fork's first journal records):
         all or nothing, and ``StateConflictError`` when the id is taken. ``prepare`` makes
         what lives beside the store (a fork's workspace) before the task can be seen: if
-        it raises, there is no task."""
+        it raises, there is no task. It is given the folder the task's files are being
+        made in (the spool's store), or None: the task's folder in the spool, made by
+        ``prepare`` itself where it needs one (a shared store)."""
         ...
 
     def task_ids(self) -> list[str]: ...

@@ -6,6 +6,13 @@
 * ``private_dir`` / ``open_private`` create folders 0700 and files 0600 whatever the umask.
 * ``write_exclusive`` creates a file only if it does not exist yet (link(2) of a fully
   written temp file), so two writers racing for one name get exactly one winner.
+* ``move_exclusive`` moves a whole folder into place unless its name is taken
+  (``renameat2(RENAME_NOREPLACE)``; a plain rename would replace an empty folder).
+
+Reads go through ``open_regular``, which opens with ``O_NONBLOCK`` and then looks at
+what it opened (``fstat``): a FIFO, a device or a socket, named on the command line or
+planted in the spool, is refused (``NotRegularFileError``) instead of blocking the
+reader for ever or feeding it without end.
 
 A failed fsync is never retried on the same data: the error is raised as
 ``StorageError`` and the caller stops (the page cache may already have dropped the dirty
@@ -15,9 +22,11 @@ pages, so a retry could report success for data that never reached the disk).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +164,45 @@ def write_exclusive_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> b
     return True
 
 
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def move_exclusive(src: Path, dst: Path) -> bool:
+    """Move the folder ``src`` to ``dst`` unless ``dst`` exists, then make the move
+    durable; True if this call made ``dst``. Both are in one file system. Two callers
+    racing for one ``dst`` get exactly one winner: ``renameat2(RENAME_NOREPLACE)``, or
+    where the kernel or the file system lacks it, an exclusive ``mkdir`` of ``dst`` that
+    the rename then replaces (``dst`` is an empty folder meanwhile)."""
+    renameat2 = getattr(_libc, "renameat2", None)
+    done = -1
+    if renameat2 is not None:
+        done = renameat2(
+            _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE
+        )
+    if done != 0:
+        code = ctypes.get_errno() if renameat2 is not None else errno.ENOSYS
+        if code == errno.EEXIST:
+            return False
+        if code not in (errno.ENOSYS, errno.EINVAL):
+            raise storage_error("moving into place", dst, OSError(code, os.strerror(code)))
+        try:
+            os.mkdir(dst, DIR_MODE)
+        except FileExistsError:
+            return False
+        try:
+            os.rename(src, dst)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)
+            raise storage_error("moving into place", dst, exc) from exc
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent)
+    return True
+
+
 def dump_json(obj: Any) -> bytes:
     """``obj`` as compact UTF-8 JSON: how agentd stores every record, snapshot and file.
     orjson writes it, twenty times faster than ``json.dumps`` on a turn's record (after
@@ -184,11 +232,65 @@ def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
     atomic_write(path, dump_json(obj), durable=durable)
 
 
+class NotRegularFileError(OSError):
+    """A path that names a FIFO, a device or a socket where a file was expected; its
+    ``strerror`` says which (``"a FIFO, not a regular file"``)."""
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _not_regular(path: Path | str, mode: int) -> OSError:
+    if stat.S_ISDIR(mode):
+        return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return NotRegularFileError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+
+
+def open_regular(path: Path | str, *, follow_symlinks: bool = False) -> int:
+    """A read-only descriptor of the regular file at ``path``. The open never blocks
+    (``O_NONBLOCK``: a FIFO opens at once, and is then refused); anything but a regular
+    file raises ``NotRegularFileError`` (``IsADirectoryError`` for a folder). A symlink
+    at ``path`` is followed only when ``follow_symlinks`` (a file an operator names, not
+    one of the spool's)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a socket cannot be opened at all
+            raise
+        try:
+            mode = os.stat(path, follow_symlinks=follow_symlinks).st_mode
+        except OSError:
+            raise exc from None
+        raise _not_regular(path, mode) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    return fd
+
+
+def read_regular(
+    path: Path | str, limit: int | None = None, *, follow_symlinks: bool = False
+) -> bytes:
+    """The bytes of the regular file at ``path`` (``open_regular``), at most ``limit`` + 1
+    of them when ``limit`` is given, so that the caller can tell a file past its cap."""
+    with os.fdopen(open_regular(path, follow_symlinks=follow_symlinks), "rb") as f:
+        return f.read() if limit is None else f.read(limit + 1)
+
+
 def read_bytes(path: Path) -> bytes:
-    """A file's bytes, never through a symlink at ``path``; errors are the caller's."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    """A spool file's bytes, never through a symlink at ``path``, never from anything but
+    a regular file; errors are the caller's."""
+    return read_regular(path)
 
 
 def read_json(path: Path) -> Any:

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,6 +47,8 @@ from worker.store.durable import (
     atomic_write,
     atomic_write_json,
     load_json,
+    move_exclusive,
+    open_regular,
     private_dir,
     read_bytes,
     read_json,
@@ -128,24 +131,36 @@ class FileStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[Path | None], None] | None = None,
     ) -> None:
-        """Make the folder; the spec is written last: until then the folder is no task.
-        ``prepare`` adds what lives beside the store's files (a fork's workspace, in the
-        folder) before the spec, so a kill leaves no task or a whole one."""
+        """Make the whole folder in ``SPOOL/tmp/.submit-XXXX`` (``prepare`` adds what lives
+        beside the store's files there: a fork's workspace), the spec last, then move it
+        to ``SPOOL/tasks/ID`` in one step (``move_exclusive``): the task appears whole or
+        not at all, and of two submits of one name exactly one succeeds."""
         self.spool.ensure()
         task = self.task(spec.id)
-        make_task_folder(task)
-        if script is not None:
-            atomic_write(task.script, script)
-        atomic_write_json(task.state, record)
-        if journal:
-            opened, _ = Journal.open(task.journal, task=task.id)
-            with opened:
-                opened.append(journal)
-        if prepare is not None:
-            prepare()
-        atomic_write_json(task.spec, spec.to_json())
+        refuse_symlinks(task)
+        staging = Path(tempfile.mkdtemp(prefix=".submit-", dir=private_dir(self.spool.tmp_dir)))
+        try:
+            if script is not None:
+                atomic_write(staging / task.script.name, script)
+            atomic_write_json(staging / task.state.name, record)
+            if journal:
+                opened, _ = Journal.open(staging / task.journal.name, task=task.id)
+                with opened:
+                    opened.append(journal)
+            if prepare is not None:
+                prepare(staging)
+            atomic_write_json(staging / task.spec.name, spec.to_json())
+            if not move_exclusive(staging, task.path):
+                # an empty folder (a submit killed in ``move_exclusive``'s fallback) is no
+                # task: it gives way, once
+                with contextlib.suppress(OSError):
+                    task.path.rmdir()
+                if not move_exclusive(staging, task.path):
+                    raise _taken(task)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def read_all(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # (reads are local: nothing to gather)
@@ -312,9 +327,15 @@ class FileStore:
         (``UNREADABLE``) or is no JSON object (``NOT_A_RECORD``)."""
         path = self.task(task_id).state
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = open_regular(path)
         except FileNotFoundError:
             return None, Version()
+        except PermissionError as exc:  # the folder or the file is another user's
+            raise Unreadable(
+                str(path),
+                f"{UNREADABLE} ({exc.strerror}): give the task folder to the user agentd runs "
+                "as, or remove it",
+            ) from None
         except OSError:
             raise Unreadable(str(path), UNREADABLE) from None
         try:
@@ -393,19 +414,13 @@ def spool_store(root: Path) -> FileStore:
         return store
 
 
-def make_task_folder(task: TaskDir) -> None:
-    """Make the folder of a new task, or of one whose submit died half-way (it has no
-    spec: it never was a task); ``StateConflictError`` when the task exists."""
-    refuse_symlinks(task)
-    try:
-        task.path.mkdir(mode=0o700)
-    except FileExistsError:
-        if task.exists():
-            raise StateConflictError(
-                f"a task named {task.id!r} already exists; pick another --name."
-            ) from None
-        shutil.rmtree(task.path, ignore_errors=True)
-        task.path.mkdir(mode=0o700)
+def _taken(task: TaskDir) -> StateConflictError:
+    if task.exists():
+        return StateConflictError(f"a task named {task.id!r} already exists; pick another --name.")
+    return StateConflictError(
+        f"{task.path} exists and is no task (it has no spec.json); remove it, or pick "
+        "another --name."
+    )
 
 
 def refuse_symlinks(task: TaskDir) -> None:

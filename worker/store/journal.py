@@ -70,7 +70,13 @@ from typing import Any
 
 from worker.errors import JournalCorruptError, SpoolError, StorageError
 from worker.store.base import MAX_RECORD, record_bytes
-from worker.store.durable import atomic_write, load_json, open_private, storage_error
+from worker.store.durable import (
+    atomic_write,
+    load_json,
+    open_private,
+    open_regular,
+    storage_error,
+)
 
 JOURNAL_VERSION = 2
 
@@ -221,7 +227,7 @@ def _durable_after(
 def read_file(path: Path, start: int = 0) -> Scan:
     """Read-only scan of a journal file (for status and history); never modifies it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_regular(path)
     except FileNotFoundError:
         raise
     except OSError as exc:  # a symlink (never followed), a folder...

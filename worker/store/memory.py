@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from worker.errors import (
@@ -145,7 +146,7 @@ class MemoryStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[Path | None], None] | None = None,
     ) -> None:
         header = record_bytes({"k": "header", "v": JOURNAL_VERSION, "task": spec.id})
         items = [header, *(record_bytes(r) for r in journal)] if journal else []
@@ -155,7 +156,7 @@ class MemoryStore:
                     f"a task named {spec.id!r} already exists; pick another --name."
                 )
             if prepare is not None:
-                prepare()
+                prepare(None)
             task = _Task(spec, script, dump_json(record))
             for item in items:
                 task.journal.append(item)

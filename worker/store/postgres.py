@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -380,7 +381,7 @@ class PostgresStore:
         *,
         script: bytes | None = None,
         journal: Sequence[JSON] = (),
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[Path | None], None] | None = None,
     ) -> None:
         """One transaction makes the task; ``prepare`` runs before it, so a failed
         ``prepare`` leaves no task (and a refused insert leaves what it made)."""
@@ -391,7 +392,7 @@ class PostgresStore:
         params += [_state_of(record), len(items), *items]
         sql = _create_sql(len(items))
         if prepare is not None:
-            prepare()
+            prepare(None)
         try:
             with self.db.step() as conn:
                 conn.execute(sql, params)
