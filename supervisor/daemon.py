@@ -75,7 +75,7 @@ from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import FINAL_STATES, Move, TaskRecord
-from supervisor.relay import DAEMON_MARK, EventRelay
+from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.workers import (
@@ -218,7 +218,9 @@ class Supervisor:
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
         self.metrics = Metrics()
         # the other processes' task events, into this log (and the counters they feed)
-        self.relay = EventRelay(self.log, self.store, self._relayed)
+        self.relay = EventRelay(
+            self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
+        )
         self._scanned = False  # the first rescan is done: tasks found later are new
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}

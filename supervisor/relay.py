@@ -16,22 +16,29 @@ for the next read). The daemon reads a task's tail before it logs an event of th
 (the doorbell of a CLI command, or every few seconds), and for each running task at
 each tick.
 
-Offsets are kept in memory only. A task the daemon finds when it starts is tailed from
-the end of its file: a restart never logs a task's history again (the events are in the
-file, for ``agentd logs``). A task found later (submitted, forked) is tailed from its
-first line. What a worker wrote while no daemon ran is therefore not relayed; a worker
-that held then holds again when it is resumed, and that hold is.
+Each task's cursor is kept durably in the spool (``CursorFiles``: ``SPOOL/relay/ID.json``,
+written after the lines it passes are logged), and a daemon that starts relays each task
+from its cursor: what a worker or a command wrote while no daemon ran reaches the log at
+the next start, and nothing is logged twice. A task without a cursor is relayed from its
+first line; only on a spool that never had cursors (one of a release before them: no
+``SPOOL/relay`` folder) are the tasks found at the first start tailed from their end, so
+that an upgrade does not log every task's history again. A daemon killed between logging
+lines and writing their cursor logs those lines again at its next start (never fewer).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
 from worker.errors import StorageError
+from worker.spool import validate_task_id
 from worker.store.base import JSON, START, Cursor
+from worker.store.durable import atomic_write_json, private_dir, read_json
 
 #: The field and value the daemon puts in the event lines it writes itself.
 DAEMON_MARK = ("by", "daemon")
@@ -49,6 +56,35 @@ class TaskEvents(Protocol):
     def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]: ...
 
 
+class CursorFiles:
+    """The relay's cursors, one small file per task in ``folder`` (``SPOOL/relay``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        #: the folder was there already (``Spool.ensure`` makes it): the spool keeps cursors
+        self.kept_before = folder.is_dir()
+        with contextlib.suppress(OSError):
+            private_dir(folder)
+
+    def read(self, task: str) -> Cursor | None:
+        try:
+            data = read_json(self.folder / f"{validate_task_id(task)}.json")
+            position = data["position"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            return None
+        return Cursor(position)
+
+    def write(self, task: str, cursor: Cursor) -> None:
+        """Keep ``cursor`` durably; a spool that refuses it (full, read-only) costs at most
+        lines logged again at the next start."""
+        with contextlib.suppress(OSError, StorageError):
+            private_dir(self.folder)
+            path = self.folder / f"{validate_task_id(task)}.json"
+            atomic_write_json(path, {"position": cursor.position})
+
+
 class EventRelay:
     """Each task's events, read from where the last read ended."""
 
@@ -57,19 +93,32 @@ class EventRelay:
         log: FilteringBoundLogger,
         store: TaskEvents,
         on_event: Callable[[str], None] | None = None,
+        *,
+        kept: CursorFiles | None = None,
     ) -> None:
         self._log = log
         self._store = store
         self._on_event = on_event  # told each relayed event's name (the daemon's counters)
+        self._kept = kept  # the durable cursors (None: in memory only)
         self._cursors: dict[str, Cursor] = {}
 
     def track(self, task: str, *, from_end: bool) -> None:
-        """Start tailing ``task``'s events at their end (a task found at start) or at the
-        first one."""
+        """Start tailing ``task``'s events from its kept cursor; without one, at their end
+        (``from_end``: a task found at the first start on a spool that never kept
+        cursors) or at the first one."""
+        kept = self._kept.read(task) if self._kept is not None else None
+        if kept is not None:
+            self._cursors[task] = kept
+            return
+        if self._kept is not None and self._kept.kept_before:
+            from_end = False  # a task the spool has kept no cursor for is new since
         try:
             self._cursors[task] = self._store.events_end(task) if from_end else START
         except StorageError:  # a shared store away: this task's events are not relayed
             self._cursors.pop(task, None)
+            return
+        if self._kept is not None and from_end:
+            self._kept.write(task, self._cursors[task])
 
     def pull(self, task: str) -> None:
         """Log the events of ``task`` written since the last pull by any other process."""
@@ -97,6 +146,8 @@ class EventRelay:
             getattr(self._log, method)(str(name), **fields)
             if self._on_event is not None:
                 self._on_event(str(name))
+        if self._kept is not None:
+            self._kept.write(task, self._cursors[task])
 
     def forget(self, task: str) -> None:
         self._cursors.pop(task, None)

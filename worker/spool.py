@@ -257,6 +257,12 @@ class Spool:
         return self.root / "tasks"
 
     @property
+    def relay_dir(self) -> Path:
+        """Where the daemon keeps how far it relayed each task's events
+        (``supervisor.relay.CursorFiles``)."""
+        return self.root / "relay"
+
+    @property
     def tmp_dir(self) -> Path:
         """Where a task folder is made before it is moved into ``tasks`` whole."""
         return self.root / "tmp"
@@ -264,6 +270,7 @@ class Spool:
     def ensure(self) -> Spool:
         private_dir(self.root)
         private_dir(self.tasks_dir)
+        private_dir(self.relay_dir)
         return self
 
     def task(self, task_id: str) -> TaskDir:

@@ -26,6 +26,7 @@ from tests.support import REPO, poll_for
 from worker.events import record_event
 from worker.protocol import ExitCode
 from worker.spool import TaskSpec
+from worker.store.files import FileStore
 from worker.store.memory import MemoryStore
 
 # -- the relay ------------------------------------------------------------------------------
@@ -261,3 +262,31 @@ def test_priority_prefixes_appear_under_journald_only(
     assert by_event["supervisor_ready"] == 6
     assert by_event["task_submitted"] == 6  # relayed lines carry theirs too
     assert by_event["hook_failed"] == 4
+
+
+def test_what_was_written_while_no_daemon_ran_is_relayed_at_the_next_start_once(
+    tmp_path: Path,
+) -> None:
+    """Each task's relay cursor is kept in the spool: a task submitted, and an event
+    recorded, while the daemon is down reach its log when it starts, and two more
+    restarts log neither again."""
+    with subreaper():
+        daemon = Daemon(tmp_path / "d", config_text())
+        try:
+            daemon.start()
+            first = daemon.submit(steps(1), name="first")
+            daemon.wait_state(first, "done")
+            daemon.stop()
+            late = daemon.submit(steps(1), name="late")  # no daemon runs
+            record_event(FileStore.of(daemon.task(first)), first, "operator_note", task=first)
+            for _ in range(3):
+                daemon.start()
+                daemon.wait_state(late, "done")
+                poll_for(lambda: "operator_note" in daemon.log(), 30, what="the relayed note")
+                daemon.stop()
+            seen = [(e.get("task"), e["event"]) for e in daemon.log_events()]
+            assert seen.count(("late", "task_submitted")) == 1
+            assert seen.count(("first", "task_submitted")) == 1
+            assert seen.count(("first", "operator_note")) == 1
+        finally:
+            daemon.cleanup()
