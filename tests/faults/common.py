@@ -124,6 +124,10 @@ def mixed_plan(turns: int) -> Plan:
                 )
             )
     responses.append(reply(text("All done.")))
+    # usage as written: the campaigns compare counters across clones of a task in other
+    # folders, whose requests (paths in results) differ in size
+    for t, response in enumerate(responses, start=1):
+        response["usage"] = {"input_tokens": 10 + 5 * t, "output_tokens": 5}
     return Plan(responses, files, appends, outbox)
 
 

@@ -58,7 +58,9 @@ FAULT = "crash points"
 QUICK_CLASSES = ("write", "fdatasync", "fsync", "rename", "link", "openat")
 ALL_CLASSES = (*QUICK_CLASSES, "pwrite64", "ftruncate", "mkdir", "unlink")
 BACKGROUND = "fdatasync (background)"  # the journal's sync thread, through sync_shim
-_TMP_NAME = re.compile(r"\.\d+\.[0-9a-f]{12}\.tmp|(?<=/inbox/)[^/]+$")  # temp files, doorbells
+#: Names made fresh each run, folded so that a point is the same call in every run: temp
+#: files, doorbells, and the folder a task is built in before it moves into place.
+_TMP_NAME = re.compile(r"\.\d+\.[0-9a-f]{12}\.tmp|(?<=/inbox/)[^/]+$|(?<=/tmp/)\.submit-[^/]+")
 
 
 @dataclass(frozen=True)
