@@ -126,9 +126,12 @@ def test_the_files_secrets_came_from_travel_with_them(tmp_path: Path) -> None:
     assert credentials.gather({"CREDENTIALS_DIRECTORY": str(creds)}).files == (str(creds),)
 
 
-def test_with_a_store_every_file_and_socket_folder_libpq_could_log_in_with_is_named() -> None:
+def test_with_a_store_every_file_and_socket_folder_libpq_could_log_in_with_is_named(
+    tmp_path: Path,
+) -> None:
+    home = str(tmp_path / "op")
     env = {
-        "HOME": "/home/op",
+        "HOME": home,
         "PGPASSFILE": "/etc/agentd/pgpass",
         "PGSERVICEFILE": "/srv/pg_service.conf",
         "PGSYSCONFDIR": "/opt/pg/etc",
@@ -137,9 +140,9 @@ def test_with_a_store_every_file_and_socket_folder_libpq_could_log_in_with_is_na
     }
     paths = credentials.store_paths(env, "postgresql://agentd@/agentd?host=/srv/pgsock")
     for path in [
-        "/home/op/.pgpass",
-        "/home/op/.pg_service.conf",
-        "/home/op/.postgresql",
+        f"{home}/.pgpass",
+        f"{home}/.pg_service.conf",
+        f"{home}/.postgresql",
         *(env[n] for n in ("PGPASSFILE", "PGSERVICEFILE", "PGSSLKEY")),
         "/opt/pg/etc/pg_service.conf",
         *credentials.SERVICE_FILES,
@@ -151,7 +154,7 @@ def test_with_a_store_every_file_and_socket_folder_libpq_could_log_in_with_is_na
     # a socket in the host's /tmp is out of reach already (the sandbox has its own /tmp)
     assert "/tmp/pg" not in credentials.store_paths({}, "postgresql://a@/b?host=/tmp/pg")
     assert credentials.without_libpq({**env, "PATH": "/bin"}) == {
-        "HOME": "/home/op",
+        "HOME": home,
         "PATH": "/bin",
     }
 
