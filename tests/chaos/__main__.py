@@ -1,7 +1,7 @@
 """``python -m tests.chaos [--full] [--only NAME ...]``: every fault class, one table.
 
 The whole campaign of docs/design.md's invariants, class by class (the numbers are the fault
-classes of the Reliability section of the README): each module's ``run(quick)`` gives its
+classes of docs/results/reliability.md): each module's ``run(quick)`` gives its
 figures, and they are printed together, violations marked. ``make chaos`` runs the full
 mode (about an hour on 2 cores); ``make test`` runs the quick mode of each module through
 its own test. Exits 1 when any figure is a violation or a module could not run.

@@ -107,9 +107,10 @@ def emitted_names() -> set[str]:
 
 
 def readme_names() -> set[str]:
-    """The names in the README's paragraph of event names (the one that starts "Logs are
-    JSON lines"), one word (``compaction``) or several joined by underscores."""
-    text = (REPO / "README.md").read_text()
+    """The names in the docs' paragraph of event names (the one that starts "Logs are
+    JSON lines", in the systemd guide the README points to), one word (``compaction``) or
+    several joined by underscores."""
+    text = (REPO / "docs" / "guides" / "systemd.md").read_text()
     start = text.index("Logs are JSON lines on stderr")
     paragraph = text[start : text.index("\n\n", start)]
     return set(re.findall(r"`([a-z]+(?:_[a-z]+)*)`", paragraph))

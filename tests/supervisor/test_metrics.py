@@ -90,10 +90,11 @@ def scraper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraper]:
 
 
 def readme_metrics(*, shared: bool = False) -> set[str]:
-    """The metric names of the README's Metrics table (counters without ``_total``, as
-    the parser names their families): those a daemon on the spool serves, or with
+    """The metric names of the Metrics table (docs/reference/metrics.md, where the
+    README's Metrics section points; counters without ``_total``, as the parser names
+    their families): those a daemon on the spool serves, or with
     ``shared`` those only a node on a shared store serves ("with a shared store")."""
-    section = (REPO / "README.md").read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "reference" / "metrics.md").read_text()
     rows = re.findall(
         r"^\| `([a-z_]+)(?:\{[a-z_]+\})?` \|[^|]*\|([^|]*)\|", section, flags=re.MULTILINE
     )
