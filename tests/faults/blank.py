@@ -23,6 +23,7 @@ import contextlib
 import io
 import os
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -152,9 +153,14 @@ def _files_case(case: Case, pristine: TaskDir, finished: TaskDir, plan: Plan, ro
     return result
 
 
+#: ``redirect_stderr`` swaps the process's one ``sys.stderr``: the cases run in threads,
+#: so one history at a time, or a case reads another's words (or none).
+_STDERR = threading.Lock()
+
+
 def _history(task: TaskDir) -> tuple[int, str]:
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with _STDERR, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli.main(["--spool", str(task.root), "history", task.id])
     return code, err.getvalue()
 
