@@ -12,9 +12,10 @@ migrate once; ``check`` refuses a database this release cannot safely use, in on
 The tables, one row per what the ``TaskStore`` Protocol keeps::
 
     agentd_schema  the version (one row)
-    nodes          one row per node: name, host, pid, max_workers, seen_at
+    nodes          one row per node: name, host, pid, max_workers, seen_at, epoch (its
+                   registrations)
     tasks          spec, script, record (+ version: compare-and-set), state, the lease
-                   (node, epoch, lease_expires), seq (the last journal record's),
+                   (node, epoch, lease_expires, renewals), seq (the last journal record's),
                    runnable_at (backoff), cancel, events (the last event's number),
                    paused_until (an operator's pause: no claim before it)
     journal        (task, seq) -> record bytes, and the epoch of the lease that wrote it
@@ -131,8 +132,17 @@ _PAUSE = """
 ALTER TABLE tasks ADD COLUMN paused_until timestamptz;
 """
 
+#: Version 3: leases that no clock step moves and one live daemon per node name. A
+#: task's ``renewals`` counts its lease's renewals (a taker judges expiry by how long it
+#: has seen the count stand still, on its own monotonic clock); a node's ``epoch`` counts
+#: its registrations (a daemon that finds it moved was superseded).
+_CLUSTER = """
+ALTER TABLE tasks ADD COLUMN renewals bigint NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
+"""
+
 #: ``MIGRATIONS[n]`` takes the schema from version n to n + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE)
+MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER)
 
 #: The schema version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)
