@@ -50,7 +50,7 @@ test: system-tools lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python -m bench --full
 
-# The full fault campaign, every class of the README's Reliability section in one table
+# The full fault campaign, every class of docs/results/reliability.md in one table
 # (about an hour on 2 cores): 500 kill -9 trials, every crash point, every I/O error,
 # every torn byte, compound failures, daemon kills under load, hangs, API faults, load,
 # thousands of fuzz cases, the security checks.

@@ -785,16 +785,17 @@ by `agentd config check`.""",
     "hooks.on_failed": "Run when a task fails (given up after crashes, or failed by its worker).",
     "hooks.on_done": "Run when a task is done.",
     "metrics": """\
-Prometheus metrics, served by the daemon at http://LISTEN/metrics (README: Metrics).""",
+Prometheus metrics, served by the daemon at http://LISTEN/metrics (docs/reference/metrics.md).""",
     "metrics.listen": """\
 "HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
 them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
     "context": """\
-Long tasks (README: "Long tasks: compaction"). When the context the model saw at its last call plus
-what it wrote reaches compact_at of the window, the worker asks the model for a summary
-of the transcript except its latest keep_turns turns, records it, and goes on from the
-prompt, the summary and the kept turns. A prompt the API calls too long is compacted
-once and retried. The journal keeps every turn: history and rewind see them all.
+Long tasks (docs/guides/long-tasks.md, "Compaction"). When the context the model saw at
+its last call plus what it wrote reaches compact_at of the window, the worker asks the
+model for a summary of the transcript except its latest keep_turns turns, records it,
+and goes on from the prompt, the summary and the kept turns. A prompt the API calls
+too long is compacted once and retried. The journal keeps every turn: history and
+rewind see them all.
 window is the model's context size in tokens, more than model.max_tokens; left out, it
 is the window of the task's model family: 200000 for the Claude models (100000 for
 claude-instant-1 and claude-2.0; the 1M window of some takes a beta header agentd does
@@ -810,7 +811,7 @@ compact_at of the window); its compaction blocks are recorded with their turn an
 back verbatim. A backend without it (scripted) compacts as "client" and says so in a
 context_strategy_fallback warning event.""",
     "store": """\
-Several nodes on one PostgreSQL (README: "Running several nodes"): a postgresql:// URL
+Several nodes on one PostgreSQL (docs/guides/cluster.md): a postgresql:// URL
 puts every task, its journal and the queue in that database, shared by every node
 given the same URL. Left out, tasks live in the spool. --store and $AGENTD_STORE
 override it. No password here: PGPASSFILE, PGPASSWORD or $AGENTD_STORE (the whole URL).""",

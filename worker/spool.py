@@ -1,7 +1,7 @@
 """The spool: where tasks live on disk, and the task spec.
 
 ``Spool`` is the root folder; ``TaskDir`` names every file of one task (the layout is
-documented in docs/ARCHITECTURE.md and the README). Ids are validated before they touch
+documented in docs/ARCHITECTURE.md and docs/reference/spool.md). Ids are validated before they touch
 the filesystem, so no id can name a path outside ``SPOOL/tasks``.
 """
 

@@ -134,8 +134,8 @@ def parse_script(raw: bytes, where: str) -> list[JSON]:
     except json.JSONDecodeError as exc:
         raise TaskSpecError(
             f"{where}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); "
-            'a script is a JSON object {"responses": [...]} (see "The scripted model" in '
-            "the README)."
+            'a script is a JSON object {"responses": [...]} (see '
+            "docs/reference/scripted-model.md)."
         ) from None
     except UnicodeDecodeError as exc:
         raise TaskSpecError(

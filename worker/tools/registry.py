@@ -3,7 +3,7 @@
 ``[tools] modules`` names.
 
 Tools are declared with ``worker.tools.tool`` (``@tool``, ``Effect``, ``ToolContext``);
-those names are re-exported here, the import path the README gives to users who write
+those names are re-exported here, the import path the docs give to users who write
 tools.
 """
 
