@@ -1,9 +1,10 @@
 """The command line described as data, and what is rendered from it: shell completion
 for bash, zsh and fish (``agentd completion SHELL``) and the man page
-(``python -m supervisor.clidoc man > agentd.1``, ``make man``).
+(``python -m supervisor.manpage man > agentd.1``, ``make man``).
 
-Everything comes from the argparse parser of ``supervisor.cli``, walked once by
-``describe``: a new option appears in the completion scripts and the man page without
+Everything comes from the argparse parser of ``supervisor.cli`` (handed in: this module
+imports nothing of agentd's, so the CLI and its renderings have no import circle), walked
+once by ``describe``: a new option appears in the completion scripts and the man page without
 being written down twice. How an option's value completes follows from the parser too:
 its ``choices`` when it has some, folders for a ``DIR`` metavar, files for ``FILE``,
 nothing for free text (``TEXT``, ``ID``, ``TASK``...).
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -394,24 +394,3 @@ def _roff(text: str) -> str:
     """Text safe in roff: backslashes and dashes escaped, no line starting a request."""
     text = text.replace("\\", "\\e").replace("-", "\\-")
     return "\\&" + text if text.startswith((".", "'")) else text
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m supervisor.clidoc man|bash|zsh|fish``: print one rendering."""
-    from supervisor.cli import build_parser  # noqa: PLC0415  (cli imports this module)
-    from worker import __version__  # noqa: PLC0415  (beside the one above, for one place)
-
-    what = (list(argv) if argv is not None else sys.argv[1:]) or ["man"]
-    parser = build_parser()
-    if what[0] == "man":
-        sys.stdout.write(man(describe(parser), __version__))
-    elif what[0] in SHELLS:
-        sys.stdout.write(completion(parser, what[0]))
-    else:
-        print("usage: python -m supervisor.clidoc man|bash|zsh|fish", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
-from supervisor.record import FINAL_STATES, Move, TaskRecord
+from supervisor.record import Move, TaskRecord
 from supervisor.stores import shared, store_of
 from worker.errors import (
     LockBusyError,
@@ -42,7 +42,7 @@ from worker.errors import (
 )
 from worker.events import utc_now
 from worker.lock import is_locked
-from worker.protocol import TaskStatus
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner
 from worker.store.durable import atomic_write, open_private, private_dir, read_json

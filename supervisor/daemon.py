@@ -74,7 +74,7 @@ from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
-from supervisor.record import FINAL_STATES, Move, TaskRecord
+from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.stores import shared, store_for
@@ -101,6 +101,7 @@ from worker.errors import (
 from worker.events import event_line, utc_now
 from worker.protocol import (
     EPOCH_ENV,
+    FINAL_STATES,
     LEASE_ENV,
     NODE_ENV,
     RETRIES_ENV,

@@ -17,13 +17,13 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from supervisor.record import ENDED, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state
 from supervisor.stores import shared, store_of
 from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
 from worker.events import record_event, utc_now
 from worker.lock import TaskLock
-from worker.protocol import TaskStatus, decision_fields
+from worker.protocol import ENDED, TaskStatus, decision_fields
 from worker.spool import TaskDir
 from worker.store.base import Unreadable
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.pgcluster import ThrowawayCluster, find_binaries
-from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import store_of
 from worker.descendants import descendants
 from worker.errors import ClusterError
-from worker.protocol import TaskStatus
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool
 
 TURNS = 30

@@ -18,14 +18,10 @@ from typing import Any
 from supervisor.stores import store_of
 from worker.errors import StateConflictError
 from worker.events import utc_now
-from worker.protocol import TaskStatus
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import TaskDir
 from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progress
 
-#: States a task does not leave on its own; only an operator (retry, rewind) moves it on.
-FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
-#: The final states a task reaches on its own (a cancel is the operator's).
-ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
 CANCEL_REASON = "cancelled by operator"
 
 

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.stores import store_of
-from worker.protocol import TaskStatus
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 

@@ -36,7 +36,6 @@ import psutil
 
 from supervisor import cli
 from supervisor.control import ring, running_pid, supervisor_info
-from supervisor.record import FINAL_STATES
 from supervisor.status import status_row
 from tests.support import (
     REPO,
@@ -50,6 +49,7 @@ from tests.support import (
 )
 from worker.config import load_config
 from worker.events import read_events, read_events_from
+from worker.protocol import FINAL_STATES
 from worker.spool import Spool, TaskDir
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.control import ring
-from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.relay import DAEMON_MARK
 from supervisor.status import status_row
 from supervisor.submit import submit
@@ -83,6 +83,7 @@ from tests.faults.common import (
 from tests.faults.report import Figure, format_figures, violations
 from worker.events import read_events
 from worker.lock import holder_pid, is_locked
+from worker.protocol import FINAL_STATES
 from worker.spool import Spool, TaskDir
 from worker.testing.messages_api import (
     DEFAULT_API_KEY,

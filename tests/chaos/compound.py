@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.decisions import decide, pending_decisions
-from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.status import load_state
 from tests.faults.common import (
     Exit,
@@ -92,7 +92,7 @@ from tests.faults.report import Figure, format_figures, violations
 from tests.faults.torn import Setup, prepare
 from tests.support import assert_paired
 from worker.errors import AgentdError
-from worker.protocol import ExitCode, TaskStatus
+from worker.protocol import FINAL_STATES, ExitCode, TaskStatus
 from worker.spool import TaskDir
 
 FAULT = "compound"

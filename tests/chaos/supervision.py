@@ -77,14 +77,14 @@ import psutil
 from supervisor.control import ring
 from supervisor.daemon import TOOL_DEADLINE_SLACK
 from supervisor.decisions import decide
-from supervisor.record import FINAL_STATES, TaskRecord
+from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.submit import submit
 from tests.daemon import Daemon, WorkerCensus, alive, parse_time, subreaper
 from tests.faults.report import Figure, print_figures, violations
 from tests.support import assert_paired, journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.errors import AgentdError
-from worker.protocol import ExitCode
+from worker.protocol import FINAL_STATES, ExitCode
 from worker.testing.messages_api import Fault, MessagesAPIServer, Reply
 
 JSON = dict[str, Any]

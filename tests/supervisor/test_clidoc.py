@@ -155,7 +155,7 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
 def test_the_man_page_renders_every_command_and_option(tmp_path: Path) -> None:
     page = tmp_path / "agentd.1"
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.clidoc", "man"],
+        [sys.executable, "-m", "supervisor.manpage", "man"],
         capture_output=True, text=True, timeout=30, check=True, cwd=REPO,
     )  # fmt: skip
     page.write_text(done.stdout)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.control import change_record, move_record
-from supervisor.record import CANCEL_REASON, FIELD_SHAPES, FINAL_STATES, Move, TaskRecord
+from supervisor.record import CANCEL_REASON, FIELD_SHAPES, Move, TaskRecord
 from tests.support import make_spool, reply, scripted_task, text
 from worker.errors import StateConflictError
-from worker.protocol import TaskStatus
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import TaskDir
 
 CRASHES = [{"turn": 1, "progressed": False}, {"turn": 1, "progressed": False}]

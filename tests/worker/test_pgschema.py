@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from worker.errors import SchemaVersionError
+from worker.protocol import TaskStatus
 from worker.store.pgschema import MIGRATIONS, SCHEMA_VERSION, check, migrate, stored_version
 
 TABLES = {"agentd_schema", "nodes", "tasks", "journal", "snapshots", "decisions", "events",
@@ -111,3 +114,18 @@ def test_the_schema_refuses_rows_no_store_may_write(postgres_schema: str) -> Non
         conn.execute(decision)
         with pytest.raises(psycopg.errors.UniqueViolation):
             conn.execute(decision)
+
+
+def test_every_state_the_sql_names_is_a_task_status() -> None:
+    """The states live in ``TaskStatus`` alone: the schema's CHECK is rendered from it,
+    and every state a statement of the PostgreSQL store names by hand is one of them."""
+    named: set[str] = set()
+    for path in sorted((Path(__file__).parents[2] / "worker" / "store").glob("p*.py")):
+        text = path.read_text()
+        for group in re.findall(r"state\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", text):
+            named |= set(re.findall(r"'([a-z_]+)'", group))
+        named |= set(re.findall(r"state\s*(?:=|<>)\s*'([a-z_]+)'", text))
+        named |= set(re.findall(r"'\{state\}', '\"([a-z_]+)\"'", text))
+    assert {"queued", "running", "backoff"} <= named  # the pattern still reads the SQL
+    assert named <= {s.value for s in TaskStatus}
+    assert MIGRATIONS[0].count("'cancelled'") == 1  # the CHECK, rendered from TaskStatus

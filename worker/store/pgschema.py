@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 from worker.errors import SchemaVersionError
+from worker.protocol import TaskStatus
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
 
     Connection: TypeAlias = psycopg.Connection[TupleRow]
 
-#: The states a task row may hold (docs/design.md section 3).
-STATES = ("queued", "running", "backoff", "held", "done", "failed", "cancelled")
+#: The states a task row may hold (docs/design.md section 3): ``TaskStatus``, the one list.
+STATES = tuple(TaskStatus)
 
 _CREATE = f"""
 CREATE TABLE nodes (

@@ -1,0 +1,124 @@
+"""The shape of the house, read from the code: no import circle among agentd's modules
+(docs/ARCHITECTURE.md draws the layers), counting imports made inside functions too, but
+not those only a type checker reads (``if TYPE_CHECKING:``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("worker", "supervisor")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(source: str, me: str, known: set[str], *, package: bool = False) -> set[str]:
+    """The modules of ``known`` that module ``me`` (of ``source``) imports, anywhere but
+    under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+    parent = me if package else me.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            for other in node.orelse:
+                visit(other)
+            return
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = parent.split(".")[: len(parent.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            names = []
+        for name in names:
+            target = name
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != me:
+                found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source, me))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = [p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))]
+    known = {module_name(p) for p in paths}
+    graph = {
+        module_name(p): imports_of(
+            p.read_text(), module_name(p), known, package=p.stem == "__init__"
+        )
+        for p in paths
+    }
+    # a package's __init__ is imported with each of its modules: not an edge of design
+    return {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                strong(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            strong(node)
+    return found
+
+
+def test_the_walk_sees_imports_inside_functions_and_skips_type_checking_ones() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from worker import spool\n"
+        "from . import record\n"
+        "def f():\n    from supervisor import cli\n"
+    )
+    known = {"worker", "worker.spool", "supervisor", "supervisor.cli", "supervisor.record"}
+    seen = imports_of(source, "supervisor.probe", known)
+    assert seen == {"supervisor", "supervisor.cli", "supervisor.record"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_among_agentd_modules() -> None:
+    graph = import_graph()
+    assert len(graph) > 60 and sum(map(len, graph.values())) > 200  # the walk reads them
+    assert cycles(graph) == []
