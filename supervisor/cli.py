@@ -66,6 +66,7 @@ from worker.config import node_name as local_node
 from worker.errors import (
     AgentdError,
     ConfigError,
+    NotFoundError,
     SpoolError,
     StateConflictError,
     StorageError,
@@ -596,6 +597,32 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import transcript  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+
+    task = existing_task(spool, args.task)
+    store = store_for(spool.root)
+    spec = store.load_spec(task.id)
+    shown = transcript.lines(store.replay(task.id), prompt=spec.prompt)
+    if args.turn is not None:
+        if args.turn < 0:
+            raise UsageError(f"--turn {args.turn}: a turn is 0 (the prompt) or more")
+        shown = [line for line in shown if line["turn"] == args.turn]
+        if not shown:
+            raise NotFoundError(
+                f"task {task.id} has no turn {args.turn} on its live branch; "
+                f"`agentd history {task.id}` lists its turns."
+            )
+    if args.json:
+        for line in shown:
+            print(json.dumps(line, ensure_ascii=False))
+        return 0
+    renderer = transcript.Renderer(sys.stdout, colour=transcript.use_colour(sys.stdout))
+    for line in shown:
+        renderer.line(line)
+    return 0
+
+
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
     from supervisor.views import shown_outcome  # noqa: PLC0415  (the same)
@@ -888,6 +915,10 @@ def build_parser() -> Parser:
     task_arg(p)
     p = command("retry", cmd_retry, "give a failed task a fresh restart budget")
     task_arg(p)
+    p = command("show", cmd_show, "what the model said and what each tool returned")
+    task_arg(p)
+    p.add_argument("--turn", type=int, metavar="N", help="only turn N (0: the prompt)")
+    json_flag(p, "one line a message part: text, tool_use, tool_result, compaction, hold, decision")
     p = command("history", cmd_history, "a task's checkpoints, one row per turn")
     task_arg(p)
     json_flag(p, "the rows")

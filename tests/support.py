@@ -31,7 +31,7 @@ from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import TaskState
 from worker.store.files import FileStore
 from worker.store.journal import read_file
-from worker.tools.registry import ToolRegistry
+from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
 #: The repository root: the working folder of worker subprocesses, so that
 #: ``python -m worker`` and ``tests.tools_fixture`` import from this checkout.
@@ -339,3 +339,30 @@ def run_worker(
 ) -> int:
     """Run a worker on ``task`` to its end; its exit code."""
     return finish(start_worker(task, env=env), timeout)[0]
+
+
+def charge_crashing_once() -> ToolRegistry:
+    """The standard tools and an unsafe ``charge`` whose first run kills its worker
+    between the effect and its result (a ``KeyboardInterrupt`` out of the loop), so the
+    call is left dangling: the next run holds the task; later runs charge."""
+    crashes = {"left": 1}
+
+    @tool(effect=Effect.UNSAFE)
+    def charge(ctx: ToolContext, amount: int) -> str:
+        """Charge a card."""
+        if crashes["left"]:
+            crashes["left"] -= 1
+            raise KeyboardInterrupt
+        return f"charged {amount}"
+
+    return ToolRegistry([*ToolRegistry.standard(), charge])
+
+
+def run_to_end(task: TaskDir, **kwargs: Any) -> str:
+    """Run ``task``'s loop in this process (``make_loop``'s options) until it stops; its
+    state then."""
+    loop = make_loop(task, **kwargs)
+    try:
+        return loop.run().state
+    finally:
+        loop.close()

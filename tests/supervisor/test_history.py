@@ -21,12 +21,13 @@ from supervisor.status import held_calls, load_state, status_row
 from tests.support import (
     REPO,
     assert_paired,
+    charge_crashing_once,
     git,
     journal_records,
-    make_loop,
     make_spool,
     of_kind,
     reply,
+    run_to_end,
     scripted_task,
     text,
     tool_use,
@@ -42,7 +43,6 @@ from worker.spool import Spool, TaskDir
 from worker.store.files import FileStore
 from worker.store.journal import Journal
 from worker.testing.messages_api import MessagesAPIServer, Reply
-from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
 
 CONFIG = Config()
 
@@ -59,14 +59,6 @@ def six_turns() -> list[dict[str, Any]]:
         reply(tool_use("read_file", path="a.txt")),
         reply(text("Done.")),
     ]
-
-
-def run_to_end(task: TaskDir, **kwargs: Any) -> str:
-    loop = make_loop(task, **kwargs)
-    try:
-        return loop.run().state
-    finally:
-        loop.close()
 
 
 @pytest.fixture
@@ -164,17 +156,7 @@ def test_rewind_of_a_running_task_that_cannot_be_stopped(spool: Spool) -> None:
 
 
 def test_rewind_of_a_held_task_makes_its_held_calls_moot(spool: Spool) -> None:
-    crashes = {"left": 1}
-
-    @tool(effect=Effect.UNSAFE)
-    def charge(ctx: ToolContext, amount: int) -> str:
-        """Charge a card."""
-        if crashes["left"]:
-            crashes["left"] -= 1
-            raise KeyboardInterrupt  # the worker dies between the effect and its result
-        return f"charged {amount}"
-
-    tools = ToolRegistry([*ToolRegistry.standard(), charge])
+    tools = charge_crashing_once()
     script = [
         reply(tool_use("write_file", path="a.txt", content="one")),
         reply(tool_use("charge", amount=5)),
@@ -187,7 +169,6 @@ def test_rewind_of_a_held_task_makes_its_held_calls_moot(spool: Spool) -> None:
     assert len(held_calls(task)) == 1
     rewind(spool, CONFIG, task.id, 1, yes=True)
     assert held_calls(task) == []
-    crashes["left"] = 0
     assert run_to_end(task, tools=tools) == "done"
     assert_paired(load_state(task).messages)
 
