@@ -52,8 +52,10 @@ def beat_age(beat: dict[str, Any]) -> float:
 
 
 def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
-    """The task's dangling calls that wait for an operator, as `agentd dangling` shows them."""
-    state = state or load_state(task)
+    """The task's dangling calls that wait for an operator, as `agentd dangling` shows them.
+    Read from the snapshot on: a held call is one of the latest turn's, which a snapshot
+    carries, so a long task's holds cost the records after its snapshot, not its history."""
+    state = state or load_state(task, full=False)
     rows = []
     for hold in state.held:
         call: Call | None = state.calls.get(hold["call_id"])

@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.history import fork, rewind
+from supervisor.status import held_calls, load_state
 from supervisor.transcript import Renderer, lines, use_colour
 from tests.support import (
     charge_crashing_once,
@@ -177,3 +178,23 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch: pytest.M
     finally:
         os.close(leader)
         os.close(follower)
+
+
+def test_held_calls_of_a_long_task_read_from_its_snapshot_match_the_full_fold(
+    spool: Spool,
+) -> None:
+    """``held_calls`` starts from the snapshot (it costs the records after it, not the
+    task's history) and finds what a fold of the whole journal finds."""
+    script = [reply(tool_use("read_file", path=f"{n}.txt")) for n in range(30)]
+    script += [reply(tool_use("charge", amount=5)), reply(text("Ok."))]
+    task = scripted_task(spool, script, name="long")
+    tools = charge_crashing_once()
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(task, tools=tools, snapshot_every=10)
+    assert run_to_end(task, tools=tools, snapshot_every=10) == "held"
+    assert task.snapshot.exists()
+    snapshot, _ = load_state(task, full=False), load_state(task)
+    assert snapshot.boundaries is None  # it did start from the snapshot
+    held = held_calls(task)
+    assert [row["tool"] for row in held] == ["charge"]
+    assert held == held_calls(task, load_state(task))
