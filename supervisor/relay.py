@@ -6,8 +6,10 @@ A task's ``events.jsonl`` is written by three kinds of process: the daemon
 ``dangling_decided``, ``task_rewound``, ...). An operator who reads only the daemon's
 stream (``journalctl -u agentd``) must see all of them (docs/design.md section 8), so the
 daemon tails each task's file and logs, once and in the file's order, every line it did
-not write itself: the daemon marks its own lines with ``"by": "daemon"``
-(``DAEMON_MARK``), and skips them here.
+not write itself: the daemon marks its own lines with ``"origin": "daemon"``
+(``DAEMON_MARK``), and skips them here. (A release before it marked them ``"by":
+"daemon"``, a line with no ``via``; ``by`` now names the person who acted: docs/design.md
+section 15. Such a line is skipped too.)
 
 The tail is cheap: a ``stat`` tells whether the file grew past the remembered offset,
 and only then is the new part read (``read_events_from``: an unfinished last line waits
@@ -29,7 +31,7 @@ lines and writing their cursor logs those lines again at its next start (never f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,7 +43,14 @@ from worker.store.base import JSON, START, Cursor
 from worker.store.durable import atomic_write_json, private_dir, read_json
 
 #: The field and value the daemon puts in the event lines it writes itself.
-DAEMON_MARK = ("by", "daemon")
+DAEMON_MARK = ("origin", "daemon")
+
+
+def daemons_own(event: Mapping[str, Any]) -> bool:
+    """Whether the daemon wrote ``event`` itself (its mark, or an earlier release's)."""
+    mark, value = DAEMON_MARK
+    return event.get(mark) == value or (event.get("by") == "daemon" and "via" not in event)
+
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 #: Fields of a line that the daemon's log sets for itself.
@@ -134,9 +143,8 @@ class EventRelay:
             events, self._cursors[task] = self._store.read_events(task, cursor)
         except StorageError:  # a shared store away: the next pull catches up
             return
-        mark, value = DAEMON_MARK
         for event in events:
-            if event.get(mark) == value:
+            if daemons_own(event):
                 continue
             name = event.get("event")
             level = event.get("level")

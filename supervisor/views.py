@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from supervisor.record import TaskRecord
+from supervisor.relay import daemons_own
 from supervisor.stores import store_of
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import TaskDir
@@ -183,8 +184,9 @@ END_EVENTS = {
 END_GRACE = 2.0
 
 # Fields every event has, shown in their own columns (or, for ``task``, implied), and
-# ``by``, the daemon's mark on its own lines (``supervisor.relay``), which says nothing to a reader.
-_COLUMNS = ("timestamp", "level", "event", "task", "by")
+# ``origin``, the daemon's mark on its own lines (``supervisor.relay``), which says nothing
+# to a reader. (``by`` is the person who acted: shown.)
+_COLUMNS = ("timestamp", "level", "event", "task", "origin")
 _BARE = re.compile(r"[^\s\"'=\\]+")
 
 
@@ -283,6 +285,8 @@ def shown_outcome(call: Mapping[str, Any]) -> str:
 def log_line(event: Mapping[str, Any]) -> str:
     """One event as a line of text: time, level, name, then its fields in logfmt."""
     fields = {k: v for k, v in event.items() if k not in _COLUMNS}
+    if daemons_own(event):
+        fields.pop("by", None)  # an earlier release's mark, not a person
     if event.get("event") == "turn":
         calls = fields.pop("tool_calls", [])
         fields["tools"] = [f"{c.get('tool')}:{shown_outcome(c)}" for c in calls] or None

@@ -194,7 +194,7 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     # once each, in the order of the task's own file
     names = [e["event"] for e in daemon.log_events() if e.get("task") == "held-1"]
     assert names == [e["event"] for e in daemon.events("held-1")]
-    assert all(e.get("by") == "daemon" for e in daemon.events("held-1", "worker_exited"))
+    assert all(e.get("origin") == "daemon" for e in daemon.events("held-1", "worker_exited"))
 
     seen = poll_for(lambda: out.exists() and json.loads(out.read_text()), 10, what="the hook")
     event = seen["stdin"]
