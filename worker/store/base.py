@@ -495,6 +495,11 @@ class SharedStore(TaskStore, Protocol):
 
     def leave(self) -> None: ...
 
+    def relogin(self, url: str) -> None:
+        """Log in with ``url``'s user and password from the next connection on (SIGHUP
+        read the store's URL again); the database stays this store's."""
+        ...
+
     def nodes(self) -> list[NodeInfo]: ...
 
     def operator_lock(self, task_id: str, wait: float) -> contextlib.AbstractContextManager[None]:

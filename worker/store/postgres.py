@@ -757,6 +757,9 @@ class PostgresStore:
                 (self.node, socket.gethostname(), os.getpid()),
             )
 
+    def relogin(self, url: str) -> None:
+        self.db.relogin(url)
+
     def nodes(self) -> list[NodeInfo]:
         with self.db.step() as conn:
             rows = conn.execute(
