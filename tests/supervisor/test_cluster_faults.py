@@ -18,18 +18,12 @@ import pytest
 
 from tests.daemon import subreaper
 from tests.postgres import with_address
+from tests.supervisor.test_cluster import CONFIG as CLUSTER_CONFIG
 from tests.supervisor.test_cluster import LEASE, Node, running_on, steps
 from tests.support import poll_for
 
 #: The cluster's config, but an unsafe call cut off would be held (no ``rerun``).
-CONFIG = f"""
-max_workers = 4
-[heartbeat]
-interval = 0.25
-timeout = 5.0
-[cluster]
-lease = {LEASE}
-"""
+CONFIG = CLUSTER_CONFIG.replace('[tools.policy]\nrun_command = "rerun"\n', "")
 
 
 class Standby:
