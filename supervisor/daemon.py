@@ -172,6 +172,7 @@ class Supervisor:
         self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
         self._away = False  # the shared store could not be reached by the last claim or renewal
         self._away_at = -float("inf")  # (monotonic) when the shared store was last at fault
+        self._claim_expired_at = 0.0  # (monotonic) no claim of a lease that ran out before
         self._stop_listening: Callable[[], None] | None = None
         self.config = config
         self.config_path = config_path
@@ -802,7 +803,11 @@ class Supervisor:
         try:
             # (not this node's own tasks: a lease that ran out while the database was away
             # is renewed by their running workers, not claimed a second time)
-            owners = shared.claim(free, exclude=[*self._unseen, *self.slots])
+            # (nor, for a lease after the store was at fault, a task whose lease ran out
+            # meanwhile: its holder could not renew it either, and renews it now)
+            owners = shared.claim(
+                free, exclude=[*self._unseen, *self.slots], expired=now >= self._claim_expired_at
+            )
         except StorageError as exc:
             self._store_away(shared, exc)
             return
@@ -839,6 +844,7 @@ class Supervisor:
     def _store_back(self, shared: SharedStore) -> None:
         if self._away:
             self._away = False
+            self._claim_expired_at = self.clock() + shared.lease
             self.log.info("storage_recovered", store=repr(shared))
 
     def _unseen_workspace(self, slot: TaskSlot, node: str) -> str | None:

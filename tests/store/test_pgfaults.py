@@ -236,3 +236,23 @@ def test_a_handover_whose_reply_was_cut_is_read_back(
         assert store.handover(owner).epoch == owner.epoch + 1
     finally:
         store.close()
+
+
+def test_a_claim_after_a_fault_leaves_the_leases_that_ran_out_meanwhile(
+    postgres_schema: str,
+) -> None:
+    """What a node claims for a lease after the database was at fault: queued tasks, not
+    those whose holder could not renew either (``expired=False``); later, those too."""
+    holder = PostgresStore(postgres_schema, node="a", lease=0.2, migrate=True)
+    taker = PostgresStore(postgres_schema, node="b", lease=30.0)
+    try:
+        new_task(holder, "t1")
+        (held,) = holder.claim(1)
+        new_task(holder, "t2")
+        poll_for(lambda: not holder.owned("t1"), what="a's lease to run out")
+        assert [o.task_id for o in taker.claim(2, expired=False)] == ["t2"]
+        (taken,) = taker.claim(2)
+        assert (taken.task_id, taken.epoch) == ("t1", held.epoch + 1)
+    finally:
+        holder.close()
+        taker.close()

@@ -462,9 +462,12 @@ class SharedStore(TaskStore, Protocol):
         """``FencedError`` unless ``owner`` still owns the task (a read: writes nothing)."""
         ...
 
-    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+    def claim(
+        self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
+    ) -> list[Owner]:
         """Take up to ``limit`` runnable tasks no live lease holds (never waiting for
-        another node's claim), oldest first, each with a new epoch."""
+        another node's claim), oldest first, each with a new epoch; without ``expired``,
+        only tasks no lease holds at all (none whose lease ran out)."""
         ...
 
     def handover(self, owner: Owner) -> Owner:

@@ -622,9 +622,11 @@ class PostgresStore:
 
     # -- the cluster (``SharedStore``) -------------------------------------------------
 
-    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+    def claim(
+        self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
+    ) -> list[Owner]:
         with self.db.step() as conn:
-            leases = pglease.claim(conn, self.node, limit, self.lease, exclude)
+            leases = pglease.claim(conn, self.node, limit, self.lease, exclude, expired=expired)
         return [Owner(lease.task_id, self.node, lease.epoch) for lease in leases]
 
     @contextlib.contextmanager
