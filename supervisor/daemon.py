@@ -172,6 +172,8 @@ class Supervisor:
         self._unseen: dict[str, float] = {}  # task -> when this node tries its workspace again
         self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
         self._away = False  # the shared store could not be reached by the last claim or renewal
+        self._away_at = -float("inf")  # (monotonic) when the shared store was last at fault
+        self._claim_expired_at = 0.0  # (monotonic) no claim of a lease that ran out before
         self._stop_listening: Callable[[], None] | None = None
         self.config = config
         self.config_path = config_path
@@ -560,6 +562,11 @@ class Supervisor:
         if changed:
             credentials.hold(renewed)
             self._credentials = renewed
+            if credentials.STORE in changed and self.shared is not None:
+                try:  # a password that stopped working is a wait, until this new one
+                    self.shared.relogin(renewed.values[credentials.STORE])
+                except ConfigError as exc:
+                    self.emit("config_reload_failed", level="warning", reason=str(exc))
             if self.forks is not None:
                 self.forks.renew(renewed)
             self._publish_info()
@@ -795,7 +802,13 @@ class Supervisor:
         now = self.clock()
         self._unseen = {t: until for t, until in self._unseen.items() if until > now}
         try:
-            owners = shared.claim(free, exclude=list(self._unseen))
+            # (not this node's own tasks: a lease that ran out while the database was away
+            # is renewed by their running workers, not claimed a second time)
+            # (nor, for a lease after the store was at fault, a task whose lease ran out
+            # meanwhile: its holder could not renew it either, and renews it now)
+            owners = shared.claim(
+                free, exclude=[*self._unseen, *self.slots], expired=now >= self._claim_expired_at
+            )
         except StorageError as exc:
             self._store_away(shared, exc)
             return
@@ -820,16 +833,19 @@ class Supervisor:
                 self._start(slot)
 
     def _store_away(self, shared: SharedStore, exc: StorageError) -> None:
-        """A claim or a renewal met a shared store that cannot be reached: logged once per
-        outage (``storage_fault``), not at every tick; the tasks wait (invariant 8)."""
+        """A claim or a renewal met a shared store at fault (away, read-only, refusing the
+        login...): logged once per outage (``storage_fault``, naming the cause), not at
+        every tick; the tasks wait (invariant 8)."""
+        self._away_at = self.clock()
         if not self._away:
             self._away = True
             self.metrics.storage_faults += 1
-            self.log.warning("storage_fault", error=str(exc), store=repr(shared))
+            self.log.warning("storage_fault", error=str(exc), cause=exc.cause, store=repr(shared))
 
     def _store_back(self, shared: SharedStore) -> None:
         if self._away:
             self._away = False
+            self._claim_expired_at = self.clock() + shared.lease
             self.log.info("storage_recovered", store=repr(shared))
 
     def _unseen_workspace(self, slot: TaskSlot, node: str) -> str | None:
@@ -1315,7 +1331,11 @@ class Supervisor:
                     worker.signal_group(signal.SIGKILL)
                     worker.term_deadline = None
                 continue
-            data = self._heartbeat(slot)
+            try:
+                data = read_heartbeat(slot.task)
+            except StorageError:  # a shared store away: no verdict on a beat unread
+                self._away_at = mono
+                continue
             fresh = data is not None and data.get("pid") == worker.pid
             beat = Beat.of(data, wall, mono) if fresh and data is not None else None
             if fresh and data is not None:
@@ -1323,6 +1343,10 @@ class Supervisor:
             verdict = judge(beat, worker.started, mono, limits)
             if isinstance(verdict, Alive):
                 worker.beat_due = verdict.until
+            elif isinstance(verdict, Hung) and mono - self._away_at < limits.timeout:
+                # the shared store was at fault within a timeout: its worker could not beat
+                # (a read-only or lost database), which is no hang; its lease bounds it
+                worker.beat_due = mono + limits.interval
             elif isinstance(verdict, Hung):
                 worker.kill_reason = "hung"
                 self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)

@@ -119,7 +119,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
                 raise
             turn = state.turn
             tokens_used = state.tokens_used if state.turn else None
-            compactions = len(state.live_compactions())
+            compactions = state.compaction_count
             usage = {
                 "input_tokens": state.usage_total.input_tokens,
                 "output_tokens": state.usage_total.output_tokens,

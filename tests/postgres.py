@@ -14,7 +14,8 @@ connection made from it, by the test or by a process it starts, sees only that s
 
 ``SeverableProxy`` stands for the network between a node and its database: ``sever``
 drops every connection through it and refuses new ones, ``restore`` listens again on
-the same port.
+the same port; ``sever_at_reply`` cuts a statement's reply on its way back (its COMMIT
+made, or not: the outcome unknown to the client).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class SeverableProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._asked = False
+        self._cut_reply = False
+        self.severed_at_reply = 0
         self.exchanges = 0
         self._listener: socket.socket | None = None
         self.port = 0
@@ -148,6 +151,14 @@ class SeverableProxy:
             _close(listener)
         for sock in doomed:
             _close(sock)
+
+    def sever_at_reply(self) -> None:
+        """Sever (as ``sever``) as soon as the server answers the next thing a client sent,
+        before the answer reaches it: a statement that ran, and maybe committed, whose
+        client learns nothing but a lost connection. Once; ``severed_at_reply`` counts."""
+        with self._lock:
+            self._cut_reply = True
+            self._asked = False
 
     def restore(self) -> None:
         """Accept connections again, on the same port."""
@@ -210,11 +221,18 @@ class SeverableProxy:
         try:
             while chunk := source.recv(65536):
                 with self._lock:
+                    cut = not asking and self._asked and self._cut_reply
                     if asking:
                         self._asked = True
                     elif self._asked:
                         self._asked = False
                         self.exchanges += 1
+                    if cut:
+                        self._cut_reply = False
+                        self.severed_at_reply += 1
+                if cut:
+                    self.sever()
+                    break
                 sink.sendall(chunk)
         except OSError:
             pass

@@ -24,6 +24,7 @@ import functools
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from worker import credentials, proctitle
@@ -200,6 +201,7 @@ def run_owned(
         owner=owner,
         metrics=metrics,
         fence=lease.check if lease is not None else None,
+        result_wait=functools.partial(result_wait, heartbeat, lease) if lease is not None else None,
         retries=int(os.environ.get(RETRIES_ENV) or 0),
     )
     loop.install_signal_handlers()
@@ -293,6 +295,14 @@ def beat(store: TaskStore, task_id: str, lease: LeaseKeeper | None, data: JSON) 
     store.publish_heartbeat(task_id, data)
     if lease is not None:
         lease.keep()
+
+
+@contextlib.contextmanager
+def result_wait(heartbeat: Heartbeat, lease: LeaseKeeper) -> Iterator[None]:
+    """While a call's result waits for the database: neither failed beats nor a passed
+    deadline end the worker; the lease's fence does (``AgentLoop._keep_result``)."""
+    with heartbeat.patient(), lease.waiting():
+        yield
 
 
 def lease_lost(output: BoundedOutput | None, exc: FencedError) -> None:

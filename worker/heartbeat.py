@@ -24,7 +24,8 @@ A beat that cannot be written because of a storage fault (a full or read-only di
 soon look like a hang to the supervisor, which would kill the worker and count a crash.
 So once beats have failed for ``patience`` seconds (the worker gives half the heartbeat
 timeout), the thread calls ``on_fault`` with the error, once, and the worker exits with
-the storage code, which the supervisor treats as a wait.
+the storage code, which the supervisor treats as a wait; except within ``patient``, where
+the worker waits for something bounded otherwise.
 
 Each beat also carries the worker's step metrics (``worker.metrics``: the histograms of
 its checkpoints, model and tool calls and tokens), and ``stop(final=True)`` writes one last
@@ -33,10 +34,11 @@ beat when the worker ends, so the daemon also gets what it measured in its last 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from worker.errors import StorageError
@@ -65,6 +67,7 @@ class Heartbeat:
         self._fields: dict[str, Any] = {"turn": 0, "interval": interval, **_phase("idle")}
         self._sources: dict[str, Callable[[], Any]] = {}
         self._written = time.monotonic()  # when a beat was last written
+        self._patient = 0  # blocks of ``patient`` open
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -83,6 +86,20 @@ class Heartbeat:
         model thinks."""
         with self._lock:
             self._sources.update(sources)
+
+    @contextlib.contextmanager
+    def patient(self) -> Iterator[None]:
+        """Within the block, beats that fail do not end the worker (``on_fault``): what it
+        waits for is bounded otherwise (a call's result waiting for the database, bounded
+        by the lease's fence). The patience counts again from the block's end."""
+        with self._lock:
+            self._patient += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._patient -= 1
+                self._written = max(self._written, time.monotonic())
 
     def phase(self, phase: str) -> None:
         self.update(**_phase(phase))
@@ -106,7 +123,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             failure = self.beat()
-            if failure is None or not failure.fault or self.on_fault is None:
+            if failure is None or not failure.fault or self.on_fault is None or self._patient:
                 continue
             if self.patience is not None and time.monotonic() - self._written >= self.patience:
                 self.on_fault(failure)

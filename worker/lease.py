@@ -16,9 +16,10 @@ lease, so a renewal can fail twice before the deadline; a renewal the database r
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from worker.errors import FencedError, StorageError
 from worker.store.base import Owner, TaskStore
@@ -44,6 +45,7 @@ class LeaseKeeper:
         self.clock = clock
         self._renewed = clock()  # the claim (or handover) renewed it a moment ago
         self._lock = threading.Lock()
+        self._waiting = 0  # blocks of ``waiting`` open
 
     @property
     def deadline(self) -> float:
@@ -61,6 +63,19 @@ class LeaseKeeper:
                 "the last renewal); this worker stops before another node runs the task"
             )
 
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Within the block the worker runs no tool (a call's result waits for the database
+        to take it), so a deadline passed does not end it: only the fence does, a renewal
+        the database refuses because the epoch moved. ``check`` still refuses a tool."""
+        with self._lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
     def keep(self) -> None:
         """Renew when a third of the lease has passed; on a refusal, or past the deadline
         with no renewal, call ``on_lost`` (which ends the worker)."""
@@ -72,7 +87,8 @@ class LeaseKeeper:
                 self.store.renew(self.owner)
                 with self._lock:
                     self._renewed = max(self._renewed, sent)
-            self.check()
+            if not self._waiting:
+                self.check()
         except FencedError as exc:
             self.on_lost(exc)
         except StorageError:

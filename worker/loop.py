@@ -36,6 +36,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -83,6 +84,9 @@ SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 # snapshot costs time in proportion to the transcript, so for long tasks they come further
 # apart, and the bytes written for snapshots stay within 3x the journal's own.
 SNAPSHOT_GROWTH = 3
+#: Seconds between two tries of a call's result while the database refuses it.
+RESULT_RETRY = 0.5
+
 CONTINUE_PROMPT = "Your reply was cut off by the max_tokens limit. Please continue."
 _TOOL_ENV = (
     "PATH",
@@ -186,8 +190,11 @@ class AgentLoop:
     anything); without one, ``open`` takes it and ``close`` gives it back. ``fence``,
     when given, raises ``FencedError`` once this worker may no longer act (a lease it
     could not renew in time: ``worker.lease``); it is asked right before every tool runs,
-    the one step the store cannot fence itself. ``workspace``
-    is where the tools work; ``spool`` the folder the sandbox hides from them, if any."""
+    the one step the store cannot fence itself. ``result_wait``, on a shared store, is
+    what a call's result waits in when the database refuses its write (``_keep_result``):
+    a block within which the worker is not ended for beats or renewals that fail.
+    ``workspace`` is where the tools work; ``spool`` the folder the sandbox hides from
+    them, if any."""
 
     def __init__(
         self,
@@ -205,9 +212,11 @@ class AgentLoop:
         sleep: Callable[[float], None] = time.sleep,
         metrics: StepMetrics | None = None,
         fence: Callable[[], None] | None = None,
+        result_wait: Callable[[], AbstractContextManager[object]] | None = None,
         retries: int = 0,
     ) -> None:
         self.store = store
+        self.result_wait = result_wait
         self.retries = retries  # the operator's, by the task's record (``RETRIES_ENV``)
         self.fence = fence
         self.task_id = spec.id
@@ -301,7 +310,7 @@ class AgentLoop:
                 turn=self.state.turn,
                 usage=self.state.usage_total.to_json(),
                 tokens_used=self.state.tokens_used,
-                compactions=len(self.state.live_compactions()),
+                compactions=self.state.compaction_count,
             )
 
     def _checkpoint_workspace(self) -> None:
@@ -346,8 +355,13 @@ class AgentLoop:
         line = event_line(
             event, level, task=self.task_id, pid=os.getpid(), turn=self.state.turn, **fields
         )
-        with contextlib.suppress(OSError):  # events are advisory: a full disk loses them
+        try:  # events are advisory: a full disk, or a database away, loses them
             self.store.append_event(self.task_id, line)
+        except OSError:
+            pass
+        except StorageError as exc:
+            if storage_fault(exc) is None:
+                raise
 
     def _phase(self, phase: str) -> None:
         if self.heartbeat:
@@ -545,6 +559,10 @@ class AgentLoop:
             self._record(*records, hold=True)
         else:
             self._record(*records)
+        if any(block.get("type") == "compaction" for block in reply.content):
+            # the API compacted the transcript as it answered: counted as the client's are
+            # (status, ``agentd_compactions_total`` from this event)
+            self._event("compaction", strategy="server", tokens_after=reply.context_tokens)
 
     # -- compaction --------------------------------------------------------------------
 
@@ -606,6 +624,7 @@ class AgentLoop:
         )
         self._event(
             "compaction",
+            strategy="client",
             first=first,
             last=last,
             tokens_before=before,
@@ -687,17 +706,63 @@ class AgentLoop:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
         self.metrics.tool_called(tool.name, time.perf_counter() - started)
         self._phase("idle")
-        # Deferred: the next intent's sync, or the background sync during the next model
-        # call, or the end record makes it durable; a kill loses nothing written.
-        self._record(
+        self._keep_result(
             {
                 "k": "result",
                 "call_id": call.call_id,
                 "content": content,
                 "is_error": is_error,
                 "outcome": outcome,
-            },
-            sync=False,
+            }
+        )
+
+    def _keep_result(self, result: JSON) -> None:
+        """Record the result of a call that ran. Deferred: the next intent's sync, or the
+        background sync during the next model call, or the end record makes it durable; a
+        kill loses nothing written.
+
+        On a shared store (``result_wait``) a storage fault does not lose it: the call ran
+        once and its result is in hand, so the worker waits for the database (invariant 8)
+        rather than leave the call dangling, to be held for an operator. Each try first
+        reads back what the journal holds after the last record (the write whose reply
+        was lost may have committed), then writes it if it is not there. Only the fence
+        bounds the wait: a lease taken over meanwhile refuses both (``FencedError``), the
+        worker stops with nothing written, and the new owner finds the call dangling (held
+        when unsafe: invariant 2). No tool runs in the wait (one runs only after ``fence``)."""
+        try:
+            self._record(result, sync=False)
+            return
+        except (StorageError, OSError) as exc:
+            if self.result_wait is None or storage_fault(exc) is None:
+                raise
+            fault = storage_fault(exc)
+        self._event("result_waiting", level="warning", call_id=result["call_id"], error=str(fault))
+        with self.result_wait():
+            while True:
+                self.sleep(RESULT_RETRY)
+                try:
+                    if not self._written_meanwhile(result):
+                        self._record(result, sync=False)
+                    break
+                except (StorageError, OSError) as exc:
+                    if storage_fault(exc) is None:
+                        raise
+        self._event("result_written", call_id=result["call_id"])
+
+    def _written_meanwhile(self, result: JSON) -> bool:
+        """Reopen the journal after its last record known here (``FencedError`` when the
+        task's owner changed) and fold in what it holds: whether ``result`` is there."""
+        writer = self._journal
+        journal, records = self.store.open_journal(writer.owner, after=writer.cursor)
+        with contextlib.suppress(StorageError, OSError):
+            writer.close()  # (refusing appends since its failed one)
+        self.journal = journal
+        if self.heartbeat:
+            self.heartbeat.follow(journal=lambda: journal.durable.position)
+        for record in records:
+            self.state.apply(record)
+        return any(
+            r.get("k") == "result" and r.get("call_id") == result["call_id"] for r in records
         )
 
     def _settle_dangling(self, call: Call) -> Outcome | None:

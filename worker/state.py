@@ -311,6 +311,20 @@ class TaskState:
         """The compactions of the live branch, oldest first."""
         return [c for c in self.compactions if not c.rewound]
 
+    @property
+    def compaction_count(self) -> int:
+        """The compactions of the live branch, both kinds: the client's (``compaction``
+        records) and the API's (a compaction block in a reply, ``[context] strategy =
+        "server"``), as status and the heartbeat show them."""
+        server: int = sum(
+            block.get("type") == "compaction"
+            for message in self.messages
+            if message["role"] == "assistant" and isinstance(message["content"], list)
+            for block in message["content"]
+            if isinstance(block, dict)
+        )
+        return len(self.live_compactions()) + server
+
     def compacted_at(self, turn: int) -> bool:
         """Whether the live branch compacted right after ``turn``: once per boundary."""
         return any(c.turn == turn for c in self.live_compactions())

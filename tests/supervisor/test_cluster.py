@@ -354,7 +354,7 @@ def test_a_wrong_store_password_is_a_setting_to_fix_exit_78_but_a_wait_for_a_wor
         assert "refused the login: password authentication failed" in line, line
         assert "not-the-password" not in line and str(params["password"]) not in line
     # a worker of a running node: the same refusal is a storage fault it waits out
-    with pytest.raises(StorageError, match="cannot be reached"):
+    with pytest.raises(StorageError, match="refused the login"):
         PostgresStore(wrong, node="c", waits=True)
 
 

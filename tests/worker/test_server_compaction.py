@@ -123,6 +123,10 @@ def test_the_api_compacts_a_long_task_and_its_blocks_go_back_verbatim(
         }
     events = [e["event"] for e in read_events(task.events)]
     assert "context_strategy_fallback" not in events
+    # counted as the client's are: an event each (agentd_compactions_total), and status
+    made = [e for e in read_events(task.events) if e["event"] == "compaction"]
+    assert [e["strategy"] for e in made] == ["server"] * len(paused)
+    assert loop.state.compaction_count == len(paused)
 
     # usage: each compaction iteration once, on top of the top-level usage
     assert loop.state.usage_total == served.counted_once()

@@ -462,9 +462,12 @@ class SharedStore(TaskStore, Protocol):
         """``FencedError`` unless ``owner`` still owns the task (a read: writes nothing)."""
         ...
 
-    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+    def claim(
+        self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
+    ) -> list[Owner]:
         """Take up to ``limit`` runnable tasks no live lease holds (never waiting for
-        another node's claim), oldest first, each with a new epoch."""
+        another node's claim), oldest first, each with a new epoch; without ``expired``,
+        only tasks no lease holds at all (none whose lease ran out)."""
         ...
 
     def handover(self, owner: Owner) -> Owner:
@@ -494,6 +497,11 @@ class SharedStore(TaskStore, Protocol):
         ...
 
     def leave(self) -> None: ...
+
+    def relogin(self, url: str) -> None:
+        """Log in with ``url``'s user and password from the next connection on (SIGHUP
+        read the store's URL again); the database stays this store's."""
+        ...
 
     def nodes(self) -> list[NodeInfo]: ...
 

@@ -68,7 +68,7 @@ WITH picked AS (
     SELECT id FROM tasks
     WHERE state IN ('queued', 'backoff', 'running')
       AND runnable_at <= now()
-      AND (lease_expires IS NULL OR lease_expires < now())
+      AND (lease_expires IS NULL OR (%(expired)s AND lease_expires < now()))
       AND (paused_until IS NULL OR paused_until <= now())
       AND NOT (id = ANY(%(exclude)s::text[]))
     ORDER BY runnable_at, id
@@ -134,15 +134,22 @@ def append(conn: Connection, task_id: str, epoch: int, after: int, records: Sequ
 
 
 def claim(
-    conn: Connection, node: str, limit: int, lease: float, exclude: Sequence[str] = ()
+    conn: Connection,
+    node: str,
+    limit: int,
+    lease: float,
+    exclude: Sequence[str] = (),
+    *,
+    expired: bool = True,
 ) -> list[Lease]:
     """Take up to ``limit`` runnable tasks for ``node`` for ``lease`` seconds: queued ones,
-    ones whose backoff is over, and ones whose holder let its lease expire (but none of
-    ``exclude``). Each comes with a new epoch, which fences every earlier holder, and its
-    record says ``running``. Never blocks on another claim."""
+    ones whose backoff is over, and (with ``expired``) ones whose holder let its lease
+    expire (but none of ``exclude``). Each comes with a new epoch, which fences every
+    earlier holder, and its record says ``running``. Never blocks on another claim."""
     if limit <= 0:
         return []
     params = {"node": node, "limit": limit, "lease": lease, "exclude": list(exclude)}
+    params["expired"] = expired
     rows = conn.execute(CLAIM, params).fetchall()
     return [Lease(task, node, epoch, seq, expires) for task, epoch, seq, expires in rows]
 

@@ -17,11 +17,15 @@ the server's disk). How each promise of the Protocol is kept:
   task record is a compare-and-set on its version;
 - events are numbered under the task row's lock, so their order is the order of commits.
 
-Cursors are sequence numbers (a journal ``seq``, an events ``n``). A lost database (any
-``psycopg.OperationalError``: refused, cut, restarted) is a storage fault
-(``StorageError`` with ``EIO``), a wait for the worker (invariant 8), never a crash. The
-password in the URL is a secret: it appears in no message and no repr. This is the one
-module that imports psycopg.
+Cursors are sequence numbers (a journal ``seq``, an events ``n``). Every database fault
+is a storage fault (``StorageError`` with ``EIO``), a wait for the worker and the daemon
+(invariant 8), never a crash: ``database_fault`` tells one by its SQLSTATE class, not by
+the driver's exception type (a read-only standby's 25006 comes as an ``InternalError``),
+for every statement, listener and lock alike. A write whose reply was lost (its COMMIT
+may or may not have happened) is resolved by reading back, by the fence, what it wrote:
+each write below either is idempotent or, refused on a retry, looks whether the refusal
+is its own earlier commit. The password in the URL is a secret: it appears in no
+message and no repr. This is the one module that imports psycopg.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -117,6 +122,66 @@ LOGIN_REFUSED = re.compile(
 )
 
 
+class DatabaseFault(StrEnum):
+    """Why the database refused a statement, when that is the database's to end (a wait,
+    invariant 8), as ``database_fault`` reads it from the SQLSTATE."""
+
+    LOST = "cannot be reached"  # class 08, or libpq's own failure (no SQLSTATE)
+    READ_ONLY = "is read-only (a standby, or default_transaction_read_only)"  # 25006
+    CONFLICT = "aborted the transaction (a serialization failure or a deadlock)"  # 40001, 40P01
+    RESOURCES = "is out of resources (connections, memory or disk)"  # class 53
+    SHUTDOWN = "is shutting down or restarting"  # 57P01-57P05 (57P04: the database dropped)
+    LOGIN = "refused the login"  # class 28, or libpq's refusal of the password
+
+    @property
+    def connection_gone(self) -> bool:
+        """Whether the connection that met it is of no more use (nor the idle ones)."""
+        return self in (DatabaseFault.LOST, DatabaseFault.SHUTDOWN, DatabaseFault.LOGIN)
+
+
+#: The SQLSTATEs that are faults, by their exact code or their two-character class.
+_FAULT_STATES = {
+    "25006": DatabaseFault.READ_ONLY,
+    "40001": DatabaseFault.CONFLICT,
+    "40P01": DatabaseFault.CONFLICT,
+}
+_FAULT_CLASSES = {
+    "08": DatabaseFault.LOST,
+    "28": DatabaseFault.LOGIN,
+    "53": DatabaseFault.RESOURCES,
+}
+
+
+#: What a refused connection's FATAL line says, for the faults it can be.
+_CONNECT_REFUSALS = (
+    (LOGIN_REFUSED, DatabaseFault.LOGIN),
+    (re.compile(r"too many connections|remaining connection slots"), DatabaseFault.RESOURCES),
+    (
+        re.compile(r"the database system is (starting up|shutting down|in recovery)"),
+        DatabaseFault.SHUTDOWN,
+    ),
+)
+
+
+def database_fault(exc: BaseException) -> DatabaseFault | None:
+    """The fault ``exc`` (a driver error) is, or None when it is not one: a constraint, a
+    statement of ours the server refused (a bug, raised as it is). The one classifier of
+    the store: by SQLSTATE, since the driver's exception types do not follow it."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    state = exc.sqlstate
+    if state is None:  # libpq's own: a connection that failed or broke (no SQLSTATE comes
+        # with a refused connection: the server's FATAL line is all it says)
+        for words, fault in _CONNECT_REFUSALS:
+            if words.search(str(exc)):
+                return fault
+        lost = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        return DatabaseFault.LOST if lost else None
+    if state.startswith("57P"):
+        return DatabaseFault.SHUTDOWN
+    return _FAULT_STATES.get(state) or _FAULT_CLASSES.get(state[:2])
+
+
 #: A NUL character in a JSON string (after an even run of backslashes): jsonb refuses it.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
@@ -154,6 +219,7 @@ class _Database:
         written = _WRITTEN_PASSWORD.match(url)
         if written and unquote(written.group(1)) != params.get("password"):
             raise bad_url  # libpq read the password as something else: a host, a port...
+        self._application = application
         given = {"application_name": application, **CONNECTION_DEFAULTS}
         self._conninfo = make_conninfo(url, **{k: v for k, v in given.items() if k not in params})
         self._secret = str(params.get("password") or "")
@@ -167,16 +233,43 @@ class _Database:
         text = text.replace(self._secret, REDACTED) if self._secret else text
         return redact.clean_text(without_password(text))
 
-    def connect(self) -> Connection:
-        """A new autocommit connection of the caller's own (a listener's)."""
+    def relogin(self, url: str) -> None:
+        """Use ``url``'s login from the next connection on (SIGHUP read the store's URL
+        again: a password changed). The address is this store's still."""
+        fresh = _Database(url, self._application)
+        self._conninfo, self._secret, self.shown = fresh._conninfo, fresh._secret, fresh.shown
+        self.close()  # the idle ones logged in with the old password
+
+    def fault(self, exc: BaseException) -> StorageError | None:
+        """``exc`` as the storage fault it is (``database_fault``), saying which, or None."""
+        fault = database_fault(exc)
+        if fault is None:
+            return None
+        return StorageError(
+            f"the PostgreSQL store ({self.shown}) {fault.value}: "
+            f"{self.scrub(str(exc)).strip()}. The worker waits, and goes on from what the "
+            "database recorded once it is back.",
+            errno.EIO,
+            cause=fault.name.lower(),
+        )
+
+    @contextlib.contextmanager
+    def faults(self) -> Iterator[None]:
+        """Within the block, a driver error that is a fault is raised as its
+        ``StorageError``; any other as it is."""
         try:
+            yield
+        except psycopg.Error as exc:
+            fault = self.fault(exc)
+            if fault is None:
+                raise
+            raise fault from None
+
+    def connect(self) -> Connection:
+        """A new autocommit connection of the caller's own (a listener's, a lock's): its
+        statements go through ``faults`` too."""
+        with self.faults():
             return psycopg.connect(self._conninfo, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise StorageError(
-                f"the PostgreSQL store ({self.shown}) cannot be reached: "
-                f"{self.scrub(str(exc)).strip()}",
-                errno.EIO,
-            ) from None
 
     def _connect(self) -> Connection:
         conn = psycopg.connect(self._conninfo, autocommit=True)
@@ -191,19 +284,22 @@ class _Database:
             if conn is None:
                 conn = self._connect()
             yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if conn is not None:
+        except psycopg.Error as exc:
+            kind = database_fault(exc)
+            gone = kind is not None and kind.connection_gone
+            if conn is not None and (gone or conn.broken or conn.closed):
                 conn.close()
-            self.close()  # the idle ones went the same way (a restarted server, a cut link)
-            raise StorageError(
-                f"the PostgreSQL store ({self.shown}) cannot be reached: "
-                f"{self.scrub(str(exc)).strip()}. The worker waits, and goes on from what the "
-                "database recorded once it is back.",
-                errno.EIO,
-            ) from None
+            elif conn is not None:
+                self._give_back(conn)  # autocommit: a failed statement leaves it idle
+            if gone:
+                self.close()  # the idle ones went the same way (a restarted server, a cut link)
+            fault = self.fault(exc)
+            if fault is None:
+                raise
+            raise fault from None
         except BaseException:
             if conn is not None:
-                self._give_back(conn)  # autocommit: a failed statement leaves it idle
+                self._give_back(conn)
             raise
         else:
             self._give_back(conn)
@@ -305,6 +401,7 @@ class PostgresStore:
         self.db = _Database(url, application=f"agentd {self.node}")
         self.lease = lease
         self._reading = threading.local()  # a view of every task, while ``read_all`` lasts
+        self._lost_replies: set[tuple[str, str, int]] = set()  # (``_unsure``)
         try:
             with self.db.step() as conn:
                 if migrate:
@@ -316,11 +413,12 @@ class PostgresStore:
             # to fix (exit 78, so systemd does not restart it every two seconds); once the
             # node runs (``waits``: its workers), it is the database's to end: a wait
             refused = LOGIN_REFUSED.search(str(exc))
-            if refused is None or waits:
+            if exc.cause != DatabaseFault.LOGIN.name.lower() or waits:
                 raise
+            why = refused.group(0) if refused else "authentication failed"
             raise ConfigError(
                 f"the PostgreSQL store ({self.db.shown}) refused the login: "
-                f"{refused.group(0)}; fix the user or password of the store URL (--store, "
+                f"{why}; fix the user or password of the store URL (--store, "
                 "AGENTD_STORE, AGENTD_STORE_FILE, or PGPASSFILE) and start again."
             ) from None
 
@@ -397,6 +495,17 @@ class PostgresStore:
             with self.db.step() as conn:
                 conn.execute(sql, params)
         except pgerrors.UniqueViolation:
+            if self._one(
+                _MADE_SO,
+                {
+                    "task": spec.id,
+                    "spec": params[1],
+                    "record": params[3],
+                    "script": script,
+                    "seq": len(items),
+                },
+            ):
+                return  # this very create, whose commit's reply was lost: made
             raise StateConflictError(
                 f"a task named {spec.id!r} already exists; pick another --name."
             ) from None
@@ -513,18 +622,43 @@ class PostgresStore:
 
     # -- the cluster (``SharedStore``) -------------------------------------------------
 
-    def claim(self, limit: int, *, exclude: Sequence[str] = ()) -> list[Owner]:
+    def claim(
+        self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
+    ) -> list[Owner]:
         with self.db.step() as conn:
-            leases = pglease.claim(conn, self.node, limit, self.lease, exclude)
+            leases = pglease.claim(conn, self.node, limit, self.lease, exclude, expired=expired)
         return [Owner(lease.task_id, self.node, lease.epoch) for lease in leases]
 
+    @contextlib.contextmanager
+    def _unsure(self, what: str, owner: Owner) -> Iterator[bool]:
+        """A fenced write of ``owner``'s that moves its epoch: yields whether the last try
+        of it lost its reply (the fence then refuses its retry: read back whether the
+        refusal is that try's own commit). Only then: a stale owner's second try is no
+        retry, and is refused."""
+        key = (what, owner.task_id, owner.epoch)
+        unsure = key in self._lost_replies
+        try:
+            yield unsure
+        except StorageError as exc:
+            if exc.cause in (DatabaseFault.LOST.name.lower(), DatabaseFault.SHUTDOWN.name.lower()):
+                self._lost_replies.add(key)
+            raise
+        self._lost_replies.discard(key)
+
     def handover(self, owner: Owner) -> Owner:
-        row = self._one(
-            "UPDATE tasks SET epoch = epoch + 1, updated_at = now(), "
-            "lease_expires = now() + make_interval(secs => %(lease)s) "
-            "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING epoch",
-            {"task": owner.task_id, "epoch": owner.epoch, "lease": self.lease},
-        )
+        with self._unsure("handover", owner) as unsure:
+            row = self._one(
+                "UPDATE tasks SET epoch = epoch + 1, updated_at = now(), "
+                "lease_expires = now() + make_interval(secs => %(lease)s) "
+                "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING epoch",
+                {"task": owner.task_id, "epoch": owner.epoch, "lease": self.lease},
+            )
+        if row is None and unsure:
+            row = self._one(  # this handover's own commit, whose reply was lost?
+                "SELECT epoch FROM tasks WHERE id = %(task)s AND epoch = %(epoch)s + 1 "
+                "AND node = %(node)s AND lease_expires IS NOT NULL",
+                {"task": owner.task_id, "epoch": owner.epoch, "node": self.node},
+            )
         if row is None:
             raise self._fenced_refusal(owner)
         return Owner(owner.task_id, self.node, int(row[0]))
@@ -547,28 +681,46 @@ class PostgresStore:
     def put_record(
         self, owner: Owner, record: JSON, *, release: bool, runnable_in: float = 0.0
     ) -> None:
-        wrote = self._done(
-            """
-            WITH done AS (
-                UPDATE tasks SET record = %(record)s::jsonb, version = version + 1,
-                    state = coalesce(%(state)s, state), updated_at = now(),
-                    lease_expires = CASE WHEN %(release)s THEN NULL ELSE lease_expires END,
-                    epoch = CASE WHEN %(release)s THEN epoch + 1 ELSE epoch END,
-                    runnable_at = CASE WHEN %(release)s
-                        THEN now() + make_interval(secs => %(delay)s) ELSE runnable_at END
-                WHERE id = %(task)s AND epoch = %(epoch)s
-                RETURNING 1
+        with self._unsure("release", owner) as unsure:
+            wrote = self._done(
+                """
+                WITH done AS (
+                    UPDATE tasks SET record = %(record)s::jsonb, version = version + 1,
+                        state = coalesce(%(state)s, state), updated_at = now(),
+                        lease_expires = CASE WHEN %(release)s THEN NULL ELSE lease_expires END,
+                        epoch = CASE WHEN %(release)s THEN epoch + 1 ELSE epoch END,
+                        runnable_at = CASE WHEN %(release)s
+                            THEN now() + make_interval(secs => %(delay)s) ELSE runnable_at END
+                    WHERE id = %(task)s AND epoch = %(epoch)s
+                    RETURNING 1
+                )
+                """,
+                owner.task_id,
+                record=_jsonb(record),
+                state=_state_of(record),
+                release=release,
+                delay=max(0.0, runnable_in),
+                epoch=owner.epoch,
             )
-            """,
-            owner.task_id,
-            record=_jsonb(record),
-            state=_state_of(record),
-            release=release,
-            delay=max(0.0, runnable_in),
-            epoch=owner.epoch,
-        )
-        if not wrote:
+        if not wrote and not (release and unsure and self._released_so(owner, record)):
             raise self._fenced_refusal(owner)
+
+    def _released_so(self, owner: Owner, record: JSON) -> bool:
+        """Whether the task is as ``owner``'s release of it with ``record`` left it: that
+        release's commit, whose reply was lost (a claim since would have moved the epoch
+        again, and changed the node or the record)."""
+        return bool(
+            self._one(
+                "SELECT 1 FROM tasks WHERE id = %(task)s AND epoch = %(epoch)s + 1 "
+                "AND node = %(node)s AND lease_expires IS NULL AND record = %(record)s::jsonb",
+                {
+                    "task": owner.task_id,
+                    "epoch": owner.epoch,
+                    "node": self.node,
+                    "record": _jsonb(record),
+                },
+            )
+        )
 
     def leases(self) -> dict[str, str]:
         with self.db.step() as conn:
@@ -607,6 +759,9 @@ class PostgresStore:
                 (self.node, socket.gethostname(), os.getpid()),
             )
 
+    def relogin(self, url: str) -> None:
+        self.db.relogin(url)
+
     def nodes(self) -> list[NodeInfo]:
         with self.db.step() as conn:
             rows = conn.execute(
@@ -628,9 +783,13 @@ class PostgresStore:
         conn = self.db.connect()
         try:
             deadline = time.monotonic() + wait
-            while not conn.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OPERATOR_LOCKS, key)
-            ).fetchone()[0]:  # type: ignore[index]
+            while True:
+                with self.db.faults():
+                    row = conn.execute(
+                        "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OPERATOR_LOCKS, key)
+                    ).fetchone()
+                if row is not None and row[0]:
+                    break
                 if time.monotonic() >= deadline:
                     raise LockBusyError(f"another command holds task {task_id}'s operator lock")
                 time.sleep(0.05)
@@ -672,13 +831,13 @@ class PostgresStore:
         wakes the node once (what it missed meanwhile is the poll's, as always)."""
         while not stop.is_set():
             try:
-                with self.db.connect() as conn:
+                with self.db.connect() as conn, self.db.faults():
                     conn.execute(f"LISTEN {WAKE_CHANNEL}")
                     on_wake()
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=LISTEN_POLL):
                             on_wake()
-            except (psycopg.Error, StorageError):
+            except StorageError:
                 stop.wait(1.0)
 
     # -- the journal ------------------------------------------------------------------
@@ -767,7 +926,8 @@ class PostgresStore:
     def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
         """One winner by the primary key (task, key, attempt): the losers' inserts find
         the row there and do nothing."""
-        return self._done(
+        params = {"key": validate_call_id(key), "attempt": attempt, "decision": _jsonb(decision)}
+        won = self._done(
             """
             WITH done AS (
                 INSERT INTO decisions (task, key, attempt, decision)
@@ -777,9 +937,13 @@ class PostgresStore:
             )
             """,
             task_id,
-            key=validate_call_id(key),
-            attempt=attempt,
-            decision=_jsonb(decision),
+            **params,
+        )
+        return won or self._done(  # the winner is this very decision (a lost reply)?
+            "WITH done AS (SELECT 1 FROM decisions WHERE task = %(task)s AND key = %(key)s "
+            "AND attempt = %(attempt)s AND decision = %(decision)s::jsonb)",
+            task_id,
+            **params,
         )
 
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
@@ -802,9 +966,13 @@ class PostgresStore:
         return f"decision {validate_call_id(key)}/{attempt} of task {validate_task_id(task_id)}"
 
     def request_cancel(self, task_id: str, stamp: JSON) -> bool:
+        """The first cancel wins; one whose stamp is there already is that first one, whose
+        commit's reply was lost."""
         return self._done(
-            "WITH done AS (UPDATE tasks SET cancel = %(stamp)s::jsonb, updated_at = now() "
-            "WHERE id = %(task)s AND cancel IS NULL RETURNING 1)",
+            "WITH asked AS (UPDATE tasks SET cancel = %(stamp)s::jsonb, updated_at = now() "
+            "WHERE id = %(task)s AND cancel IS NULL RETURNING 1), "
+            "done AS (SELECT 1 FROM asked UNION ALL "
+            "SELECT 1 FROM tasks WHERE id = %(task)s AND cancel = %(stamp)s::jsonb)",
             task_id,
             stamp=_jsonb(stamp),
         )
@@ -862,6 +1030,14 @@ class PostgresStore:
             expected=token,
         )
         if row[0] is None:
+            row = self._row(  # this very write, whose commit's reply was lost?
+                "SELECT (SELECT version FROM tasks WHERE id = %(task)s AND version = "
+                "%(expected)s + 1 AND record = %(record)s::jsonb)",
+                task_id,
+                record=_jsonb(record),
+                expected=token,
+            )
+        if row[0] is None:
             raise RecordConflictError(
                 f"the record of task {task_id} changed since it was read; read it again."
             )
@@ -871,12 +1047,17 @@ class PostgresStore:
 
     def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
         """The event's number is taken by the UPDATE of the task row, whose lock lasts
-        until the commit: numbers follow commits, so a reader never skips one."""
+        until the commit: numbers follow commits, so a reader never skips one. An event
+        that is the task's last one already is not appended again: it is this very event,
+        whose commit's reply was lost (every event carries its time)."""
         clean = _without_nul(json.dumps(redact.clean_mapping(event), default=str))
         self._done(
             """
             WITH n AS (
-                UPDATE tasks SET events = events + 1 WHERE id = %(task)s RETURNING events
+                UPDATE tasks t SET events = events + 1 WHERE id = %(task)s AND NOT EXISTS (
+                    SELECT 1 FROM events e WHERE e.task = t.id AND e.n = t.events
+                    AND e.event = %(event)s::jsonb
+                ) RETURNING events
             ), done AS (
                 INSERT INTO events (task, n, event) SELECT %(task)s, n.events, %(event)s::jsonb
                 FROM n RETURNING 1
@@ -1017,6 +1198,13 @@ INSERT INTO journal (task, seq, epoch, record)
 SELECT made.id, r.n, 0, r.record FROM made, (VALUES {rows}) AS r (n, record)
 """  # noqa: S608  (only placeholders are formatted in; every value is a parameter)
 
+
+#: Whether the task is as a ``create`` made it, one whose commit's reply was lost.
+_MADE_SO = """
+SELECT 1 FROM tasks WHERE id = %(task)s AND spec = %(spec)s::jsonb
+    AND record = %(record)s::jsonb AND script IS NOT DISTINCT FROM %(script)s::bytea
+    AND seq = %(seq)s AND epoch = 0
+"""
 
 #: What ``_done`` appends to its statement: whether it wrote, and whether the task exists.
 _WROTE_AND_FOUND = (
