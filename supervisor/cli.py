@@ -459,6 +459,7 @@ def cmd_nodes(args: argparse.Namespace, config: Config, spool: Spool) -> int:
                 "name": local_node(),
                 "host": local_node(),
                 "pid": pid,
+                "epoch": None,
                 "max_workers": config.max_workers,
                 "tasks": sum(1 for t in running if t["state"] == TaskStatus.RUNNING),
                 "heartbeat_age": None,
@@ -468,13 +469,17 @@ def cmd_nodes(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.json:
         out(nodes)
         return 0
-    print(f"{'NAME':<16} {'HOST':<20} {'PID':>8} {'TASKS':>5} {'MAX':>4} {'SEEN':>7}  STATE")
+    print(
+        f"{'NAME':<16} {'HOST':<20} {'PID':>8} {'EPOCH':>5} {'TASKS':>5} {'MAX':>4} {'SEEN':>7}  "
+        "STATE"
+    )
     for n in nodes:
         age = n["heartbeat_age"]
         seen = f"{age:.1f}s" if isinstance(age, (int, float)) else "-"
         state = "alive" if n["alive"] else "gone"
         print(
-            f"{n['name']:<16} {n['host']:<20} {n['pid'] or '-':>8} {n['tasks']:>5} "
+            f"{n['name']:<16} {n['host']:<20} {n['pid'] or '-':>8} {n['epoch'] or '-':>5} "
+            f"{n['tasks']:>5} "
             f"{n['max_workers']:>4} {seen:>7}  {state}"
         )
     return 0

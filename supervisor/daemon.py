@@ -97,6 +97,7 @@ from worker.errors import (
     SpoolError,
     StateConflictError,
     StorageError,
+    SupersededError,
 )
 from worker.events import event_line, utc_now
 from worker.protocol import (
@@ -174,6 +175,9 @@ class Supervisor:
         self._away = False  # the shared store could not be reached by the last claim or renewal
         self._away_at = -float("inf")  # (monotonic) when the shared store was last at fault
         self._claim_expired_at = 0.0  # (monotonic) no claim of a lease that ran out before
+        # another daemon registered this node's name (``_superseded``): this one runs
+        # nothing and claims nothing until it can register the name again
+        self._superseded_by: SupersededError | None = None
         self._stop_listening: Callable[[], None] | None = None
         self.config = config
         self.config_path = config_path
@@ -427,8 +431,9 @@ class Supervisor:
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
         sandbox = self._probe_sandbox()
+        registration = None
         if self.shared is not None:
-            self.shared.join(self.config.max_workers)  # (ConfigError: its name is taken)
+            registration = self.shared.join(self.config.max_workers)  # (ConfigError: taken)
 
             def wake() -> None:  # (on the listener's thread)
                 loop.call_soon_threadsafe(self._doorbell)
@@ -436,7 +441,7 @@ class Supervisor:
             self._stop_listening = self.shared.listen(wake)
         where: dict[str, Any] = {"spool": str(self.spool.root)}
         if self.shared is not None:
-            where |= {"node": self.shared.node, "store": repr(self.shared)}
+            where |= {"node": self.shared.node, "epoch": registration, "store": repr(self.shared)}
         self.emit("supervisor_started", pid=os.getpid(), **where)
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
@@ -767,7 +772,8 @@ class Supervisor:
         if free <= 0:
             return
         if self.shared is not None:
-            self._claim(self.shared, free)
+            if self._superseded_by is None:
+                self._claim(self.shared, free)
             return
         # Only the tasks that could start, oldest first (a spool keeps every finished task).
         waiting = [
@@ -1241,10 +1247,14 @@ class Supervisor:
             sent = now
             owners = [s.owner for s in self.slots.values() if s.owner is not None]
             try:
-                lost = shared.renew_all(owners)
-                shared.join(self.config.max_workers)
-            except ConfigError as exc:  # another process took this node's name meanwhile
-                self.log.warning("lease_renewal_failed", error=str(exc))
+                if self._superseded_by is not None:
+                    self._register_again(shared)
+                    lost = []
+                else:
+                    lost = shared.renew_all(owners)  # (and says the node is alive)
+            except SupersededError as exc:
+                self._superseded(shared, exc)
+                lost = []
             except StorageError as exc:
                 self._store_away(shared, exc)
             else:
@@ -1252,6 +1262,39 @@ class Supervisor:
                 self._renewed = sent
                 for owner in lost:
                     self._lease_lost(owner, f"epoch {owner.epoch} was taken over")
+
+    def _superseded(self, shared: SharedStore, exc: SupersededError) -> None:
+        """Another daemon registered this node's name while this one could not renew it
+        (frozen, cut off past its lease): this one's workers stop at once (their claims
+        are the name's, which is the other's now), and it registers the name again only
+        once the other lets it go (``_register_again``). The live daemon that registered
+        last keeps the name, so two daemons never take it from each other in turn."""
+        other = exc.now
+        self.log.error(
+            "node_superseded",
+            node=shared.node,
+            epoch=exc.epoch,
+            new_epoch=other[0] if other is not None else None,
+            other_pid=other[1] if other is not None else None,
+            other_host=other[2] if other is not None else None,
+            tasks=sorted(s.task.id for s in self.slots.values() if s.owner is not None),
+        )
+        for slot in list(self.slots.values()):
+            if slot.owner is not None:
+                self._lease_lost(slot.owner, f"node {shared.node} was registered by another daemon")
+        self._superseded_by = exc
+        self._register_again(shared)
+
+    def _register_again(self, shared: SharedStore) -> None:
+        """A superseded daemon registers its name under a fresh epoch as soon as no other
+        live daemon holds it (``ConfigError`` meanwhile: it waits, and says nothing more)."""
+        try:
+            epoch = shared.join(self.config.max_workers)
+        except ConfigError:
+            return
+        self._superseded_by = None
+        self.log.warning("node_registered", node=shared.node, epoch=epoch, pid=os.getpid())
+        self._wake.set()
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -29,6 +30,7 @@ from tests.chaos.nodes import (
     kill_tree,
     leases_of,
     run,
+    serving,
     task_script,
     thaw,
 )
@@ -110,6 +112,30 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_serving_counts_a_daemon_that_runs_a_node_s_tasks_unlisted() -> None:
+    """The figure "two live daemons under one name", on made-up inputs: the listed daemon
+    serves; one whose descendant is the worker of a task running on that node does too."""
+    listed: list[dict[str, Any]] = [
+        {"name": "n1", "pid": 100, "alive": True},
+        {"name": "n2", "pid": 300, "alive": True},
+    ]
+    rows: dict[str, dict[str, Any]] = {
+        "t1": {"state": "running", "node": "n1", "pid": 1001},
+        "t2": {"state": "running", "node": "n2", "pid": 2001},
+        "t3": {"state": "done", "node": None, "pid": None},
+    }
+    family = {1001: {100, 1}, 2001: {200, 1}}
+
+    def parents(pid: int) -> set[int]:
+        return family.get(pid, set())
+
+    assert serving("n1", listed, rows, {100, 200}, parents) == {100}
+    assert serving("n2", listed, rows, {200, 300}, parents) == {200, 300}  # one unlisted
+    gone = [{**listed[0], "alive": False}]
+    assert serving("n1", gone, rows, {100, 200}, parents) == {100}  # (by its worker)
+    assert serving("n1", gone, {}, {100, 200}, parents) == set()
 
 
 # -- the audit, on made-up inputs -------------------------------------------------------------

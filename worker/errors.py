@@ -14,6 +14,7 @@ every message is one full sentence that says what is wrong and what to do next::
     │   ├── StorageError                     a write or fsync failed (ENOSPC, EIO, ...)
     │   ├── LockBusyError                    another process holds the lock
     │   ├── FencedError                      a step of an owner whose ownership moved
+    │   │   └── SupersededError              a node whose name another daemon registered
     │   ├── RecordConflictError              a task record changed since it was read
     │   └── SchemaVersionError       exit 78 the database's schema is not this release's
     ├── AddressInUseError            exit 1  a listener's address is another process's
@@ -123,6 +124,18 @@ class LockBusyError(SpoolError):
 class FencedError(SpoolError):
     """The task's ownership moved (a lock released, a lease taken over): the step of its
     old owner is refused, so no task is ever advanced by two workers (invariant 10)."""
+
+
+class SupersededError(FencedError):
+    """Another daemon registered this node's name since this one did (it was frozen past
+    its lease, say): this daemon's claims and renewals are refused. ``epoch`` is the
+    registration it held; ``now`` the one the name has (epoch, pid, host), None when no
+    daemon holds the name any more."""
+
+    def __init__(self, message: str, epoch: int, now: tuple[int, int, str] | None) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.now = now
 
 
 class RecordConflictError(SpoolError):

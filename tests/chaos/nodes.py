@@ -22,7 +22,13 @@ Then, at random instants while tasks run, one fault at a time:
   workers wake up fenced and must record nothing and run no tool;
 * a restart of PostgreSQL (``immediate``: as if its machine lost power), down a moment:
   a storage fault for every node at once;
-* a cut of a node's connection (its proxy severed) for longer than the lease, then restored.
+* a cut of a node's connection (its proxy severed) for longer than the lease, then restored;
+* a thawed duplicate: ``SIGSTOP`` of a node's tree past its lease, a second daemon started
+  under the same name meanwhile (on a spool of its own), then ``SIGCONT`` of the first. The
+  first must find itself superseded (``node_superseded``) and serve nothing: while both
+  run, each sample counts the daemons that serve the name, the one ``agentd nodes
+  --json`` lists for it and each that a running task's worker of that node descends
+  from (``serving``). Then the second stops, and the first must register the name again.
 
 Each fault falls on a node that holds leases (drawn by how many), when one does.
 
@@ -47,6 +53,7 @@ the effects log:
 * unsafe and keyed effects repeated (per logical operation, from the outside record),
   unsafe and keyed effects missing, transcripts not paired (the scripted model's
   transcript, folded from the rows, checked as the Messages API would);
+* two live daemons under one name: samples of a thawed duplicate in which two served it;
 * tasks completed (100 %), and failover: from a node's death (or stop, or cut) to the
   claim of each of its tasks by another node (its ``task_claimed`` event), bounded by the
   lease plus ``FAILOVER_SLACK``, and to the task's next step under the new lease (the first
@@ -91,7 +98,7 @@ from worker.state import fold
 JSON = dict[str, Any]
 FAULT = "21 nodes"
 NODES = ("n1", "n2", "n3")
-KILL, STOP, RESTART_DB, CUT = "kill", "stop", "db restart", "cut"
+KILL, STOP, RESTART_DB, CUT, TWIN = "kill", "stop", "db restart", "cut", "twin"
 FINAL = frozenset({"done", "failed", "cancelled"})
 #: Seconds past the lease another node may take to claim a dead node's task ("the lease
 #: plus a second or two", docs/design.md section 10): the claiming node's poll
@@ -126,14 +133,14 @@ class Plan:
                 level=12,
                 turns=(30, 38),
                 delay=0.8,
-                faults={KILL: 2, STOP: 1, RESTART_DB: 1, CUT: 1},
+                faults={KILL: 2, STOP: 1, RESTART_DB: 1, CUT: 1, TWIN: 1},
             )
         return cls(
             tasks=60,
             level=24,
             turns=(80, 140),
             delay=1.0,
-            faults={KILL: 20, STOP: 10, RESTART_DB: 5, CUT: 5},
+            faults={KILL: 20, STOP: 10, RESTART_DB: 5, CUT: 5, TWIN: 5},
             finish=300.0,
         )
 
@@ -312,6 +319,37 @@ def leases_of(url: str, node: str) -> dict[str, int]:
         }
 
 
+def registered(listed: list[JSON], name: str) -> set[int]:
+    """The pid of the daemon that ``agentd nodes --json`` lists as node ``name``, if alive."""
+    return {int(n["pid"]) for n in listed if n["name"] == name and n["alive"] and n["pid"]}
+
+
+def serving(
+    name: str,
+    listed: list[JSON],
+    rows: dict[str, JSON],
+    daemons: set[int],
+    ancestors: Callable[[int], set[int]] | None = None,
+) -> set[int]:
+    """Which of ``daemons`` (live processes started as node ``name``) serve the name: the one
+    ``agentd nodes --json`` lists for it, and each that the worker of a task running on
+    that node (a status row) descends from. More than one is two live daemons under one
+    name: one of them runs tasks unlisted, the fault class 21 counts."""
+    parents = ancestors or _ancestors
+    found = registered(listed, name) & daemons
+    for row in rows.values():
+        pid = row.get("pid")
+        if row.get("node") == name and row.get("state") == "running" and isinstance(pid, int):
+            found |= parents(pid) & daemons
+    return found
+
+
+def _ancestors(pid: int) -> set[int]:
+    with contextlib.suppress(psutil.Error):
+        return {p.pid for p in psutil.Process(pid).parents()}
+    return set()
+
+
 # -- the tasks ------------------------------------------------------------------------------
 
 
@@ -376,6 +414,11 @@ class Cluster:
         self.faults: list[Fault] = []
         self.holds_decided = 0
         self.deaths: list[str] = []  # daemons that ended though no fault killed them
+        self.twins: list[Node] = []  # the second daemons of a name (``twin``)
+        self.twin_samples = 0  # samples taken while two daemons of a name ran
+        self.two_serving = 0  # ... in which two of them served the name
+        self.superseded = 0  # thawed daemons that said ``node_superseded``
+        self.registered_again = 0  # ... and took their name back once it was free
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -389,6 +432,8 @@ class Cluster:
                 with contextlib.suppress(psutil.Error, RuntimeError):
                     kill_tree(node.pid)
             node.cleanup()
+        for twin in self.twins:
+            twin.cleanup()
         self.operator.cleanup()
         for proxy in self.proxies.values():
             proxy.close()
@@ -485,6 +530,45 @@ class Cluster:
         time.sleep(2 * self.plan.interval)  # its fenced workers wake and find out
         return fault
 
+    def twin(self, rng: random.Random) -> Fault:
+        name = self.victim(rng)
+        node = self.nodes[name]
+        assert node.proc is not None
+        frozen = freeze_tree(node.proc.pid)
+        fault = Fault(TWIN, name, time.time(), leases_of(self.url, name), len(frozen))
+        time.sleep(self.plan.lease + rng.uniform(1.0, 2.0))  # its node row goes stale too
+        twin = Node(
+            self.root / f"{name}-twin{len(self.twins)}",
+            config_text(self.plan),
+            name,
+            self.proxies[name].url_for(self.url),
+        )
+        self.twins.append(twin)
+        twin.start(self.env, timeout=60)  # (refused, exit 78, if the name were still live)
+        thaw(frozen)
+        # The thawed daemon finds out at its next renewal (every third of a lease): its
+        # workers may run until then. Then both run: sample who serves the name.
+        time.sleep(self.plan.lease / 3 + 2 * self.plan.interval)
+        daemons = {p for p in (node.pid, twin.pid) if p is not None}
+        end = time.monotonic() + self.plan.lease / 2
+        while time.monotonic() < end:
+            with contextlib.suppress(Exception):  # (a command refused: sample again)
+                found = serving(name, cli_json(self.operator, "nodes"), self.rows(), daemons)
+                self.twin_samples += 1
+                self.two_serving += len(found) > 1
+            time.sleep(0.25)
+        logged = [e.get("event") for e in node.log_events()]
+        self.superseded += "node_superseded" in logged
+        twin.stop()
+        with contextlib.suppress(AssertionError):  # (the name is free: it takes it back)
+            poll_for(
+                lambda: node.pid in registered(cli_json(self.operator, "nodes"), name),
+                2 * self.plan.lease,
+                interval=0.2,
+            )
+            self.registered_again += 1
+        return fault
+
     def restart_db(self, rng: random.Random) -> Fault:
         fault = Fault(RESTART_DB, None, time.time())
         self.db.stop(immediate=True)
@@ -516,6 +600,7 @@ class Cluster:
             STOP: self.stop,
             RESTART_DB: self.restart_db,
             CUT: self.cut,
+            TWIN: self.twin,
         }
         for kind in schedule:
             self.chores(rng, rng.uniform(*self.plan.gap))
@@ -527,7 +612,7 @@ class Cluster:
             self.faults.append(fault)
             say(
                 f"{kind} {fault.node or ''}: {len(fault.held)} leases held, "
-                f"{len(self.unfinished())} tasks unfinished"
+                f"{len(self.unfinished())} tasks unfinished, {time.time() - fault.at:.1f} s"
             )
 
     def chores(self, rng: random.Random, seconds: float) -> None:
@@ -766,6 +851,7 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         Figure(FAULT, "SIGSTOP of a node's tree past its lease", delivered[STOP]),
         Figure(FAULT, "PostgreSQL restarts", delivered[RESTART_DB]),
         Figure(FAULT, "network cuts past the lease", delivered[CUT]),
+        Figure(FAULT, "thawed duplicates of a node name", delivered[TWIN]),
         Figure(
             FAULT,
             "faults not delivered (tasks ended first)",
@@ -774,6 +860,20 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         ),
         Figure(FAULT, "holds decided", cluster.holds_decided),
         zero("daemon deaths no fault caused", len(cluster.deaths)),
+        zero("two live daemons under one name (samples)", cluster.two_serving),
+        Figure(FAULT, "duplicates: samples with both daemons running", cluster.twin_samples),
+        Figure(
+            FAULT,
+            "duplicates: thawed daemon superseded",
+            cluster.superseded,
+            cluster.superseded != delivered[TWIN],
+        ),
+        Figure(
+            FAULT,
+            "duplicates: name registered again once free",
+            cluster.registered_again,
+            cluster.registered_again != delivered[TWIN],
+        ),
         zero("tasks lost", found.lost),
         zero("recorded steps lost", found.steps_lost),
         zero("steps recorded twice", found.doubled),
@@ -788,6 +888,7 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         *failover_figures("kill -9", found.failover.get(KILL, []), plan),
         *failover_figures("SIGSTOP", found.failover.get(STOP, []), plan),
         *failover_figures("a cut", found.failover.get(CUT, []), plan),
+        *failover_figures("a thawed duplicate", found.failover.get(TWIN, []), plan),
     ]
     if found.examples or cluster.deaths:
         out.append(Figure(FAULT, "examples", "; ".join([*cluster.deaths, *found.examples])))

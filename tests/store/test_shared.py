@@ -15,7 +15,7 @@ import pytest
 
 from tests.store.conftest import new_task
 from tests.support import poll_for
-from worker.errors import ConfigError, FencedError, LockBusyError
+from worker.errors import ConfigError, FencedError, LockBusyError, SupersededError
 from worker.spool import TaskSpec
 from worker.store.postgres import PostgresStore
 
@@ -139,6 +139,41 @@ def test_nodes_join_are_listed_and_a_live_name_is_not_taken_twice(
     b.leave()
     assert [n.name for n in a.nodes()] == ["a"]
     assert claimed.task_id == "t1"
+
+
+def test_a_node_registered_again_elsewhere_supersedes_the_first_registration(
+    two: tuple[PostgresStore, PostgresStore], postgres_schema: str
+) -> None:
+    a, _ = two
+    assert a.join(2) == 1
+    for n in range(2):
+        new_task(a, f"t{n}")
+    (held,) = a.claim(1)
+    with a.db.step() as conn:  # a frozen past its lease: its row is stale
+        conn.execute("UPDATE nodes SET seen_at = now() - interval '1 hour'")
+    thawed = a
+    again = PostgresStore(postgres_schema, node="a", lease=30.0)
+    try:
+        assert again.join(2) == 2  # the name's next epoch
+        with pytest.raises(SupersededError) as caught:
+            thawed.renew_all([held])
+        assert caught.value.epoch == 1 and caught.value.now is not None
+        assert caught.value.now[0] == 2 and "epoch 2" in str(caught.value)
+        assert thawed.claim(5) == []  # the claim checks the registration too
+        with pytest.raises(FencedError):
+            thawed.handover(held)
+        assert thawed.leases() == {"t0": "a"}  # (its lease was not renewed, nor moved)
+        ((listed),) = thawed.nodes()
+        assert (listed.name, listed.epoch) == ("a", 2)
+        with pytest.raises(ConfigError, match="in use by a live node"):
+            thawed.join(2)  # not while the other one renews: no flapping
+        assert again.renew_all([]) == []
+        again.leave()
+        assert thawed.nodes() == []  # a daemon that left is no node
+        assert thawed.join(2) == 3  # the name is free: a fresh epoch, never an old one
+        assert [o.task_id for o in thawed.claim(5)] == ["t1"]
+    finally:
+        again.close()
 
 
 def test_the_operator_lock_holds_across_stores(two: tuple[PostgresStore, PostgresStore]) -> None:

@@ -23,6 +23,7 @@ import pytest
 from supervisor.daemon import Supervisor, TaskSlot
 from supervisor.pgcluster import free_port
 from supervisor.record import TaskRecord
+from tests.chaos.nodes import freeze_tree, thaw
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics
@@ -497,3 +498,70 @@ def test_a_lost_lease_stops_only_the_claim_it_belongs_to(tmp_path: Path) -> None
     assert daemon.metrics.lease_lost == 1
     daemon._lease_lost(later, "epoch 2 was taken over")
     assert "t12" not in daemon.slots and slot.owner is None
+
+
+def test_a_thawed_daemon_whose_name_was_taken_stops_its_workers_and_waits_for_it(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    """SIGSTOP of node a's tree past its lease, a second daemon started as node a, then
+    SIGCONT: the thawed one says ``node_superseded``, its worker is killed at once, it
+    runs and claims nothing and does not exit, and the name stays the second's (one row,
+    its pid and epoch) until that one stops; then the first registers it again."""
+    first = Node(tmp_path, "a", postgres_schema)
+    second = Node(tmp_path / "again", "a", postgres_schema)
+    with subreaper():
+        try:
+            first.start()
+            first.submit("t13", steps(40, pause=0.2))
+            running_on(first, "t13")
+            old_worker = int(first.row("t13")["pid"])
+            assert first.daemon.proc is not None
+            frozen = freeze_tree(first.daemon.proc.pid)
+            time.sleep(LEASE + 1.0)  # its node row and its lease are stale
+            second.start()
+            thaw(frozen)
+            event = logged(first, "node_superseded")
+            assert second.daemon.proc is not None
+            assert event["level"] == "error" and event["epoch"] == 1
+            assert (event["new_epoch"], event["other_pid"]) == (2, second.daemon.proc.pid)
+            poll_for(lambda: not _alive(old_worker), 5, what="the thawed worker killed")
+            listed = json.loads(first.agentd("nodes", "--json").stdout)
+            assert [(n["name"], n["pid"], n["epoch"]) for n in listed] == [
+                ("a", second.daemon.proc.pid, 2)
+            ]
+            row = poll_for(
+                lambda: (r := second.row("t13"))["state"] == "done" and r, 40, what="t13 done"
+            )
+            assert row["reason"] == "end_turn" and row["turn"] == 41
+            assert first.daemon.proc.poll() is None  # waiting, not exited (no exit 78)
+            names = [e["event"] for e in first.daemon.log_events()]
+            assert names.count("node_superseded") == 1 and "node_registered" not in names
+            table = first.agentd("nodes").stdout.splitlines()
+            assert table[0].split()[:4] == ["NAME", "HOST", "PID", "EPOCH"]
+            assert table[1].split()[2:4] == [str(second.daemon.proc.pid), "2"]
+
+            second.daemon.stop()  # the name is free: the first registers it again
+            again = logged(first, "node_registered")
+            assert again["epoch"] == 3
+            listed = json.loads(first.agentd("nodes", "--json").stdout)
+            assert [(n["pid"], n["epoch"]) for n in listed] == [(first.daemon.proc.pid, 3)]
+        finally:
+            first.daemon.cleanup()
+            second.daemon.cleanup()
+
+
+def logged(node: Node, name: str) -> dict[str, Any]:
+    """The first event ``name`` in the node's daemon log, once it is there."""
+    found = poll_for(
+        lambda: next((e for e in node.daemon.log_events() if e["event"] == name), None),
+        LEASE * 4,
+        what=f"{name} in node {node.name}'s log",
+    )
+    return dict(found)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

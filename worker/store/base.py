@@ -426,12 +426,14 @@ class NodeInfo:
     tasks: int  # the tasks it holds a live lease on
     heartbeat_age: float  # seconds since it last said it was alive
     alive: bool  # it said so within a lease
+    epoch: int = 0  # its registration: bumped each time a daemon registers the name
 
     def to_json(self) -> JSON:
         return {
             "name": self.name,
             "host": self.host,
             "pid": self.pid,
+            "epoch": self.epoch,
             "max_workers": self.max_workers,
             "tasks": self.tasks,
             "heartbeat_age": round(self.heartbeat_age, 3),
@@ -476,7 +478,9 @@ class SharedStore(TaskStore, Protocol):
         ...
 
     def renew_all(self, owners: Sequence[Owner]) -> list[Owner]:
-        """Renew every lease of ``owners`` in one step; returns the ones that moved."""
+        """Renew every lease of ``owners`` in one step; returns the ones that moved. Once
+        this node has joined, the same step says it is alive, and renews nothing but
+        raises ``SupersededError`` when another daemon registered its name since."""
         ...
 
     def put_record(
@@ -491,9 +495,11 @@ class SharedStore(TaskStore, Protocol):
         """The node holding a live lease on each task that has one."""
         ...
 
-    def join(self, max_workers: int) -> None:
-        """Say this node is alive (at its start, then now and then); ``ConfigError`` when
-        a live node of another process has this name."""
+    def join(self, max_workers: int) -> int:
+        """Register this process as the node of its name, under a new registration epoch
+        (returned), which claims and renewals check from then on (``SupersededError``
+        once another daemon registered the name); ``ConfigError`` when a live node of
+        another process has this name."""
         ...
 
     def leave(self) -> None: ...

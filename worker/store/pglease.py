@@ -71,6 +71,8 @@ WITH picked AS (
       AND (lease_expires IS NULL OR (%(expired)s AND lease_expires < now()))
       AND (paused_until IS NULL OR paused_until <= now())
       AND NOT (id = ANY(%(exclude)s::text[]))
+      AND (%(registered)s::bigint IS NULL OR EXISTS (SELECT 1 FROM nodes n WHERE
+          n.name = %(node)s AND n.epoch = %(registered)s AND n.pid = %(pid)s))
     ORDER BY runnable_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -141,15 +143,20 @@ def claim(
     exclude: Sequence[str] = (),
     *,
     expired: bool = True,
+    registered: tuple[int, int] | None = None,
 ) -> list[Lease]:
     """Take up to ``limit`` runnable tasks for ``node`` for ``lease`` seconds: queued ones,
     ones whose backoff is over, and (with ``expired``) ones whose holder let its lease
     expire (but none of ``exclude``). Each comes with a new epoch, which fences every
-    earlier holder, and its record says ``running``. Never blocks on another claim."""
+    earlier holder, and its record says ``running``. Never blocks on another claim. With
+    ``registered`` (the node's registration epoch and the daemon's pid), nothing is
+    claimed once another daemon registered the name."""
     if limit <= 0:
         return []
+    epoch, pid = registered if registered is not None else (None, 0)
     params = {"node": node, "limit": limit, "lease": lease, "exclude": list(exclude)}
     params["expired"] = expired
+    params |= {"registered": epoch, "pid": pid}
     rows = conn.execute(CLAIM, params).fetchall()
     return [Lease(task, node, epoch, seq, expires) for task, epoch, seq, expires in rows]
 

@@ -60,6 +60,7 @@ from worker.errors import (
     RecordConflictError,
     StateConflictError,
     StorageError,
+    SupersededError,
 )
 from worker.redactor import REDACTED, redact, without_password
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
@@ -400,6 +401,8 @@ class PostgresStore:
         self.node = node or socket.gethostname()
         self.db = _Database(url, application=f"agentd {self.node}")
         self.lease = lease
+        # this process's registration as the node (``join``): (epoch, pid, host, workers)
+        self._registration: tuple[int, int, str, int] | None = None
         self._reading = threading.local()  # a view of every task, while ``read_all`` lasts
         self._lost_replies: set[tuple[str, str, int]] = set()  # (``_unsure``)
         try:
@@ -625,8 +628,12 @@ class PostgresStore:
     def claim(
         self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
     ) -> list[Owner]:
+        mine = self._registration
+        registered = (mine[0], mine[1]) if mine is not None else None
         with self.db.step() as conn:
-            leases = pglease.claim(conn, self.node, limit, self.lease, exclude, expired=expired)
+            leases = pglease.claim(
+                conn, self.node, limit, self.lease, exclude, expired=expired, registered=registered
+            )
         return [Owner(lease.task_id, self.node, lease.epoch) for lease in leases]
 
     @contextlib.contextmanager
@@ -646,12 +653,24 @@ class PostgresStore:
         self._lost_replies.discard(key)
 
     def handover(self, owner: Owner) -> Owner:
+        """A new epoch for the same node; refused (``FencedError``) once the task or the
+        node's registration moved."""
+        mine = self._registration
         with self._unsure("handover", owner) as unsure:
             row = self._one(
                 "UPDATE tasks SET epoch = epoch + 1, updated_at = now(), "
                 "lease_expires = now() + make_interval(secs => %(lease)s) "
-                "WHERE id = %(task)s AND epoch = %(epoch)s RETURNING epoch",
-                {"task": owner.task_id, "epoch": owner.epoch, "lease": self.lease},
+                "WHERE id = %(task)s AND epoch = %(epoch)s AND (%(registered)s::bigint IS NULL "
+                "OR EXISTS (SELECT 1 FROM nodes WHERE name = %(node)s AND epoch = %(registered)s "
+                "AND pid = %(pid)s)) RETURNING epoch",
+                {
+                    "task": owner.task_id,
+                    "epoch": owner.epoch,
+                    "lease": self.lease,
+                    "node": self.node,
+                    "registered": mine[0] if mine is not None else None,
+                    "pid": mine[1] if mine is not None else 0,
+                },
             )
         if row is None and unsure:
             row = self._one(  # this handover's own commit, whose reply was lost?
@@ -664,6 +683,8 @@ class PostgresStore:
         return Owner(owner.task_id, self.node, int(row[0]))
 
     def renew_all(self, owners: Sequence[Owner]) -> list[Owner]:
+        if self._registration is not None:
+            return self._renew_node(owners, self._registration)
         if not owners:
             return []
         with self.db.step() as conn:
@@ -676,6 +697,43 @@ class PostgresStore:
                     (self.lease, [o.task_id for o in owners], [o.epoch for o in owners]),
                 )
             }
+        return [o for o in owners if (o.task_id, o.epoch) not in kept]
+
+    def _renew_node(
+        self, owners: Sequence[Owner], registration: tuple[int, int, str, int]
+    ) -> list[Owner]:
+        """The node's renewal and its leases', in one statement: the leases are renewed
+        only while the node's registration is still this process's."""
+        epoch, pid, host, workers = registration
+        with self.db.step() as conn:
+            row = conn.execute(
+                _RENEW_NODE,
+                {
+                    "node": self.node,
+                    "epoch": epoch,
+                    "pid": pid,
+                    "host": host,
+                    "workers": workers,
+                    "lease": self.lease,
+                    "ids": [o.task_id for o in owners],
+                    "epochs": [o.epoch for o in owners],
+                },
+            ).fetchone()
+        renewed, now_epoch, now_pid, now_host, ids, epochs = row  # type: ignore[misc]  # (one row: the LEFT JOIN)
+        if not renewed:
+            now = None if now_epoch is None else (int(now_epoch), int(now_pid), str(now_host))
+            holder = (
+                f"registered again by pid {now[1]} on {now[2]} (epoch {now[0]})"
+                if now is not None
+                else "no longer registered"
+            )
+            raise SupersededError(
+                f"node {self.node!r} was {holder} since this daemon registered it (epoch "
+                f"{epoch}); its workers stop, and it registers again once the name is free.",
+                epoch,
+                now,
+            )
+        kept = set(zip(ids, epochs, strict=True))
         return [o for o in owners if (o.task_id, o.epoch) not in kept]
 
     def put_record(
@@ -727,13 +785,18 @@ class PostgresStore:
             rows = conn.execute("SELECT id, node FROM tasks WHERE lease_expires > now()")
             return {task: node for task, node in rows}
 
-    def join(self, max_workers: int) -> None:
+    def join(self, max_workers: int) -> int:
+        """Register this process as the node, under the name's next epoch; a live daemon
+        of another process that holds the name refuses it (``ConfigError``), and so does
+        another registration of this one's (``SupersededError``'s: one that came after)."""
         host, pid = socket.gethostname(), os.getpid()
+        mine = self._registration[0] if self._registration is not None else None
         with self.db.step() as conn:
             other = conn.execute(
-                "SELECT host, pid FROM nodes WHERE name = %s AND (host, pid) <> (%s, %s) "
-                "AND seen_at > now() - make_interval(secs => %s)",
-                (self.node, host, pid, self.lease),
+                "SELECT host, pid FROM nodes WHERE name = %s AND seen_at > now() - "
+                "make_interval(secs => %s) AND CASE WHEN %s::bigint IS NULL THEN "
+                "(host, pid) <> (%s, %s) ELSE (host, pid, epoch) <> (%s, %s, %s) END",
+                (self.node, self.lease, mine, host, pid, host, pid, mine),
             ).fetchone()
             if other is not None and not (other[0] == host and not _pid_alive(int(other[1]))):
                 # (a row of this host whose process is gone: this node's last life, which
@@ -742,20 +805,27 @@ class PostgresStore:
                     f"node name {self.node!r} is in use by a live node (pid {other[1]} on "
                     f"{other[0]}); give this node another name with --node or `node`."
                 )
-            conn.execute(
-                "INSERT INTO nodes (name, host, pid, max_workers, schema_version) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+            epoch = conn.execute(
+                "INSERT INTO nodes (name, host, pid, max_workers, schema_version, epoch) "
+                "VALUES (%s, %s, %s, %s, %s, 1) ON CONFLICT (name) DO UPDATE SET "
                 "host = excluded.host, pid = excluded.pid, max_workers = excluded.max_workers, "
                 "schema_version = excluded.schema_version, seen_at = now(), "
+                "epoch = nodes.epoch + 1, "
                 "started_at = CASE WHEN (nodes.host, nodes.pid) = (excluded.host, excluded.pid) "
-                "THEN nodes.started_at ELSE now() END",
+                "THEN nodes.started_at ELSE now() END RETURNING epoch",
                 (self.node, host, pid, max_workers, pgschema.SCHEMA_VERSION),
-            )
+            ).fetchone()[0]  # type: ignore[index]  # (an upsert returns its row)
+        self._registration = (int(epoch), pid, host, max_workers)
+        return int(epoch)
 
     def leave(self) -> None:
+        """The name is free: its row stays (pid 0, never seen), so that the next daemon to
+        register it takes the next epoch, never one a frozen daemon may still hold."""
+        self._registration = None
         with self.db.step() as conn:
             conn.execute(
-                "DELETE FROM nodes WHERE name = %s AND (host, pid) = (%s, %s)",
+                "UPDATE nodes SET pid = 0, seen_at = '-infinity' "
+                "WHERE name = %s AND (host, pid) = (%s, %s)",
                 (self.node, socket.gethostname(), os.getpid()),
             )
 
@@ -767,12 +837,14 @@ class PostgresStore:
             rows = conn.execute(
                 "SELECT n.name, n.host, n.pid, n.max_workers, "
                 "extract(epoch FROM now() - n.seen_at)::float8, "
-                "(SELECT count(*) FROM tasks t WHERE t.node = n.name AND t.lease_expires > now()) "
-                "FROM nodes n ORDER BY n.name"
+                "(SELECT count(*) FROM tasks t WHERE t.node = n.name AND t.lease_expires > now()), "
+                "n.epoch FROM nodes n WHERE n.pid > 0 ORDER BY n.name"
             ).fetchall()
         return [
-            NodeInfo(name, host, pid, workers, int(tasks), max(0.0, age), age <= self.lease)
-            for name, host, pid, workers, age, tasks in rows
+            NodeInfo(
+                name, host, pid, workers, int(tasks), max(0.0, age), age <= self.lease, int(epoch)
+            )
+            for name, host, pid, workers, age, tasks, epoch in rows
         ]
 
     @contextlib.contextmanager
@@ -1210,6 +1282,24 @@ SELECT 1 FROM tasks WHERE id = %(task)s AND spec = %(spec)s::jsonb
 _WROTE_AND_FOUND = (
     " SELECT EXISTS (SELECT 1 FROM done), EXISTS (SELECT 1 FROM tasks WHERE id = %(task)s)"
 )
+
+#: A node's renewal (``PostgresStore._renew_node``): its row, then its leases only if the
+#: row was still its registration's; what the name's registration is now, either way.
+_RENEW_NODE = """
+WITH node AS (
+    UPDATE nodes SET seen_at = now(), max_workers = %(workers)s
+    WHERE name = %(node)s AND epoch = %(epoch)s AND pid = %(pid)s AND host = %(host)s
+    RETURNING 1
+), kept AS (
+    UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %(lease)s)
+    FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS o (id, epoch)
+    WHERE t.id = o.id AND t.epoch = o.epoch AND EXISTS (SELECT 1 FROM node)
+    RETURNING t.id, t.epoch
+)
+SELECT EXISTS (SELECT 1 FROM node), n.epoch, n.pid, n.host,
+    ARRAY(SELECT id FROM kept), ARRAY(SELECT epoch FROM kept)
+FROM (SELECT 1) AS one LEFT JOIN nodes n ON n.name = %(node)s
+"""
 
 #: A lease's expiry that ``pglease.renew`` replaces with the server's (never compared).
 _NEVER = datetime.max
