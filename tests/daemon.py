@@ -80,9 +80,18 @@ class Daemon:
         unit (``tests.unitdaemon``)."""
         return contextlib.nullcontext()
 
+    def give(self, path: Path) -> Path:
+        """``path``, a tree made by this process's children (git), given to the daemon's
+        user: already its own here."""
+        return path
+
+    def here(self, argv: list[str]) -> list[str]:
+        """The argv that runs ``argv`` where this daemon runs, as its user."""
+        return argv
+
     def launch(self, *args: str) -> list[str]:
         """The argv that runs ``agentd ARGS`` where this daemon runs."""
-        return self.command(*args)
+        return self.here(self.command(*args))
 
     def command(self, *args: str) -> list[str]:
         return [

@@ -98,6 +98,6 @@ def pids_cgroup(name: str) -> Iterator[PidsCgroup]:
 def confine(daemon: Daemon, cgroup: PidsCgroup) -> Daemon:
     """``daemon`` (a ``tests.daemon.Daemon`` of any host) with every process it starts in
     ``cgroup``: the daemon, its fork server, its workers and their tools."""
-    command = daemon.command
-    daemon.command = lambda *args: cgroup.wrap(command(*args))  # type: ignore[method-assign]
+    launch = daemon.launch  # (outside any jail of the host: the cgroup is root's to join)
+    daemon.launch = lambda *args: cgroup.wrap(launch(*args))  # type: ignore[method-assign]
     return daemon

@@ -4,15 +4,19 @@
 submit, wait_state, cleanup...), except that ``agentd start`` (and ``run_cli``) run in
 the jail as the unit's unprivileged user (``nobody`` here: the machine runs as root),
 with the seccomp filters and mounts of the unit ``agentd unit`` prints, or of the unit
-``unit`` says (``old_unit``: the control).
+``unit`` says (``old_unit``: the control). The user's home there is ``root``, as the
+unit's header makes it (``useradd --home-dir /var/lib/agentd``, its state directory):
+its ``~/.pgpass`` is ``root/.pgpass``. ``here(argv)`` runs any other program the same way.
 
 Ownership: the daemon's folder (``root``) belongs to that user, and what this process
 writes for the daemon must too. ``cli`` and ``submit`` run inside ``as_user()``, which
 sets this thread's filesystem ids to the user's (``setfsuid``): the files they make are
-the user's. A test that writes
-into the spool or a workspace itself does so inside ``daemon.as_user()``. Everything the
-daemon is to see lives under ``root``: the unit's ``PrivateTmp=`` covers the rest of
-/tmp, and only ``root`` is bound back (the unit's ``StateDirectory=``).
+the user's. A test that writes into the spool or a workspace itself does so inside
+``daemon.as_user()``; a tree its child processes made (which ``setfsuid`` does not reach:
+an exec takes the effective ids again), such as a repository, it hands over with
+``daemon.give(path)``. Everything the daemon is to see lives under ``root``: the unit's
+``PrivateTmp=`` covers the rest of /tmp, ``ProtectHome=`` every home, and only ``root``
+is bound back (the unit's ``StateDirectory=``).
 """
 
 from __future__ import annotations
@@ -52,8 +56,14 @@ class UnitDaemon(Daemon):
             os.chown(path, self.user.pw_uid, self.user.pw_gid)
         root.chmod(0o700)  # (the unit's StateDirectoryMode=)
 
-    def launch(self, *args: str) -> list[str]:
-        return unitjail.command(self.unit_path, USER, self.root, self.command(*args))
+    def here(self, argv: list[str]) -> list[str]:
+        return unitjail.command(self.unit_path, USER, self.root, argv, home=self.root)
+
+    def give(self, path: Path) -> Path:
+        for folder, dirs, files in os.walk(path):
+            for name in (folder, *(os.path.join(folder, n) for n in dirs + files)):
+                os.chown(name, self.user.pw_uid, self.user.pw_gid, follow_symlinks=False)
+        return path
 
     @contextlib.contextmanager
     def as_user(self) -> Iterator[None]:

@@ -1,7 +1,7 @@
 """The shipped systemd unit, emulated for CI without a running systemd.
 
-``python -m tests.unitjail UNIT USER BIND -- ARGV...`` runs ARGV the way the unit file
-UNIT would have systemd run it, as far as what the process can do is concerned:
+``python -m tests.unitjail [--home HOME] UNIT USER BIND -- ARGV...`` runs ARGV the way the
+unit file UNIT would have systemd run it, as far as what the process can do is concerned:
 
 * in a private mount namespace (``PrivateMounts=``): ``ProtectProc=`` mounts a /proc of
   its own, ``ProtectKernelTunables=`` and ``ProtectKernelLogs=`` cover the files systemd
@@ -15,7 +15,9 @@ UNIT would have systemd run it, as far as what the process can do is concerned:
 * ``PrivateIPC=`` and ``ProtectHostname=``: IPC and UTS namespaces of its own;
 * ``CapabilityBoundingSet=`` emptied, then ``User=``/``Group=`` (supplementary groups
   none), ``UMask=``, ``NoNewPrivileges=``, and HOME, USER, LOGNAME and SHELL from the
-  user's passwd entry, as systemd sets them;
+  user's passwd entry, as systemd sets them (``--home``: the user's home is HOME, as if
+  made by the ``useradd --home-dir /var/lib/agentd`` of the unit's header: USER here is
+  one the machine already has);
 * every seccomp directive, loaded through libseccomp (ctypes on ``libseccomp.so.2``) as
   filters of their own, as systemd loads them: ``SystemCallFilter=`` (its groups
   expanded by ``systemd-analyze syscall-filter``, ``@default`` added to an allow list)
@@ -506,8 +508,9 @@ def mounts(unit: dict[str, list[str]], bind: Path) -> None:
     os.close(kept)
 
 
-def drop_to(user: pwd.struct_passwd, unit: dict[str, list[str]]) -> None:
-    """The unit's identity: no capability left to gain, the user's ids, its umask."""
+def drop_to(user: pwd.struct_passwd, unit: dict[str, list[str]], home: str | None = None) -> None:
+    """The unit's identity: no capability left to gain, the user's ids, its umask
+    (``home``: the user's home, instead of its passwd entry's)."""
     if _last(unit, "CapabilityBoundingSet") == "":
         last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
         for cap in range(last_cap + 1):
@@ -518,15 +521,19 @@ def drop_to(user: pwd.struct_passwd, unit: dict[str, list[str]]) -> None:
     if umask := _last(unit, "UMask"):
         os.umask(int(umask, 8))
     os.environ.update(
-        HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name, SHELL=user.pw_shell
+        HOME=home or user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name, SHELL=user.pw_shell
     )
     # (set for any seccomp filter of an unprivileged process; NoNewPrivileges=yes too)
     _check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def main(argv: list[str]) -> int:
+    home = None
+    if argv[:1] == ["--home"] and len(argv) > 1:
+        home, argv = argv[1], argv[2:]
     if len(argv) < 5 or argv[3] != "--":
-        print("usage: python -m tests.unitjail UNIT USER BIND -- ARGV...", file=sys.stderr)
+        usage = "usage: python -m tests.unitjail [--home HOME] UNIT USER BIND -- ARGV..."
+        print(usage, file=sys.stderr)
         return 2
     text = Path(argv[0]).read_text()
     if missing := unmodelled(text):
@@ -536,15 +543,18 @@ def main(argv: list[str]) -> int:
     user = pwd.getpwnam(argv[1])
     loaded = filters(unit)  # (systemd-analyze runs before the namespace is made)
     mounts(unit, Path(argv[2]).resolve())
-    drop_to(user, unit)
+    drop_to(user, unit, home)
     for f in loaded:
         f.load()
     os.execvp(argv[4], argv[4:])  # noqa: S606  (an argv, as systemd's ExecStart= runs it)
 
 
-def command(unit: Path, user: str, bind: Path, argv: list[str]) -> list[str]:
-    """The argv that runs ``argv`` in the jail."""
-    return [sys.executable, "-m", "tests.unitjail", str(unit), user, str(bind), "--", *argv]
+def command(
+    unit: Path, user: str, bind: Path, argv: list[str], *, home: Path | None = None
+) -> list[str]:
+    """The argv that runs ``argv`` in the jail (``home``: the user's home there)."""
+    homed = ["--home", str(home)] if home is not None else []
+    return [sys.executable, "-m", "tests.unitjail", *homed, str(unit), user, str(bind), "--", *argv]
 
 
 if __name__ == "__main__":

@@ -36,10 +36,6 @@ from tests.faults.report import Figure
 from tests.pids import PidsCgroup, confine, pids_cgroup
 from tests.support import poll_for, reply, text, tool_use
 
-#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
-#: whose unprivileged daemon this attack's set-up does not serve.
-HOSTS = ("bwrap",)
-
 LIMIT = 160  # processes and threads of the daemon's whole tree: the attack's machine
 TASK_LIMIT = 64  # [tools] max_processes: the flood's own bound where cgroups are delegated
 FLOOD = 1000  # sleeps the flood tries to start

@@ -15,34 +15,35 @@ The task runs to its end (each turn boundary takes a snapshot), then the operato
 rewinds it with its files (``agentd rewind --restore-workspace``) and forks it
 (``agentd fork``), through the CLI, and the fork runs to its end. ``escapes`` counts the
 markers. Every setting runs with the sandbox off (git's own hardening alone must hold)
-and, in full mode, with the sandbox on as well.
+and, in full mode, with the sandbox on as well. The repositories and the folder outside
+are the daemon's user's, in the daemon's folder; under the emulated unit the operator's
+``rewind`` and ``fork`` run as that user in the unit's jail too (``run_cli``), so every
+git run, the daemon's and the operator's, is the unit's.
 
 The control runs git the old way in each planted repository: plain ``git`` on the
 repository's own config (``add -A`` and ``write-tree`` with a fresh index,
 ``update-ref``, ``read-tree`` and ``checkout-index`` into a scratch index, ``worktree
-add``). Each plant must leave its marker there: a defence never seen to matter proves
+add``), in a process of the host's (``Daemon.here``: under the unit, its user in its
+jail). Each plant must leave its marker there: a defence never seen to matter proves
 nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.trust import FAULT, Host
+from tests.chaos.trust import FAULT, Host, outside_tmp
+from tests.daemon import Daemon
 from tests.faults.report import Figure
-from tests.support import make_repo, reply, text, tool_use
-
-#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
-#: whose unprivileged daemon this attack's set-up does not serve.
-HOSTS = ("bwrap",)
+from tests.support import REPO, make_repo, reply, text, tool_use, worker_env
 
 FINAL = ("done", "failed", "held", "cancelled")
 
@@ -183,22 +184,30 @@ class Run:
     escapes: list[str]  # plants whose marker appeared
     failed: list[str]  # plants whose task, rewind or fork did not complete
     repos: dict[str, Path]
+    daemon: Daemon
 
 
 def attack(host: Host, root: Path, sandbox: str) -> Run:
-    outside = root / "outside"
-    outside.mkdir(parents=True)
+    """The plants on a daemon of ``host``: the repositories and the folder outside are
+    the daemon's user's, in the daemon's folder (all an emulated unit's daemon sees)."""
     daemon = host.daemon(root / "daemon", config_text(sandbox))
+    outside = daemon.root / "outside"
+    with daemon.as_user():
+        outside.mkdir()
     repos: dict[str, Path] = {}
     marks: dict[str, str] = {}
     failed: list[str] = []
+    # (under the unit, the operator's commands run as the unit's user, as a process: its
+    # git runs are that user's, not this process's)
+    cli = daemon.cli if host.name == "bwrap" else _process_cli(daemon)
     try:
         daemon.start()
         for i, plant in enumerate(PLANTS):
             name = f"g{i}"
-            repos[name] = make_repo(root / "repos" / name)
+            repos[name] = daemon.give(make_repo(daemon.root / "repos" / name))
             marks[name] = str(outside / f"{name}.marker")
-            Path(f"{marks[name]}.tree").mkdir()  # a folder of the user's, outside
+            with daemon.as_user():
+                Path(f"{marks[name]}.tree").mkdir()  # a folder of the user's, outside
             daemon.submit(script(plant, marks[name], outside), name, workspace=repos[name])
         for name in repos:
             daemon.wait_state(name, *FINAL, timeout=60)
@@ -209,7 +218,7 @@ def attack(host: Host, root: Path, sandbox: str) -> Run:
             ]
             for args in steps:
                 try:
-                    code, _, err = daemon.cli(*args)
+                    code, _, err = cli(*args)
                 except Exception as exc:  # (the old code let a git failure out)
                     code, err = 1, f"{type(exc).__name__}: {exc}"
                 if code != 0:
@@ -221,12 +230,21 @@ def attack(host: Host, root: Path, sandbox: str) -> Run:
     finally:
         daemon.cleanup()
     escapes = [p.name for p, n in zip(PLANTS, repos, strict=True) if markers(outside, marks[n])]
-    return Run(escapes, failed, {n: repos[n] for n in repos})
+    return Run(escapes, failed, {n: repos[n] for n in repos}, daemon)
+
+
+def _process_cli(daemon: Daemon) -> Callable[..., tuple[int, str, str]]:
+    def cli(*args: str) -> tuple[int, str, str]:
+        done = daemon.run_cli(*args, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+
+    return cli
 
 
 def _old_way(repo: Path, scratch: Path) -> None:
     """Git as agentd ran it before: on the repository itself, its config and attributes
-    honoured (errors ignored: a control only looks for markers)."""
+    honoured (errors ignored: a control only looks for markers). Run in a process of the
+    daemon's host (``OLD_WAY``), as the daemon ran it."""
     env = {**os.environ, "GIT_INDEX_FILE": str(scratch / "index")}
 
     def run(*args: str, **kwargs: Any) -> str:
@@ -254,29 +272,45 @@ def _old_way(repo: Path, scratch: Path) -> None:
         run("worktree", "add", "--detach", str(scratch / "worktree"), files)
 
 
-def control(run_: Run, root: Path) -> list[str]:
-    """The plants whose command ran when git ran the old way in their planted repository."""
-    outside = root / "outside"
-    seen = []
-    for i, (name, repo) in enumerate(run_.repos.items()):
+OLD_WAY = (
+    "import json, sys; from pathlib import Path; from tests.chaos.trust.git_keys import _old_way; "
+    "[_old_way(Path(repo), Path(scratch)) for repo, scratch in json.loads(sys.argv[1])]"
+)
+
+
+def control(run_: Run) -> list[str]:
+    """The plants whose command ran when git ran the old way in their planted repository,
+    in one process where the daemon ran (under the emulated unit: as its user, in the
+    jail)."""
+    daemon = run_.daemon
+    outside = daemon.root / "outside"
+    pairs = []
+    for name, repo in run_.repos.items():
         marker = str(outside / f"{name}.marker")
         Path(marker).unlink(missing_ok=True)
         tree = Path(f"{marker}.tree")
         shutil.rmtree(tree)
-        tree.mkdir()
-        (scratch := root / "control" / name).mkdir(parents=True)
-        _old_way(repo, scratch)
-        if markers(outside, marker):
-            seen.append(PLANTS[i].name)
-    return seen
+        scratch = daemon.root / "control" / name
+        with daemon.as_user():
+            tree.mkdir()
+            scratch.mkdir(parents=True)
+        pairs.append((str(repo), str(scratch)))
+    subprocess.run(
+        daemon.here([sys.executable, "-c", OLD_WAY, json.dumps(pairs)]),
+        cwd=REPO, env=worker_env(), capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    names = list(run_.repos)
+    return [
+        PLANTS[i].name for i, n in enumerate(names) if markers(outside, f"{outside}/{n}.marker")
+    ]
 
 
 def run(quick: bool, host: Host) -> list[Figure]:
     figures: list[Figure] = []
     settings = ("off",) if quick else ("off", "auto")
-    with tempfile.TemporaryDirectory(prefix="agentd-git-keys-", dir=Path.home()) as folder:
+    with outside_tmp("git") as folder:
         for sandbox in settings:
-            root = Path(folder) / sandbox
+            root = folder / sandbox
             done = attack(host, root, sandbox)
             where = f"{host.name}, sandbox {sandbox}"
             say(f"{where}: escapes {done.escapes}, incomplete {done.failed}")
@@ -292,7 +326,7 @@ def run(quick: bool, host: Host) -> list[Figure]:
                 )
             )
             if sandbox == "off":
-                seen = control(done, root)
+                seen = control(done)
                 missed = [p.name for p in PLANTS if p.name not in seen]
                 figures.append(
                     Figure(

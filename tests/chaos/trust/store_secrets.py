@@ -2,7 +2,9 @@
 
 A node runs on a real PostgreSQL (``$AGENTD_TEST_POSTGRES``, a fresh schema), the store's
 URL in the config without its password, which libpq reads from ``PGPASSFILE`` and from
-``~/.pgpass``, as the README sets it up. A victim task's unsafe charge (``run_command``)
+``~/.pgpass``, as the README sets it up: both files the daemon's user's, 0600, in its
+home, which is the daemon's folder (under the emulated unit, the state directory the
+unit's header makes that user's home). A victim task's unsafe charge (``run_command``)
 is cut short by a kill -9 of its worker: the restart holds it for an operator. Then an
 attacker task's ``run_command``, told everything but the password (the files' paths, the
 schema, the victim's held call), tries to:
@@ -46,10 +48,6 @@ from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
 from tests.postgres import ENV, fresh_schema
 from tests.support import poll_for, reply, text, tool_use
-
-#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
-#: whose unprivileged daemon this attack's set-up does not serve.
-HOSTS = ("bwrap",)
 
 #: The victim's charge: runs once slowly (the kill -9 lands in it), at once when run again.
 CHARGE = "echo run >> charges; if [ ! -e once ]; then touch once; sleep 60; fi"
@@ -156,17 +154,6 @@ class Node:
         self.user, self.dbname = unquote(parts.username or ""), parts.path.lstrip("/")
         self.schema = dict(p.split("=", 1) for p in parts.query.split("&"))["options"]
         self.schema = unquote(self.schema).removeprefix("-csearch_path=")
-        home, etc = root / "home", root / "etc"
-        entry = ":".join(
-            v.replace("\\", "\\\\").replace(":", "\\:")
-            for v in ("*", "*", "*", self.user, self.password)
-        )
-        for folder in (home, etc):
-            folder.mkdir(parents=True)
-        self.files = [home / ".pgpass", etc / "pgpass"]
-        for path in self.files:
-            path.write_text(entry + "\n")
-            path.chmod(0o600)
         netloc = f"{quote(self.user)}@{self.host}:{self.port}"
         store = (
             f"postgresql://{netloc}/{self.dbname}?options={quote(f'-csearch_path={self.schema}')}"
@@ -177,29 +164,45 @@ class Node:
             "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\n"
             f'[tools]\nsandbox = "{sandbox}"\n'
         )
-        self.env = {"HOME": str(home), "PGPASSFILE": str(etc / "pgpass")}
         self.daemon: Daemon = host.daemon(root / "node", config)
+        # The daemon's user's home is its own folder: under the emulated unit, the home
+        # the unit's header gives that user (its state directory), bound back in the jail.
+        home = self.daemon.root
+        entry = ":".join(
+            v.replace("\\", "\\\\").replace(":", "\\:")
+            for v in ("*", "*", "*", self.user, self.password)
+        )
+        self.files = [home / ".pgpass", home / "etc" / "pgpass"]
+        with self.daemon.as_user():  # (libpq reads a pgpass of its own user's, 0600)
+            (home / "etc").mkdir()
+            for path in self.files:
+                path.write_text(entry + "\n")
+                path.chmod(0o600)
+        self.env = {"HOME": str(home), "PGPASSFILE": str(self.files[1])}
 
     def agentd(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.daemon.run_cli(*args, env=self.env, timeout=WAIT)
 
     def submit(self, task_id: str, responses: list[dict[str, Any]]) -> None:
         script = self.daemon.root / f"{task_id}.json"
-        script.write_text(json.dumps({"responses": responses}))
+        with self.daemon.as_user():
+            script.write_text(json.dumps({"responses": responses}))
         done = self.agentd("submit", "--name", task_id, "--prompt", "go", "--script", str(script))
         assert done.returncode == 0, done.stderr
 
-    def row(self, task_id: str) -> dict[str, Any]:
-        done = self.agentd("status", "--json")
-        assert done.returncode == 0, done.stderr
-        return next(t for t in json.loads(done.stdout)["tasks"] if t["id"] == task_id)
+    def record(self, task_id: str) -> dict[str, Any]:
+        """The task's record, read from the store (a poll as cheap as a query: a status
+        process each time would take the cores the daemon needs)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            found = conn.execute("SELECT record FROM tasks WHERE id = %s", (task_id,)).fetchone()
+        return dict(found[0]) if found else {}
 
     def state(self, task_id: str, *states: str) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
-            row = self.row(task_id)
-            return row if row["state"] in states else None
+            record = self.record(task_id)
+            return record if record.get("state") in states else None
 
-        found = poll_for(check, WAIT, interval=0.2, what=f"{task_id} to be {states}")
+        found = poll_for(check, WAIT, interval=0.1, what=f"{task_id} to be {states}")
         assert found is not None
         return found
 

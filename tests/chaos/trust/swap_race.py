@@ -13,24 +13,33 @@ are called on ``d/...``, each try one call:
   in the spool, in the finding) no longer holding its bytes.
 
 The tools run as the worker runs them, through a ``ToolContext`` whose workspace root the
-worker opened once; both of its resolutions are raced, the kernel's (``openat2`` with
-``RESOLVE_BENEATH``) and the walk of the kernels without it. Every win is a violation.
+worker opened once, in a process where the ``Host``'s workers run (``race_in_host``), and
+every resolution ``Root`` has there is raced: on the bwrap host, the kernel's
+(``openat2`` with ``RESOLVE_BENEATH``) and the walk of the kernels without it; under the
+emulated unit, as its user under its seccomp filters, where ``openat2`` is ENOSYS (as
+``RestrictSUIDSGID=`` makes it), the walk alone, which is then what the daemon's workers
+there use too: the figure of resolutions says which ran, and under the unit it must be
+the walk. Every win is a violation.
 
-The control races the same calls through a copy of the old tools (``old_read_file``,
-``old_write_file``: the path checked by ``realpath``, then opened by name), which must be
-seen to lose at least once each; it tries until then, up to ``CONTROL_BUDGET`` seconds.
+The control races the same calls, in the same process, through a copy of the old tools
+(``old_read_file``, ``old_write_file``: the path checked by ``realpath``, then opened by
+name), which must be seen to lose at least once each; it tries until then, up to
+``CONTROL_BUDGET`` seconds.
 
 The same race is also run end to end, on a real daemon of the ``Host``
 (``through_daemon``): the racer is a ``run_command`` of an attacker task, which plants the
 symlink itself, in the sandbox of that host; the victim is another task on the same
 ``--workspace``, whose scripted model asks for the calls, run by its worker. Its reads aim
 at a ``.pgpass`` of a home folder outside, its writes at the journal of a finished task
-in the spool; that journal must keep its bytes.
+in the spool; that journal must keep its bytes. Everything lives in the daemon's folder
+and belongs to its user (under the unit, nothing else is in its reach).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import subprocess
 import sys
@@ -40,19 +49,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.chaos.trust import FAULT, Host
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
-from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
+from tests.support import (
+    REPO,
+    journal_records,
+    of_kind,
+    poll_for,
+    reply,
+    text,
+    tool_use,
+    worker_env,
+)
 from worker.store.durable import atomic_write
-from worker.tools.beneath import Root
+from worker.tools.beneath import HAVE_OPENAT2, Root, _openat2
 from worker.tools.builtin import read_file, write_file
 from worker.tools.tool import ToolContext, ToolError
-
-#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
-#: whose unprivileged daemon this attack's set-up does not serve.
-HOSTS = ("bwrap",)
 
 SECRET = "*:5432:*:agentd:pgpass-canary-7f3a9c"  # noqa: S105  (a canary, not a password)
 JOURNAL = b"a finished task's journal\n"
@@ -213,6 +228,71 @@ def race(root: Path, attempt: Attempt, tries: int, *, until_win: float | None = 
     return Tally(wins, n)
 
 
+# -- the race where the host's workers run --------------------------------------------
+
+
+def resolutions() -> list[tuple[str, bool]]:
+    """The resolutions ``Root`` has in this process: the kernel's and the walk, or the
+    walk alone where ``openat2`` is refused (ENOSYS under the unit's filter)."""
+    return [("openat2", True), ("walk", False)] if HAVE_OPENAT2 else [("walk", False)]
+
+
+def openat2_refused() -> str:
+    """Why ``openat2`` is not used in this process (its errno), or ``""``."""
+    try:
+        os.close(_openat2(-100, ".", os.O_PATH | os.O_CLOEXEC, 0))  # AT_FDCWD
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return "" if HAVE_OPENAT2 else "not known on this machine"
+
+
+def race_tools(root: Path, tries: int) -> dict[str, Any]:
+    """The race on the tools' own code, in this process: each of its resolutions, then
+    the control (the old tools, until each is seen to lose). A dict for JSON."""
+    secrets = foreign = 0
+    ways = resolutions()
+    for way, openat2 in ways:
+        read, write = tools(openat2=openat2)
+        secrets += race(root / f"read-{way}", read, tries).wins
+        foreign += race(root / f"write-{way}", write, tries).wins
+    old_read = race(root / "old-read", reads(old_read_file), tries, until_win=CONTROL_BUDGET)
+    old_write = race(root / "old-write", writes(old_write_file), tries, until_win=CONTROL_BUDGET)
+    return {
+        "ways": [way for way, _ in ways],
+        "refused": openat2_refused(),
+        "tries": tries * len(ways),
+        "secrets": secrets,
+        "foreign": foreign,
+        "old_read": [old_read.wins, old_read.tries],
+        "old_write": [old_write.wins, old_write.tries],
+    }
+
+
+RACE_TOOLS = (
+    "import json, sys; from pathlib import Path; "
+    "from tests.chaos.trust.swap_race import race_tools; "
+    "print(json.dumps(race_tools(Path(sys.argv[1]), int(sys.argv[2]))))"
+)
+
+
+def race_in_host(daemon: Daemon, tries: int) -> dict[str, Any]:
+    """``race_tools`` in a process run where ``daemon`` runs its workers (``here``): as
+    its user, and under the emulated unit, with the unit's seccomp filters, where
+    ``openat2`` is ENOSYS and the walk is what the tools use."""
+    folder = daemon.root / "race"
+    with daemon.as_user():
+        folder.mkdir()
+    budget = 120 + 4 * CONTROL_BUDGET + tries / 10  # (seconds: a loaded machine)
+    done = subprocess.run(
+        daemon.here([sys.executable, "-c", RACE_TOOLS, str(folder), str(tries)]),
+        cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=budget, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"the race exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
 # -- the race on a real daemon ------------------------------------------------------
 
 
@@ -226,37 +306,35 @@ class Through:
     served: int
 
 
-def through_daemon(root: Path, host: Host, tries: int) -> tuple[Through, Through]:
-    """The reads and the writes raced on a daemon of ``host`` (see the module docstring)."""
-    daemon = host.daemon(root / "agentd", CONFIG)
-    try:
-        daemon.start()
-        finished = daemon.submit([reply(text("done"))], "finished")
-        daemon.wait_state(finished, "done", timeout=60)
-        journal = daemon.task(finished).journal
-        before = journal.read_bytes()
-        home = root / "home"
+def through_daemon(daemon: Daemon, tries: int) -> tuple[Through, Through]:
+    """The reads and the writes raced on ``daemon``, started here (see the module
+    docstring). Everything it uses lives in its folder and belongs to its user."""
+    daemon.start()
+    finished = daemon.submit([reply(text("done"))], "finished")
+    daemon.wait_state(finished, "done", timeout=60)
+    journal = daemon.task(finished).journal
+    before = journal.read_bytes()
+    home = daemon.root / "home"
+    with daemon.as_user():
         home.mkdir()
         (home / ".pgpass").write_text(SECRET + "\n")
-        calls = [tool_use("read_file", path="d/.pgpass") for _ in range(tries)]
-        results = _victim(daemon, root / "shared-read", home, calls, "reader")
-        read = Through(
-            sum(SECRET in r for r in results),
-            sum("escapes the workspace" in r for r in results),
-            sum("nothing to see" in r for r in results),
-        )
-        calls = [
-            tool_use("write_file", path="d/journal", content=f"forged {n}\n") for n in range(tries)
-        ]
-        results = _victim(daemon, root / "shared-write", journal.parent, calls, "writer")
-        write = Through(
-            int(journal.read_bytes() != before),
-            sum("escapes the workspace" in r for r in results),
-            sum(r.startswith("wrote ") for r in results),
-        )
-        return read, write
-    finally:
-        daemon.cleanup()
+    calls = [tool_use("read_file", path="d/.pgpass") for _ in range(tries)]
+    results = _victim(daemon, daemon.root / "shared-read", home, calls, "reader")
+    read = Through(
+        sum(SECRET in r for r in results),
+        sum("escapes the workspace" in r for r in results),
+        sum("nothing to see" in r for r in results),
+    )
+    calls = [
+        tool_use("write_file", path="d/journal", content=f"forged {n}\n") for n in range(tries)
+    ]
+    results = _victim(daemon, daemon.root / "shared-write", journal.parent, calls, "writer")
+    write = Through(
+        int(journal.read_bytes() != before),
+        sum("escapes the workspace" in r for r in results),
+        sum(r.startswith("wrote ") for r in results),
+    )
+    return read, write
 
 
 def _victim(
@@ -264,10 +342,11 @@ def _victim(
 ) -> list[str]:
     """The results of ``calls`` made by a task on the workspace ``shared`` while a tool of
     another task there swaps its ``d/`` with a symlink to ``target``."""
-    (shared / "d").mkdir(parents=True)
-    (shared / "d" / ".pgpass").write_text("nothing to see")
-    (shared / "d" / "journal").write_text("the shared workspace's own file\n")
-    (shared / "racer.py").write_text(RACER)
+    with daemon.as_user():
+        (shared / "d").mkdir(parents=True)
+        (shared / "d" / ".pgpass").write_text("nothing to see")
+        (shared / "d" / "journal").write_text("the shared workspace's own file\n")
+        (shared / "racer.py").write_text(RACER)
     command = f"ln -s '{target}' .swap && exec python3 racer.py d .swap >racer.out 2>&1"
     attacker = daemon.submit(
         [reply(tool_use("run_command", command=command, timeout=600)), reply(text("done"))],
@@ -286,32 +365,33 @@ def _victim(
 def run(quick: bool, host: Host) -> list[Figure]:
     tries, daemon_tries = TRIES[quick], DAEMON_TRIES[quick]
     started = time.monotonic()
-    secrets = foreign = 0
     with tempfile.TemporaryDirectory(prefix="agentd-swap-race-") as folder, subreaper():
-        root = Path(folder)
-        for way, openat2 in (("openat2", True), ("walk", False)):
-            read, write = tools(openat2=openat2)
-            secrets += race(root / f"read-{way}", read, tries).wins
-            foreign += race(root / f"write-{way}", write, tries).wins
-        old_read = race(root / "old-read", reads(old_read_file), tries, until_win=CONTROL_BUDGET)
-        old_write = race(
-            root / "old-write", writes(old_write_file), tries, until_win=CONTROL_BUDGET
-        )
-        daemon_read, daemon_write = through_daemon(root / "daemon", host, daemon_tries)
-    secrets += daemon_read.wins
-    foreign += daemon_write.wins
+        daemon = host.daemon(Path(folder) / "agentd", CONFIG)
+        try:
+            raced = race_in_host(daemon, tries)
+            daemon_read, daemon_write = through_daemon(daemon, daemon_tries)
+        finally:
+            daemon.cleanup()
+    secrets = raced["secrets"] + daemon_read.wins
+    foreign = raced["foreign"] + daemon_write.wins
     name = f"swap race ({host.name})"
     unseen = [
         what
         for what, through in (("reads", daemon_read), ("writes", daemon_write))
         if not (through.refused and through.served)
     ]
+    ways = ", ".join(raced["ways"])
+    if raced["refused"]:
+        ways += f" (openat2: {raced['refused']})"
     return [
         Figure(
             FAULT,
             f"{name}: tries per tool",
-            f"{tries * 2} in the worker's code, {daemon_tries} through a daemon",
+            f"{raced['tries']} in the worker's code, {daemon_tries} through a daemon",
         ),
+        # Under the unit, the walk is the only way: it must be what was raced there.
+        Figure(FAULT, f"{name}: resolutions raced where its workers run", ways,
+               host.name == "unit" and raced["ways"] != ["walk"]),
         Figure(FAULT, f"{name}: secrets read", secrets, secrets > 0),
         Figure(FAULT, f"{name}: foreign writes", foreign, foreign > 0),
         Figure(
@@ -321,10 +401,10 @@ def run(quick: bool, host: Host) -> list[Figure]:
             f"writes {daemon_write.refused} / {daemon_write.served}",
             bool(unseen),
         ),
-        control(f"{name}: control, check-then-use: secrets read", old_read),
-        control(f"{name}: control, check-then-use: foreign writes", old_write),
+        control(f"{name}: control, check-then-use: secrets read", Tally(*raced["old_read"])),
+        control(f"{name}: control, check-then-use: foreign writes", Tally(*raced["old_write"])),
         Figure(FAULT, f"{name}: runtime s", time.monotonic() - started),
-    ]
+    ]  # fmt: skip
 
 
 def control(name: str, tally: Tally) -> Figure:

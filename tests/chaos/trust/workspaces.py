@@ -26,10 +26,6 @@ from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
 from tests.support import reply, spec_task, text, tool_use
 
-#: The hosts this attack runs on (tests/chaos/trust/__init__.py): not yet the emulated unit,
-#: whose unprivileged daemon this attack's set-up does not serve.
-HOSTS = ("bwrap",)
-
 SECRET = "workspace-canary-7d41"  # noqa: S105  (a canary, not a password)
 CONFIG = (
     "[heartbeat]\ninterval = 0.25\ntimeout = 5.0\n"
@@ -81,9 +77,10 @@ def run(quick: bool, host: Host) -> list[Figure]:
 
 def attack(daemon: Daemon, *, bypass: bool = False) -> Outcome:
     mine, theirs = daemon.root / "mine", daemon.root / "theirs"
-    for folder in (mine, theirs):
-        folder.mkdir()
-    (theirs / "secret").write_text(SECRET)
+    with daemon.as_user():  # (the workspaces of the daemon's user, in its folder)
+        for folder in (mine, theirs):
+            folder.mkdir()
+        (theirs / "secret").write_text(SECRET)
     try:
         daemon.start()
         daemon.submit([reply(text("Done."))], "victim", workspace=theirs)
@@ -105,8 +102,9 @@ def attack(daemon: Daemon, *, bypass: bool = False) -> Outcome:
             journal = daemon.task("victim").journal
             path = str(journal.relative_to(spool))
             forge = [reply(tool_use("write_file", path=path, content=FORGED)), reply(text("x"))]
-            spec_task(daemon.spool, forge, id="exposed", workspace=str(spool))
-            ring(daemon.spool, "exposed")
+            with daemon.as_user():
+                spec_task(daemon.spool, forge, id="exposed", workspace=str(spool))
+                ring(daemon.spool, "exposed")
             daemon.wait_state("exposed", "done", "failed", timeout=WAIT)
             outcome.journal_replaced = int(journal.read_bytes() == FORGED.encode())
         return outcome
