@@ -9,6 +9,7 @@ import pytest
 
 from tests.chaos.trust import BWRAP
 from tests.chaos.trust.swap_race import (
+    CONFIG,
     CONTROL_BUDGET,
     old_read_file,
     old_write_file,
@@ -41,7 +42,11 @@ def test_the_swap_never_wins_through_a_daemon(tmp_path: Path) -> None:
     calls made by its worker; the reads aim at a .pgpass outside, the writes at the
     journal of a finished task in the spool."""
     with subreaper():
-        read, write = through_daemon(tmp_path, BWRAP, TRIES // 2)
+        daemon = BWRAP.daemon(tmp_path / "agentd", CONFIG)
+        try:
+            read, write = through_daemon(daemon, TRIES // 2)
+        finally:
+            daemon.cleanup()
     assert read.wins == 0, "read_file read the secret outside"
     assert write.wins == 0, "write_file replaced the finished task's journal"
     assert read.refused and read.served and write.refused and write.served, (read, write)
