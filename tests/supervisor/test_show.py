@@ -82,6 +82,8 @@ def test_show_text_and_one_turn(spool: Spool, capsys: pytest.CaptureFixture[str]
     assert code == 0 and "turn 2" in out and "turn 1" not in out and "Writing." not in out
     code, out, err = show(spool, "s2", "--turn", "9", capsys=capsys)
     assert code == 3 and out == "" and "no turn 9" in err and len(err.splitlines()) == 1
+    code, out, err = show(spool, "s2", "--turn", "-1", capsys=capsys)
+    assert code == 2 and out == "" and "--turn -1" in err and len(err.splitlines()) == 1
     code, _, err = show(spool, "nope", capsys=capsys)
     assert code == 3 and len(err.splitlines()) == 1
 
