@@ -168,8 +168,9 @@ PATIENCE = 5.0
 #: Seconds a start may wait for a fork server that is still warming up (importing what a
 #: worker needs, right after the daemon started it) before it starts a fresh interpreter.
 #: A fresh start imports the same things, competing with the server for the CPU: a
-#: restart in the first seconds after `agentd start` comes back sooner by waiting.
-WARMUP_WAIT = 3.0
+#: restart in the first seconds after `agentd start` comes back sooner by waiting. The
+#: SDK's import takes about a second on an idle machine and several on a loaded one.
+WARMUP_WAIT = 8.0
 
 T = TypeVar("T")
 

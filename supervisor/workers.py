@@ -199,7 +199,11 @@ def journal_progress(worker: WorkerProcess) -> Progress:
 
 
 def process_started(pid: int) -> float | None:
-    with contextlib.suppress(psutil.Error):
+    """When process ``pid`` started, or None when it cannot be seen. psutil raises a bare
+    ``FileNotFoundError`` for a process that turns visible again between its two reads (a
+    /proc with ``hidepid``, as ``ProtectProc=invisible`` mounts it, hides a process while
+    it is not dumpable, and an exec makes it dumpable again)."""
+    with contextlib.suppress(psutil.Error, OSError):
         return psutil.Process(pid).create_time()
     return None
 

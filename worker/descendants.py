@@ -70,7 +70,7 @@ def children(pid: int) -> list[int]:
 def _children_by_scan(pid: int) -> list[int]:
     import psutil  # noqa: PLC0415  (a kernel without the children files only)
 
-    with contextlib.suppress(psutil.Error):
+    with contextlib.suppress(psutil.Error, OSError):
         return [child.pid for child in psutil.Process(pid).children()]
     return []
 

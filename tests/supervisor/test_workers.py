@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from supervisor.workers import Progress, WorkerProcess, journal_progress
+import psutil
+import pytest
+
+from supervisor.workers import Progress, WorkerProcess, journal_progress, process_started
 from tests.support import make_spool, reply, scripted_task, text
 from worker.spool import TaskDir
 from worker.store.base import Cursor
@@ -53,3 +57,16 @@ def test_a_tail_that_is_not_a_record_is_judged_by_size(tmp_path: Path) -> None:
     with task.journal.open("ab") as f:
         f.write(b"\x07\x00\x00\x00torn")  # a torn frame: no whole record, some bytes
     assert journal_progress(worker) == Progress(True, None)
+
+
+def test_a_process_that_cannot_be_read_has_no_start_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a /proc mounted with ``hidepid`` (``ProtectProc=invisible``), psutil raises a
+    bare ``FileNotFoundError`` for a process that was hidden while it read its ``stat`` and
+    visible when it looked for its folder: the daemon must not die of it."""
+    assert process_started(os.getpid()) is not None
+
+    def hidden(pid: int) -> None:
+        raise FileNotFoundError(2, "No such file or directory", f"/proc/{pid}/stat")
+
+    monkeypatch.setattr(psutil, "Process", hidden)
+    assert process_started(os.getpid()) is None

@@ -114,10 +114,10 @@ def append_file(ctx: ToolContext, path: str, content: str) -> str:
 def _kill_tree(pid: int) -> None:
     import psutil  # noqa: PLC0415  (only needed when a command overruns)
 
-    with contextlib.suppress(psutil.Error):
+    with contextlib.suppress(psutil.Error, OSError):
         proc = psutil.Process(pid)
         for child in [*proc.children(recursive=True), proc]:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, OSError):
                 child.kill()
 
 
