@@ -42,7 +42,7 @@ CONFIG = (
     "max_workers = 2\n"
     "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
     "[restart]\nbackoff_initial = 0.05\nbackoff_max = 0.2\ncrash_loop_limit = 3\n"
-    "stop_grace = 20.0\n"
+    "stop_grace = 5.0\n"
     '[tools]\nmodules = ["tests.run_tools", "tests.crash_tools"]\n'
 )
 
@@ -233,6 +233,8 @@ def test_kill_9_of_run_takes_its_worker_and_resume_charges_each_once(fg: Foregro
     store = FileStore(fg.spool.root)
     poll_for(lambda: not store.owned("nine"), 10, what="the worker to die with its run")
     assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    row = fg.row("nine")
+    assert row["state"] == "queued" and "agentd run --resume nine" in row["reason"], row
     code, _, err = fg.run("--resume", "nine")
     assert code == 0, err
     assert fg.ledger("nine") == ["slow_charge a", "slow_charge b"]
@@ -243,6 +245,17 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_cancel_stops_the_running_worker_and_run_exits_3(fg: Foreground) -> None:
+    responses = [reply(tool_use("slow_charge", seconds=60, tag="a")), reply(text("Done."))]
+    proc, _, err = fg.start_run(*fg.new("stopme", responses))
+    poll_for(lambda: fg.phase("stopme") == "tool:slow_charge", 30)
+    assert fg.cli("cancel", "stopme")[0] == 0
+    assert proc.wait(timeout=30) == 3
+    assert err.read_text().splitlines()[-1] == "agentd: task stopme was cancelled"
+    assert TaskRecord.load(fg.task("stopme")).state == "cancelled"
+    assert fg.ledger("stopme") == []
 
 
 # -- resume ---------------------------------------------------------------------------
