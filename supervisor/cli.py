@@ -377,7 +377,8 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     given = sum(x is not None for x in (args.prompt, args.prompt_file, args.resume))
     if given != 1:
         raise UsageError("give exactly one of --prompt TEXT, --prompt-file FILE or --resume TASK.")
-    foreground.refuse_shared()
+    if store_url(args, config, spool) is not None:  # (refused before any connection)
+        foreground.refuse_shared(shared=True)
     if args.resume is not None:
         named = [f"--{o.replace('_', '-')}" for o in SUBMIT_OPTIONS if getattr(args, o) is not None]
         if named:
@@ -1015,7 +1016,11 @@ def build_parser() -> Parser:
     p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
     task_options(p)
     p = command(
-        "run", cmd_run, "run one task in the foreground, no daemon needed", reads_spool=False
+        "run",
+        cmd_run,
+        "run one task in the foreground, no daemon needed",
+        reads_spool=False,
+        uses_store=False,  # (refused on a shared store: `cmd_run`)
     )
     task_options(p, resume=True)
     json_flag(p, "the transcript, one object a line")

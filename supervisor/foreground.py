@@ -56,7 +56,8 @@ from supervisor.policy import Crash, GiveUp, wait_for_resources, wait_for_storag
 from supervisor.policy import decide as restart_decision
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, read_heartbeat
-from supervisor.stores import shared, store_of
+from supervisor.stores import shared as shared_store
+from supervisor.stores import store_of
 from supervisor.workers import WorkerProcess, journal_progress, process_started, spawn, sweep_strays
 from worker import credentials
 from worker.config import Config
@@ -142,10 +143,10 @@ def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
         return TaskRecord.load(task)
 
 
-def refuse_shared() -> None:
-    """``agentd run`` serves the spool's own files only: on a shared store every task is
-    the nodes' to run (docs/guides/run.md)."""
-    if shared() is not None:
+def refuse_shared(*, shared: bool = False) -> None:
+    """``agentd run`` serves the spool's own files only: on a shared store (``shared``, or
+    the one in use) every task is the nodes' to run (docs/guides/run.md)."""
+    if shared or shared_store() is not None:
         raise UsageError(
             "agentd run works on a spool's own files, not on a shared store; "
             "`agentd submit` the task and let a node run it."
@@ -232,6 +233,11 @@ class ForegroundRun:
         except (OSError, ValueError):  # a closed terminal (EIO) or pipe: run on, silent
             self.speechless = True
 
+    def event(self, name: str, level: str = "info", **fields: Any) -> None:
+        """A lifecycle event of the task (docs/design.md section 8), into its events, as
+        the daemon records its own; a daemon on the spool relays it to its log."""
+        record_event(self.store, self.task.id, name, level, task=self.task.id, **fields)
+
     def say(self, text: str) -> None:
         """One line of the run's own on ``err``."""
         self._write(self.err, f"agentd: {text}")
@@ -307,7 +313,7 @@ class ForegroundRun:
         self.worker = worker
         started = process_started(worker.pid)
         self._record(TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
-        record_event(self.store, self.task.id, "worker_spawned", task=self.task.id, pid=worker.pid)
+        self.event("worker_spawned", pid=worker.pid)
         return worker
 
     def _watch(self, worker: WorkerProcess) -> tuple[int | None, str | None]:
@@ -361,11 +367,13 @@ class ForegroundRun:
             worker.beat_due = verdict.until
         elif isinstance(verdict, Hung):
             worker.kill_reason = "hung"
+            self.event("worker_hung", "warning", pid=worker.pid, age=round(verdict.age, 3))
             self.say(f"the worker (pid {worker.pid}) stopped beating; killing it")
             worker.signal_group(signal.SIGKILL)
         else:
             worker.kill_reason = "stalled"
             worker.term_deadline = now + self.config.restart.stop_grace
+            self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
             self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
             worker.signal_group(signal.SIGTERM)
 
@@ -381,16 +389,8 @@ class ForegroundRun:
     def _settle(self, worker: WorkerProcess, code: int | None, sig: str | None) -> RunExit | None:
         """What the worker's exit means for the task: a ``RunExit`` to end with, or None
         to start the next worker."""
-        record_event(
-            self.store,
-            self.task.id,
-            "worker_exited",
-            level="info" if sig is None and code in VERDICT_EXITS else "warning",
-            task=self.task.id,
-            pid=worker.pid,
-            code=code,
-            signal=sig,
-        )
+        level = "info" if sig is None and code in VERDICT_EXITS else "warning"
+        self.event("worker_exited", level, pid=worker.pid, code=code, signal=sig)
         reason = self._exit_reason(worker.pid)
         if code != ExitCode.STORAGE:
             self.storage_waits = 0
@@ -400,10 +400,12 @@ class ForegroundRun:
             return self._cancelled()
         if code == ExitCode.DONE:
             self._record(TaskStatus.DONE, reason=reason)
+            self.event("task_done", reason=reason)
             self.say(f"task {self.task.id} done" + (f": {reason}" if reason else ""))
             return RunExit.DONE
         if code in (ExitCode.FAILED, ExitCode.CONFIG):
             self._record(TaskStatus.FAILED, reason=reason)
+            self.event("task_failed", "error", reason=reason)
             self.say(f"task {self.task.id} failed: {reason}")
             return RunExit.FAILED
         if code == ExitCode.HELD:
@@ -451,7 +453,8 @@ class ForegroundRun:
         how = worker.kill_reason or (f"signal {sig}" if sig else f"exit code {code}")
         if isinstance(move, GiveUp):
             self._record(TaskStatus.FAILED, pid=None, reason=move.reason, crashes=crashes)
-            record_event(self.store, self.task.id, "crash_loop", level="error", task=self.task.id)
+            self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
+            self.event("task_failed", "error", reason=move.reason)
             self.say(f"task {self.task.id} failed: {move.reason} (turn {turn} crashed {how})")
             return RunExit.FAILED
         self._record(
@@ -460,6 +463,7 @@ class ForegroundRun:
             crashes=crashes,
             restarts=record.restarts + 1,
         )
+        self.event("restart_scheduled", delay=round(move.delay, 3), turn=turn)
         self.say(f"the worker crashed ({how}); resuming in {move.delay:.1f} s")
         self._pause(move.delay)
         return None
@@ -507,6 +511,7 @@ class ForegroundRun:
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
             move_record(self.task, TaskRecord.cancel)
+        self.event("task_cancelled")
         self.say(f"task {self.task.id} was cancelled")
         return RunExit.HELD
 

@@ -137,6 +137,16 @@ def test_a_run_streams_what_show_prints_and_ends_done(fg: Foreground) -> None:
     record = TaskRecord.load(fg.task("plain"))
     assert record.state == "done" and record.foreground
     assert FileStore(fg.spool.root).load_spec("plain").foreground
+    assert [e["reason"] for e in fg.events("plain", "task_done")] == ["end_turn"]
+
+
+def test_run_is_refused_on_a_shared_store_in_one_line(fg: Foreground) -> None:
+    code, _, err = fg.cli("--store", "postgresql://127.0.0.1:1/none", "run", "--prompt", "x")
+    assert code == 2
+    assert err == (
+        "agentd: agentd run works on a spool's own files, not on a shared store; "
+        "`agentd submit` the task and let a node run it.\n"
+    )
 
 
 def test_run_json_prints_the_lines_of_show_json(fg: Foreground) -> None:
