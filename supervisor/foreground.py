@@ -192,7 +192,8 @@ class ForegroundRun:
         self.prompt = self.store.load_spec(task.id).prompt
         self.shown = 0 if show_from_start else len(self._lines())
         self.seen_end: object = None
-        self.interrupts = 0
+        self.interrupts = 0  # Ctrl-C, SIGHUP, SIGTERM received
+        self.acted = 0  # of them, carried out (``_interrupt``)
         self.worker: WorkerProcess | None = None
         self.asking = False
         self.speechless = False  # the terminal went away (SIGHUP): nothing more is printed
@@ -245,15 +246,20 @@ class ForegroundRun:
     # -- signals -----------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Count the interruption; the loop that watches the worker carries it out
+        (``_interrupt``), so that nothing is printed or sent from inside a handler. At the
+        prompt the run ends at once."""
         self.interrupts += 1
         if signum == signal.SIGHUP:
             self.speechless = True
-        worker = self.worker
-        if worker is None:
-            if self.asking:
-                raise Interrupted
-            return
-        if self.interrupts == 1:
+        if self.asking:
+            raise Interrupted
+
+    def _interrupt(self, worker: WorkerProcess) -> None:
+        """The first interruption asks the worker alone (SIGTERM) to stop at its next safe
+        point, within ``restart.stop_grace``; the second kills its group at once."""
+        if self.acted == 0:
+            self.acted = 1
             worker.kill_reason = "stop"
             worker.term_deadline = time.monotonic() + self.config.restart.stop_grace
             worker.signal_worker(signal.SIGTERM)
@@ -261,8 +267,9 @@ class ForegroundRun:
                 f"stopping task {self.task.id} at its next safe point "
                 "(Ctrl-C again stops it at once)"
             )
-        else:
-            worker.kill_reason = "stop"
+        if self.interrupts > 1 and self.acted == 1:
+            self.acted = 2
+            worker.term_deadline = None
             worker.signal_group(signal.SIGKILL)
 
     @contextlib.contextmanager
@@ -324,6 +331,8 @@ class ForegroundRun:
         limits = limits_of(self.config)
         while not poller.poll(int(POLL * 1000)):
             self.pump()
+            if self.interrupts:
+                self._interrupt(worker)
             now = time.monotonic()
             if worker.term_deadline is not None:
                 if now >= worker.term_deadline:

@@ -324,22 +324,32 @@ def test_a_daemon_leaves_a_foreground_task_until_retry_hands_it_over(fg: Foregro
 # -- a real terminal ------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_a_held_call_is_answered_at_the_prompt_on_a_terminal(fg: Foreground) -> None:
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+def held_at_a_charge(fg: Foreground, name: str) -> None:
+    """A task held on an unsafe charge cut off by a second Ctrl-C."""
     responses = [reply(tool_use("slow_charge", seconds=60, tag="a")), reply(text("Done."))]
-    proc, _, err = fg.start_run(*fg.new("asked", responses))
-    poll_for(lambda: fg.phase("asked") == "tool:slow_charge", 30)
+    proc, _, err = fg.start_run(*fg.new(name, responses))
+    poll_for(lambda: fg.phase(name) == "tool:slow_charge", 30)
     interrupt(proc, err)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
-    command = " ".join(fg.command("run", "--resume", "asked"))
-    status = fg.root / "status"
-    terminal = Terminal(
-        f"{command}; echo $? > {status}; sleep 60",
-        worker_env({"NO_COLOR": "1"}),
-        width=150,
-        height=40,
-    )
+
+
+def on_a_terminal(fg: Foreground, *args: str) -> tuple[Terminal, Path]:
+    """``agentd run ARGS`` on a real terminal; the file its exit code is written to."""
+    status = fg.root / f"status-{uuid.uuid4().hex[:8]}"
+    command = " ".join(fg.command("run", *args))
+    env = worker_env({"NO_COLOR": "1"})
+    terminal = Terminal(f"{command}; echo $? > {status}; sleep 60", env, width=150, height=40)
+    return terminal, status
+
+
+@needs_tmux
+def test_a_held_call_is_answered_at_the_prompt_on_a_terminal(fg: Foreground) -> None:
+    held_at_a_charge(fg, "asked")
+    terminal, status = on_a_terminal(fg, "--resume", "asked")
     try:
         poll_for(lambda: "record its result [x]?" in terminal.screen(), 30, what="the prompt")
         terminal.keys("s", "Enter")
@@ -355,3 +365,22 @@ def test_a_held_call_is_answered_at_the_prompt_on_a_terminal(fg: Foreground) -> 
     assert decisions[0]["action"] == "skip" and decisions[0]["via"] == "run"
     assert decisions[0]["reason"] == "the card was not charged" and decisions[0]["by"]
     assert fg.ledger("asked") == []
+
+
+@needs_tmux
+def test_ctrl_c_at_the_prompt_leaves_the_task_held(fg: Foreground) -> None:
+    held_at_a_charge(fg, "unasked")
+    terminal, status = on_a_terminal(fg, "--resume", "unasked")
+    try:
+        poll_for(lambda: "record its result [x]?" in terminal.screen(), 30, what="the prompt")
+        terminal.keys("C-c")
+        poll_for(status.exists, 30, what="the run to end")
+        shown = terminal.screen()
+    finally:
+        terminal.close()
+    assert status.read_text().strip() == "130", shown
+    assert "run --resume unasked" in shown
+    assert TaskRecord.load(fg.task("unasked")).state == "held"
+    assert not fg.task("unasked").decisions.exists() or not any(
+        fg.task("unasked").decisions.iterdir()
+    )
