@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import math
 import os
@@ -649,7 +650,15 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if not calls:
         raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
     for call_id in calls:
-        decide(task, call_id, action=action, reason=args.reason, result=result)
+        decide(
+            task,
+            call_id,
+            action=action,
+            reason=args.reason,
+            result=result,
+            by=getpass.getuser(),
+            via="cli",
+        )
         print(f"{task.id} {call_id}: {action}")
     with offline(spool) as alone, contextlib.suppress(StateConflictError):
         if alone and pending_decisions(task):

@@ -232,6 +232,8 @@ def test_a_second_ctrl_c_cuts_the_call_off_and_the_pipe_gets_the_hint(fg: Foregr
     code, out, said = fg.run("--resume", "twice")
     assert code == 0, said
     assert "skipped" in out and fg.ledger("twice") == []
+    (decision,) = [r for r in journal_records(fg.task("twice")) if r["k"] == "decision"]
+    assert decision["via"] == "cli" and decision["by"] and decision["reason"] == "not charged"
 
 
 def test_kill_9_of_run_takes_its_worker_and_resume_charges_each_once(fg: Foreground) -> None:
