@@ -394,6 +394,7 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             return 0
     else:
         task = submitted(args, config, spool, foreground=True)
+        ring(spool, task.id)  # a daemon on the spool sees it at once, and leaves it alone
         print(f"agentd: task {task.id}", file=sys.stderr, flush=True)
     ask = ask_at_terminal if sys.stdin is not None and sys.stdin.isatty() else None
     config_path = Path(args.config).absolute() if args.config else config.source

@@ -307,6 +307,10 @@ def test_a_daemon_leaves_a_foreground_task_until_retry_hands_it_over(fg: Foregro
     interrupt(proc, err)
     assert proc.wait(timeout=30) == 130
     fg.start()
+    code, _, said = fg.run(*fg.new("beside", two_charges(delay=0.3)))  # a new one, beside it
+    assert code == 0, said
+    assert len(fg.events("beside", "worker_spawned")) == 1
+    assert not fg.events("beside", "worker_adopted")
     fg.submit([reply(text("Done."))], "theirs")
     fg.wait_state("theirs", "done")
     assert TaskRecord.load(fg.task("mine")).state == "queued"
