@@ -199,6 +199,7 @@ class ForegroundRun:
         self.speechless = False  # the terminal went away (SIGHUP): nothing more is printed
         self.storage_waits = 0
         self.resource_waits = 0
+        self.last_exit: dict[str, Any] | None = None  # of the last worker, as the daemon keeps it
 
     # -- what the person sees ----------------------------------------------------------
 
@@ -400,6 +401,7 @@ class ForegroundRun:
         to start the next worker."""
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         self.event("worker_exited", level, pid=worker.pid, code=code, signal=sig)
+        self.last_exit = {"code": code, "signal": sig}  # kept in every record from here on
         reason = self._exit_reason(worker.pid)
         if code != ExitCode.STORAGE:
             self.storage_waits = 0
@@ -548,6 +550,8 @@ class ForegroundRun:
                 return
             record.state = state
             record.foreground = True
+            if self.last_exit is not None:
+                record.last_exit = self.last_exit
             for key, value in changes.items():
                 setattr(record, key, value)
 

@@ -172,6 +172,7 @@ def test_a_crashing_worker_is_restarted_until_the_crash_loop_fails_it(fg: Foregr
     assert err.count("the worker crashed") == 2
     record = TaskRecord.load(fg.task("crashy"))
     assert record.state == "failed" and record.reason == "crash_loop" and record.restarts == 2
+    assert record.last_exit == {"code": None, "signal": "SIGKILL"}
 
 
 # -- interruptions --------------------------------------------------------------------
