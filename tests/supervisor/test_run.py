@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -391,3 +392,27 @@ def test_ctrl_c_at_the_prompt_leaves_the_task_held(fg: Foreground) -> None:
     assert not fg.task("unasked").decisions.exists() or not any(
         fg.task("unasked").decisions.iterdir()
     )
+
+
+# -- the demo -------------------------------------------------------------------------
+
+
+def test_the_demo_kills_a_run_partway_and_resume_charges_each_invoice_once(
+    tmp_path: Path,
+) -> None:
+    agentd = Path(sys.executable).parent / "agentd"
+    if not agentd.exists():
+        pytest.skip("no agentd console script beside this interpreter")
+    done = subprocess.run(
+        ["sh", str(REPO / "examples" / "run-demo.sh")],
+        cwd=REPO,
+        env=worker_env({"AGENTD": str(agentd), "TMPDIR": str(tmp_path)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "$ kill -9" in done.stdout and "$ agentd run --resume invoices" in done.stdout
+    assert done.stdout.rstrip().endswith("every invoice charged exactly once")
+    assert done.stdout.count("charged 10 EUR\n") >= 6
