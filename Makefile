@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test system-tools lint typecheck unit bench chaos man clean
+.PHONY: demo demo-cluster demo-run test system-tools lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/agentd demo
+
+# `agentd run` killed partway (kill -9) and carried to completion with --resume.
+demo-run: $(STAMP)
+	AGENTD=$(BIN)/agentd sh examples/run-demo.sh
 
 # Two nodes on a throwaway PostgreSQL (needs the server binaries: apt-get install postgresql).
 demo-cluster: $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import math
 import os
@@ -75,7 +76,7 @@ from worker.errors import (
 )
 from worker.protocol import NODE_ENV, TaskStatus
 from worker.redactor import without_password
-from worker.spool import Spool, default_spool, validate_call_id
+from worker.spool import Spool, TaskDir, default_spool, validate_call_id
 from worker.store.pgschema import SCHEMA_VERSION
 from worker.tools.sandbox import Sandbox
 
@@ -332,19 +333,7 @@ def cut_off_calls(spool: Spool, task_ids: Sequence[str]) -> list[str]:
 def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-file FILE.")
-    prompt = text_or_file(args.prompt, args.prompt_file, "prompt", PROMPT_FILE_LIMIT) or ""
-    task = submit(
-        spool,
-        config,
-        prompt=prompt,
-        name=args.name,
-        model=args.model,
-        script=Path(args.script) if args.script else None,
-        tools=args.tools.split(",") if args.tools is not None else None,
-        system=args.system,
-        max_turns=args.max_turns,
-        workspace=Path(args.workspace) if args.workspace else None,
-    )
+    task = submitted(args, config, spool)
     ring(spool, task.id)
     print(task.id)
     pid = running_pid(spool) if args.script is None else None
@@ -357,6 +346,129 @@ def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def submitted(
+    args: argparse.Namespace, config: Config, spool: Spool, *, foreground: bool = False
+) -> TaskDir:
+    """The task ``submit``'s options describe, created (``agentd submit``, ``agentd run``)."""
+    prompt = text_or_file(args.prompt, args.prompt_file, "prompt", PROMPT_FILE_LIMIT) or ""
+    return submit(
+        spool,
+        config,
+        prompt=prompt,
+        name=args.name,
+        model=args.model,
+        script=Path(args.script) if args.script else None,
+        tools=args.tools.split(",") if args.tools is not None else None,
+        system=args.system,
+        max_turns=args.max_turns if args.max_turns is not None else 100,
+        workspace=Path(args.workspace) if args.workspace else None,
+        foreground=foreground,
+    )
+
+
+#: ``submit``'s options, which ``run --resume`` refuses (the task has them already).
+SUBMIT_OPTIONS = ("name", "model", "script", "tools", "system", "max_turns", "workspace")
+
+
+def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import foreground  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+
+    given = sum(x is not None for x in (args.prompt, args.prompt_file, args.resume))
+    if given != 1:
+        raise UsageError("give exactly one of --prompt TEXT, --prompt-file FILE or --resume TASK.")
+    if store_url(args, config, spool) is not None:  # (refused before any connection)
+        foreground.refuse_shared(shared=True)
+    if args.resume is not None:
+        named = [f"--{o.replace('_', '-')}" for o in SUBMIT_OPTIONS if getattr(args, o) is not None]
+        if named:
+            raise UsageError(
+                f"{', '.join(named)} cannot go with --resume: the task keeps the options it "
+                "was made with."
+            )
+        task = existing_task(spool, args.resume)
+        record = foreground.prepare(task, spool)
+        if record is None:
+            print(f"{task.id}: done already ({TaskRecord.load(task).reason or 'ended'})")
+            return 0
+    else:
+        task = submitted(args, config, spool, foreground=True)
+        ring(spool, task.id)  # a daemon on the spool sees it at once, and leaves it alone
+        print(f"agentd: task {task.id}", file=sys.stderr, flush=True)
+    ask = ask_at_terminal if sys.stdin is not None and sys.stdin.isatty() else None
+    config_path = Path(args.config).absolute() if args.config else config.source
+    run = foreground.ForegroundRun(
+        task,
+        config,
+        config_path,
+        out=sys.stdout,
+        err=sys.stderr,
+        json_lines=args.json,
+        ask=ask,
+        resume_line=foreground.resume_command(task.id, _agentd_prefix(args)),
+        show_from_start=args.resume is None,
+    )
+    return int(run.run())
+
+
+def _agentd_prefix(args: argparse.Namespace) -> str:
+    """``agentd`` with the global options this command was given that a later one needs
+    too (the spool, the config), so that the resume line can be run as printed."""
+    import shlex  # noqa: PLC0415  (only `run` needs it)
+
+    words = ["agentd"]
+    if args.spool:
+        words += ["--spool", str(Path(args.spool).expanduser().absolute())]
+    if args.config:
+        words += ["--config", str(Path(args.config).expanduser().absolute())]
+    return shlex.join(words)
+
+
+#: The answers ``agentd run``'s prompt takes for a held call, and what each means.
+ANSWERS = {"r": "rerun", "re-run": "rerun", "rerun": "rerun", "s": "skip", "skip": "skip",
+           "x": "result", "result": "result"}  # fmt: skip
+
+
+def ask_at_terminal(call: dict[str, Any]) -> Any:
+    """Put one held call to the person at the terminal (``agentd run``): re-run it, skip it
+    with a reason, or record its result; None at the end of input (the task stays held)."""
+    from supervisor.foreground import Answer  # noqa: PLC0415  (only `run` needs it)
+
+    shown = json.dumps(call.get("input"), ensure_ascii=False)
+    print(
+        f"‖ held: {call['tool']} ({call.get('effect')}) call {call['call_id']}: {call.get('why')}"
+        f"\n    input: {shown[:2000]}\n    its outcome is unknown: it may or may not have "
+        "taken effect.",
+        file=sys.stderr,
+    )
+    while True:
+        choice = _read_answer("re-run it [r], skip it [s], or record its result [x]? ")
+        if choice is None:
+            return None
+        action = ANSWERS.get(choice.strip().lower())
+        if action == "rerun":
+            return Answer("rerun")
+        if action == "skip":
+            reason = _read_answer("why (the model is told it was not run)? ")
+            if reason is None:
+                return None
+            return Answer("skip", reason=checked_text(reason.strip(), "the reason") or None)
+        if action == "result":
+            result = _read_answer("its result (what the model gets)? ")
+            if result is None:
+                return None
+            if result.strip():
+                return Answer("result", result=checked_text(result.rstrip("\n"), "the result"))
+        print("answer r, s or x.", file=sys.stderr)
+
+
+def _read_answer(prompt: str) -> str | None:
+    """One line typed at the terminal after ``prompt`` (on stderr: stdout may be the
+    transcript's pipe); None at the end of input."""
+    print(prompt, end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.rstrip("\n") if line else None
 
 
 def _supervisor_json(spool: Spool) -> dict[str, Any]:
@@ -539,7 +651,15 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if not calls:
         raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
     for call_id in calls:
-        decide(task, call_id, action=action, reason=args.reason, result=result)
+        decide(
+            task,
+            call_id,
+            action=action,
+            reason=args.reason,
+            result=result,
+            by=getpass.getuser(),
+            via="cli",
+        )
         print(f"{task.id} {call_id}: {action}")
     with offline(spool) as alone, contextlib.suppress(StateConflictError):
         if alone and pending_decisions(task):
@@ -596,9 +716,17 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         refuse_if_cancelled(task, "retry")
         record = TaskRecord.load(task)
         record.check_retry(task.id)  # before a request is left for the daemon
+        if record.foreground and store_for(spool.root).owned(task.id):
+            raise StateConflictError(
+                f"task {task.id} is running in the foreground (`agentd run`, worker pid "
+                f"{store_for(spool.root).owner_pid(task.id)}); stop it with Ctrl-C there, "
+                "then retry it to hand it to the daemon."
+            )
         drop_moot_cancel(task, record)
         change_record(spool, task, RETRY_REQUEST, TaskRecord.retry)
-    print(f"{task.id}: queued for retry")
+    print(
+        f"{task.id}: handed to the daemon" if record.foreground else f"{task.id}: queued for retry"
+    )
     return 0
 
 
@@ -867,22 +995,45 @@ def build_parser() -> Parser:
         "SPOOL/supervisor.log)",
     )
     command("stop", cmd_stop, "stop the running supervisor gracefully", uses_store=False)
+
+    def task_options(p: Parser, *, resume: bool = False) -> None:
+        """``submit``'s options, which ``run`` takes too (``resume``: and ``--resume``, which
+        refuses the others, so their defaults are applied later)."""
+        p.add_argument("--prompt", metavar="TEXT", help="the task's first user message")
+        p.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
+        if resume:
+            p.add_argument("--resume", metavar="TASK", help="carry an interrupted task on")
+        p.add_argument("--name", metavar="ID", help="the task id (default: generated)")
+        p.add_argument(
+            "--model", metavar="NAME", help="model name, or 'scripted' (default: config)"
+        )
+        p.add_argument(
+            "--script", metavar="FILE", help="run on the scripted model with FILE's responses"
+        )
+        p.add_argument("--tools", metavar="LIST", help="comma-separated tool names (default: all)")
+        p.add_argument("--system", metavar="TEXT", help="the system prompt")
+        p.add_argument(
+            "--max-turns",
+            type=int,
+            default=None if resume else 100,
+            metavar="N",
+            help="stop after N turns (default 100)",
+        )
+        p.add_argument(
+            "--workspace", metavar="DIR", help="the task's working folder (default: in the spool)"
+        )
+
     p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
-    p.add_argument("--prompt", metavar="TEXT", help="the task's first user message")
-    p.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
-    p.add_argument("--name", metavar="ID", help="the task id (default: generated)")
-    p.add_argument("--model", metavar="NAME", help="model name, or 'scripted' (default: config)")
-    p.add_argument(
-        "--script", metavar="FILE", help="run on the scripted model with FILE's responses"
+    task_options(p)
+    p = command(
+        "run",
+        cmd_run,
+        "run one task in the foreground, no daemon needed",
+        reads_spool=False,
+        uses_store=False,  # (refused on a shared store: `cmd_run`)
     )
-    p.add_argument("--tools", metavar="LIST", help="comma-separated tool names (default: all)")
-    p.add_argument("--system", metavar="TEXT", help="the system prompt")
-    p.add_argument(
-        "--max-turns", type=int, default=100, metavar="N", help="stop after N turns (default 100)"
-    )
-    p.add_argument(
-        "--workspace", metavar="DIR", help="the task's working folder (default: in the spool)"
-    )
+    task_options(p, resume=True)
+    json_flag(p, "the transcript, one object a line")
     p = command("status", cmd_status, "show the supervisor and every task")
     task_arg(p, optional=True)
     json_flag(p, "the supervisor and the tasks")
@@ -1015,7 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spool = resolve_spool(args, config)
         if args.reads_spool:
             check_named_spool(args)
-        if args.command == "start" and not args.detach:
+        if (args.command == "start" and not args.detach) or args.command == "run":
             # First of all: a secret in this process's environment (the API key, the
             # store's URL) is moved out of it (the process executes itself again, same
             # pid, the secrets handed over through a pipe), so that no tool can read it

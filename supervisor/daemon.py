@@ -20,7 +20,10 @@ Python leaves it (a write to a closed pipe raises instead). None of them ends th
 The fork server and the workers each run in a session of their own, so a signal sent to
 the daemon's process group (``kill -HUP -PGID``) never reaches them.
 
-Task records (``state.json``) are written only here while the daemon runs. The restart
+A foreground task (``agentd run``, docs/design.md section 16) is never started here: its
+record is ``agentd run``'s to write, read again at each scan, until ``agentd retry`` hands
+it over (``TaskRecord.retry`` clears the mark). Other task records (``state.json``) are
+written only here while the daemon runs. The restart
 decision is ``supervisor.policy.decide``; this module only carries it out.
 
 Storage faults (docs/design.md invariant 8) are waits on both sides. A worker's exit 7 puts
@@ -69,7 +72,7 @@ from supervisor.control import (
 from supervisor.decisions import pending_decisions
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
-from supervisor.liveness import Alive, Beat, Hung, Limits, judge
+from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
@@ -123,7 +126,6 @@ RESCAN_INTERVAL = 5.0
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
 CRASH_MEMORY = 50
-TOOL_DEADLINE_SLACK = 1.0  # seconds past deadlines.tool_call before a tool call is stalled
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
@@ -708,8 +710,12 @@ class Supervisor:
             slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
             self.relay.track(task.id, from_end=not self._scanned)
             self._recover(slot)
+        elif slot.record.foreground and slot.worker is None:
+            slot.record = TaskRecord.load(task)  # `agentd run` writes it, not this daemon
         self.relay.pull(task.id)
         self._apply_requests(slot)
+        if slot.record.foreground:
+            return  # its `agentd run` carries out its decisions
         if slot.record.state == TaskStatus.HELD and pending_decisions(task):
             self._move(slot, TaskRecord.release_hold)
 
@@ -717,7 +723,10 @@ class Supervisor:
         """A task seen for the first time by this daemon: adopt the worker that holds its
         lock (one an earlier daemon started, recorded or not), or resume it. A worker that
         outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
-        stopped (``_apply_requests``): a cancelled task runs nothing more."""
+        stopped (``_apply_requests``): a cancelled task runs nothing more. A foreground
+        task is left alone: ``agentd run`` runs its worker (docs/design.md section 16)."""
+        if slot.record.foreground:
+            return
         final = slot.record.state in FINAL_STATES
         if final and not self.store.cancel_requested(slot.task.id):
             return
@@ -737,7 +746,11 @@ class Supervisor:
             self._save(slot, TaskStatus.QUEUED)
 
     def _apply_requests(self, slot: TaskSlot) -> None:
-        if slot.record.state not in FINAL_STATES and self.store.cancel_requested(slot.task.id):
+        if (
+            slot.record.state not in FINAL_STATES
+            and self.store.cancel_requested(slot.task.id)
+            and not (slot.record.foreground and self.store.owned(slot.task.id))
+        ):  # (a foreground task's running `agentd run` applies its cancel itself)
             self._cancel(slot)
         if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
             self.emit("task_retried", slot)
@@ -782,6 +795,7 @@ class Supervisor:
             if slot.worker is None
             and not slot.starting
             and not slot.paused
+            and not slot.record.foreground  # `agentd run` starts it, or `retry` hands it over
             and (slot.waiting_lock or slot.record.state in (TaskStatus.BACKOFF, TaskStatus.QUEUED))
         ]
         for slot in sorted(waiting, key=lambda s: s.record.updated_at):
@@ -1208,6 +1222,7 @@ class Supervisor:
             other is not slot
             and other.worker is None
             and not other.starting
+            and not other.record.foreground
             and other.record.state == TaskStatus.QUEUED
             for other in self.slots.values()
         )
@@ -1403,13 +1418,7 @@ class Supervisor:
                 worker.signal_group(signal.SIGTERM)
 
     def liveness_limits(self) -> Limits:
-        hb, deadlines = self.config.heartbeat, self.config.deadlines
-        return Limits(
-            interval=hb.interval,
-            timeout=hb.timeout,
-            model_call=deadlines.model_call,
-            tool_call=deadlines.tool_call + TOOL_DEADLINE_SLACK,
-        )
+        return limits_of(self.config)
 
     # -- metrics ------------------------------------------------------------------------
 

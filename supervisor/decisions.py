@@ -136,16 +136,27 @@ def decide(
     action: str,
     reason: str | None = None,
     result: str | None = None,
+    by: str | None = None,
+    via: str | None = None,
 ) -> dict[str, Any]:
     """Durably record an operator's decision on one held call of ``task``; refused once
-    the task was cancelled (under the operator lock, so a racing cancel has one winner)."""
+    the task was cancelled (under the operator lock, so a racing cancel has one winner).
+    ``by`` and ``via``: who decided, and through what (docs/design.md section 15), kept
+    in the decision when given."""
     with operator_lock(task):
         refuse_if_cancelled(task, "decision")
-        return _decide(task, call_id, action=action, reason=reason, result=result)
+        return _decide(task, call_id, action=action, reason=reason, result=result, by=by, via=via)
 
 
 def _decide(
-    task: TaskDir, call_id: str, *, action: str, reason: str | None, result: str | None
+    task: TaskDir,
+    call_id: str,
+    *,
+    action: str,
+    reason: str | None,
+    result: str | None,
+    by: str | None,
+    via: str | None,
 ) -> dict[str, Any]:
     record = TaskRecord.load(task)
     rows = {row["call_id"]: row for row in held_calls(task)}
@@ -163,6 +174,7 @@ def _decide(
         "result": result,
         "decided_at": utc_now(),
     }
+    decision |= {name: value for name, value in (("by", by), ("via", via)) if value is not None}
     store = store_of(task)
     key, attempt = row["idempotency_key"], row["attempt"]
     if not store.record_decision(task.id, key, attempt, decision):
@@ -171,7 +183,10 @@ def _decide(
             f"({store.decision_name(task.id, key, attempt)}); `agentd dangling {task.id}` "
             "shows what still waits."
         )
-    record_event(store, task.id, "dangling_decided", task=task.id, call_id=call_id, action=action)
+    who = {name: decision[name] for name in ("by", "via") if name in decision}
+    record_event(
+        store, task.id, "dangling_decided", task=task.id, call_id=call_id, action=action, **who
+    )
     return decision
 
 

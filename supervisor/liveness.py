@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worker.config import Config
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -35,6 +37,22 @@ class Limits:
     @property
     def shortest(self) -> float:
         return min(self.timeout, self.model_call, self.tool_call)
+
+
+#: Seconds past ``deadlines.tool_call`` before a tool call is stalled: a tool is told its
+#: deadline and may keep it itself, recording its timed-out result first.
+TOOL_DEADLINE_SLACK = 1.0
+
+
+def limits_of(config: Config) -> Limits:
+    """The limits ``[heartbeat]`` and ``[deadlines]`` of ``config`` set."""
+    hb, deadlines = config.heartbeat, config.deadlines
+    return Limits(
+        interval=hb.interval,
+        timeout=hb.timeout,
+        model_call=deadlines.model_call,
+        tool_call=deadlines.tool_call + TOOL_DEADLINE_SLACK,
+    )
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ FIELD_SHAPES: dict[str, Callable[[Any], bool]] = {
     "retries": _whole,
     "crashes": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
     PROGRESS: _optional(_whole),
+    "foreground": lambda v: isinstance(v, bool),
     "updated_at": lambda v: isinstance(v, str),
 }
 
@@ -61,6 +62,9 @@ class TaskRecord:
     # ``PROGRESS``: the journal position its workers' heartbeats last said was durable
     # (None: unknown, a record of an earlier release, or no worker ran yet)
     journal: int | None = None
+    # ``agentd run`` runs the task's worker, not a daemon (docs/design.md section 16): a
+    # daemon leaves the task alone until ``retry`` hands it over (``hand_over``)
+    foreground: bool = False
 
     def progressed(self, beat: dict[str, Any] | None) -> None:
         """Keep the progress a worker's heartbeat reports, if it is further on."""
@@ -114,18 +118,43 @@ class TaskRecord:
         self.state, self.reason = TaskStatus.CANCELLED, CANCEL_REASON
 
     def check_retry(self, task_id: str) -> None:
-        """Refuse a retry of a task that has not failed."""
-        if self.state != TaskStatus.FAILED:
-            raise StateConflictError(
-                f"task {task_id} is {self.state}; only a failed task can be retried."
-            )
+        """Refuse a retry of a task that has not failed (a foreground task that has not
+        ended is retried too: the retry hands it to the daemon)."""
+        if self.state == TaskStatus.FAILED:
+            return
+        if self.foreground and self.state in (TaskStatus.QUEUED, TaskStatus.HELD):
+            return
+        raise StateConflictError(
+            f"task {task_id} is {self.state}; only a failed task can be retried."
+        )
 
     def retry(self, task_id: str) -> None:
         """Queue a failed task again, with a clean crash history (a crash loop that made it
-        fail would otherwise fail it again at its first crash)."""
+        fail would otherwise fail it again at its first crash). A foreground task is
+        handed to the daemon: it loses its mark, and one that had not failed keeps its
+        state (a held one waits for its decisions as any other)."""
         self.check_retry(task_id)
+        handing_over, self.foreground = self.foreground, False
+        if handing_over and self.state != TaskStatus.FAILED:
+            return
         self.retries += 1
         self._queue()
+
+    def check_resume(self, task_id: str) -> None:
+        """Refuse ``agentd run --resume`` of a cancelled task: a cancel is final."""
+        if self.state == TaskStatus.CANCELLED:
+            raise StateConflictError(
+                f"task {task_id} was cancelled; a cancelled task takes no resume. "
+                f"`agentd fork {task_id} --at TURN` starts a new task from it."
+            )
+
+    def take_foreground(self, task_id: str) -> None:
+        """``agentd run --resume``: the task is run in the foreground from here on. A
+        failed one is retried (a fresh crash budget, its journal reopened)."""
+        self.check_resume(task_id)
+        if self.state == TaskStatus.FAILED:
+            self.retry(task_id)
+        self.foreground = True
 
     def requeue(self, task_id: str) -> None:
         """Queue the task on a scene an operator changed (a rewind), from whatever state it

@@ -99,6 +99,14 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
     never shows an age below 0 or an hour off."""
     record = TaskRecord.load(task)
+    if (
+        record.state == TaskStatus.RUNNING
+        and record.foreground
+        and not store_of(task).owned(task.id)
+    ):
+        # its `agentd run` was killed (a kill -9, a closed terminal), and its worker with it
+        record.state = TaskStatus.QUEUED
+        record.reason = f"its agentd run ended; `agentd run --resume {task.id}` carries it on"
     beat = read_heartbeat(task)
     spec_error = None
     try:

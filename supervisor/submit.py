@@ -96,8 +96,11 @@ def submit(
     system: str | None = None,
     max_turns: int = 100,
     workspace: Path | None = None,
+    foreground: bool = False,
 ) -> TaskDir:
-    """Create a queued task; raises before anything is written when an input is bad."""
+    """Create a queued task; raises before anything is written when an input is bad.
+    ``foreground``: made by ``agentd run``, which runs its worker itself (the spec and the
+    record say so: a daemon never starts it by itself)."""
     # Imported here: `agentd status` and the daemon import this module and need neither.
     from worker.models.scripted import parse_script  # noqa: PLC0415
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415
@@ -138,6 +141,7 @@ def submit(
         git=_repository(workspace),
         scripted=script is not None or model == "scripted",
         created_at=utc_now(),
+        foreground=foreground,
     )
     if spec.scripted and script_bytes is None:
         raise UsageError("the scripted model needs --script FILE with its responses.")
@@ -200,7 +204,8 @@ def create_task(
     fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's
     workspace) before the spec, which is written last: until then it is not a task."""
     store = store_for(spool.root)
-    store.create(spec, TaskRecord().stamped(), script=script, journal=journal, prepare=prepare)
+    record = TaskRecord(foreground=spec.foreground)
+    store.create(spec, record.stamped(), script=script, journal=journal, prepare=prepare)
     record_event(store, spec.id, "task_submitted", task=spec.id)
     return spool.task(spec.id)
 

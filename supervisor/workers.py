@@ -34,7 +34,7 @@ import psutil
 
 from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
-from worker.descendants import children, reap
+from worker.descendants import children, dies_with, reap
 from worker.errors import JournalCorruptError, SpoolError, StorageError
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
@@ -119,10 +119,13 @@ def spawn(
     config_path: Path | None,
     env: dict[str, str],
     credentials: Credentials | None = None,
+    *,
+    dies_with_parent: bool = False,
 ) -> WorkerProcess:
     """Start a worker for ``task`` in a fresh interpreter (the fork server's path is the
     daemon's ``_start``, which asks it without waiting). ``env`` holds no secret: the
-    worker gets ``credentials`` through a handover pipe."""
+    worker gets ``credentials`` through a handover pipe. ``dies_with_parent``: the worker
+    is killed when this process ends, however it ends (``agentd run``)."""
     start = journal_end(task)
     cmd = [sys.executable, "-m", "worker", str(task.path)]
     if config_path is not None:
@@ -138,6 +141,8 @@ def spawn(
             stderr=out,
             start_new_session=True,
             close_fds=True,
+            # (preexec_fn: agentd run starts its worker from its only thread)
+            preexec_fn=dies_with(os.getpid()) if dies_with_parent else None,
         )
     finally:
         os.close(out)

@@ -366,3 +366,40 @@ def run_to_end(task: TaskDir, **kwargs: Any) -> str:
         return loop.run().state
     finally:
         loop.close()
+
+
+# -- a real terminal ------------------------------------------------------------------
+
+
+class Terminal:
+    """A real terminal: ``command`` run by a tmux server of its own (its own socket), in a
+    window ``width`` x ``height``. ``screen`` reads what it shows, ``keys`` types, and
+    ``close`` ends the server and everything in it."""
+
+    def __init__(
+        self, command: str, env: Mapping[str, str], *, width: int = 120, height: int = 30
+    ) -> None:
+        self.socket = f"agentd-test-{uuid.uuid4().hex[:8]}"
+        self.env = {k: v for k, v in env.items() if k != "TMUX"}
+        self.tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "t", command)
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return done.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, check=False)

@@ -46,6 +46,25 @@ def become_subreaper() -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def dies_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the child killed (SIGKILL) the moment ``parent`` ends
+    (``PR_SET_PDEATHSIG``), or exits at once when ``parent`` ended before it could ask:
+    how ``agentd run``'s worker dies with it, even of a kill -9. (The signal fires when the
+    parent's thread that started the child ends: ``agentd run`` starts it from its main
+    thread.)"""
+
+    def arm() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 def children(pid: int) -> list[int]:
     """The direct children of process ``pid`` (zombies included: a child is listed until
     its parent reaps it); none once ``pid`` is gone."""

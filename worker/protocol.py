@@ -146,7 +146,7 @@ def exit_record_reason(record: Any, pid: int | None = None) -> str | None:
 
 DECISION_ACTIONS = ("rerun", "skip", "result")
 #: Text fields of a decision the worker records with it, when they are strings.
-DECISION_TEXTS = ("reason", "result", "by")
+DECISION_TEXTS = ("reason", "result", "by", "via")
 
 
 def parse_decision(data: bytes) -> dict[str, str]:

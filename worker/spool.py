@@ -72,6 +72,10 @@ class TaskSpec:
     #: the workspace's files are then never checkpointed, whatever appears in it later.
     git: Mapping[str, Any] | None = None
     created_at: str = ""
+    #: Made by ``agentd run``, whose process runs its worker: a daemon never starts it by
+    #: itself (docs/design.md section 16). How the task was made; who runs it now is the
+    #: task record's ``foreground``.
+    foreground: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -130,6 +134,7 @@ class TaskSpec:
             forked_from=forked,
             git=git,
             created_at=str(data.get("created_at", "")),
+            foreground=data.get("foreground") is True,
             extra=data.get("extra") or {},
         )
 

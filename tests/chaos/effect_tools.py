@@ -19,6 +19,9 @@ spool can hide an effect:
   call's intent is durable and right before its side effect (unknown, and it did not).
 * ``AGENTD_CHAOS_SELF_KILL_TAGS``: when set, a comma-separated list of the ``tag`` inputs
   of the calls that may kill their worker; the others never do.
+* ``AGENTD_CHAOS_SELF_KILL_ONCE``: when set, a token: a call kills its worker only if no
+  ``self_kill`` line of its tag carries that token yet, so a worker restarted with the same
+  environment (``agentd run`` restarts its own) runs the call again without dying again.
 * ``AGENTD_CHAOS_JITTER``: up to this many seconds of sleep before and after the effect, so
   that kills at random instants land inside a tool call too.
 
@@ -50,6 +53,7 @@ EFFECTS_ENV = "AGENTD_CHAOS_EFFECTS"
 SELF_KILL_ENV = "AGENTD_CHAOS_SELF_KILL"
 SELF_KILL_BEFORE_ENV = "AGENTD_CHAOS_SELF_KILL_BEFORE"
 SELF_KILL_TAGS_ENV = "AGENTD_CHAOS_SELF_KILL_TAGS"
+SELF_KILL_ONCE_ENV = "AGENTD_CHAOS_SELF_KILL_ONCE"
 JITTER_ENV = "AGENTD_CHAOS_JITTER"
 
 _rng = random.Random()  # chaos, not cryptography
@@ -146,8 +150,15 @@ def _maybe_die(ctx: ToolContext, name: str, effect: Effect, tag: str, when: str,
     tags = os.environ.get(SELF_KILL_TAGS_ENV, "")
     if tags and tag not in tags.split(","):
         return
+    once = os.environ.get(SELF_KILL_ONCE_ENV, "")
+    if once and any(
+        line.get("kind") == "self_kill" and line.get("tag") == tag and line.get("once") == once
+        for line in read_log(effects_log())
+    ):
+        return
     if p > 0 and _rng.random() < p:
-        _append({**_line(ctx, "self_kill", name, effect, tag, ""), "when": when})
+        line = {**_line(ctx, "self_kill", name, effect, tag, ""), "when": when}
+        _append({**line, "once": once} if once else line)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

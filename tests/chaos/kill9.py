@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.decisions import decide
+from supervisor.record import TaskRecord
 from supervisor.status import held_calls
 from supervisor.submit import submit
 from tests.chaos.effect_tools import (
@@ -64,6 +65,7 @@ from tests.chaos.effect_tools import (
     JITTER_ENV,
     SELF_KILL_BEFORE_ENV,
     SELF_KILL_ENV,
+    SELF_KILL_ONCE_ENV,
     SELF_KILL_TAGS_ENV,
     read_log,
 )
@@ -71,9 +73,10 @@ from tests.faults.report import Figure
 from tests.support import REPO, assert_paired
 from worker.config import load_config
 from worker.errors import AgentdError
-from worker.protocol import ExitCode
+from worker.protocol import ExitCode, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
+from worker.store.files import FileStore
 from worker.store.journal import read_file
 from worker.testing.messages_api import DEFAULT_API_KEY
 
@@ -143,6 +146,10 @@ class Options:
     root: Path | None = None  # where to work; a temporary folder when None
     keep: bool = False  # keep the work folder (it is kept anyway when a check fails)
     progress: bool = False
+    #: Drive the task with ``agentd run --resume`` instead of bare workers (class 24): the
+    #: random-instant kills are a kill -9 of ``agentd run`` (its worker dies with it), and a
+    #: self-killed worker is restarted by ``agentd run`` itself.
+    via_run: bool = False
 
 
 @dataclass
@@ -262,7 +269,12 @@ class Report:
 
     def as_figures(self) -> list[Figure]:
         """The figures for the chaos table (``python -m tests.chaos``)."""
-        n, fault = len(self.trials), "kill -9 of workers"
+        n = len(self.trials)
+        fault = (
+            "kill -9 of agentd run and its workers"
+            if self.options.via_run
+            else "kill -9 of workers"
+        )
         figures = [
             Figure(fault, "trials", n),
             Figure(fault, "kills", self.total("kills")),
@@ -296,7 +308,9 @@ class Report:
             ),
             (
                 "kill -9 of the worker",
-                f"{kills} (random-instant {self.total('kills_external')}; self-kills right "
+                f"{kills} (random-instant {self.total('kills_external')}"
+                f"{' of agentd run, whose worker dies with it' if o.via_run else ''}; "
+                f"self-kills right "
                 f"after a side effect {self.total('kills_after_effect')}, right before one "
                 f"{self.total('kills_before_effect')})",
             ),
@@ -335,7 +349,8 @@ class Report:
             ),
         ]
         width = max(len(name) for name, _ in rows)
-        lines = [f"kill -9 chaos campaign (seed {o.seed})"]
+        through = " through agentd run --resume" if o.via_run else ""
+        lines = [f"kill -9 chaos campaign{through} (seed {o.seed})"]
         lines += [f"  {name:<{width}}  {value}" for name, value in rows]
         failures = self.failures
         lines.append(f"  {'result':<{width}}  {'PASS' if self.ok else 'FAIL'}")
@@ -428,6 +443,10 @@ def journal_records(task: TaskDir) -> list[JSON]:
     if not task.journal.exists():
         return []
     return [record for record, _ in read_file(task.journal).records]
+
+
+def _self_kills(effects: Path) -> list[JSON]:
+    return [line for line in read_log(effects) if line.get("kind") == "self_kill"]
 
 
 def _digest(value: Any) -> str:
@@ -602,6 +621,11 @@ class Trial:
         )
         argv = [sys.executable, "-m", "worker", str(self.task.path)]
         argv += ["--config", str(self.camp.config_path)]
+        if opts.via_run:
+            argv = [sys.executable, "-m", "supervisor", "--spool", str(self.camp.spool.root)]
+            argv += ["--config", str(self.camp.config_path), "run", "--resume", self.task.id]
+            env[SELF_KILL_ONCE_ENV] = f"{self.index}.{self.result.spawns}"
+            self_kills = len(_self_kills(self.effects))
         self.result.spawns += 1
         size = self._journal_size()
         spawned = time.monotonic()
@@ -632,6 +656,8 @@ class Trial:
         finally:
             self.camp.procs.reap(proc)
         code = proc.returncode
+        if opts.via_run:
+            return self._run_exit(code, sent, turns_done, self_kills)
         if code == -signal.SIGKILL:
             self.kills_left -= 1
             records = journal_records(self.task)
@@ -652,6 +678,40 @@ class Trial:
             point = self._kill_point(records, proc.pid, turns_done)
             self.result.kill_points[point] += 1
         return code
+
+    def _run_exit(self, code: int, sent: bool, turns_done: int, self_kills: int) -> int | None:
+        """What an ``agentd run --resume`` that ended with ``code`` means, as a worker's
+        exit code: the self-kills of its workers (which it restarted) are counted, and after
+        a kill -9 of it, its worker must die with it before anything else starts."""
+        for line in _self_kills(self.effects)[self_kills:]:
+            self.kills_left -= 1
+            if line.get("when") == "before":
+                self.result.kills_before_effect += 1
+                self.result.kill_points["in tool, before effect"] += 1
+            else:
+                self.result.kills_after_effect += 1
+                self.result.kill_points["after effect, before result"] += 1
+        if code == -signal.SIGKILL:
+            self.kills_left -= 1
+            if not sent:
+                self.result.fail("agentd run died of SIGKILL that nobody sent")
+            worker = TaskRecord.load(self.task).pid
+            store = FileStore(self.camp.spool.root)
+            deadline = time.monotonic() + 10
+            while store.owned(self.task.id):
+                if time.monotonic() > deadline:
+                    self.result.fail(f"worker {worker} outlived its agentd run's kill -9")
+                    return None
+                time.sleep(0.01)
+            records = journal_records(self.task)
+            self.after_kill.append(records)
+            self.result.kills_external += 1
+            point = self._kill_point(records, worker or -1, turns_done)
+            self.result.kill_points[point] += 1
+            return code
+        if code == 3 and TaskRecord.load(self.task).state == TaskStatus.HELD:
+            return ExitCode.HELD
+        return ExitCode.DONE if code == 0 else 1000 + code  # (never a worker's code)
 
     def _journal_size(self) -> int:
         try:

@@ -75,8 +75,8 @@ from typing import Any
 import psutil
 
 from supervisor.control import ring
-from supervisor.daemon import TOOL_DEADLINE_SLACK
 from supervisor.decisions import decide
+from supervisor.liveness import TOOL_DEADLINE_SLACK
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.submit import submit

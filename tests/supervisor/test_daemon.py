@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from supervisor.control import ring, running_pid
-from supervisor.daemon import TOOL_DEADLINE_SLACK
+from supervisor.liveness import TOOL_DEADLINE_SLACK
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
 from tests.daemon import (

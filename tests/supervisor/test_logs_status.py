@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from supervisor.record import TaskRecord
 from supervisor.views import END_GRACE, human_count, log_line, render_status
 from tests.daemon import Daemon, subreaper
-from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
+from tests.support import REPO, Terminal, poll_for, reply, text, tool_use, worker_env
 
 CONFIG = (
     "max_workers = 4\n"
@@ -331,34 +330,18 @@ def test_status_interval_needs_watch(daemon: Daemon) -> None:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason: str) -> None:
-    socket = f"agentd-test-{uuid.uuid4().hex[:8]}"
-    env = status_env()
-    env.pop("TMUX", None)
     command = " ".join(daemon.command("status", "--watch", "--interval", "0.3"))
-
-    def tmux(*args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-L", socket, *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return done.stdout
-
-    tmux("new-session", "-d", "-x", "120", "-y", "30", "-s", "watch", command)
+    terminal = Terminal(command, status_env())
     try:
         screens: list[str] = []
 
         def redrawn() -> bool:
-            screens.append(tmux("capture-pane", "-p", "-t", "watch"))
+            screens.append(terminal.screen())
             return len(screens) > 10 and "REASON" in screens[-1]
 
         poll_for(redrawn, 20, interval=0.1, what="a few redraws")
     finally:
-        subprocess.run(["tmux", "-L", socket, "kill-server"], env=env, check=False)
+        terminal.close()
     screen = screens[-1].splitlines()
     assert screen[0].startswith("agentd running"), screens[-1]
     assert sum("REASON" in line for line in screen) == 1, "each redraw replaces the last"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
@@ -128,7 +129,8 @@ def test_a_hold_and_its_decision_are_shown_with_the_result(
     assert (result["outcome"], result["content"]) == ("operator", "charged once, checked")
     _, out, _ = show(spool, "s4", capsys=capsys)
     assert f"‖ held: charge call {call_id}" in out
-    assert f"✓ decided: charge call {call_id} result recorded: charged once, checked" in out
+    who = f"(by {getpass.getuser()} via cli)"  # docs/design.md section 15
+    assert f"✓ decided: charge call {call_id} result recorded {who}: charged once, checked" in out
 
 
 def test_a_fork_shows_its_inherited_scene_then_its_own_turns(

@@ -1,0 +1,559 @@
+"""``agentd run``: one task in the foreground, no daemon (docs/design.md section 16).
+
+``ForegroundRun`` does for one task what the daemon does for many, in the process of the
+person who typed the command:
+
+* the worker is started fresh (``python -m worker TASKDIR``, ``supervisor.workers.spawn``)
+  as a child of this process, which is a child subreaper: what the worker's tools leave
+  comes here and is killed when the worker ends, and the worker is killed the moment
+  this process ends, even of a kill -9 (``worker.descendants.dies_with``). The task is
+  left as a crash leaves it: resumable, by ``agentd run --resume`` or a daemon;
+* a crash or a hang is restarted with resume under ``[restart]`` (``policy.decide``, the
+  daemon's own rules: ``crash_loop`` fails the task); a storage fault, or a machine out of
+  processes, is a wait, said on the terminal;
+* the transcript is streamed as the journal grows, as ``agentd show`` renders it
+  (``supervisor.transcript``: the same lines, the same ``Renderer``);
+* Ctrl-C, SIGHUP (a closed terminal) and SIGTERM ask the worker to stop at its next safe
+  point (SIGTERM to the worker alone, as ``agentd stop`` has the daemon do: a model call
+  is abandoned at once, a running tool call is waited for until its result is recorded,
+  up to ``restart.stop_grace``); a second one kills the worker's group at once, and the
+  call in flight follows the dangling rules when the task is resumed;
+* a hold is put to the person through ``ask`` (re-run, skip, record a result), and the
+  answer recorded as ``agentd approve-dangling`` records it (``decisions.decide``, with
+  ``by`` the user and ``via`` ``run``); without ``ask`` (no terminal) the run ends with
+  the task held, for a daemon or a later ``run --resume``.
+
+The task record is this process's to write while it runs the task (it is marked
+``foreground``: a daemon on the same spool leaves it alone, ``supervisor.daemon``); each
+write reads the record again and compares-and-sets it (``control.move_record``), so an
+operator's cancel or decision made meanwhile is never written over.
+
+Only the spool's own files are served: on a shared store a task belongs to the nodes,
+and ``prepare`` refuses it in one line (``agentd submit`` it instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from supervisor import transcript
+from supervisor.control import move_record, running_pid
+from supervisor.decisions import decide, operator_lock, pending_decisions
+from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.policy import Crash, GiveUp, wait_for_resources, wait_for_storage
+from supervisor.policy import decide as restart_decision
+from supervisor.record import TaskRecord
+from supervisor.status import held_calls, read_heartbeat
+from supervisor.stores import shared as shared_store
+from supervisor.stores import store_of
+from supervisor.workers import WorkerProcess, journal_progress, process_started, spawn, sweep_strays
+from worker import credentials
+from worker.config import Config
+from worker.descendants import become_subreaper
+from worker.errors import StateConflictError, StorageError, UsageError
+from worker.events import record_event
+from worker.protocol import (
+    RETRIES_ENV,
+    VERDICT_EXITS,
+    ExitCode,
+    TaskStatus,
+    exit_record_reason,
+)
+from worker.spool import Spool, TaskDir
+
+#: Seconds between two looks at the journal, the heartbeat and a cancel while a worker
+#: runs (its exit is seen at once: its pidfd).
+POLL = 0.1
+#: How many crashes a run keeps (the daemon's ``CRASH_MEMORY``).
+CRASH_MEMORY = 50
+#: Seconds the sweep of what a worker's tools left may take before the run goes on.
+STRAY_PATIENCE = 5.0
+#: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
+VIA = "run"
+
+
+class RunExit(IntEnum):
+    """How ``agentd run`` ends (docs/design.md section 16)."""
+
+    DONE = 0
+    FAILED = 1
+    HELD = 3  # held for a decision, or cancelled
+    INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a person decided about one held call at the prompt: ``action`` is one of
+    ``approve-dangling``'s (``rerun``, ``skip``, ``result``)."""
+
+    action: str
+    reason: str | None = None
+    result: str | None = None
+
+
+#: Asks about one held call (a row of ``status.held_calls``); None: no answer (the task
+#: stays held). KeyboardInterrupt out of it is an interruption.
+Ask = Callable[[dict[str, Any]], Answer | None]
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGHUP, SIGTERM) while no worker runs: the run ends at once."""
+
+
+def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
+    """Take ``task`` into the foreground for ``agentd run --resume``: its record, marked,
+    or None when the task is done already (nothing to run). Refused (exit 3) when it was
+    cancelled, when a worker runs it (a daemon's, or another ``agentd run``'s), and when it
+    is a daemon's task while that daemon runs. A failed task is retried."""
+    refuse_shared()
+    store = store_of(task)
+    with operator_lock(task):
+        record = TaskRecord.load(task)
+        record.check_resume(task.id)
+        if store.cancel_requested(task.id) and record.state != TaskStatus.DONE:
+            raise StateConflictError(f"task {task.id} was cancelled; it takes no resume.")
+        if record.state == TaskStatus.DONE:
+            return None
+        if store.owned(task.id):
+            pid = store.owner_pid(task.id)
+            who = "agentd run" if record.foreground else "the daemon"
+            raise StateConflictError(
+                f"task {task.id} is running (worker pid {pid}, started by {who}); "
+                f"`agentd logs {task.id} --follow` watches it."
+            )
+        daemon = running_pid(spool)
+        if daemon is not None and not record.foreground:
+            raise StateConflictError(
+                f"task {task.id} is the daemon's (pid {daemon}), which runs or queues it; "
+                f"`agentd logs {task.id} --follow` watches it."
+            )
+        move_record(task, TaskRecord.take_foreground)
+        return TaskRecord.load(task)
+
+
+def refuse_shared(*, shared: bool = False) -> None:
+    """``agentd run`` serves the spool's own files only: on a shared store (``shared``, or
+    the one in use) every task is the nodes' to run (docs/guides/run.md)."""
+    if shared or shared_store() is not None:
+        raise UsageError(
+            "agentd run works on a spool's own files, not on a shared store; "
+            "`agentd submit` the task and let a node run it."
+        )
+
+
+def resume_command(task_id: str, prefix: str = "agentd") -> str:
+    """The line that carries the task on: ``agentd run --resume TASK``."""
+    return f"{prefix} run --resume {task_id}"
+
+
+class ForegroundRun:
+    """One task's worker run in this process until the task ends, holds, or the person
+    interrupts (``run``, which returns a ``RunExit``).
+
+    ``out`` takes the transcript (``json_lines``: one object a line, whole; else
+    ``transcript.Renderer``'s text), ``err`` the run's own lines (restarts, waits, the
+    end). ``ask`` puts a held call to the person (None: no terminal)."""
+
+    def __init__(
+        self,
+        task: TaskDir,
+        config: Config,
+        config_path: Path | None,
+        *,
+        out: TextIO,
+        err: TextIO,
+        json_lines: bool = False,
+        ask: Ask | None = None,
+        resume_line: str | None = None,
+        show_from_start: bool = True,
+    ) -> None:
+        self.task = task
+        self.store = store_of(task)
+        self.config = config
+        self.config_path = config_path
+        self.out = out
+        self.err = err
+        self.json_lines = json_lines
+        self.ask = ask
+        self.resume_line = resume_line or resume_command(task.id)
+        self.renderer = transcript.Renderer(out, colour=transcript.use_colour(out))
+        self.prompt = self.store.load_spec(task.id).prompt
+        self.shown = 0 if show_from_start else len(self._lines())
+        self.seen_end: object = None
+        self.interrupts = 0  # Ctrl-C, SIGHUP, SIGTERM received
+        self.acted = 0  # of them, carried out (``_interrupt``)
+        self.worker: WorkerProcess | None = None
+        self.asking = False
+        self.speechless = False  # the terminal went away (SIGHUP): nothing more is printed
+        self.storage_waits = 0
+        self.resource_waits = 0
+        self.last_exit: dict[str, Any] | None = None  # of the last worker, as the daemon keeps it
+
+    # -- what the person sees ----------------------------------------------------------
+
+    def _lines(self) -> list[dict[str, Any]]:
+        return transcript.lines(self.store.replay(self.task.id), prompt=self.prompt)
+
+    def pump(self) -> None:
+        """Print the transcript lines recorded since the last call."""
+        try:
+            end = self.store.journal_end(self.task.id)
+            if end == self.seen_end:
+                return
+            shown = self._lines()
+        except (StorageError, OSError):
+            return  # a disk or journal that cannot be read now: the next look may
+        self.seen_end = end
+        self.shown = min(self.shown, len(shown))  # (a rewind cut the live branch)
+        for line in shown[self.shown :]:
+            self._write(self.out, line)
+        self.shown = len(shown)
+
+    def _write(self, stream: TextIO, line: dict[str, Any] | str) -> None:
+        if self.speechless:
+            return
+        try:
+            if isinstance(line, str):
+                print(line, file=stream)
+            elif self.json_lines:
+                print(json.dumps(line, ensure_ascii=False), file=stream)
+            else:
+                self.renderer.line(line)
+            stream.flush()
+        except (OSError, ValueError):  # a closed terminal (EIO) or pipe: run on, silent
+            self.speechless = True
+
+    def event(self, name: str, level: str = "info", **fields: Any) -> None:
+        """A lifecycle event of the task (docs/design.md section 8), into its events, as
+        the daemon records its own; a daemon on the spool relays it to its log."""
+        record_event(self.store, self.task.id, name, level, task=self.task.id, **fields)
+
+    def say(self, text: str) -> None:
+        """One line of the run's own on ``err``."""
+        self._write(self.err, f"agentd: {text}")
+
+    # -- signals -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Count the interruption; the loop that watches the worker carries it out
+        (``_interrupt``), so that nothing is printed or sent from inside a handler. At the
+        prompt the run ends at once."""
+        self.interrupts += 1
+        if signum == signal.SIGHUP:
+            self.speechless = True
+        if self.asking:
+            raise Interrupted
+
+    def _interrupt(self, worker: WorkerProcess) -> None:
+        """The first interruption asks the worker alone (SIGTERM) to stop at its next safe
+        point, within ``restart.stop_grace``; the second kills its group at once."""
+        if self.acted == 0:
+            self.acted = 1
+            worker.kill_reason = "stop"
+            worker.term_deadline = time.monotonic() + self.config.restart.stop_grace
+            worker.signal_worker(signal.SIGTERM)
+            self.say(
+                f"stopping task {self.task.id} at its next safe point "
+                "(Ctrl-C again stops it at once)"
+            )
+        if self.interrupts > 1 and self.acted == 1:
+            self.acted = 2
+            worker.term_deadline = None
+            worker.signal_group(signal.SIGKILL)
+
+    @contextlib.contextmanager
+    def _signals(self) -> Any:
+        handled = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
+        before = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    # -- the run -----------------------------------------------------------------------
+
+    def run(self) -> RunExit:
+        """Run workers for the task until it ends, holds with no one to ask, or the person
+        interrupts; the exit code."""
+        become_subreaper()
+        with self._signals():
+            try:
+                return self._run()
+            except Interrupted:
+                return self._interrupted()
+
+    def _run(self) -> RunExit:
+        while True:
+            self.pump()
+            if self.interrupts:
+                return self._interrupted()
+            if self.store.cancel_requested(self.task.id):
+                return self._cancelled()
+            worker = self._start()
+            code, sig = self._watch(worker)
+            self.pump()
+            ended = self._settle(worker, code, sig)
+            if ended is not None:
+                return ended
+
+    def _start(self) -> WorkerProcess:
+        record = TaskRecord.load(self.task)
+        env = {
+            **credentials.without_credentials(dict(os.environ)),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if record.retries:
+            env[RETRIES_ENV] = str(record.retries)
+        worker = spawn(self.task, self.config_path, env, credentials.held(), dies_with_parent=True)
+        self.worker = worker
+        started = process_started(worker.pid)
+        self._record(TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
+        self.event("worker_spawned", pid=worker.pid)
+        return worker
+
+    def _watch(self, worker: WorkerProcess) -> tuple[int | None, str | None]:
+        """Stream the transcript while ``worker`` runs; stop it on a cancel, kill it hung or
+        stalled (the daemon's verdicts); its exit status once it has ended."""
+        poller = select.poll()
+        poller.register(worker.pidfd, select.POLLIN)
+        limits = limits_of(self.config)
+        while not poller.poll(int(POLL * 1000)):
+            self.pump()
+            if self.interrupts:
+                self._interrupt(worker)
+            now = time.monotonic()
+            if worker.term_deadline is not None:
+                if now >= worker.term_deadline:
+                    worker.signal_group(signal.SIGKILL)
+                    worker.term_deadline = None
+                continue
+            if worker.kill_reason is not None:
+                continue
+            if self._cancel_requested():
+                worker.kill_reason = "cancel"
+                worker.term_deadline = now + self.config.restart.stop_grace
+                worker.signal_group(signal.SIGTERM)
+                continue
+            if now >= worker.beat_due:
+                self._judge(worker, limits, now)
+        code, sig = worker.exit_status()
+        worker.close()
+        worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
+        self.worker = None
+        self._sweep()
+        return code, sig
+
+    def _cancel_requested(self) -> bool:
+        try:
+            return self.store.cancel_requested(self.task.id)
+        except StorageError:
+            return False
+
+    def _judge(self, worker: WorkerProcess, limits: Limits, now: float) -> None:
+        """``liveness.judge`` on the worker's heartbeat: hung, killed at once; stalled,
+        TERM (its group), the grace, then KILL."""
+        try:
+            data = read_heartbeat(self.task)
+        except StorageError:
+            worker.beat_due = now + limits.interval
+            return
+        fresh = data is not None and data.get("pid") == worker.pid
+        beat = Beat.of(data, time.time(), now) if fresh and data is not None else None
+        verdict = judge(beat, worker.started, now, limits)
+        if isinstance(verdict, Alive):
+            worker.beat_due = verdict.until
+        elif isinstance(verdict, Hung):
+            worker.kill_reason = "hung"
+            self.event("worker_hung", "warning", pid=worker.pid, age=round(verdict.age, 3))
+            self.say(f"the worker (pid {worker.pid}) stopped beating; killing it")
+            worker.signal_group(signal.SIGKILL)
+        else:
+            worker.kill_reason = "stalled"
+            worker.term_deadline = now + self.config.restart.stop_grace
+            self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
+            self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
+            worker.signal_group(signal.SIGTERM)
+
+    def _sweep(self) -> None:
+        """Kill what the worker's tools left that came to this process (a subreaper):
+        every child of it, once the worker is reaped."""
+        deadline = time.monotonic() + STRAY_PATIENCE
+        while sweep_strays(keep=()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    # -- verdicts ----------------------------------------------------------------------
+
+    def _settle(self, worker: WorkerProcess, code: int | None, sig: str | None) -> RunExit | None:
+        """What the worker's exit means for the task: a ``RunExit`` to end with, or None
+        to start the next worker."""
+        level = "info" if sig is None and code in VERDICT_EXITS else "warning"
+        self.event("worker_exited", level, pid=worker.pid, code=code, signal=sig)
+        self.last_exit = {"code": code, "signal": sig}  # kept in every record from here on
+        reason = self._exit_reason(worker.pid)
+        if code != ExitCode.STORAGE:
+            self.storage_waits = 0
+        if code != ExitCode.RESOURCES:
+            self.resource_waits = 0
+        if worker.kill_reason == "cancel":
+            return self._cancelled()
+        if code == ExitCode.DONE:
+            self._record(TaskStatus.DONE, reason=reason)
+            self.event("task_done", reason=reason)
+            self.say(f"task {self.task.id} done" + (f": {reason}" if reason else ""))
+            return RunExit.DONE
+        if code in (ExitCode.FAILED, ExitCode.CONFIG):
+            self._record(TaskStatus.FAILED, reason=reason)
+            self.event("task_failed", "error", reason=reason)
+            self.say(f"task {self.task.id} failed: {reason}")
+            return RunExit.FAILED
+        if code == ExitCode.HELD:
+            return self._held(reason)
+        if self.interrupts:
+            return self._interrupted()
+        if code == ExitCode.LOCKED:
+            self._record(TaskStatus.QUEUED, pid=None)
+            raise StateConflictError(
+                f"another process holds task {self.task.id}'s lock (a worker runs it); "
+                f"`agentd status {self.task.id}` says which."
+            )
+        if code == ExitCode.STORAGE:
+            self.storage_waits += 1
+            delay = wait_for_storage(self.storage_waits, self.config.restart).delay
+            self._record(TaskStatus.BACKOFF, pid=None, reason=f"storage_fault: {reason}")
+            self.say(f"storage fault ({reason}); the task waits, trying again in {delay:.1f} s")
+            self._pause(delay)
+            return None
+        if code == ExitCode.RESOURCES:
+            self.resource_waits += 1
+            delay = wait_for_resources(self.resource_waits, self.config.restart).delay
+            self._record(TaskStatus.BACKOFF, pid=None, reason=f"resources: {reason}")
+            self.say(f"no resources ({reason}); the task waits, trying again in {delay:.1f} s")
+            self._pause(delay)
+            return None
+        return self._crashed(worker, code, sig)
+
+    def _exit_reason(self, pid: int) -> str | None:
+        try:
+            return exit_record_reason(self.store.read_exit(self.task.id), pid)
+        except StorageError:
+            return None
+
+    def _crashed(self, worker: WorkerProcess, code: int | None, sig: str | None) -> RunExit | None:
+        """A crash (or a hang, a stall): restarted under ``[restart]``, as by the daemon."""
+        progress = journal_progress(worker)
+        record = TaskRecord.load(self.task)
+        beat_turn = int((read_heartbeat(self.task) or {}).get("turn", 0))
+        turn = beat_turn if progress.turn is None else progress.turn
+        crashes = [*record.crashes, {"turn": turn, "progressed": progress.grew}][-CRASH_MEMORY:]
+        move = restart_decision(
+            [Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes], self.config.restart
+        )
+        how = worker.kill_reason or (f"signal {sig}" if sig else f"exit code {code}")
+        if isinstance(move, GiveUp):
+            self._record(TaskStatus.FAILED, pid=None, reason=move.reason, crashes=crashes)
+            self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
+            self.event("task_failed", "error", reason=move.reason)
+            self.say(f"task {self.task.id} failed: {move.reason} (turn {turn} crashed {how})")
+            return RunExit.FAILED
+        self._record(
+            TaskStatus.BACKOFF if move.delay else TaskStatus.QUEUED,
+            pid=None,
+            crashes=crashes,
+            restarts=record.restarts + 1,
+        )
+        self.event("restart_scheduled", delay=round(move.delay, 3), turn=turn)
+        self.say(f"the worker crashed ({how}); resuming in {move.delay:.1f} s")
+        self._pause(move.delay)
+        return None
+
+    def _held(self, reason: str | None) -> RunExit | None:
+        """Held calls: decided already, go on; else ask; else end with the hint."""
+        if pending_decisions(self.task):
+            self._record(TaskStatus.QUEUED, pid=None, reason=None)
+            return None
+        self._record(TaskStatus.HELD, pid=None, reason=reason)
+        if self.interrupts:
+            return self._interrupted()
+        rows = held_calls(self.task)
+        if self.ask is None or not rows:
+            self.say(
+                f"task {self.task.id} is held: {reason or 'a call waits for a decision'}; "
+                f"decide with `agentd approve-dangling {self.task.id} CALL_ID "
+                f"[--skip --reason TEXT | --result TEXT]` (`agentd dangling {self.task.id}` "
+                f"lists them), then `{self.resume_line}`."
+            )
+            return RunExit.HELD
+        for row in rows:
+            self.asking = True
+            try:
+                answer = self.ask(row)
+            except (KeyboardInterrupt, EOFError):
+                raise Interrupted from None
+            finally:
+                self.asking = False
+            if answer is None:
+                self.say(f"task {self.task.id} stays held; `{self.resume_line}` asks again.")
+                return RunExit.HELD
+            decide(
+                self.task,
+                row["call_id"],
+                action=answer.action,
+                reason=answer.reason,
+                result=answer.result,
+                by=getpass.getuser(),
+                via=VIA,
+            )
+        self._record(TaskStatus.QUEUED, pid=None, reason=None)
+        return None
+
+    def _cancelled(self) -> RunExit:
+        with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
+            move_record(self.task, TaskRecord.cancel)
+        self.event("task_cancelled")
+        self.say(f"task {self.task.id} was cancelled")
+        return RunExit.HELD
+
+    def _interrupted(self) -> RunExit:
+        """Stopped by the person: the task waits, resumable, and the line says how."""
+        record = TaskRecord.load(self.task)
+        if record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
+            self._record(TaskStatus.QUEUED, pid=None, reason=None)
+        self.pump()
+        self._write(self.err, self.resume_line)
+        return RunExit.INTERRUPTED
+
+    def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds, or until the person interrupts."""
+        deadline = time.monotonic() + delay
+        while not self.interrupts and time.monotonic() < deadline:
+            time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+
+    def _record(self, state: TaskStatus, **changes: Any) -> None:
+        """Move the task record to ``state`` (with ``changes``), as read now: a cancel an
+        operator made meanwhile is left as it is."""
+
+        def move(record: TaskRecord, task_id: str) -> None:
+            if record.state == TaskStatus.CANCELLED:
+                return
+            record.state = state
+            record.foreground = True
+            if self.last_exit is not None:
+                record.last_exit = self.last_exit
+            for key, value in changes.items():
+                setattr(record, key, value)
+
+        with contextlib.suppress(StorageError):  # a wait the next write may end
+            move_record(self.task, move)
