@@ -52,7 +52,7 @@ from worker.store.journal import read_file
 
 FAULT = "storage"
 STALE_AFTER = 5.0  # seconds after a fault clears by which every status row must be true
-HEARTBEAT_TIMEOUT = 3.0
+HEARTBEAT_TIMEOUT = 6.0  # (20 fresh workers on a loaded machine: their first beats come late)
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -67,7 +67,7 @@ class Plan:
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls(tasks=20, turns=120, delay=0.1, hold=2.5, size_mb=16)
+            return cls(tasks=20, turns=120, delay=0.1, hold=3.5, size_mb=16)
         return cls(tasks=20, turns=300, delay=0.1, hold=8.0, size_mb=16)
 
 
