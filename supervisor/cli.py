@@ -716,10 +716,11 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         refuse_if_cancelled(task, "retry")
         record = TaskRecord.load(task)
         record.check_retry(task.id)  # before a request is left for the daemon
-        if record.foreground and store_for(spool.root).owned(task.id):
+        store = store_for(spool.root)
+        if record.foreground and store.owned(task.id):
             raise StateConflictError(
                 f"task {task.id} is running in the foreground (`agentd run`, worker pid "
-                f"{store_for(spool.root).owner_pid(task.id)}); stop it with Ctrl-C there, "
+                f"{store.owner_pid(task.id)}); stop it with Ctrl-C there, "
                 "then retry it to hand it to the daemon."
             )
         drop_moot_cancel(task, record)

@@ -272,6 +272,19 @@ def test_a_cancel_stops_the_running_worker_and_run_exits_3(fg: Foreground) -> No
     assert fg.ledger("stopme") == []
 
 
+def test_a_retry_of_a_task_its_run_is_running_is_refused_and_changes_nothing(
+    fg: Foreground,
+) -> None:
+    responses = [reply(tool_use("slow_charge", seconds=60, tag="a")), reply(text("Done."))]
+    proc, _, _ = fg.start_run(*fg.new("busyrun", responses))
+    poll_for(lambda: fg.phase("busyrun") == "tool:slow_charge", 30)
+    code, _, said = fg.cli("retry", "busyrun")
+    assert code == 3 and "busyrun is running" in said, said
+    assert TaskRecord.load(fg.task("busyrun")).foreground
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
 # -- resume ---------------------------------------------------------------------------
 
 
