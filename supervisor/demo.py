@@ -172,7 +172,7 @@ class Node:
         return "(no log)"
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     """Poll ``check`` until it is true; RuntimeError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not check():
@@ -230,7 +230,7 @@ class Demo:
         self.say(f"   the operator checks ledger.txt: {charges} charge, so records that outcome")
         self.cli("approve-dangling", task_id, call["call_id"], "--result",
                  "exit code 0 (verified by operator: charged once)")  # fmt: skip
-        wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 40)
+        wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 120)
         row = self.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
         self.node.stop()
@@ -421,14 +421,14 @@ class ClusterDemo:
         self.say(f"3. at turn {turn}, in its model call: kill -9 of node a's whole tree "
                  f"(the daemon and the {len(below)} processes below it)")  # fmt: skip
 
-        wait_for("node b to take the task", lambda: b.status(task_id)["node"] == "b", 30)
+        wait_for("node b to take the task", lambda: b.status(task_id)["node"] == "b")
         second = self.claims(b, task_id)[-1]
         after = _seconds_since(killed_at, second.get("timestamp"))
         row = b.status(task_id)
         self.say(f"4. node b claimed it {after} after the kill (epoch {second.get('epoch')}): "
                  f"a's lease of {LEASE:g} s ran out; it resumed after turn {turn}, and "
                  f"status --json now shows node {row['node']} at turn {row['turn']}")  # fmt: skip
-        wait_for("the end", lambda: b.status(task_id)["state"] in FINAL_STATES, 60)
+        wait_for("the end", lambda: b.status(task_id)["state"] in FINAL_STATES, 120)
         row = b.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
         return self.summary(task_id)

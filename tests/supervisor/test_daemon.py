@@ -33,6 +33,7 @@ from supervisor.control import ring, running_pid
 from supervisor.liveness import TOOL_DEADLINE_SLACK
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
+from supervisor.stores import store_of
 from tests.daemon import (
     Daemon,
     WorkerCensus,
@@ -793,8 +794,8 @@ def test_a_worker_the_records_do_not_name_is_adopted_not_doubled(
     # What a daemon killed between starting a worker and recording it leaves behind: a
     # queued task whose worker runs. Regression: the next daemon started a second worker.
     daemon = make_daemon()
-    turns = 6
-    task_id = daemon.submit(steps(turns, delay=0.15), name="stray")
+    turns = 16  # 4 s at least: the stray must outlast a daemon start under load
+    task_id = daemon.submit(steps(turns, delay=0.25), name="stray")
     stray = subprocess.Popen(
         [
             sys.executable,
@@ -814,6 +815,11 @@ def test_a_worker_the_records_do_not_name_is_adopted_not_doubled(
     daemon.procs.append(stray)  # killed with the daemons, whatever happens
     try:
         assert daemon.row(task_id)["state"] == "queued"
+        store = store_of(daemon.task(task_id))
+        poll_for(
+            lambda: store.owned(task_id) and store.owner_pid(task_id) == stray.pid,
+            what="the stray's lock",
+        )
         with WorkerCensus(daemon.spool) as census:
             daemon.start()
             row = daemon.wait_state(task_id, "done", "failed", timeout=20)
