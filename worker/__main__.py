@@ -44,6 +44,7 @@ from worker.errors import (
 )
 from worker.events import record_event
 from worker.heartbeat import Heartbeat
+from worker.killtimer import KillTimer
 from worker.lease import LeaseKeeper
 from worker.loop import (
     AgentLoop,
@@ -225,6 +226,8 @@ def run_owned(
         outcome = loop.run()
     finally:
         heartbeat.stop(final=True)  # the metrics of the last interval too
+        if lease is not None:
+            lease.close()  # (no tool runs past here: no kill at the lease's end)
         loop.close()
     write_exit(store, task.id, outcome)
     say(f"agentd worker: task {task.id} {outcome.state}: {outcome.reason}")
@@ -287,7 +290,11 @@ def join_cgroup() -> str | None:
 def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:
     """The keeper of the claim a daemon handed over, for the lease it said (``LEASE_ENV``)."""
     lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)
-    return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output))
+    made = KillTimer.create()
+    timer = made if isinstance(made, KillTimer) else None
+    if timer is None:  # the worker's own deadline still stops it (unless it is frozen)
+        say(f"agentd worker: {made}; a tool of a frozen worker may outlive its lease")
+    return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output), timer=timer)
 
 
 def beat(store: TaskStore, task_id: str, lease: LeaseKeeper | None, data: JSON) -> None:

@@ -12,20 +12,33 @@ process), whatever the database would say: it stops itself before the database h
 ``keep`` runs on the heartbeat's thread after each beat and renews every third of the
 lease, so a renewal can fail twice before the deadline; a renewal the database refuses
 (the epoch moved) ends the worker at once.
+
+A worker that is frozen cannot stop itself, and its tool, frozen with it, would go on
+after the thaw. So the kernel holds a kill too (``worker.killtimer``): ``check``, which
+comes before every tool call, arms a timer that sends this process SIGKILL at
+``kill_at``, and each renewal moves it. It comes ``KILL_MARGIN`` of the lease before the
+server's expiry, after the worker's own deadline, so that a worker still scheduled
+stops itself first (exit 5, ``lease_lost``); only one that could not is killed, stopped or
+not, and its sandbox dies with it (``--die-with-parent``). While a call's result waits for
+the database (``waiting``) the timer is disarmed: no tool runs then, and the result must
+not be lost to the kill; only the fence ends that wait. Deadlines are read on
+``CLOCK_BOOTTIME``, the kernel timer's clock: monotonic, and counting a system suspend.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from worker.errors import FencedError, StorageError
+from worker.killtimer import Timer, boottime
 from worker.store.base import Owner, TaskStore
 
 #: The part of the lease the worker never uses: its deadline comes this much early.
 MARGIN = 0.2
+#: The kernel's kill comes this part of the lease before the lease ends (after ``MARGIN``).
+KILL_MARGIN = 0.1
 
 
 class LeaseKeeper:
@@ -36,7 +49,8 @@ class LeaseKeeper:
         lease: float,
         on_lost: Callable[[FencedError], None],
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
+        timer: Timer | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -46,6 +60,20 @@ class LeaseKeeper:
         self._renewed = clock()  # the claim (or handover) renewed it a moment ago
         self._lock = threading.Lock()
         self._waiting = 0  # blocks of ``waiting`` open
+        self.timer = timer
+
+    @property
+    def kill_at(self) -> float:
+        """When the kernel kills this worker unless a renewal comes first (``timer``)."""
+        with self._lock:
+            return self._renewed + self.lease * (1 - KILL_MARGIN)
+
+    def _arm(self) -> None:
+        """(Re-)arm the kernel's kill at ``kill_at``, outside a ``waiting`` block."""
+        with self._lock:
+            if self.timer is None or self._waiting:
+                return
+            self.timer.arm_at(self._renewed + self.lease * (1 - KILL_MARGIN))
 
     @property
     def deadline(self) -> float:
@@ -62,6 +90,7 @@ class LeaseKeeper:
                 f"could not be renewed in time ({late + self.lease * (1 - MARGIN):.1f} s since "
                 "the last renewal); this worker stops before another node runs the task"
             )
+        self._arm()  # a tool may run now: the kernel ends it with the lease
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -70,11 +99,20 @@ class LeaseKeeper:
         the database refuses because the epoch moved. ``check`` still refuses a tool."""
         with self._lock:
             self._waiting += 1
+            if self.timer is not None:
+                self.timer.disarm()
         try:
             yield
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    def close(self) -> None:
+        """No kill any more: the worker runs no tool from here on (its loop has ended)."""
+        with self._lock:
+            timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.close()
 
     def keep(self) -> None:
         """Renew when a third of the lease has passed; on a refusal, or past the deadline
@@ -87,6 +125,7 @@ class LeaseKeeper:
                 self.store.renew(self.owner)
                 with self._lock:
                     self._renewed = max(self._renewed, sent)
+                self._arm()
             if not self._waiting:
                 self.check()
         except FencedError as exc:

@@ -68,7 +68,9 @@ class SandboxMode(StrEnum):
 
 def mode_for(mode: SandboxMode, *, store: bool) -> SandboxMode:
     """The mode in force: with a store configured (PostgreSQL), ``auto`` is ``required``,
-    as a bare tool could reach the store's credentials and every task of the cluster."""
+    as a bare tool could reach the store's credentials and every task of the cluster, and
+    would outlive a frozen worker that the kernel killed at its lease's end
+    (``worker.killtimer``): only the sandbox dies with its worker."""
     return SandboxMode.REQUIRED if store and mode is SandboxMode.AUTO else mode
 
 

@@ -1,0 +1,103 @@
+"""A tool never outlives its worker's lease, even on a frozen node (docs/design.md section
+10): two real nodes on PostgreSQL, node a runs an unsafe ``sleep 4; echo charged >>
+ledger.txt``, and its whole process tree is stopped (SIGSTOP) for longer than the lease.
+Node b takes the task over and holds the dangling call; the operator approves a re-run,
+which charges once. Node a's worker was killed by the kernel at its lease's end while
+stopped (``worker.killtimer``), its sandbox with it, so the thaw charges nothing more."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from tests.chaos.nodes import freeze_tree, thaw
+from tests.daemon import subreaper
+from tests.supervisor.test_cluster import LEASE, Node
+from tests.supervisor.test_cluster_faults import CONFIG
+from tests.support import poll_for, reply, text, tool_use
+
+CHARGE = "sleep 4; echo charged >> ledger.txt"
+
+
+def test_a_frozen_node_s_tool_dies_at_its_lease_and_charges_nothing_after_the_thaw(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    workspace = tmp_path / "shared-workspace"  # (a shared mount: both nodes see it)
+    workspace.mkdir()
+    ledger = workspace / "ledger.txt"
+    made = [Node(tmp_path, name, postgres_schema, CONFIG) for name in ("a", "b")]
+    with subreaper():
+        frozen: list[psutil.Process] = []
+        try:
+            a, b = made
+            a.start()  # alone at first: the task is a's
+            script = tmp_path / "charge.json"
+            responses = [reply(tool_use("run_command", "c1", command=CHARGE)), reply(text("ok"))]
+            script.write_text(json.dumps({"responses": responses}))
+            done = a.agentd(
+                "submit", "--name", "t1", "--prompt", "go", "--script", str(script),
+                "--workspace", str(workspace),
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            poll_for(lambda: a.row("t1")["phase"] == "tool:run_command", 30, what="t1's call")
+            b.start()
+            assert a.daemon.proc is not None
+            frozen = freeze_tree(a.daemon.proc.pid)
+            stopped_at = time.monotonic()
+            tools = [p for p in frozen if _is_tool(p)]
+            assert tools, [p.pid for p in frozen]
+            # dead while their parents are stopped: zombies, none to reap them until the thaw
+            killed = _within(lambda: all(map(_dead, tools)), LEASE * 5)
+            died_after = time.monotonic() - stopped_at
+            if killed:
+                print(
+                    f"frozen tool killed {died_after:.2f} s after the freeze "
+                    f"(lease {LEASE:g} s; the kill comes 0.9 of it after the last renewal)"
+                )
+            poll_for(lambda: b.row("t1")["state"] == "held", LEASE * 10, what="t1 held on b")
+            assert [d["call_id"] for d in b.row("t1")["dangling"]] == ["c1"]
+            approved = b.agentd("approve-dangling", "t1", "c1")
+            assert approved.returncode == 0, approved.stderr
+            poll_for(lambda: b.row("t1")["state"] == "done", 40, what="t1 done after the re-run")
+            assert ledger.read_text().split() == ["charged"]
+            thaw(frozen)
+            time.sleep(6.0)  # longer than the frozen call had left to run
+            assert ledger.read_text().split() == ["charged"]  # charged once, never twice
+            assert killed, f"the frozen tool was alive {died_after:.1f} s after the freeze"
+            assert a.daemon.proc.poll() is None  # node a serves on
+        finally:
+            thaw(frozen)
+            for node in made:
+                node.daemon.cleanup()
+
+
+def _within(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``predicate`` comes true within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _dead(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _is_tool(proc: psutil.Process) -> bool:
+    """A process of the call: bwrap, or the command's shell or its sleep."""
+    try:
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return False
+    return bool(cmdline) and (
+        "bwrap" in cmdline[0] or any("charged" in part for part in cmdline) or cmdline[0] == "sleep"
+    )
