@@ -136,7 +136,7 @@ def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
         daemon = running_pid(spool)
         if daemon is not None and not record.foreground:
             raise StateConflictError(
-                f"task {task.id} is the daemon's (pid {daemon}), which runs or queues it; "
+                f"task {task.id} is {record.state} under the daemon (pid {daemon}); "
                 f"`agentd logs {task.id} --follow` watches it."
             )
         move_record(task, TaskRecord.take_foreground)
