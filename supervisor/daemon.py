@@ -58,7 +58,7 @@ from typing import Any
 
 import structlog
 
-from supervisor import cgroups, inbox
+from supervisor import cgroups, exits, inbox
 from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
@@ -70,25 +70,25 @@ from supervisor.control import (
     take_request,
 )
 from supervisor.decisions import pending_decisions
+from supervisor.exits import KillReason
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
-from supervisor.status import held_calls, load_state, read_heartbeat
+from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
     journal_end,
-    journal_progress,
     process_started,
     spawn,
     sweep_strays,
+    worker_exit,
 )
 from worker import __version__, credentials
 from worker.config import Config, config_changes, node_name, read_config
@@ -110,9 +110,7 @@ from worker.protocol import (
     NODE_ENV,
     RETRIES_ENV,
     VERDICT_EXITS,
-    ExitCode,
     TaskStatus,
-    exit_record_reason,
 )
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, SharedStore
@@ -125,7 +123,6 @@ RESCAN_INTERVAL = 5.0
 #: cannot see is left to the other nodes before it is tried here again.
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
-CRASH_MEMORY = 50
 STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
@@ -373,7 +370,7 @@ class Supervisor:
             return
         self.emit("lease_lost", slot, level="warning", why=why)
         if slot.worker is not None:
-            slot.worker.kill_reason = "lease_lost"
+            slot.worker.kill_reason = KillReason.LEASE_LOST
             slot.worker.signal_group(signal.SIGKILL)
         self._forget(slot)
 
@@ -515,7 +512,7 @@ class Supervisor:
             asked.item.starting = False  # never started: it stays queued
         for slot in self.slots.values():
             if slot.worker is not None:
-                slot.worker.kill_reason = slot.worker.kill_reason or "stop"
+                slot.worker.kill_reason = slot.worker.kill_reason or KillReason.STOP
                 slot.worker.signal_worker(signal.SIGTERM)
         deadline = self.clock() + grace
         while self.running_count() and self.clock() < deadline:
@@ -758,7 +755,7 @@ class Supervisor:
             self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
-            slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
+            slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
             slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
             slot.worker.signal_worker(signal.SIGTERM)
 
@@ -767,8 +764,8 @@ class Supervisor:
         too), then KILL after the grace; a task without one is cancelled at once."""
         worker = slot.worker
         if worker is not None:
-            if worker.kill_reason != "cancel":
-                worker.kill_reason = "cancel"
+            if worker.kill_reason != KillReason.CANCEL:
+                worker.kill_reason = KillReason.CANCEL
                 worker.term_deadline = self.clock() + self.config.restart.stop_grace
                 worker.signal_group(signal.SIGTERM)
         elif not slot.starting and self._move(slot, TaskRecord.cancel):
@@ -947,26 +944,19 @@ class Supervisor:
         self._started(slot, worker)
 
     def _resource_wait(self, slot: TaskSlot, why: str) -> None:
-        """The machine refused a worker a process (the fork) or, once started, a thread or
-        memory (its exit 8): another task's tools may hold them all. A wait, as a storage
-        fault is: nothing goes into the crash history, and the task is retried on
-        ``wait_for_resources``' schedule until a worker gets what it needs."""
+        """The machine refused a worker a process at its start (the fork): a wait."""
         if self.stopping:
             self._save(slot, TaskStatus.QUEUED)
             return
-        slot.resource_waits += 1
-        move = wait_for_resources(slot.resource_waits, self.config.restart, self.rng)
-        slot.due = self.clock() + move.delay
-        self._save(slot, TaskStatus.BACKOFF, reason=f"resources: {why}")
-        if slot.resource_waits == 1:
-            self.emit("resource_wait", slot, level="warning", error=why)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="resources")
-        asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+        waits = slot.resource_waits + 1
+        self._wait(
+            slot, exits.waiting(exits.WaitKind.RESOURCES, waits, why, self.config.restart, self.rng)
+        )
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         self._attach(slot, worker)
         if self.stopping:  # asked before the stop, answered after it
-            worker.kill_reason = "stop"
+            worker.kill_reason = KillReason.STOP
             worker.signal_worker(signal.SIGTERM)
         elif self._cancel_requested(slot):  # cancelled while being started
             self._cancel(slot)
@@ -1027,39 +1017,15 @@ class Supervisor:
         slot.record.progressed(beat)  # written with the verdict, durably
         self.metrics.forget(slot.task.id)
         turn = int(beat.get("turn", 0))
-        last_exit: dict[str, Any] = {"code": code, "signal": sig}
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         self.emit(
             "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
         )
-        if worker.kill_reason == "lease_lost":  # the task is another node's now
+        if worker.kill_reason == KillReason.LEASE_LOST:  # the task is another node's now
             self._wake.set()
             return
-        self._settle_exit(slot, worker, code, turn, last_exit)
+        self._settle_exit(slot, worker_exit(worker, code, sig, turn))
         self._wake.set()
-
-    def _exit_reason(self, slot: TaskSlot, pid: int | None = None) -> str | None:
-        """The reason in the worker's last words; with ``pid``, only if that worker wrote
-        them (one that could not write leaves an earlier worker's)."""
-        try:
-            return exit_record_reason(self.store.read_exit(slot.task.id), pid)
-        except StorageError:  # (a shared store away: the verdict goes on without it)
-            return None
-
-    def _verdict_reason(self, slot: TaskSlot, worker: WorkerProcess) -> str:
-        """Why a worker says its task ended: its exit record, else (it could not write
-        one, on a full disk say) the end its journal records, else a reason saying so."""
-        reason = self._exit_reason(slot, worker.pid)
-        if reason is not None:
-            return reason
-        try:
-            ended = load_state(slot.task, full=False).ended
-        except (AgentdError, OSError, ValueError):
-            ended = None
-        missing = "the worker left no exit record (could it write to its spool?)"
-        if ended is not None and ended.get("reason"):
-            return f"{ended['reason']}; {missing}"
-        return missing
 
     # The daemon's reads of a task on the way to a verdict. On the spool's files they do
     # not fail; a shared store may be away (invariant 8), and the daemon serves on: each
@@ -1084,48 +1050,53 @@ class Supervisor:
         except StorageError:
             return False
 
-    def _settle_exit(
-        self,
-        slot: TaskSlot,
-        worker: WorkerProcess,
-        code: int | None,
-        turn: int,
-        last_exit: dict[str, Any],
-    ) -> None:
-        slot.record.last_exit = last_exit
-        slot.record.pid = None
-        if code != ExitCode.STORAGE:
-            slot.storage_waits = 0
-        if code != ExitCode.RESOURCES:
-            slot.resource_waits = 0
-        if worker.kill_reason == "cancel":
-            if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
-                self.emit("task_cancelled", slot)
-        elif code == ExitCode.DONE:
-            self._save(slot, TaskStatus.DONE, reason=self._verdict_reason(slot, worker))
-            self.emit("task_done", slot, reason=slot.record.reason)
-        elif code in (ExitCode.FAILED, ExitCode.CONFIG):
-            self._save(slot, TaskStatus.FAILED, reason=self._verdict_reason(slot, worker))
-            self.emit("task_failed", slot, level="error", reason=slot.record.reason)
-        elif code == ExitCode.HELD:
-            if self._decided(slot):  # decided already: nobody to call
+    def _settle_exit(self, slot: TaskSlot, ended: exits.WorkerExit) -> None:
+        """Carry out ``exits.settle``'s verdict on a worker's exit."""
+        record = slot.record
+        record.last_exit, record.pid = ended.last_exit, None
+        view = exits.TaskView(
+            record.crashes,
+            slot.storage_waits,
+            slot.resource_waits,
+            stopping=self.stopping,
+            shared=self.shared is not None,
+        )
+        verdict = exits.settle(ended, view, self.config.restart, self.rng)
+        if not isinstance(verdict, exits.Wait):
+            slot.storage_waits = slot.resource_waits = 0
+        match verdict:
+            case exits.Cancelled():
+                if self._move(slot, TaskRecord.cancel):  # (a worker ran: it had not ended)
+                    self.emit("task_cancelled", slot)
+            case exits.Ended(state=TaskStatus.DONE, reason=reason):
+                self._save(slot, TaskStatus.DONE, reason=reason)
+                self.emit("task_done", slot, reason=reason)
+            case exits.Ended(state=state, reason=reason):
+                self._save(slot, state, reason=reason)
+                self.emit("task_failed", slot, level="error", reason=reason)
+            case exits.Held(reason=reason):
+                if self._decided(slot):  # decided already: nobody to call
+                    self._save(slot, TaskStatus.QUEUED, reason=None)
+                else:
+                    self._save(slot, TaskStatus.HELD, reason=reason)
+            case exits.Requeued():
                 self._save(slot, TaskStatus.QUEUED, reason=None)
-            else:
-                self._save(slot, TaskStatus.HELD, reason=self._exit_reason(slot))
-        elif code == ExitCode.STOPPED and worker.kill_reason == "stop":
-            self._save(slot, TaskStatus.QUEUED, reason=None)
-        elif code == ExitCode.STOPPED and self.shared is not None and slot.owner is not None:
-            self._worker_fenced(self.shared, slot, slot.owner)
-        elif code == ExitCode.LOCKED:
-            slot.waiting_lock = True
-            self._save(slot, TaskStatus.QUEUED)
-        elif code == ExitCode.STORAGE:
-            self._storage_wait(slot, worker)
-        elif code == ExitCode.RESOURCES:
-            why = self._exit_reason(slot, worker.pid) or "the worker got no process or memory"
-            self._resource_wait(slot, why)
-        else:
-            self._crashed(slot, worker, code, turn)
+            case exits.Fenced():
+                if self.shared is not None and slot.owner is not None:
+                    self._worker_fenced(self.shared, slot, slot.owner)
+            case exits.LockWait():
+                slot.waiting_lock = True
+                self._save(slot, TaskStatus.QUEUED)
+            case exits.Wait():
+                self._wait(slot, verdict)
+            case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
+                record.crashes = crashes
+                self.metrics.crash_loops += 1
+                self._save(slot, TaskStatus.FAILED, reason=reason)
+                self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(crashes))
+                self.emit("task_failed", slot, level="error", reason=reason)
+            case exits.Restart():
+                self._restart(slot, verdict)
 
     def _worker_fenced(self, shared: SharedStore, slot: TaskSlot, owner: Owner) -> None:
         """A worker on a shared store stopped by itself: its lease moved, or it could not
@@ -1141,61 +1112,57 @@ class Supervisor:
             pass  # the database is away: the write below waits for it
         self._save(slot, TaskStatus.QUEUED, reason=None)
 
-    def _storage_wait(self, slot: TaskSlot, worker: WorkerProcess) -> None:
-        """Exit 7: the worker met a storage fault (a full, failing or read-only disk). A
-        wait, not a crash: nothing goes into the crash history and no restart is counted;
-        the task is retried on ``wait_for_storage``'s schedule (or at once when the
-        daemon's own writes recover) until the fault clears."""
-        if self.stopping:
-            self._save(slot, TaskStatus.QUEUED)
-            return
-        slot.storage_waits = 1 if journal_progress(worker).grew else slot.storage_waits + 1
-        move = wait_for_storage(slot.storage_waits, self.config.restart, self.rng)
-        why = self._exit_reason(slot, worker.pid) or "the worker could not write to its store"
-        slot.due = self.clock() + move.delay
-        self._save(slot, TaskStatus.BACKOFF, reason=f"storage_fault: {why}")
-        if slot.storage_waits == 1:
+    def _wait(self, slot: TaskSlot, wait: exits.Wait) -> None:
+        """A wait, not a crash: a storage fault (exit 7: a full, failing or read-only disk)
+        or a machine that refused a worker a process or memory (at its start, or its exit
+        8: another task's tools may hold them all). Nothing goes into the crash history
+        and no restart is counted; the task is retried on ``policy.wait_for_storage``'s
+        schedule (or at once, for storage, when the daemon's own writes recover) until the
+        fault clears."""
+        if wait.kind is exits.WaitKind.STORAGE:
+            slot.storage_waits, slot.resource_waits = wait.waits, 0
+        else:
+            slot.storage_waits, slot.resource_waits = 0, wait.waits
+        slot.due = self.clock() + wait.delay
+        self._save(slot, TaskStatus.BACKOFF, reason=wait.reason)
+        if wait.waits == 1 and wait.kind is exits.WaitKind.STORAGE:
             self.metrics.storage_faults += 1
-            self.emit("storage_fault", slot, level="warning", error=why)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="storage_fault")
-        asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+            self.emit("storage_fault", slot, level="warning", error=wait.why)
+        elif wait.waits == 1:
+            self.emit("resource_wait", slot, level="warning", error=wait.why)
+        self.emit("restart_scheduled", slot, delay=round(wait.delay, 3), why=str(wait.kind))
+        asyncio.get_running_loop().call_later(wait.delay, self._wake.set)
 
-    def _crashed(self, slot: TaskSlot, worker: WorkerProcess, code: int | None, turn: int) -> None:
-        if self.stopping:
-            self._save(slot, TaskStatus.QUEUED)
-            return
-        progress = journal_progress(worker)
-        turn = turn if progress.turn is None else progress.turn
-        crashes = [*slot.record.crashes, {"turn": turn, "progressed": progress.grew}]
-        crashes = crashes[-CRASH_MEMORY:]
-        history = [Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes]
-        move = decide(history, self.config.restart, self.rng)
-        slot.record.crashes = crashes
-        if isinstance(move, GiveUp):
-            self.metrics.crash_loops += 1
-            self._save(slot, TaskStatus.FAILED, reason=move.reason)
-            self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(history))
-            self.emit("task_failed", slot, level="error", reason=move.reason)
-            return
+    def _restart(self, slot: TaskSlot, restart: exits.Restart) -> None:
+        """A crash ``policy.decide`` restarts: at once when it followed progress and the
+        place is free, else after its backoff (or in the queue, behind the tasks that
+        waited before it)."""
+        slot.record.crashes = restart.crashes
         slot.record.restarts += 1
         self.metrics.restarts += 1
-        slot.due = self.clock() + move.delay
-        if move.delay == 0 and self._restart_now(slot):
+        slot.due = self.clock() + restart.delay
+        if restart.delay == 0 and self._restart_now(slot):
             if not self._new_epoch(slot):
                 return  # the task is another node's now
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
             slot.record.reason = None
-            self.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=turn)
+            self.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=restart.turn)
             self._start(slot)
             return
         # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
         # operator's pause, behind the tasks that were queued before it
-        queued = move.delay == 0
-        self._save(slot, TaskStatus.BACKOFF if move.delay > 0 else TaskStatus.QUEUED, reason=None)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), queued=queued, turn=turn)
-        if move.delay > 0:
-            asyncio.get_running_loop().call_later(move.delay, self._wake.set)
+        queued = restart.delay == 0
+        self._save(slot, TaskStatus.QUEUED if queued else TaskStatus.BACKOFF, reason=None)
+        self.emit(
+            "restart_scheduled",
+            slot,
+            delay=round(restart.delay, 3),
+            queued=queued,
+            turn=restart.turn,
+        )
+        if not queued:
+            asyncio.get_running_loop().call_later(restart.delay, self._wake.set)
 
     def _new_epoch(self, slot: TaskSlot) -> bool:
         """Before this node restarts a task of a shared store at once: a new epoch for the
@@ -1406,11 +1373,11 @@ class Supervisor:
                 # (a read-only or lost database), which is no hang; its lease bounds it
                 worker.beat_due = mono + limits.interval
             elif isinstance(verdict, Hung):
-                worker.kill_reason = "hung"
+                worker.kill_reason = KillReason.HUNG
                 self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
                 worker.signal_group(signal.SIGKILL)
             else:
-                worker.kill_reason = "stalled"
+                worker.kill_reason = KillReason.STALLED
                 worker.term_deadline = mono + self.config.restart.stop_grace
                 self.emit(
                     "worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase

@@ -48,17 +48,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from supervisor import transcript
+from supervisor import exits, transcript
 from supervisor.control import move_record, running_pid
 from supervisor.decisions import decide, operator_lock, pending_decisions
+from supervisor.exits import KillReason
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
-from supervisor.policy import Crash, GiveUp, wait_for_resources, wait_for_storage
-from supervisor.policy import decide as restart_decision
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
-from supervisor.workers import WorkerProcess, journal_progress, process_started, spawn, sweep_strays
+from supervisor.workers import WorkerProcess, process_started, spawn, sweep_strays, worker_exit
 from worker import credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
@@ -67,17 +66,13 @@ from worker.events import record_event
 from worker.protocol import (
     RETRIES_ENV,
     VERDICT_EXITS,
-    ExitCode,
     TaskStatus,
-    exit_record_reason,
 )
 from worker.spool import Spool, TaskDir
 
 #: Seconds between two looks at the journal, the heartbeat and a cancel while a worker
 #: runs (its exit is seen at once: its pidfd).
 POLL = 0.1
-#: How many crashes a run keeps (the daemon's ``CRASH_MEMORY``).
-CRASH_MEMORY = 50
 #: Seconds the sweep of what a worker's tools left may take before the run goes on.
 STRAY_PATIENCE = 5.0
 #: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
@@ -261,7 +256,7 @@ class ForegroundRun:
         point, within ``restart.stop_grace``; the second kills its group at once."""
         if self.acted == 0:
             self.acted = 1
-            worker.kill_reason = "stop"
+            worker.kill_reason = KillReason.STOP
             worker.term_deadline = time.monotonic() + self.config.restart.stop_grace
             worker.signal_worker(signal.SIGTERM)
             self.say(
@@ -343,7 +338,7 @@ class ForegroundRun:
             if worker.kill_reason is not None:
                 continue
             if self._cancel_requested():
-                worker.kill_reason = "cancel"
+                worker.kill_reason = KillReason.CANCEL
                 worker.term_deadline = now + self.config.restart.stop_grace
                 worker.signal_group(signal.SIGTERM)
                 continue
@@ -376,12 +371,12 @@ class ForegroundRun:
         if isinstance(verdict, Alive):
             worker.beat_due = verdict.until
         elif isinstance(verdict, Hung):
-            worker.kill_reason = "hung"
+            worker.kill_reason = KillReason.HUNG
             self.event("worker_hung", "warning", pid=worker.pid, age=round(verdict.age, 3))
             self.say(f"the worker (pid {worker.pid}) stopped beating; killing it")
             worker.signal_group(signal.SIGKILL)
         else:
-            worker.kill_reason = "stalled"
+            worker.kill_reason = KillReason.STALLED
             worker.term_deadline = now + self.config.restart.stop_grace
             self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
             self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
@@ -397,86 +392,77 @@ class ForegroundRun:
     # -- verdicts ----------------------------------------------------------------------
 
     def _settle(self, worker: WorkerProcess, code: int | None, sig: str | None) -> RunExit | None:
-        """What the worker's exit means for the task: a ``RunExit`` to end with, or None
-        to start the next worker."""
+        """Carry out ``exits.settle``'s verdict on the worker's exit, as the daemon does: a
+        ``RunExit`` to end with, or None to start the next worker."""
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         self.event("worker_exited", level, pid=worker.pid, code=code, signal=sig)
-        self.last_exit = {"code": code, "signal": sig}  # kept in every record from here on
-        reason = self._exit_reason(worker.pid)
-        if code != ExitCode.STORAGE:
-            self.storage_waits = 0
-        if code != ExitCode.RESOURCES:
-            self.resource_waits = 0
-        if worker.kill_reason == "cancel":
-            return self._cancelled()
-        if code == ExitCode.DONE:
-            self._record(TaskStatus.DONE, reason=reason)
-            self.event("task_done", reason=reason)
-            self.say(f"task {self.task.id} done" + (f": {reason}" if reason else ""))
-            return RunExit.DONE
-        if code in (ExitCode.FAILED, ExitCode.CONFIG):
-            self._record(TaskStatus.FAILED, reason=reason)
-            self.event("task_failed", "error", reason=reason)
-            self.say(f"task {self.task.id} failed: {reason}")
-            return RunExit.FAILED
-        if code == ExitCode.HELD:
-            return self._held(reason)
+        try:
+            beat_turn = int((read_heartbeat(self.task) or {}).get("turn", 0))
+        except StorageError:
+            beat_turn = 0
+        ended = worker_exit(worker, code, sig, beat_turn)
+        self.last_exit = ended.last_exit  # kept in every record from here on
+        record = TaskRecord.load(self.task)
+        view = exits.TaskView(record.crashes, self.storage_waits, self.resource_waits)
+        verdict = exits.settle(ended, view, self.config.restart)
+        if not isinstance(verdict, exits.Wait):
+            self.storage_waits = self.resource_waits = 0
+        match verdict:
+            case exits.Cancelled():
+                return self._cancelled()
+            case exits.Ended(state=TaskStatus.DONE, reason=reason):
+                self._record(TaskStatus.DONE, reason=reason)
+                self.event("task_done", reason=reason)
+                self.say(f"task {self.task.id} done" + (f": {reason}" if reason else ""))
+                return RunExit.DONE
+            case exits.Ended(state=state, reason=reason):
+                self._record(state, reason=reason)
+                self.event("task_failed", "error", reason=reason)
+                self.say(f"task {self.task.id} failed: {reason}")
+                return RunExit.FAILED
+            case exits.Held(reason=reason):
+                return self._held(reason)
         if self.interrupts:
             return self._interrupted()
-        if code == ExitCode.LOCKED:
-            self._record(TaskStatus.QUEUED, pid=None)
-            raise StateConflictError(
-                f"another process holds task {self.task.id}'s lock (a worker runs it); "
-                f"`agentd status {self.task.id}` says which."
-            )
-        if code == ExitCode.STORAGE:
-            self.storage_waits += 1
-            delay = wait_for_storage(self.storage_waits, self.config.restart).delay
-            self._record(TaskStatus.BACKOFF, pid=None, reason=f"storage_fault: {reason}")
-            self.say(f"storage fault ({reason}); the task waits, trying again in {delay:.1f} s")
-            self._pause(delay)
-            return None
-        if code == ExitCode.RESOURCES:
-            self.resource_waits += 1
-            delay = wait_for_resources(self.resource_waits, self.config.restart).delay
-            self._record(TaskStatus.BACKOFF, pid=None, reason=f"resources: {reason}")
-            self.say(f"no resources ({reason}); the task waits, trying again in {delay:.1f} s")
-            self._pause(delay)
-            return None
-        return self._crashed(worker, code, sig)
-
-    def _exit_reason(self, pid: int) -> str | None:
-        try:
-            return exit_record_reason(self.store.read_exit(self.task.id), pid)
-        except StorageError:
-            return None
-
-    def _crashed(self, worker: WorkerProcess, code: int | None, sig: str | None) -> RunExit | None:
-        """A crash (or a hang, a stall): restarted under ``[restart]``, as by the daemon."""
-        progress = journal_progress(worker)
-        record = TaskRecord.load(self.task)
-        beat_turn = int((read_heartbeat(self.task) or {}).get("turn", 0))
-        turn = beat_turn if progress.turn is None else progress.turn
-        crashes = [*record.crashes, {"turn": turn, "progressed": progress.grew}][-CRASH_MEMORY:]
-        move = restart_decision(
-            [Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes], self.config.restart
-        )
-        how = worker.kill_reason or (f"signal {sig}" if sig else f"exit code {code}")
-        if isinstance(move, GiveUp):
-            self._record(TaskStatus.FAILED, pid=None, reason=move.reason, crashes=crashes)
-            self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
-            self.event("task_failed", "error", reason=move.reason)
-            self.say(f"task {self.task.id} failed: {move.reason} (turn {turn} crashed {how})")
-            return RunExit.FAILED
-        self._record(
-            TaskStatus.BACKOFF if move.delay else TaskStatus.QUEUED,
-            pid=None,
-            crashes=crashes,
-            restarts=record.restarts + 1,
-        )
-        self.event("restart_scheduled", delay=round(move.delay, 3), turn=turn)
-        self.say(f"the worker crashed ({how}); resuming in {move.delay:.1f} s")
-        self._pause(move.delay)
+        match verdict:
+            case exits.LockWait():
+                self._record(TaskStatus.QUEUED, pid=None)
+                raise StateConflictError(
+                    f"another process holds task {self.task.id}'s lock (a worker runs it); "
+                    f"`agentd status {self.task.id}` says which."
+                )
+            case exits.Wait(kind=kind, waits=waits, delay=delay, why=why):
+                if kind is exits.WaitKind.STORAGE:
+                    self.storage_waits = waits
+                    what = "storage fault"
+                else:
+                    self.resource_waits = waits
+                    what = "no resources"
+                self._record(TaskStatus.BACKOFF, pid=None, reason=verdict.reason)
+                self.say(f"{what} ({why}); the task waits, trying again in {delay:.1f} s")
+                self._pause(delay)
+                return None
+            case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
+                self._record(TaskStatus.FAILED, pid=None, reason=reason, crashes=crashes)
+                self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
+                self.event("task_failed", "error", reason=reason)
+                how = exits.how_it_ended(ended)
+                self.say(f"task {self.task.id} failed: {reason} (turn {turn} crashed {how})")
+                return RunExit.FAILED
+            case exits.Restart(delay=delay, turn=turn, crashes=crashes):
+                self._record(
+                    TaskStatus.BACKOFF if delay else TaskStatus.QUEUED,
+                    pid=None,
+                    crashes=crashes,
+                    restarts=record.restarts + 1,
+                )
+                self.event("restart_scheduled", delay=round(delay, 3), turn=turn)
+                self.say(
+                    f"the worker crashed ({exits.how_it_ended(ended)}); resuming in {delay:.1f} s"
+                )
+                self._pause(delay)
+                return None
+        self._record(TaskStatus.QUEUED, pid=None, reason=None)  # a stop at a safe point
         return None
 
     def _held(self, reason: str | None) -> RunExit | None:

@@ -32,10 +32,13 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.exits import KillReason, WorkerExit
+from supervisor.status import load_state
 from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
 from worker.descendants import children, dies_with, reap
-from worker.errors import JournalCorruptError, SpoolError, StorageError
+from worker.errors import AgentdError, JournalCorruptError, SpoolError, StorageError
+from worker.protocol import VERDICT_EXITS, ExitCode, exit_record_reason
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 from worker.store.durable import open_private
@@ -52,7 +55,7 @@ class WorkerProcess:
     popen: subprocess.Popen[bytes] | None  # set when started from a fresh interpreter
     started: float = field(default_factory=time.monotonic)
     journal_at: Cursor = START  # the journal's end when it started (``journal_end``)
-    kill_reason: str | None = None  # hung, stalled, cancel, stop
+    kill_reason: KillReason | None = None  # why its supervisor ended it, if it did
     term_deadline: float | None = None
     beat_due: float = 0.0  # monotonic time before which no liveness verdict can fall due
     forked: bool = False  # by the fork server: our child once its intermediate parent exits
@@ -201,6 +204,41 @@ def journal_progress(worker: WorkerProcess) -> Progress:
             turn = record.get("turn" if record["k"] == "turn" else "to")
     grew = any(record["k"] in PROGRESS_RECORDS for record in found)
     return Progress(grew, turn if isinstance(turn, int) else None)
+
+
+def worker_exit(
+    worker: WorkerProcess, code: int | None, sig: str | None, beat_turn: int
+) -> WorkerExit:
+    """How ``worker`` ended, as ``exits.settle`` judges it: what it said in its exit record
+    (a verdict exit's reason), and what its journal shows (read only for an exit that is
+    no verdict of the worker's own, or a storage fault: a crash is judged by them)."""
+    said = last_words(worker, code) if code in VERDICT_EXITS else None
+    progressed, turn = False, beat_turn
+    if code not in VERDICT_EXITS or code == ExitCode.STORAGE:
+        progress = journal_progress(worker)
+        progressed = progress.grew
+        turn = beat_turn if progress.turn is None else progress.turn
+    return WorkerExit(code, sig, worker.kill_reason, said, progressed, turn)
+
+
+def last_words(worker: WorkerProcess, code: int | None) -> str | None:
+    """The reason ``worker`` gave in its exit record (None when it wrote none: a shared
+    store away, say). A worker that says its task ended but could not write the record (a
+    full disk) leaves the end in its journal: that reason, with a word on the record."""
+    try:
+        said = exit_record_reason(store_of(worker.task).read_exit(worker.task.id), worker.pid)
+    except StorageError:
+        return None
+    if said is not None or code not in (ExitCode.DONE, ExitCode.FAILED, ExitCode.CONFIG):
+        return said
+    try:
+        ended = load_state(worker.task, full=False).ended
+    except (AgentdError, OSError, ValueError):
+        ended = None
+    missing = "the worker left no exit record (could it write to its spool?)"
+    if ended is not None and ended.get("reason"):
+        return f"{ended['reason']}; {missing}"
+    return missing
 
 
 def process_started(pid: int) -> float | None:
