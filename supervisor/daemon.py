@@ -7,7 +7,7 @@ What drives it:
   every ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
 * worker exits, seen through each worker's pidfd the moment they happen; each is followed
   by a sweep that kills whatever the worker's tools left that outlived it
-  (``_sweep_strays``: every child of the daemon, a subreaper, that it did not start);
+  (``strays``: every child of the daemon, a subreaper, that it did not start);
 * a tick every ``min(heartbeat.interval, 0.5)`` seconds that checks liveness (heartbeat
   age) and progress (phase age against its deadline), and feeds the systemd watchdog. A
   worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
@@ -81,13 +81,13 @@ from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
+from supervisor.strays import StraySweeper
 from supervisor.workers import (
     WorkerProcess,
     adopt,
     journal_end,
     process_started,
     spawn,
-    sweep_strays,
     worker_exit,
 )
 from worker import __version__, credentials
@@ -123,11 +123,9 @@ RESCAN_INTERVAL = 5.0
 #: cannot see is left to the other nodes before it is tried here again.
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
-STRAY_RESWEEP = 0.02  # seconds: the children of killed strays come to the daemon in turn
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
 RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
-STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
@@ -219,9 +217,12 @@ class Supervisor:
             else None
         )
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
-        self._sweep_due = False  # a sweep of strays waits for the fork server's answers
-        self._resweep: asyncio.TimerHandle | None = None
-        self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
+        # what a dead worker's tools left: every child of the daemon it did not start
+        self.strays = StraySweeper(
+            self.own_children,
+            held_back=lambda: self.forks is not None and self.forks.answering,
+            killed=lambda pids: self.emit("strays_killed", pids=pids),
+        )
         self.metrics = Metrics()
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(
@@ -448,7 +449,7 @@ class Supervisor:
         watcher = asyncio.create_task(inbox.watch(self.spool.root / "inbox", self._doorbell))
         await asyncio.sleep(0)
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
-        # daemon's children (the fork server needs the first; ``_sweep_strays`` the other).
+        # daemon's children (the fork server needs the first; ``strays`` the other).
         self.cgroups = cgroups.delegate()  # before the fork server: it starts in the leaf
         self.emit("cgroups", verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
@@ -527,7 +528,7 @@ class Supervisor:
         if self.forks is not None:
             self.forks.close()
         await self.hooks.wait(HOOK_TIMEOUT)  # a failure's hook, say, still gets its call
-        await self._sweep_until_none()
+        await self.strays.until_none(self.clock)
 
     # -- signals ------------------------------------------------------------------------
 
@@ -990,8 +991,7 @@ class Supervisor:
         for asked in lost:
             asked.item.starting = False
             self._start_fresh(asked.item)
-        if self._sweep_due and (self.forks is None or not self.forks.answering):
-            self._sweep_strays()
+        self.strays.sweep_if_due()
         self._wake.set()
 
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
@@ -1009,7 +1009,7 @@ class Supervisor:
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         slot.worker = None
-        self._sweep_strays()  # nor what its tools started outside its group
+        self.strays.sweep()  # nor what its tools started outside its group
         self.cgroups.release(slot.task.id)
         beat = self._heartbeat(slot) or {}
         if beat.get("pid") == worker.pid:  # its last beat, written as it ended
@@ -1282,56 +1282,20 @@ class Supervisor:
         with contextlib.suppress(ChildProcessError):
             if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 return  # no child has ended: spare the sweep
-        self._sweep_strays()
+        self.strays.sweep()
 
     # -- strays -------------------------------------------------------------------------
 
     def own_children(self) -> set[int]:
         """The children this daemon started on purpose and watches: its live workers, the
-        fork server and the hooks that run. Any other child is a stray, killed by
-        ``_sweep_strays``; a process the daemon starts for itself must be named here."""
+        fork server and the hooks that run. Any other child is a stray, killed by the
+        sweep (``supervisor.strays``); a process the daemon starts for itself must be named
+        here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         own |= self.hooks.pids()
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
-
-    def _sweep_strays(self) -> None:
-        """Kill (and reap) every child that is not ``own_children``: what the tools of a
-        worker that died left behind, re-parented to the daemon, the subreaper. Runs on
-        each worker exit, and again every ``STRAY_RESWEEP`` while it finds strays (their
-        own children come next). A worker the fork server forked and has not named yet
-        cannot be told from a stray: no sweep runs until its answer is in."""
-        if self.forks is not None and self.forks.answering:
-            self._sweep_due = True
-            return
-        self._sweep_due = False
-        if self._strays_killed(sweep_strays(self.own_children())) and self._resweep is None:
-            loop = asyncio.get_running_loop()
-            self._resweep = loop.call_later(STRAY_RESWEEP, self._resweep_now)
-
-    def _resweep_now(self) -> None:
-        self._resweep = None
-        self._sweep_strays()
-
-    def _strays_killed(self, killed: list[int]) -> bool:
-        """Log the strays a sweep killed (each once: one that is still dying is killed
-        again by the next sweep); whether there were any."""
-        new = [pid for pid in killed if pid not in self._strays]
-        if new:
-            self.emit("strays_killed", pids=new)
-        self._strays = set(killed)
-        return bool(killed)
-
-    async def _sweep_until_none(self) -> None:
-        """At a stop, once the workers are gone: sweep until no stray is left, so none
-        outlives the daemon (a worker the fork server never named is one too now: nothing
-        would watch it), for ``STRAY_PATIENCE`` at most."""
-        deadline = self.clock() + STRAY_PATIENCE
-        while self._strays_killed(sweep_strays(self.own_children())):
-            if self.clock() >= deadline:
-                return
-            await asyncio.sleep(STRAY_RESWEEP)
 
     def check_liveness(self, wall: float, mono: float) -> None:
         """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the

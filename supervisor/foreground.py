@@ -57,7 +57,8 @@ from supervisor.record import TaskRecord
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
-from supervisor.workers import WorkerProcess, process_started, spawn, sweep_strays, worker_exit
+from supervisor.strays import sweep_until_none
+from supervisor.workers import WorkerProcess, process_started, spawn, worker_exit
 from worker import credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
@@ -74,7 +75,6 @@ from worker.spool import Spool, TaskDir
 #: runs (its exit is seen at once: its pidfd).
 POLL = 0.1
 #: Seconds the sweep of what a worker's tools left may take before the run goes on.
-STRAY_PATIENCE = 5.0
 #: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
 VIA = "run"
 
@@ -348,7 +348,7 @@ class ForegroundRun:
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         self.worker = None
-        self._sweep()
+        sweep_until_none()  # what its tools left came to this process, a subreaper
         return code, sig
 
     def _cancel_requested(self) -> bool:
@@ -381,13 +381,6 @@ class ForegroundRun:
             self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
             self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
             worker.signal_group(signal.SIGTERM)
-
-    def _sweep(self) -> None:
-        """Kill what the worker's tools left that came to this process (a subreaper):
-        every child of it, once the worker is reaped."""
-        deadline = time.monotonic() + STRAY_PATIENCE
-        while sweep_strays(keep=()) and time.monotonic() < deadline:
-            time.sleep(0.02)
 
     # -- verdicts ----------------------------------------------------------------------
 

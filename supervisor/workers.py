@@ -5,7 +5,7 @@ tool started that stayed in the group; killing the group leaves nothing acting f
 worker that is gone. A process that left the group (``setsid``) stays the worker's
 descendant, the worker being a subreaper, and the worker kills it when it ends; if the
 worker is killed first, such processes pass to the daemon, which kills every child it
-did not start on purpose (``sweep_strays``). Exits are seen through a pidfd (readable the
+did not start on purpose (``supervisor.strays``). Exits are seen through a pidfd (readable the
 moment the process ends, after the kernel has re-parented the dead worker's children),
 for children and for workers adopted from an earlier daemon alike.
 
@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from supervisor.exits import KillReason, WorkerExit
 from supervisor.status import load_state
 from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
-from worker.descendants import children, dies_with, reap
+from worker.descendants import dies_with
 from worker.errors import AgentdError, JournalCorruptError, SpoolError, StorageError
 from worker.protocol import VERDICT_EXITS, ExitCode, exit_record_reason
 from worker.spool import TaskDir
@@ -62,7 +61,7 @@ class WorkerProcess:
 
     def exit_status(self) -> tuple[int | None, str | None]:
         """(exit code, signal name) once the process has ended; reaps it if it is our
-        child (no one else reaps a live worker: ``sweep_strays`` spares it)."""
+        child (no one else reaps a live worker: the sweep of strays spares it)."""
         if self.popen is not None:
             code = self.popen.wait()
             return (None, SIGNAL_NAMES.get(-code, str(-code))) if code < 0 else (code, None)
@@ -267,27 +266,3 @@ def adopt(task: TaskDir) -> WorkerProcess | None:
         os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_at=journal_end(task))
-
-
-def sweep_strays(keep: Collection[int]) -> list[int]:
-    """Kill every child of this process that is not in ``keep`` (the children the daemon
-    started on purpose: ``Supervisor.own_children``), and reap those that have ended.
-
-    Such a child is a stray: a process a tool started that outlived its worker (the
-    worker, a subreaper, kills what it leaves when it ends: ``worker.descendants``; one
-    killed outright leaves them to the daemon), or a worker whose fork server died before
-    naming it. Returns the pids killed: their own children come to this process in turn,
-    so sweep again until it returns none.
-
-    The daemon's own list of children is exact (``descendants.children``: only the
-    daemon reaps them), and reading it costs a file per thread, not a scan of /proc."""
-    killed: list[int] = []
-    for pid in children(os.getpid()):
-        if pid in keep:
-            continue
-        if reap(pid) is not None:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
