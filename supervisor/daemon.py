@@ -79,6 +79,7 @@ from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
+from supervisor.reload import Settings
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
@@ -91,7 +92,7 @@ from supervisor.workers import (
     worker_exit,
 )
 from worker import __version__, credentials
-from worker.config import Config, config_changes, node_name, read_config
+from worker.config import Config, node_name
 from worker.descendants import become_subreaper
 from worker.errors import (
     AgentdError,
@@ -114,7 +115,7 @@ from worker.protocol import (
 )
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, SharedStore
-from worker.store.durable import atomic_write, atomic_write_json, private_dir
+from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
 
 RESCAN_INTERVAL = 5.0
@@ -126,13 +127,6 @@ UNSEEN_PATIENCE = 30.0
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
 RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
-#: In the spool: a copy of the config file as the daemon last accepted it, which workers
-#: read. An edit of the operator's file reaches them only through a reload that accepts it.
-WORKER_CONFIG = "config.toml"
-#: Keys a reload applies at once: the daemon reads them at each decision.
-LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
-#: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
 
 @dataclass
@@ -176,9 +170,8 @@ class Supervisor:
         # nothing and claims nothing until it can register the name again
         self._superseded_by: SupersededError | None = None
         self._stop_listening: Callable[[], None] | None = None
-        self.config = config
-        self.config_path = config_path
-        self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
+        # the config in use and the secrets held, and what SIGHUP does to them
+        self.settings = Settings(spool.root, config, config_path, self.emit)
         self.notifier = notifier or Notifier()
         self.rng = rng or random.Random()  # noqa: S311  (restart jitter)
         self.clock = clock
@@ -198,10 +191,9 @@ class Supervisor:
         }
         if self.shared is not None:  # (the store's URL travels with the other secrets)
             self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
-        self._credentials = credentials.held()
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            ForkServer(spool.root / "forkserver.log", self._worker_env, self.settings.credentials)
             if preload
             else None
         )
@@ -426,7 +418,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGUSR1, self.log_status)
         loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
-        self._accept_config_file(at_start=True)
+        self.settings.accept_file(at_start=True)
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
@@ -533,17 +525,15 @@ class Supervisor:
     # -- signals ------------------------------------------------------------------------
 
     @property
-    def config_file(self) -> Path | None:
-        """The file the daemon's config was read from, which HUP reads again (None: no
-        file, the defaults)."""
-        return self.config_path or self.config.source
+    def config(self) -> Config:
+        return self.settings.config
 
     def _publish_info(self) -> None:
         """``supervisor.json``: who the daemon is, and whether it holds an API key (what
         ``submit`` warns about: never the key itself)."""
         if not self._info:  # not ready yet: ``run`` publishes it
             return
-        held = self._credentials
+        held = self.settings.credentials
         has_key = held.get(credentials.API_KEY) or held.get(credentials.AUTH_TOKEN)
         info = {**self._info, "api_key": bool(has_key)}
         if not has_key:
@@ -552,42 +542,15 @@ class Supervisor:
             "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
         )
 
-    def _reread_credentials(self) -> list[str]:
-        """SIGHUP: the secrets read from a ``NAME_FILE`` are read again; changed ones are
-        what workers started from now on get (the fork server is started again with them).
-        Returns the names of those that changed. A file that cannot be read is refused
-        (``config_reload_failed``, naming it): the secrets in use stay."""
-        try:
-            renewed = credentials.reread(self._credentials)
-        except ConfigError as exc:
-            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
-            return []
-        before = self._credentials.values
-        changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
-        if changed:
-            credentials.hold(renewed)
-            self._credentials = renewed
-            if credentials.STORE in changed and self.shared is not None:
-                try:  # a password that stopped working is a wait, until this new one
-                    self.shared.relogin(renewed.values[credentials.STORE])
-                except ConfigError as exc:
-                    self.emit("config_reload_failed", level="warning", reason=str(exc))
-            if self.forks is not None:
-                self.forks.renew(renewed)
-            self._publish_info()
-        return changed
-
     def reload(self) -> None:
-        """SIGHUP: reopen the log file (for logrotate), then read the config file again.
-
-        A file that does not validate, or a copy for workers that cannot be written, is
-        refused: ``config_reload_failed`` with the one-line reason, and the config in use
-        stays. A good one is applied: ``config_reloaded`` lists the keys that changed, as
-        ``applied`` (at once: max_workers, heartbeat.timeout, deadlines, restart), ``new_workers``
-        (read by workers started from now on: heartbeat.interval, model, tools) and
-        ``restart_needed`` (anything else, the spool first: the daemon serves the spool it
-        started on). A lower max_workers stops no running worker; it starts no more
-        until the count is under it."""
+        """SIGHUP: reopen the log file (for logrotate), read the secrets kept in files and
+        the config file again (``supervisor.reload``). A good config is applied: at once
+        (max_workers, heartbeat.timeout, deadlines, restart: judged at the next verdict),
+        by workers started from now on (heartbeat.interval, model, tools), or at the next
+        start (anything else, the spool first). A lower max_workers stops no running
+        worker; it starts no more until the count is under it. Secrets that changed go to
+        the workers started from now on (the fork server is started again with them) and,
+        the store's, to its next login."""
         try:
             reopened = agentd_logging.reopen_log_file()
         except OSError as exc:
@@ -595,51 +558,23 @@ class Supervisor:
         else:
             if reopened is not None:
                 self.emit("log_reopened", path=str(reopened))
-        renewed = self._reread_credentials()
-        before = self.config
-        if not self._accept_config_file(at_start=False, renewed=renewed):
+        renewed = self.settings.reread_credentials()
+        if renewed:
+            held = self.settings.credentials
+            if credentials.STORE in renewed and self.shared is not None:
+                try:  # a password that stopped working is a wait, until this new one
+                    self.shared.relogin(held.values[credentials.STORE])
+                except ConfigError as exc:
+                    self.emit("config_reload_failed", level="warning", reason=str(exc))
+            if self.forks is not None:
+                self.forks.renew(held)
+            self._publish_info()
+        if self.settings.reload(renewed) is None:
             return
-        changed = config_changes(before, self.config)
-        applied = [key for key in changed if key.startswith(LIVE_KEYS)]
-        new_workers = [key for key in changed if key.startswith(WORKER_KEYS)]
-        restart = [key for key in changed if key not in applied and key not in new_workers]
-        self.emit(
-            "config_reloaded",
-            file=str(self.config_file) if self.config_file else None,
-            changed=changed,
-            applied=applied,
-            new_workers=new_workers,
-            restart_needed=restart,
-            renewed=renewed,  # the secrets read again from their files that changed (names)
-        )
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
         self._wake.set()
-
-    def _accept_config_file(self, *, at_start: bool, renewed: list[str] | None = None) -> bool:
-        """Read the config file and, when it validates, make it the daemon's and copy its
-        bytes to ``WORKER_CONFIG`` for workers. At start the config the command line read
-        a moment ago is in use already: a file changed since is refused as at a reload,
-        and workers are given the file itself (as without the copy)."""
-        try:
-            config, data = read_config(self.config_file)
-            if data is not None:
-                atomic_write(self.spool.root / WORKER_CONFIG, data)
-        except (ConfigError, StorageError, OSError) as exc:  # OSError: syncing the folder
-            # (``renewed``: the secrets a reload read again that changed, applied all the same)
-            fields: dict[str, Any] = {"renewed": renewed} if renewed else {}
-            self.emit(
-                "config_reload_failed",
-                level="warning",
-                reason=str(exc),
-                at_start=at_start,
-                **fields,
-            )
-            return False
-        self.config = config
-        self.worker_config = self.spool.root / WORKER_CONFIG if data is not None else None
-        return True
 
     def log_status(self) -> None:
         """SIGUSR1: one line that says what the daemon is doing, in its own log."""
@@ -654,7 +589,7 @@ class Supervisor:
             workers=self.running_count(),
             max_workers=self.config.max_workers,
             forkserver="off" if server is None else "ready" if server.ready else "starting",
-            config=str(self.config_file) if self.config_file else None,
+            config=str(self.settings.file) if self.settings.file else None,
             stopping=self.stopping,
         )
 
@@ -911,7 +846,7 @@ class Supervisor:
             slot,
             journal_end(slot.task),
             slot.task.path,
-            self.worker_config,
+            self.settings.worker_config,
             self._env_for(slot),
             slot.task.output,
             wait=not forks.server.ready and self._worth_the_wait(slot),
@@ -934,7 +869,12 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
+            worker = spawn(
+                slot.task,
+                self.settings.worker_config,
+                self._env_for(slot),
+                self.settings.credentials,
+            )
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 self._resource_wait(slot, f"cannot start a worker: {exc}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.daemon import WORKER_CONFIG
+from supervisor.reload import WORKER_CONFIG
 from tests.daemon import Daemon, alive, subreaper
 from tests.support import poll_for, reply, text, tool_use
 
