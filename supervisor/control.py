@@ -45,7 +45,7 @@ from worker.lock import is_locked
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner
-from worker.store.durable import atomic_write, open_private, private_dir, read_json
+from worker.store.durable import atomic_write, open_private, read_json
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
@@ -117,10 +117,7 @@ def ring(spool: Spool, task_id: str) -> None:
         with contextlib.suppress(StorageError):  # a wake-up is advisory: the poll is the truth
             cluster.wake(task_id)
         return
-    inbox = private_dir(spool.root / "inbox")
-    with contextlib.suppress(OSError):
-        fd = open_private(inbox / f"{task_id}.{os.getpid()}.{time.monotonic_ns()}", os.O_CREAT)
-        os.close(fd)
+    spool.ring(task_id)
 
 
 @contextlib.contextmanager

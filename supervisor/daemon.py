@@ -73,7 +73,7 @@ from supervisor.decisions import pending_decisions
 from supervisor.exits import KillReason
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
-from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.liveness import Alive, Beat, Hung, Limits, Watch, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
@@ -208,6 +208,8 @@ class Supervisor:
             if self.forkserver is not None
             else None
         )
+        # one timer per worker, at the instant a liveness verdict on it could fall due
+        self.watch: Watch[str] = Watch(self._check)
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
         # what a dead worker's tools left: every child of the daemon it did not start
         self.strays = StraySweeper(
@@ -571,9 +573,7 @@ class Supervisor:
             self._publish_info()
         if self.settings.reload(renewed) is None:
             return
-        for slot in self.slots.values():
-            if slot.worker is not None:
-                slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
+        self.watch.rearm_all(self.clock())  # every worker judged by the new limits now
         self._wake.set()
 
     def log_status(self) -> None:
@@ -601,8 +601,14 @@ class Supervisor:
 
     # -- discovering tasks --------------------------------------------------------------
 
-    def _doorbell(self) -> None:
-        self.rescan()
+    def _doorbell(self, tasks: set[str] | None = None) -> None:
+        """Something changed: the tasks a command or a worker named (``Spool.ring``), or
+        every task (None: a name it could not read, or a wake-up from the shared store)."""
+        if tasks is None or self.shared is not None:
+            self.rescan()
+        else:
+            for task_id in sorted(tasks):
+                self._look_at(task_id)
         self._wake.set()
 
     def rescan(self) -> None:
@@ -618,21 +624,26 @@ class Supervisor:
                     self._apply_requests(mine)
             return
         for task_id in self.store.task_ids():
-            try:
-                self._scan(task_id)
-            except OSError as exc:  # a folder it cannot read (another user's): the rest go on
-                if task_id not in self._unreadable:
-                    self._unreadable.add(task_id)
-                    where = exc.filename or self.spool.task(task_id).path
-                    self.log.warning(
-                        "task_unreadable",
-                        task=task_id,
-                        reason=f"{where}: {exc.strerror or exc}",
-                        hint="give the task folder to the user agentd runs as, or remove it",
-                    )
-            else:
-                self._unreadable.discard(task_id)
+            self._look_at(task_id)
         self._scanned = True
+
+    def _look_at(self, task_id: str) -> None:
+        """``_scan`` one task of the spool; a folder it cannot read (another user's) is
+        warned about once, and the rest go on."""
+        try:
+            self._scan(task_id)
+        except OSError as exc:
+            if task_id not in self._unreadable:
+                self._unreadable.add(task_id)
+                where = exc.filename or self.spool.task(task_id).path
+                self.log.warning(
+                    "task_unreadable",
+                    task=task_id,
+                    reason=f"{where}: {exc.strerror or exc}",
+                    hint="give the task folder to the user agentd runs as, or remove it",
+                )
+        else:
+            self._unreadable.discard(task_id)
 
     def _scan(self, task_id: str) -> None:
         slot = self.slots.get(task_id)
@@ -692,8 +703,8 @@ class Supervisor:
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
-            slot.worker.term_deadline = self.clock() + self.config.restart.stop_grace
             slot.worker.signal_worker(signal.SIGTERM)
+            self._stop_in_grace(slot, slot.worker, self.clock())
 
     def _cancel(self, slot: TaskSlot) -> None:
         """Apply an operator's cancel: a worker gets TERM (its group: the running tool
@@ -702,8 +713,8 @@ class Supervisor:
         if worker is not None:
             if worker.kill_reason != KillReason.CANCEL:
                 worker.kill_reason = KillReason.CANCEL
-                worker.term_deadline = self.clock() + self.config.restart.stop_grace
                 worker.signal_group(signal.SIGTERM)
+                self._stop_in_grace(slot, worker, self.clock())
         elif not slot.starting and self._move(slot, TaskRecord.cancel):
             # (one being started is cancelled as it arrives: ``_started``)
             self.emit("task_cancelled", slot)
@@ -937,6 +948,7 @@ class Supervisor:
     def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
         asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, slot)
+        self.watch.arm(slot.task.id, self.clock())
 
     # -- exits --------------------------------------------------------------------------
 
@@ -945,6 +957,7 @@ class Supervisor:
         if worker is None:
             return
         asyncio.get_running_loop().remove_reader(worker.pidfd)
+        self.watch.disarm(slot.task.id)
         code, sig = worker.exit_status()
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
@@ -1143,12 +1156,12 @@ class Supervisor:
         while True:
             await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
-            if self.shared is not None:  # first: a worker whose lease moved is no hang
+            if self.shared is not None:
                 self._tend_leases(self.shared, now)
-            self.check_liveness(time.time(), now)
-            for slot in self.slots.values():
-                if slot.worker is not None:
-                    self.relay.pull(slot.task.id)
+                # the workers' events (on the spool a worker rings for its own: Spool.ring)
+                for slot in self.slots.values():
+                    if slot.worker is not None:
+                        self.relay.pull(slot.task.id)
             if watchdog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + watchdog
@@ -1238,55 +1251,64 @@ class Supervisor:
         return own
 
     def check_liveness(self, wall: float, mono: float) -> None:
-        """Kill hung workers, stop stalled ones (the verdict is ``liveness.judge``, on the
-        monotonic clock; ``wall`` only carries a heartbeat of an earlier release over to
-        it). A heartbeat is read only once a verdict on it could be due
-        (``WorkerProcess.beat_due``, from the last verdict's ``Alive.until``): the
-        verdicts fall on the same ticks as if every tick read them. A worker that has
-        ended is settled as an exit before any verdict (``WorkerProcess.exited``)."""
+        """The verdicts due by ``mono`` (the watch's timers give them as they fall due; a
+        daemon stopped with SIGSTOP wakes with them all due at once)."""
+        self.watch.check_due(wall, mono)
+
+    def _check(self, task_id: str, wall: float, mono: float) -> float | None:
+        """The liveness verdict on a task's worker, when its watch says one could be due:
+        hung, killed; stalled, stopped (TERM, then KILL after the grace); alive, looked at
+        again when a verdict could next fall due (``liveness.judge``, on the monotonic
+        clock; ``wall`` only carries a heartbeat of an earlier release over to it). A
+        worker that has ended is settled as an exit before any verdict. Returns when to
+        look again (None: no more verdicts on this worker)."""
+        slot = self.slots.get(task_id)
+        worker = slot.worker if slot is not None else None
+        if slot is None or worker is None:
+            return None
+        if worker.exited():
+            self._on_exit(slot)
+            return None
+        if worker.term_deadline is not None:
+            if mono < worker.term_deadline:
+                return worker.term_deadline
+            self.emit("worker_killed", slot, level="warning", pid=worker.pid)
+            worker.signal_group(signal.SIGKILL)
+            worker.term_deadline = None
+            return None
+        if worker.kill_reason:
+            return None  # being stopped: its exit settles it
         limits = self.liveness_limits()
-        for slot in list(self.slots.values()):
-            worker = slot.worker
-            if worker is None or (worker.term_deadline is None and worker.kill_reason):
-                continue
-            if worker.term_deadline is None and mono < worker.beat_due:
-                continue
-            if worker.exited():
-                self._on_exit(slot)
-                continue
-            if worker.term_deadline is not None:
-                if mono >= worker.term_deadline:
-                    self.emit("worker_killed", slot, level="warning", pid=worker.pid)
-                    worker.signal_group(signal.SIGKILL)
-                    worker.term_deadline = None
-                continue
-            try:
-                data = read_heartbeat(slot.task)
-            except StorageError:  # a shared store away: no verdict on a beat unread
-                self._away_at = mono
-                continue
-            fresh = data is not None and data.get("pid") == worker.pid
-            beat = Beat.of(data, wall, mono) if fresh and data is not None else None
-            if fresh and data is not None:
-                self.metrics.fold(slot.task.id, data)
-            verdict = judge(beat, worker.started, mono, limits)
-            if isinstance(verdict, Alive):
-                worker.beat_due = verdict.until
-            elif isinstance(verdict, Hung) and mono - self._away_at < limits.timeout:
-                # the shared store was at fault within a timeout: its worker could not beat
-                # (a read-only or lost database), which is no hang; its lease bounds it
-                worker.beat_due = mono + limits.interval
-            elif isinstance(verdict, Hung):
-                worker.kill_reason = KillReason.HUNG
-                self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
-                worker.signal_group(signal.SIGKILL)
-            else:
-                worker.kill_reason = KillReason.STALLED
-                worker.term_deadline = mono + self.config.restart.stop_grace
-                self.emit(
-                    "worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase
-                )
-                worker.signal_group(signal.SIGTERM)
+        try:
+            data = read_heartbeat(slot.task)
+        except StorageError:  # a shared store away: no verdict on a beat unread
+            self._away_at = mono
+            return mono + limits.interval
+        fresh = data is not None and data.get("pid") == worker.pid
+        beat = Beat.of(data, wall, mono) if fresh and data is not None else None
+        verdict = judge(beat, worker.started, mono, limits)
+        if isinstance(verdict, Alive):
+            return verdict.until
+        if isinstance(verdict, Hung) and mono - self._away_at < limits.timeout:
+            # the shared store was at fault within a timeout: its worker could not beat
+            # (a read-only or lost database), which is no hang; its lease bounds it
+            return mono + limits.interval
+        if isinstance(verdict, Hung):
+            worker.kill_reason = KillReason.HUNG
+            self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
+            worker.signal_group(signal.SIGKILL)
+            return None
+        worker.kill_reason = KillReason.STALLED
+        self.emit("worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase)
+        worker.signal_group(signal.SIGTERM)
+        return self._stop_in_grace(slot, worker, mono)
+
+    def _stop_in_grace(self, slot: TaskSlot, worker: WorkerProcess, now: float) -> float:
+        """A worker sent TERM is killed (its group) if it has not ended ``restart.stop_grace``
+        from ``now``: its watch looks again then."""
+        worker.term_deadline = now + self.config.restart.stop_grace
+        self.watch.arm(slot.task.id, worker.term_deadline)
+        return worker.term_deadline
 
     def liveness_limits(self) -> Limits:
         return limits_of(self.config)

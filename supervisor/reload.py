@@ -54,7 +54,7 @@ class Settings:
         self.config_path = config_path
         self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
         self.credentials = credentials.held()
-        self._emit = emit
+        self.emit = emit
 
     @property
     def file(self) -> Path | None:
@@ -74,7 +74,7 @@ class Settings:
         except (ConfigError, StorageError, OSError) as exc:  # OSError: syncing the folder
             # (``renewed``: the secrets a reload read again that changed, applied all the same)
             fields: dict[str, Any] = {"renewed": renewed} if renewed else {}
-            self._emit(
+            self.emit(
                 "config_reload_failed",
                 level="warning",
                 reason=str(exc),
@@ -93,7 +93,7 @@ class Settings:
         try:
             renewed = credentials.reread(self.credentials)
         except ConfigError as exc:
-            self._emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
+            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
             return []
         before = self.credentials.values
         changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
@@ -116,7 +116,7 @@ class Settings:
         new_workers = [key for key in changed if key.startswith(WORKER_KEYS)]
         restart = [key for key in changed if key not in applied and key not in new_workers]
         done = Reloaded(changed, applied, new_workers, restart, renewed)
-        self._emit(
+        self.emit(
             "config_reloaded",
             file=str(self.file) if self.file else None,
             changed=done.changed,

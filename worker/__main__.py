@@ -96,7 +96,7 @@ def open_store(spool: Path) -> TaskStore:
     daemon handed over with the other secrets (``credentials.STORE``)."""
     url = credentials.held().get(credentials.STORE)
     if url is None:
-        return FileStore(spool)
+        return FileStore(spool, ring_on_events=True)
     from worker.store.postgres import PostgresStore  # noqa: PLC0415  (psycopg: a shared store only)
 
     lease = float(os.environ.get(LEASE_ENV) or ClusterConfig().lease)

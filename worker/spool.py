@@ -7,17 +7,19 @@ the filesystem, so no id can name a path outside ``SPOOL/tasks``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from worker.errors import InvalidIdError, NotFoundError, TaskSpecError, quoted
-from worker.store.durable import private_dir, read_json
+from worker.store.durable import open_private, private_dir, read_json
 
 SPEC_VERSION = 1
 TASK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -266,6 +268,21 @@ class Spool:
         """Where the daemon keeps how far it relayed each task's events
         (``supervisor.relay.CursorFiles``)."""
         return self.root / "relay"
+
+    @property
+    def inbox(self) -> Path:
+        """The daemon's doorbell (``supervisor.inbox``): a file made here wakes it about the
+        task the file is named for."""
+        return self.root / "inbox"
+
+    def ring(self, task_id: str, *, once: bool = False) -> None:
+        """Tell a daemon on this spool that ``task_id`` changed (harmless when none runs):
+        a file in the inbox named for the task, which the daemon takes. ``once``: the one
+        file of the task, made again while it waits (a worker's events: however many, at
+        most one file waits for a daemon); else a file of this ring's own."""
+        name = f"{task_id}.events.0" if once else f"{task_id}.{os.getpid()}.{time.monotonic_ns()}"
+        with contextlib.suppress(OSError):
+            os.close(open_private(private_dir(self.inbox) / name, os.O_CREAT | os.O_WRONLY))
 
     @property
     def tmp_dir(self) -> Path:

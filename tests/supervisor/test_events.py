@@ -19,6 +19,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from supervisor.inbox import _drain
 from supervisor.relay import DAEMON_MARK, EventRelay
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import charge_script, config_text, steps
@@ -69,6 +70,23 @@ def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file() -> None:
         record_event(store, "t1", "task_resumed", task="t1")
         relay.pull("t1")
     assert [e["event"] for e in seen] == ["task_resumed"]
+
+
+def test_a_worker_s_events_ring_its_daemon_with_one_file_however_many(tmp_path: Path) -> None:
+    """A worker's store rings the daemon about each event it appends (the daemon relays it
+    at once, with no poll of every task), and leaves at most one doorbell file a task for
+    a daemon that does not run (``agentd run``'s long tasks)."""
+    store = FileStore(tmp_path / "spool", ring_on_events=True)
+    store.spool.ensure()
+    store.create(TaskSpec(id="t1", prompt="p"), {"state": "queued"})
+    for n in range(50):
+        record_event(store, "t1", "model_retry", attempt=n)
+    assert [p.name for p in store.spool.inbox.iterdir()] == ["t1.events.0"]
+    store.spool.ring("t2")  # a command's own ring
+    assert _drain(store.spool.inbox) == {"t1", "t2"}
+    assert list(store.spool.inbox.iterdir()) == []
+    (store.spool.inbox / "not-a-ring").touch()
+    assert _drain(store.spool.inbox) is None  # a name it cannot read: every task
 
 
 # -- the README's names -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.daemon import Supervisor
-from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
+from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, Watch, judge, phase_limit
 from supervisor.record import TaskRecord
 from supervisor.status import status_row
 from supervisor.workers import WorkerProcess
@@ -150,3 +150,54 @@ def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Pat
     events = asyncio.run(scenario())
     assert "worker_hung" not in events
     assert events[-2:] == ["worker_exited", "task_done"]
+
+
+# -- the watch: one timer per worker ------------------------------------------------------
+
+
+def test_the_watch_checks_each_worker_when_its_verdict_could_be_due_and_not_before() -> None:
+    async def scenario() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, float]] = []
+        again: dict[str, list[float | None]] = {"a": [0.05, None], "b": [None]}  # a twice, b once
+
+        def check(key: str, wall: float, mono: float) -> float | None:
+            seen.append((key, mono))
+            step = again[key].pop(0)
+            return None if step is None else mono + step
+
+        watch: Watch[str] = Watch(check)
+        start = loop.time()
+        watch.arm("a", start + 0.05)
+        watch.arm("b", start + 0.1)
+        watch.arm("c", start + 0.02)
+        watch.disarm("c")  # (its worker ended: never looked at)
+        await asyncio.sleep(0.3)
+        return [(key, at - start) for key, at in seen]
+
+    seen = asyncio.run(scenario())
+    assert [key for key, _ in seen] == ["a", "b", "a"]
+    assert seen[0][1] >= 0.05 and seen[1][1] >= 0.1 and seen[2][1] >= 0.1
+
+
+def test_the_watch_gives_every_verdict_due_at_once_to_a_loop_that_woke_late() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        seen: list[str] = []
+
+        def check(key: str, wall: float, mono: float) -> float | None:
+            seen.append(key)
+            return None
+
+        watch: Watch[str] = Watch(check)
+        now = asyncio.get_running_loop().time()
+        watch.arm("soon", now + 10.0)
+        watch.arm("late", now + 100.0)
+        watch.check_due(time.time(), now + 50.0)  # a daemon stopped for 50 s
+        due_after_wake = list(seen)
+        watch.rearm_all(now)  # a reload: every worker judged again at once
+        await asyncio.sleep(0.05)
+        return due_after_wake, seen
+
+    due, seen = asyncio.run(scenario())
+    assert due == ["soon"]
+    assert sorted(seen[1:]) == ["late"]  # "soon" asked for no next look: watched no more

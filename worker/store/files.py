@@ -111,8 +111,11 @@ class FileStore:
         the daemon and the commands share its ownership epochs (``spool_store``)."""
         return spool_store(task.root)
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, ring_on_events: bool = False) -> None:
         self.spool = Spool(root)
+        #: a worker's store: each event it appends also rings a daemon on the spool about
+        #: its task (``Spool.ring``), which relays it into its log at once
+        self.ring_on_events = ring_on_events
         self._guard = threading.Lock()
         self._owners: dict[str, tuple[Owner, TaskLock]] = {}
         self._epochs: dict[str, int] = {}
@@ -375,6 +378,8 @@ class FileStore:
 
     def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
         TaskEventLog(self.task(task_id).events).append(event)
+        if self.ring_on_events:
+            self.spool.ring(task_id, once=True)
 
     def read_events(self, task_id: str, after: Cursor = START) -> tuple[list[JSON], Cursor]:
         events, end = read_events_from(self.task(task_id).events, after.position)
