@@ -2,16 +2,19 @@
 
 What drives it:
 
-* a doorbell: CLI commands that change a task (submit, decide, cancel, retry) drop a file
-  in ``SPOOL/inbox``, which inotify reports at once (``supervisor.inbox``); a rescan
-  every ``RESCAN_INTERVAL`` seconds makes sure a missed event can never strand a task;
-* worker exits, seen through each worker's pidfd the moment they happen; each is followed
-  by a sweep that kills whatever the worker's tools left that outlived it
-  (``strays``: every child of the daemon, a subreaper, that it did not start);
-* a tick every ``min(heartbeat.interval, 0.5)`` seconds that checks liveness (heartbeat
-  age) and progress (phase age against its deadline), and feeds the systemd watchdog. A
-  worker's heartbeat is read only when a verdict on it could be due (``check_liveness``),
-  so an idle daemon costs next to nothing however many workers it watches.
+* a doorbell: CLI commands that change a task (submit, decide, cancel, retry) and workers
+  that append an event drop a file named for the task in ``SPOOL/inbox``, which inotify
+  reports at once (``supervisor.inbox``), and the daemon looks at that task; a rescan
+  every ``RESCAN_INTERVAL`` seconds makes sure a missed one can never strand a task;
+* worker exits, seen through each worker's pidfd the moment they happen, and settled by
+  ``exits.settle``; each is followed by a sweep that kills whatever the worker's tools left
+  that outlived it (``supervisor.strays``);
+* one timer per worker (``liveness.Watch``) at the instant a verdict on it could fall due:
+  its heartbeat is read then, and only then, so an idle daemon costs next to nothing
+  however many workers it watches;
+* a tick every ``min(heartbeat.interval, 0.5)`` seconds that feeds the systemd watchdog,
+  retries what a storage fault refused, tends the fork server and, on a shared store, the
+  leases.
 
 Signals (docs/design.md section 7): TERM and INT stop gracefully; HUP reopens the log file
 and reloads the config (``reload``); USR1 logs a one-line summary of the daemon

@@ -14,9 +14,10 @@ section 15. Such a line is skipped too.)
 The tail is cheap: a ``stat`` tells whether the file grew past the remembered offset,
 and only then is the new part read (``read_events_from``: an unfinished last line waits
 for the next read). The daemon reads a task's tail before it logs an event of that task
-(so its own lines follow the ones that led to them), for every task at each rescan
-(the doorbell of a CLI command, or every few seconds), and for each running task at
-each tick.
+(so its own lines follow the ones that led to them), and whenever it looks at the task: at
+its doorbell (a command's, or a worker's, which rings for each event it appends:
+``Spool.ring``), at each rescan, and on a shared store for each running task at each
+tick.
 
 Each task's cursor is kept durably in the spool (``CursorFiles``: ``SPOOL/relay/ID.json``,
 written after the lines it passes are logged), and a daemon that starts relays each task
