@@ -80,7 +80,7 @@ from supervisor.liveness import Alive, Beat, Hung, Limits, Watch, judge, limits_
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.record import Move, TaskRecord
+from supervisor.record import Move, TaskRecord, arrival
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.reload import Settings
 from supervisor.status import held_calls, read_heartbeat
@@ -308,11 +308,22 @@ class Supervisor:
         durable: bool = True,
         **changes: Any,
     ) -> None:
-        arrived = state is not None and state != slot.record.state
+        """Write ``slot``'s record, moved to ``state`` (``TaskRecord.move_to``) with
+        ``changes``; an arrival in a new state is logged as its event (``record.arrival``)
+        and runs its hook. A move the record refuses is logged and changes nothing."""
+        before = slot.record.state
         if state is not None:
-            slot.record.state = state
+            try:
+                slot.record.move_to(state, slot.task.id)
+            except StateConflictError as exc:
+                self.emit("transition_refused", slot, level="error", why=str(exc))
+                return
         for key, value in changes.items():
             setattr(slot.record, key, value)
+        self._write_record(slot, durable=durable)
+        self._arrived(slot, before)
+
+    def _write_record(self, slot: TaskSlot, *, durable: bool = True) -> None:
         record, task = slot.record, slot.task
         write = lambda: record.save(task, durable=durable)  # noqa: E731  (the one write, kept if refused)
         if self.shared is not None:
@@ -323,7 +334,16 @@ class Supervisor:
             self.backlog.replace(("record", task.id), write)
         except SpoolError as exc:
             self.emit("record_write_failed", slot, level="error", error=str(exc))
-        if arrived and state in HOOK_STATES:
+
+    def _arrived(self, slot: TaskSlot, before: TaskStatus) -> None:
+        """What a task's move from ``before`` to its state now says: its event, its hook."""
+        record = slot.record
+        said = arrival(before, record.state)
+        if said is not None:
+            event, level = said
+            reason = {} if record.state == TaskStatus.CANCELLED else {"reason": record.reason}
+            self.emit(event, slot, level=level, **reason)
+        if record.state != before and record.state in HOOK_STATES:
             self._hook(slot)
 
     def _shared_write(
@@ -376,11 +396,13 @@ class Supervisor:
         """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
         save it; False, with nothing changed, when the record refuses it (a request that
         the task's state made moot: a retry of a task that no longer failed)."""
+        before = slot.record.state
         try:
             move(slot.record, slot.task.id)
         except StateConflictError:
             return False
-        self._save(slot)
+        self._write_record(slot)
+        self._arrived(slot, before)
         return True
 
     def _storage_fault(self, fault: StorageError) -> None:
@@ -680,9 +702,9 @@ class Supervisor:
         worker = adopt(slot.task)
         if worker is not None:
             self._attach(slot, worker)
-            self._save(
-                slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=process_started(worker.pid)
-            )
+            if not final:  # (a cancelled task's worker is adopted only to be stopped)
+                started = process_started(worker.pid)
+                self._save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
             self.emit("worker_adopted", slot, pid=worker.pid)
         elif final:
             return
@@ -694,7 +716,7 @@ class Supervisor:
 
     def _apply_requests(self, slot: TaskSlot) -> None:
         if (
-            slot.record.state not in FINAL_STATES
+            (slot.record.state not in FINAL_STATES or slot.worker is not None)
             and self.store.cancel_requested(slot.task.id)
             and not (slot.record.foreground and self.store.owned(slot.task.id))
         ):  # (a foreground task's running `agentd run` applies its cancel itself)
@@ -718,9 +740,8 @@ class Supervisor:
                 worker.kill_reason = KillReason.CANCEL
                 worker.signal_group(signal.SIGTERM)
                 self._stop_in_grace(slot, worker, self.clock())
-        elif not slot.starting and self._move(slot, TaskRecord.cancel):
-            # (one being started is cancelled as it arrives: ``_started``)
-            self.emit("task_cancelled", slot)
+        elif not slot.starting:  # (one being started is cancelled as it arrives: ``_started``)
+            self._move(slot, TaskRecord.cancel)
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -894,7 +915,6 @@ class Supervisor:
                 self._resource_wait(slot, f"cannot start a worker: {exc}")
                 return
             self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
-            self.emit("task_failed", slot, level="error", reason=slot.record.reason)
             return
         self._started(slot, worker)
 
@@ -1022,14 +1042,9 @@ class Supervisor:
             slot.storage_waits = slot.resource_waits = 0
         match verdict:
             case exits.Cancelled():
-                if self._move(slot, TaskRecord.cancel):  # (a worker ran: it had not ended)
-                    self.emit("task_cancelled", slot)
-            case exits.Ended(state=TaskStatus.DONE, reason=reason):
-                self._save(slot, TaskStatus.DONE, reason=reason)
-                self.emit("task_done", slot, reason=reason)
+                self._move(slot, TaskRecord.cancel)  # (a worker ran: it had not ended)
             case exits.Ended(state=state, reason=reason):
                 self._save(slot, state, reason=reason)
-                self.emit("task_failed", slot, level="error", reason=reason)
             case exits.Held(reason=reason):
                 if self._decided(slot):  # decided already: nobody to call
                     self._save(slot, TaskStatus.QUEUED, reason=None)
@@ -1048,9 +1063,8 @@ class Supervisor:
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
                 record.crashes = crashes
                 self.metrics.crash_loops += 1
-                self._save(slot, TaskStatus.FAILED, reason=reason)
                 self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(crashes))
-                self.emit("task_failed", slot, level="error", reason=reason)
+                self._save(slot, TaskStatus.FAILED, reason=reason)
             case exits.Restart():
                 self._restart(slot, verdict)
 

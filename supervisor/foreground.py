@@ -53,7 +53,7 @@ from supervisor.control import move_record, running_pid
 from supervisor.decisions import decide, operator_lock, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
-from supervisor.record import TaskRecord
+from supervisor.record import Move, TaskRecord, arrival
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
@@ -405,12 +405,10 @@ class ForegroundRun:
                 return self._cancelled()
             case exits.Ended(state=TaskStatus.DONE, reason=reason):
                 self._record(TaskStatus.DONE, reason=reason)
-                self.event("task_done", reason=reason)
                 self.say(f"task {self.task.id} done" + (f": {reason}" if reason else ""))
                 return RunExit.DONE
             case exits.Ended(state=state, reason=reason):
                 self._record(state, reason=reason)
-                self.event("task_failed", "error", reason=reason)
                 self.say(f"task {self.task.id} failed: {reason}")
                 return RunExit.FAILED
             case exits.Held(reason=reason):
@@ -436,9 +434,8 @@ class ForegroundRun:
                 self._pause(delay)
                 return None
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
-                self._record(TaskStatus.FAILED, pid=None, reason=reason, crashes=crashes)
                 self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
-                self.event("task_failed", "error", reason=reason)
+                self._record(TaskStatus.FAILED, pid=None, reason=reason, crashes=crashes)
                 how = exits.how_it_ended(ended)
                 self.say(f"task {self.task.id} failed: {reason} (turn {turn} crashed {how})")
                 return RunExit.FAILED
@@ -500,8 +497,7 @@ class ForegroundRun:
 
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
-            move_record(self.task, TaskRecord.cancel)
-        self.event("task_cancelled")
+            self._move(TaskRecord.cancel)
         self.say(f"task {self.task.id} was cancelled")
         return RunExit.HELD
 
@@ -524,15 +520,32 @@ class ForegroundRun:
         """Move the task record to ``state`` (with ``changes``), as read now: a cancel an
         operator made meanwhile is left as it is."""
 
-        def move(record: TaskRecord, task_id: str) -> None:
+        def to_state(record: TaskRecord, task_id: str) -> None:
             if record.state == TaskStatus.CANCELLED:
                 return
-            record.state = state
-            record.foreground = True
-            if self.last_exit is not None:
-                record.last_exit = self.last_exit
+            record.move_to(state, task_id)
             for key, value in changes.items():
                 setattr(record, key, value)
 
+        self._move(to_state)
+
+    def _move(self, move: Move) -> None:
+        """Make ``move`` on the task's record as read now (``control.move_record``: compared
+        and set), and log the arrival it made (``record.arrival``), as the daemon does."""
+        moved: list[TaskRecord] = []
+        before: list[TaskStatus] = []
+
+        def make(record: TaskRecord, task_id: str) -> None:
+            before[:] = [record.state]
+            move(record, task_id)
+            record.foreground = True
+            if self.last_exit is not None:
+                record.last_exit = self.last_exit
+            moved[:] = [record]
+
         with contextlib.suppress(StorageError):  # a wait the next write may end
-            move_record(self.task, move)
+            move_record(self.task, make)
+        if moved and (said := arrival(before[0], moved[0].state)) is not None:
+            event, level = said
+            cancelled = moved[0].state == TaskStatus.CANCELLED
+            self.event(event, level, **({} if cancelled else {"reason": moved[0].reason}))

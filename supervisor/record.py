@@ -24,6 +24,30 @@ from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progr
 
 CANCEL_REASON = "cancelled by operator"
 
+#: The lifecycle event a task's arrival in a state is (docs/design.md section 8), with its
+#: level: whoever moves a record there logs it, from ``arrival``, never beside the move.
+ARRIVALS: dict[TaskStatus, tuple[str, str]] = {
+    TaskStatus.DONE: ("task_done", "info"),
+    TaskStatus.FAILED: ("task_failed", "error"),
+    TaskStatus.CANCELLED: ("task_cancelled", "info"),
+}
+
+
+def legal(old: TaskStatus, new: TaskStatus) -> bool:
+    """Whether a task may move from ``old`` to ``new``: freely between the states of a
+    live task; out of ``done`` or ``failed`` only back into the queue (a retry, a rewind);
+    out of ``cancelled`` never (a cancel is final)."""
+    if old == new or old not in FINAL_STATES:
+        return True
+    return old != TaskStatus.CANCELLED and new == TaskStatus.QUEUED
+
+
+def arrival(old: TaskStatus, new: TaskStatus) -> tuple[str, str] | None:
+    """The event (name, level) of a move from ``old`` to ``new``; None: no event of its own
+    (the state stays, or the arrival is told by what led to it: ``worker_spawned``,
+    ``dangling_held``, ``restart_scheduled``...)."""
+    return ARRIVALS.get(new) if new != old else None
+
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -65,6 +89,14 @@ class TaskRecord:
     # ``agentd run`` runs the task's worker, not a daemon (docs/design.md section 16): a
     # daemon leaves the task alone until ``retry`` hands it over (``hand_over``)
     foreground: bool = False
+
+    def move_to(self, state: TaskStatus, task_id: str) -> None:
+        """The one way a record's state changes: ``StateConflictError`` (nothing changed)
+        for a move ``legal`` refuses. The daemon's verdicts, ``agentd run``'s and the
+        operators' moves below all come here."""
+        if not legal(self.state, state):
+            raise StateConflictError(f"task {task_id} is {self.state}; it cannot become {state}.")
+        self.state = state
 
     def progressed(self, beat: dict[str, Any] | None) -> None:
         """Keep the progress a worker's heartbeat reports, if it is further on."""
@@ -115,7 +147,8 @@ class TaskRecord:
     def cancel(self, task_id: str) -> None:
         """Cancel for good: no decision, rewind or retry is taken after it."""
         self.check_cancel(task_id)
-        self.state, self.reason = TaskStatus.CANCELLED, CANCEL_REASON
+        self.move_to(TaskStatus.CANCELLED, task_id)
+        self.reason = CANCEL_REASON
 
     def check_retry(self, task_id: str) -> None:
         """Refuse a retry of a task that has not failed (a foreground task that has not
@@ -138,7 +171,7 @@ class TaskRecord:
         if handing_over and self.state != TaskStatus.FAILED:
             return
         self.retries += 1
-        self._queue()
+        self._queue(task_id)
 
     def check_resume(self, task_id: str) -> None:
         """Refuse ``agentd run --resume`` of a cancelled task: a cancel is final."""
@@ -163,7 +196,7 @@ class TaskRecord:
             raise StateConflictError(
                 f"task {task_id} was cancelled; a cancelled task takes no requeue."
             )
-        self._queue()
+        self._queue(task_id)
 
     def release_hold(self, task_id: str) -> None:
         """Queue a held task whose held calls are all decided: its worker carries the
@@ -172,10 +205,12 @@ class TaskRecord:
             raise StateConflictError(
                 f"task {task_id} is {self.state}, not held; no hold to release."
             )
-        self.state, self.reason = TaskStatus.QUEUED, None
+        self.move_to(TaskStatus.QUEUED, task_id)
+        self.reason = None
 
-    def _queue(self) -> None:
-        self.state, self.reason, self.crashes = TaskStatus.QUEUED, None, []
+    def _queue(self, task_id: str) -> None:
+        self.move_to(TaskStatus.QUEUED, task_id)
+        self.reason, self.crashes = None, []
 
 
 #: One of the moves above, as ``TaskRecord.retry``: applied to a record with its task's id.

@@ -15,6 +15,7 @@ import pytest
 from tests.chaos.operator import run
 from tests.faults.report import format_figures, violations
 
+VOID = "trials void (the tool ended before the commands)"
 SEED = int(os.environ["AGENTD_CHAOS_SEED"]) if os.environ.get("AGENTD_CHAOS_SEED") else None
 
 
@@ -26,4 +27,7 @@ def test_operator_campaign(capsys: pytest.CaptureFixture[str]) -> None:
     bad = violations(figures)
     assert not bad, "; ".join(f"{f.fault}/{f.name}: {f.value}" for f in bad)
     counted = {f.name: f.value for f in figures}
-    assert counted["refused commands given while a tool ran"] == 22  # the campaign ran
+    # the campaign ran: the 11 refused commands of each of its 2 tasks, less a trial whose
+    # tool ended before its commands (void, on a loaded machine: not judged either way)
+    given, void = int(counted["refused commands given while a tool ran"]), int(counted[VOID])
+    assert given == 11 * (2 - void) and void < 2, (given, void)

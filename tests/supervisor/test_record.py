@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.control import change_record, move_record
-from supervisor.record import CANCEL_REASON, FIELD_SHAPES, Move, TaskRecord
+from supervisor.record import CANCEL_REASON, FIELD_SHAPES, Move, TaskRecord, arrival, legal
 from tests.support import make_spool, reply, scripted_task, text
 from worker.errors import StateConflictError
 from worker.protocol import FINAL_STATES, TaskStatus
@@ -146,3 +146,43 @@ def test_change_record_makes_the_move_itself_when_no_daemon_runs(
     assert change_record(make_spool(tmp_path), task, name, move)
     assert TaskRecord.load(task).state is TaskStatus.QUEUED
     assert not (task.path / name).exists()  # no request left: nothing to apply later
+
+
+# -- the one transition --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("old", list(TaskStatus))
+@pytest.mark.parametrize("new", list(TaskStatus))
+def test_a_state_is_left_as_the_rules_say(old: TaskStatus, new: TaskStatus) -> None:
+    """Live states move freely; done and failed go back only to the queue (retry, rewind);
+    cancelled never moves; staying put is always allowed."""
+    record = TaskRecord(state=old)
+    expected = (
+        old == new
+        or old not in FINAL_STATES
+        or (old != TaskStatus.CANCELLED and new == TaskStatus.QUEUED)
+    )
+    assert legal(old, new) is expected
+    if expected:
+        record.move_to(new, "t1")
+        assert record.state == new
+    else:
+        with pytest.raises(StateConflictError, match=f"task t1 is {old}; it cannot become {new}"):
+            record.move_to(new, "t1")
+        assert record.state == old  # nothing changed
+
+
+def test_an_arrival_is_its_event_once() -> None:
+    assert arrival(TaskStatus.RUNNING, TaskStatus.DONE) == ("task_done", "info")
+    assert arrival(TaskStatus.BACKOFF, TaskStatus.FAILED) == ("task_failed", "error")
+    assert arrival(TaskStatus.HELD, TaskStatus.CANCELLED) == ("task_cancelled", "info")
+    assert arrival(TaskStatus.FAILED, TaskStatus.FAILED) is None  # no second task_failed
+    assert arrival(TaskStatus.QUEUED, TaskStatus.RUNNING) is None  # told by worker_spawned
+
+
+def test_the_operators_moves_go_through_the_one_transition(task: TaskDir) -> None:
+    record = recorded(task, TaskStatus.CANCELLED)
+    for move in (TaskRecord.retry, TaskRecord.requeue, TaskRecord.release_hold):
+        with pytest.raises(StateConflictError):
+            move(record, task.id)
+    assert record.state == TaskStatus.CANCELLED
