@@ -20,6 +20,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from supervisor.inbox import _drain
+from supervisor.record import ARRIVALS
 from supervisor.relay import DAEMON_MARK, EventRelay
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import charge_script, config_text, steps
@@ -98,7 +99,7 @@ LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
 
 def emitted_names() -> set[str]:
     """Every literal event name passed to an emitter, or to a log method of a logger named
-    ``log``, in worker/ and supervisor/."""
+    ``log``, in worker/ and supervisor/, and the arrivals' events (``record.ARRIVALS``)."""
     names: set[str] = set()
     for root in ("worker", "supervisor"):
         for path in (REPO / root).rglob("*.py"):
@@ -121,7 +122,8 @@ def emitted_names() -> set[str]:
                     arg = node.args[index]
                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                         names.add(arg.value)
-    return names
+    # and the events a task's arrival in a state is, which the one transition logs
+    return names | {event for event, _level in ARRIVALS.values()}
 
 
 def readme_names() -> set[str]:
