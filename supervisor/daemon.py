@@ -51,7 +51,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,14 +68,16 @@ from supervisor.control import (
     SupervisorLock,
     pause_holder_alive,
     take_request,
+    taken_request,
 )
-from supervisor.decisions import pending_decisions
+from supervisor.decisions import cancelled_by, pending_decisions
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
+from supervisor.operator import Operator, fields_of
 from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
@@ -234,6 +236,9 @@ class Supervisor:
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
+        # the last operator's action on each task since its last hook: what the next
+        # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
+        self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
@@ -272,7 +277,13 @@ class Supervisor:
             task_id = slot.task.id
             with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
                 self.backlog.append(lambda: self.store.append_event(task_id, line))
+            self._acted_on(task_id, event, kw)
         getattr(self.log, level)(event, **kw)
+
+    def _acted_on(self, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
+        """Keep the operator an event names (``by``, ``via``) for the task's next hook."""
+        if (who := Operator.of(fields)) is not None:
+            self._acted[task_id] = {**who.fields(), "acted": event}
 
     def _hook(self, slot: TaskSlot) -> None:
         """Run the hook of the state ``slot`` has just reached, if one is set
@@ -287,6 +298,7 @@ class Supervisor:
             "reason": slot.record.reason,
             "node": self.shared.node if self.shared is not None else node_name(),
             "timestamp": utc_now(),
+            **self._acted.pop(slot.task.id, {}),  # the operator's action that led here
         }
         if slot.record.state == TaskStatus.HELD:
             try:
@@ -296,10 +308,13 @@ class Supervisor:
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
         self.hooks.run(key, command, payload)
 
-    def _relayed(self, event: str) -> None:
-        """A worker's event reached the daemon's log: count what a metric counts."""
-        if event == "compaction":
+    def _relayed(self, task_id: str, event: Mapping[str, Any]) -> None:
+        """Another process's event reached the daemon's log: count what a metric counts,
+        and keep the operator it names for the task's next hook."""
+        name = str(event.get("event"))
+        if name == "compaction":
             self.metrics.compactions += 1
+        self._acted_on(task_id, name, event)
 
     def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
         slot = self.slots.get(task_id)
@@ -752,8 +767,9 @@ class Supervisor:
             and not (slot.record.foreground and self.store.owned(slot.task.id))
         ):  # (a foreground task's running `agentd run` applies its cancel itself)
             self._cancel(slot)
-        if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
-            self.emit("task_retried", slot)
+        asked = taken_request(slot.task, RETRY_REQUEST)
+        if asked is not None and self._move(slot, TaskRecord.retry):
+            self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
@@ -773,7 +789,7 @@ class Supervisor:
                 worker.signal_group(signal.SIGTERM)
         elif not slot.starting and self._move(slot, TaskRecord.cancel):
             # (one being started is cancelled as it arrives: ``_started``)
-            self.emit("task_cancelled", slot)
+            self.emit("task_cancelled", slot, **fields_of(cancelled_by(slot.task)))
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -1100,7 +1116,7 @@ class Supervisor:
             slot.resource_waits = 0
         if worker.kill_reason == "cancel":
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
-                self.emit("task_cancelled", slot)
+                self.emit("task_cancelled", slot, **fields_of(cancelled_by(slot.task)))
         elif code == ExitCode.DONE:
             self._save(slot, TaskStatus.DONE, reason=self._verdict_reason(slot, worker))
             self.emit("task_done", slot, reason=slot.record.reason)

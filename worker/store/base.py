@@ -360,6 +360,11 @@ class TaskStore(Protocol):
 
     def cancel_requested(self, task_id: str) -> bool: ...
 
+    def read_cancel(self, task_id: str) -> JSON | None:
+        """The cancel's record (``request_cancel``'s stamp: when, and who asked), or None
+        when no cancel is recorded; ``ValueError`` when it cannot be read."""
+        ...
+
     def withdraw_cancel(self, task_id: str) -> None:
         """Drop a cancel that came too late to apply (the task had ended by itself)."""
         ...

@@ -1053,6 +1053,10 @@ class PostgresStore:
         (asked,) = self._row("SELECT cancel IS NOT NULL FROM tasks WHERE id = %(task)s", task_id)
         return bool(asked)
 
+    def read_cancel(self, task_id: str) -> JSON | None:
+        (stamp,) = self._row("SELECT cancel FROM tasks WHERE id = %(task)s", task_id)
+        return stamp if isinstance(stamp, dict) or stamp is None else {}
+
     def withdraw_cancel(self, task_id: str) -> None:
         self._done(
             "WITH done AS (UPDATE tasks SET cancel = NULL WHERE id = %(task)s RETURNING 1)",
