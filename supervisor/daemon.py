@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -121,6 +121,9 @@ from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
 
+if TYPE_CHECKING:
+    from supervisor.console.process import ConsoleProcess
+
 RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
 #: wakes it at once; polling is the truth), and how long a task whose workspace this node
@@ -137,7 +140,7 @@ STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
-LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
+LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.", "console.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
 WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
 
@@ -240,6 +243,7 @@ class Supervisor:
         # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
         self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
+        self._console: ConsoleProcess | None = None  # [console] listen: its process
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -447,6 +451,7 @@ class Supervisor:
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
+        self._serve_console()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -481,6 +486,7 @@ class Supervisor:
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
+            "console": self._console.url if self._console is not None else None,
         }
         self._publish_info()
         self.notifier.ready()
@@ -505,6 +511,8 @@ class Supervisor:
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.stop()
+            if self._console is not None:
+                self._console.stop()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -632,6 +640,7 @@ class Supervisor:
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
+        self._reload_console(before)
         self._wake.set()
 
     def _accept_config_file(self, *, at_start: bool, renewed: list[str] | None = None) -> bool:
@@ -1341,6 +1350,8 @@ class Supervisor:
         ``_sweep_strays``; a process the daemon starts for itself must be named here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         own |= self.hooks.pids()
+        if self._console is not None and self._console.pid is not None:
+            own.add(self._console.pid)
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
@@ -1454,6 +1465,57 @@ class Supervisor:
             raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
+
+    # -- the console ----------------------------------------------------------------------
+
+    def _serve_console(self, *, wait: bool = True) -> None:
+        """Serve the console (``[console] listen``, docs/design.md section 12) from a
+        process of its own (``supervisor.console.process``). At the start (``wait``), an
+        address that cannot be bound, or a console that cannot serve, stops the start in
+        one line (``console_failed``, as ``metrics_failed``)."""
+        config_file = self.worker_config or self.config_file
+        if self.config.console.address is None or config_file is None:
+            return
+        from supervisor.console.process import ConsoleProcess  # noqa: PLC0415  (only with a console)
+
+        console = ConsoleProcess(
+            self.spool,
+            self.config.console,
+            config_file,
+            node=self.shared.node if self.shared is not None else None,
+            store_url=self._credentials.get(credentials.STORE),
+            environ=self._worker_env,
+            emit=self.emit,
+        )
+        try:
+            console.start(wait=wait)
+        except AgentdError as exc:
+            self.emit(
+                "console_failed", level="error", listen=self.config.console.listen, error=str(exc)
+            )
+            raise
+        self._console = console
+
+    def _reload_console(self, before: Config) -> None:
+        """A reload's ``[console]``: read again by the running console, or a console
+        started, stopped or moved to its new address (one that cannot bind it is said
+        in ``console_failed``, and the daemon serves on without)."""
+        from supervisor.console.process import differs  # noqa: PLC0415  (the same)
+
+        console = self.config.console
+        if self._console is not None and not differs(before.console, console):
+            self._console.reload()
+            return
+        if self._console is None and console.address is None:
+            return
+        if self._console is not None:
+            self._console.stop()
+            self._console = None
+        with contextlib.suppress(AgentdError):  # (said: ``console_failed``)
+            self._serve_console(wait=False)
+        if self._info:
+            self._info["console"] = self._console.url if self._console is not None else None
+            self._publish_info()
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

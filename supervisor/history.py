@@ -35,7 +35,7 @@ from supervisor.stores import store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
-from worker.errors import StateConflictError, UsageError
+from worker.errors import IrreversibleError, StateConflictError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
@@ -215,9 +215,10 @@ def _check_rewind(
     undo = [_call_row(c) for c in irreversible_calls(state, to)]
     if undo and not yes:
         listing = "; ".join(f"turn {u['turn']} {u['tool']} ({u['effect']})" for u in undo)
-        raise UsageError(
+        raise IrreversibleError(
             f"rewinding task {task.id} to turn {to} cannot undo {len(undo)} call(s) with "
-            f"side effects: {listing}. Run again with --yes to rewind anyway."
+            f"side effects: {listing}. Run again with --yes to rewind anyway.",
+            undo,
         )
     if restore_workspace and not state.vcs.get(to, {}).get("snapshot"):
         raise StateConflictError(

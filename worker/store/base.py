@@ -535,6 +535,26 @@ class SharedStore(TaskStore, Protocol):
         """Wake every node (a submit, a decision, a cancel): advisory, never the truth."""
         ...
 
+    # -- the console's API tokens (docs/design.md section 12) ---------------------------
+
+    def add_token(self, token: JSON) -> None:
+        """Keep an API token (``id``, ``digest``: its SHA-256, never the token; ``by``:
+        who minted it; ``created_at``); ``RecordConflictError`` when its id or digest is
+        taken."""
+        ...
+
+    def tokens(self) -> list[JSON]:
+        """Every API token kept, oldest first (without the tokens themselves: digests)."""
+        ...
+
+    def token(self, digest: str) -> JSON | None:
+        """The API token whose SHA-256 is ``digest``, or None (never minted, or revoked)."""
+        ...
+
+    def revoke_token(self, token_id: str) -> bool:
+        """Forget the API token ``token_id``: False when there is none of that id."""
+        ...
+
     def listen(self, on_wake: Callable[[], None]) -> Callable[[], None]:
         """Call ``on_wake`` (from another thread) whenever a node is woken; returns what
         stops listening. Lost wake-ups cost a poll interval, never a task."""
