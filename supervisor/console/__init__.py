@@ -28,6 +28,10 @@ import socket
 
 from worker.config import ConsoleConfig
 
+#: What the console's process says to the daemon once it serves (no event of the log:
+#: the daemon logs ``console_serving`` for it, with the URL).
+READY = "console_ready"
+
 
 def console_url(console: ConsoleConfig, port: int) -> str:
     """The URL a browser opens the console at: the listen address, or, for an address of

@@ -37,7 +37,7 @@ from http import HTTPStatus
 from importlib import resources
 from typing import Any, TextIO
 
-from supervisor.console import api
+from supervisor.console import READY, api
 from supervisor.console.auth import (
     Session,
     Sessions,
@@ -52,7 +52,7 @@ from supervisor.console.http import HttpError, Request, Response
 from supervisor.console.tokens import LoginTickets, TokenStore, bearer
 from supervisor.operator import Operator, Via
 from worker.config import Config
-from worker.errors import UsageError
+from worker.errors import AgentdError
 from worker.redactor import redact
 from worker.spool import Spool
 from worker.store.durable import dump_json
@@ -109,7 +109,10 @@ class Announcer:
         self._unsaid = 0
 
     def _event(self, event: str, level: str = "info", **fields: Any) -> None:
-        line = dump_json({"event": event, "level": level, **fields}).decode()
+        self._send({"event": event, "level": level, **fields})
+
+    def _send(self, said: dict[str, Any]) -> None:
+        line = dump_json(said).decode()
         try:
             self.out.write(line + "\n")
             self.out.flush()
@@ -136,7 +139,8 @@ class Announcer:
         self._window = (start, said + 1)
 
     def ready(self, url: str) -> None:
-        self._event("console_ready", url=url)
+        """Tell the daemon the console serves (it logs ``console_serving``)."""
+        self._send({"event": READY, "url": url})
 
     def failed_to_start(self, error: str) -> None:
         """The console cannot serve (its TLS files, say): the one line the daemon says."""
@@ -194,12 +198,15 @@ class Console:
     async def respond(self, request: Request) -> Response | Stream:
         try:
             return await self._respond(request)
-        except UsageError as exc:  # a body that is not one (a form's CSRF check reads it)
-            return refused(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except (AgentdError, OSError) as exc:  # a token's lookup in a store away, a bad form
+            answer = api.refusal(exc)
+            if answer is None:
+                raise
+            status, body, said = answer
+            return refused(status, body, said)
         except PageRefusal as exc:  # a person opened it: the line, as a page
             page = _page("agentd", exc.message)
-            headers = list(exc.headers.items())
-            return Response(exc.status, page, "text/html; charset=utf-8", headers)
+            return Response(exc.status, page, "text/html; charset=utf-8", [*exc.headers.items()])
         except HttpError as exc:
             return refused(exc.status, {"error": exc.message}, exc.headers)
 

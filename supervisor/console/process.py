@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.console import console_url
+from supervisor.console import READY, console_url
 from supervisor.metrics import listen_error
 from worker import credentials
 from worker.config import ConsoleConfig
@@ -109,8 +109,8 @@ class ConsoleProcess:
         self._spawn()
         said = self._first_words() if wait else None
         if said is not None and said.get("event") == "console_failed":
+            code = self._code  # (it ends by itself once it said so)
             self.stop()
-            code = self._code
             error = str(said.get("error") or "the console could not start")
             raise ConfigError(error) if code == ConfigError.exit_code else AgentdError(error)
         self._watch()
@@ -161,10 +161,11 @@ class ConsoleProcess:
             if not ready:
                 break
             for line in self._lines(out):
-                if line.get("event") in ("console_ready", "console_failed"):
-                    self._said(line)
-                    return line
+                if line.get("event") == "console_failed":
+                    return line  # (the daemon says it, as its start's one line)
                 self._said(line)
+                if line.get("event") == READY:
+                    return line
             if self.proc.poll() is not None:
                 return {"event": "console_failed", "error": "the console ended at its start"}
         return None
@@ -210,12 +211,13 @@ class ConsoleProcess:
                     said.append(data)
         return said
 
-    def _said(self, line: dict[str, Any]) -> None:
+    def _said(self, said: dict[str, Any]) -> None:
         """Log a line of the console's in the daemon's stream."""
+        line = dict(said)
         event = str(line.pop("event"))
         level = line.pop("level", "info")
         level = level if level in ("info", "warning", "error") else "info"
-        if event == "console_ready":
+        if event == READY:
             self.emit("console_serving", listen=self.console.listen, url=self.url)
             return
         self.emit(event, level=level, **{k: v for k, v in line.items() if k != "task"})

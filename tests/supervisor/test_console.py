@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from supervisor.console.http import BODY_LIMIT
+from supervisor.console.server import MAX_CONNECTIONS
 from supervisor.console.tokens import LoginTickets
 from tests.console import (
     Client,
@@ -494,3 +495,34 @@ def test_the_console_keeps_its_state_files_private(console: Console) -> None:
         assert ticket.stat().st_mode & 0o777 == 0o600
         assert len(ticket.name) == 64 + len(".json")  # a digest, never the ticket
     assert Path(folder / "logins").stat().st_mode & 0o777 == 0o700
+
+
+def test_connections_past_the_limit_are_closed_at_once(console: Console) -> None:
+    """At most ``MAX_CONNECTIONS`` connections are held: one more is closed as it comes,
+    and once the crowd is gone a request is answered."""
+    crowd = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            crowd.append(socket.create_connection(("127.0.0.1", console.port), timeout=10))
+        poll_for(lambda: _closed_at_once(console.port), 10, interval=0.1, what="a refusal")
+    finally:
+        for conn in crowd:
+            conn.close()
+    script = console.token()
+    poll_for(lambda: _answered(script), 30, interval=0.1, what="an answer after the crowd")
+
+
+def _closed_at_once(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+        extra.sendall(f"GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        try:
+            return extra.recv(1024) == b""
+        except ConnectionResetError:
+            return True
+
+
+def _answered(client: Client) -> bool:
+    try:
+        return client.get("/api/tasks").status == 200
+    except OSError:
+        return False

@@ -25,7 +25,7 @@ function el(tag, attrs, ...children) {
     else if (key === "class") node.className = value;
     else node.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -349,9 +349,12 @@ async function showInbox() {
   const view = document.getElementById("view");
   view.replaceChildren(
     el("h1", {}, "Inbox"),
-    calls.length ? calls.map(heldCall) : el("p", { class: "muted" }, "No held calls."),
-    tasks.length ? el("h2", {}, "Held on a budget") : null,
-    tasks.map((t) => el("p", {}, el("a", { href: `#/tasks/${encodeURIComponent(t.task)}` }, t.task), `: ${t.reason} (agentd budget ${t.task} sets a new one)`)),
+    el("section", { class: "calls" },
+      calls.length ? calls.map(heldCall) : el("p", { class: "muted" }, "No held calls: nothing waits for a decision.")),
+    el("section", { class: "budgets" },
+      tasks.length ? el("h2", {}, "Held on a budget") : null,
+      tasks.map((t) => el("p", {}, el("a", { href: `#/tasks/${encodeURIComponent(t.task)}` }, t.task),
+        `: ${t.reason} (\`agentd budget ${t.task}\` sets a new one)`))),
   );
 }
 
