@@ -69,6 +69,7 @@ class Route:
     pattern: str  # a path, ``{task}`` for a task's id
     run: Callable[[Call], JSON | list[Any]]
     status: int = HTTPStatus.OK
+    redacted: bool = False  # its answer passed the redactor already (``show``'s lines)
 
     def match(self, method: str, path: str) -> str | None:
         """The task id the path names ("" for none) when this route takes it, else None."""
@@ -179,7 +180,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/tasks", tasks),
     Route("GET", "/api/held", held),
     Route("GET", "/api/tasks/{task}", task),
-    Route("GET", "/api/tasks/{task}/messages", messages),
+    Route("GET", "/api/tasks/{task}/messages", messages, redacted=True),
     Route("POST", "/api/tasks/{task}/decisions", decide),
     Route("POST", "/api/tasks/{task}/cancel", cancel),
     Route("POST", "/api/tasks/{task}/retry", retry),

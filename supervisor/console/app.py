@@ -340,7 +340,8 @@ class Console:
         def run() -> dict[str, Any]:
             body = api.parse_body(request.body, request.header("content-type"))
             call = api.Call(self.spool, self.config, operator, task_id, body, request.query)
-            return redact.clean_prose({"data": route.run(call)})
+            answer = {"data": route.run(call)}
+            return answer if route.redacted else redact.clean_prose(answer)
 
         try:
             data = await self.off_loop(run)

@@ -169,6 +169,12 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
             expect(result.locator("pre")).to_have_text(REPORT)
             expect(page.locator("table.timeline tbody tr")).to_have_count(3)
             page.screenshot(path=str(shots / "console-timeline.png"), full_page=True)
+            # a rewind past a call it cannot undo: the CLI's line, and the calls listed
+            page.fill('input[aria-label="rewind to turn"]', "0")
+            page.get_by_role("button", name="Rewind", exact=True).click()
+            expect(page.locator("#flash")).to_contain_text("Run again with --yes")
+            expect(page.locator(".undo")).to_contain_text("turn 1: write_file (idempotent)")
+            assert daemon.row("nightly-report")["turn"] == 3  # nothing was rewound
 
             # the inbox: skip the held charge, with a reason
             page.click('nav a[href="#/inbox"]')

@@ -80,7 +80,7 @@ async function act(path, body, done) {
   } else {
     flash(answer.data.error, "error");
   }
-  if (state.refresh) state.refresh();
+  if (state.refresh) state.refresh(true);
   return answer;
 }
 
@@ -104,21 +104,28 @@ function listen() {
     countHeld();
     if (state.view?.name === "tasks") {
       renderRow(row);
-    } else if (state.view?.name === "task" && state.view.task === row.id) {
-      later(state.refresh);
+    } else if (state.view?.name === "task" && state.view.task === row.id && moved(before, row)) {
+      later(state.refresh, 1000);
     } else if (state.view?.name === "inbox" && (row.state === "held" || before?.state === "held")) {
-      later(state.refresh);
+      later(state.refresh, 500);
     }
   });
 }
 
-// Reload a view at most every half second, however many rows change.
-function later(fn) {
+// Reload a view at most once a while, however many rows change meanwhile.
+function later(fn, wait) {
   if (!fn || state.timer) return;
   state.timer = setTimeout(() => {
     state.timer = 0;
-    fn();
-  }, 500);
+    fn(true);
+  }, wait);
+}
+
+// Whether a task's page has something new to show (a heartbeat's age is nothing new).
+function moved(before, row) {
+  if (!before) return true;
+  const keys = ["state", "turn", "reason", "compactions", "restarts"];
+  return keys.some((k) => before[k] !== row[k]) || (before.dangling || []).length !== (row.dangling || []).length;
 }
 
 function countHeld() {
@@ -304,24 +311,31 @@ function events(list) {
       el("td", { class: "fields" }, Object.entries(e).filter(([k]) => !skip.has(k)).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" "))))));
 }
 
-async function showTask(id) {
+// A task's page; ``again``: the same page brought up to date, its action bar (and what
+// is typed in it) left as it is.
+async function showTask(id, again) {
   const base = `/api/tasks/${encodeURIComponent(id)}`;
   const [detail, lines] = await Promise.all([api("GET", base), api("GET", `${base}/messages`)]);
   if (!detail.ok) return flash(detail.data.error, "error");
   const { task: row, history, events: list } = detail.data;
   state.rows.set(row.id, row);
-  const view = document.getElementById("view");
-  view.replaceChildren(
-    el("h1", {}, row.id, " ", badge(row.state)),
-    row.reason ? el("p", { class: "reason" }, row.reason) : null,
-    facts(row),
-    actionsBar(id, row),
-    el("h2", {}, "Timeline"),
-    timeline(history),
-    el("h2", {}, "Messages"),
-    el("div", { class: "messages" }, lines.ok ? messages(lines.data) : el("p", { class: "muted" }, lines.data.error)),
-    el("h2", {}, "Events"),
-    events(list),
+  const parts = {
+    "task-head": [el("h1", {}, row.id, " ", badge(row.state)), row.reason ? el("p", { class: "reason" }, row.reason) : null, facts(row)],
+    "task-timeline": [el("h2", {}, "Timeline"), timeline(history)],
+    "task-messages": [el("h2", {}, "Messages"),
+      el("div", { class: "messages" }, lines.ok ? messages(lines.data) : el("p", { class: "muted" }, lines.data.error))],
+    "task-events": [el("h2", {}, "Events"), events(list)],
+  };
+  if (again && document.getElementById("task-actions")) {
+    for (const [key, children] of Object.entries(parts)) document.getElementById(key).replaceChildren(...children.filter(Boolean));
+    return;
+  }
+  document.getElementById("view").replaceChildren(
+    el("div", { id: "task-head" }, parts["task-head"]),
+    el("div", { id: "task-actions" }, actionsBar(id, row)),
+    el("div", { id: "task-timeline" }, parts["task-timeline"]),
+    el("div", { id: "task-messages" }, parts["task-messages"]),
+    el("div", { id: "task-events" }, parts["task-events"]),
   );
 }
 
@@ -332,7 +346,7 @@ function heldCall(call) {
   const reason = el("input", { type: "text", placeholder: "why (the model is told)", "aria-label": "reason" });
   const result = el("textarea", { rows: 2, placeholder: "the verified result (what the model gets)", "aria-label": "result" });
   const decide = (action, extra, said) => act(base, { call_id: call.call_id, action, ...extra }, `${call.task} ${call.call_id}: ${said}`);
-  return el("article", { class: "held", "data-call": call.call_id },
+  return el("article", { class: "held", "data-call": call.call_id, "data-key": `${call.task}/${call.call_id}` },
     el("h3", {}, el("a", { href: `#/tasks/${encodeURIComponent(call.task)}` }, call.task), ` · ${call.tool} `, badge(call.effect, "effect")),
     el("p", { class: "muted" }, `call ${call.call_id}, started ${call.started_at}: ${call.why || "its outcome is unknown"}`),
     el("pre", {}, json(call.input)),
@@ -342,10 +356,15 @@ function heldCall(call) {
       el("span", { class: "group" }, result, el("button", { onclick: () => decide("result", { result: result.value }, "result recorded") }, "Record result"))));
 }
 
-async function showInbox() {
+// The inbox; ``again``: brought up to date only when its calls changed (what is typed
+// in a card stays while the card does).
+async function showInbox(again) {
   const answer = await api("GET", "/api/held");
   if (!answer.ok) return flash(answer.data.error, "error");
   const { calls, tasks } = answer.data;
+  const shown = [...document.querySelectorAll("article.held")].map((a) => a.dataset.key).join(" ");
+  const now = calls.map((c) => `${c.task}/${c.call_id}`).join(" ");
+  if (again && shown === now && document.querySelector("section.calls")) return;
   const view = document.getElementById("view");
   view.replaceChildren(
     el("h1", {}, "Inbox"),
@@ -366,13 +385,13 @@ function route() {
   if (match) state.view = { name: "task", task: decodeURIComponent(match[1]) };
   else if (hash === "#/inbox") state.view = { name: "inbox" };
   else state.view = { name: "tasks" };
-  const show = { tasks: showTasks, task: () => showTask(state.view.task), inbox: showInbox }[state.view.name];
+  const show = { tasks: showTasks, task: (again) => showTask(state.view.task, again), inbox: showInbox }[state.view.name];
   state.refresh = show;
   for (const link of document.querySelectorAll("nav a")) {
     link.classList.toggle("here", link.dataset.view === state.view.name);
   }
   flash("");
-  show();
+  show(false);
 }
 
 async function start() {
