@@ -834,6 +834,8 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
     ]
     if config.tools.modules:
         facts.append(f"tool modules {', '.join(config.tools.modules)}")
+    if config.console.listen:
+        facts.append(f"console on {config.console.listen}{_console_tls(config)}")
     if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
         facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
@@ -841,6 +843,20 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
         facts.insert(0, f"no file at {looked}")
     print(f"{source}: ok ({'; '.join(facts)})")
     return 0
+
+
+def _console_tls(config: Config) -> str:
+    """`` over TLS`` when the console's certificate and key load (as its process loads
+    them); a ConfigError in one line when they do not."""
+    if not config.console.tls:
+        return ""
+    from supervisor.console.server import tls_context  # noqa: PLC0415  (ssl: only this check needs it)
+
+    try:
+        tls_context(config.console)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}.") from None
+    return " over TLS"
 
 
 def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:

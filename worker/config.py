@@ -646,18 +646,16 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]")
 
 def _file_path(t: _Table, key: str) -> Path | None:
     """A file named by ``key``: None when left out; relative to the config file's folder,
-    ``~`` expanded; it must be a file this process can see (its contents are read when
-    the console starts)."""
+    ``~`` expanded. Its contents are read where they are used (the console's process,
+    ``agentd config check``), not here: every command reads this file, as users who may
+    not read a private key."""
     value = t.value(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         t.fail(key, f"must be the path of a PEM file, got {_show(value)}")
     path = Path(os.path.expanduser(value))
-    path = path if path.is_absolute() else t.source.parent.absolute() / path
-    if not path.is_file():
-        t.fail(key, f"= {_show(value)} is no file ({path}); give the path of a PEM file")
-    return path
+    return path if path.is_absolute() else t.source.parent.absolute() / path
 
 
 def _listen(metrics: _Table, example: str = "127.0.0.1:9464") -> str:

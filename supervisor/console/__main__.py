@@ -26,7 +26,7 @@ from supervisor.stores import use_shared
 from worker import credentials
 from worker.config import Config, load_config
 from worker.descendants import dies_with
-from worker.errors import AgentdError, ConfigError
+from worker.errors import AgentdError
 from worker.spool import Spool
 
 
@@ -44,16 +44,7 @@ async def serve(spool: Spool, config: Config, config_path: Path, sock: socket.so
     announce = Announcer(sys.stdout)
     host, port = sock.getsockname()[:2]
     console_config = config.console
-    context = None
-    if console_config.tls:
-        try:
-            context = tls_context(str(console_config.tls_cert), str(console_config.tls_key))
-        except (OSError, ValueError) as exc:  # (ssl.SSLError is an OSError)
-            raise ConfigError(
-                f"console.tls_cert {console_config.tls_cert} and console.tls_key "
-                f"{console_config.tls_key} cannot be served ({exc}); give a PEM certificate "
-                "chain and its key, readable by the daemon's user"
-            ) from None
+    context = tls_context(console_config) if console_config.tls else None
     address = console_config.address
     with concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="console") as pool:
         console = Console(
@@ -76,6 +67,7 @@ async def serve(spool: Spool, config: Config, config_path: Path, sock: socket.so
             try:
                 new = load_config(config_path)
                 if context is not None and new.console.tls:  # (a renewed certificate)
+                    tls_context(new.console)  # (checked whole first: a bad pair changes nothing)
                     context.load_cert_chain(str(new.console.tls_cert), str(new.console.tls_key))
                 console.reconfigure(new)
             except (AgentdError, OSError, ValueError) as exc:

@@ -91,9 +91,11 @@ NOT_LOGGED_IN = (
 @dataclass(frozen=True)
 class Stream:
     """``GET /api/stream``'s answer: the server writes the feed's rows to it while
-    ``alive`` says the credentials it was opened with still hold."""
+    ``alive`` says the credentials it was opened with still hold (``reads``: it reads the
+    store, so it runs off the loop; a session's check is the loop's own)."""
 
     alive: Callable[[], bool]
+    reads: bool = False
 
 
 class Announcer:
@@ -319,7 +321,7 @@ class Console:
             )
         if session is None:  # a token's stream: it ends when the token is revoked
             secret = (request.header("authorization") or "").partition(" ")[2].strip()
-            return Stream(lambda: bearer(self.tokens, secret) is not None)
+            return Stream(lambda: bearer(self.tokens, secret) is not None, reads=True)
         key = request.cookies().get(self.cookie)
         return Stream(lambda: self.sessions.get(key) is not None)
 

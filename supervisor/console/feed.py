@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,7 @@ STREAM_BACKLOG = 5000
 _BEAT_FIELDS = ("pid", "turn", "phase", "usage", "tokens_used", "compactions", "sandbox", "retry")
 
 Row = dict[str, Any]
-Scan = Callable[[], list[Row]]
+Scan = Callable[[], list[Row]]  # a look at the tasks, run off the loop
 
 
 class RowFeed:
@@ -76,10 +77,14 @@ class RowFeed:
 
     async def _watch(self) -> None:
         while self._streams:
+            # the scan works on copies, off the loop; what it found is kept here, on it
+            prints, rows = dict(self._prints), dict(self.rows)
             try:
-                changed = await self._run(self._scan)
+                changed = await self._run(functools.partial(self._scan, prints, rows))
             except AgentdError:  # the store is away: the next look
                 changed = []
+            else:
+                self._prints, self.rows = prints, rows
             first = not self._scanned.is_set()
             self._scanned.set()
             if not first:
@@ -97,8 +102,9 @@ class RowFeed:
             else:
                 queue.put_nowait(row)
 
-    def _scan(self) -> list[Row]:
-        """(Off the loop.) The rows that changed since the last scan, kept in ``rows``."""
+    def _scan(self, prints: dict[str, Any], rows: dict[str, Row]) -> list[Row]:
+        """(Off the loop.) The rows that changed since the scan that left ``prints`` and
+        ``rows`` (copies, brought up to date here)."""
         store = store_for(self.spool.root)
         cluster = shared()
         leases = cluster.leases() if cluster is not None else None
@@ -111,16 +117,16 @@ class RowFeed:
                     version = store.get_record(task_id)[1].token
                     node_now = leases.get(task_id) if leases is not None else None
                     mark = (_fingerprint(version, store.read_heartbeat(task_id)), node_now)
-                    if self._prints.get(task_id) == mark:
+                    if prints.get(task_id) == mark:
                         continue
                     row = task_row(self.spool.task(task_id), leases, node)
-                    self._prints[task_id] = mark
-                    if _settled(row) != _settled(self.rows.get(task_id)):
-                        self.rows[task_id] = row
+                    prints[task_id] = mark
+                    if _settled(row) != _settled(rows.get(task_id)):
+                        rows[task_id] = row
                         changed.append(row)
-        for gone in set(self.rows) - set(ids):
-            del self.rows[gone]
-            self._prints.pop(gone, None)
+        for gone in set(rows) - set(ids):
+            del rows[gone]
+            prints.pop(gone, None)
         return changed
 
 

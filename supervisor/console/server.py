@@ -32,6 +32,8 @@ from supervisor.console.http import (
     read_request,
     write,
 )
+from worker.config import ConsoleConfig
+from worker.errors import ConfigError
 from worker.store.durable import dump_json
 
 #: Connections open at once; past it a new one is closed at once.
@@ -156,7 +158,12 @@ class ConsoleServer:
                         await write(writer, b": keep-alive\n\n")
                 if loop.time() - checked >= ALIVE_CHECK:  # (not each row: a token is a read)
                     checked = loop.time()
-                    if not await self.console.off_loop(stream.alive):
+                    held = (
+                        await self.console.off_loop(stream.alive)
+                        if stream.reads
+                        else stream.alive()
+                    )
+                    if not held:
                         return
                 if row is None:
                     if self.console.feed.dropped(queue):
@@ -169,11 +176,18 @@ class ConsoleServer:
                 self.console.feed.unsubscribe(queue)
 
 
-def tls_context(cert: str, key: str) -> ssl.SSLContext:
-    """A server context for ``cert`` (a PEM chain) and ``key``: TLS 1.2 at least, the
-    standard library's default ciphers. ``ssl.SSLError`` or ``OSError`` when they
-    cannot be loaded (the caller says which file, in one line)."""
+def tls_context(console: ConsoleConfig) -> ssl.SSLContext:
+    """A server context for ``[console] tls_cert`` (a PEM chain) and ``tls_key``: TLS 1.2
+    at least, the standard library's default ciphers; ``ConfigError`` in one line when
+    they cannot be loaded (missing, unreadable, not PEM, not a pair)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
+    try:
+        context.load_cert_chain(str(console.tls_cert), str(console.tls_key))
+    except (OSError, ValueError) as exc:  # (ssl.SSLError is an OSError)
+        raise ConfigError(
+            f"console.tls_cert {console.tls_cert} and console.tls_key {console.tls_key} "
+            f"cannot be served ({exc}); give a PEM certificate chain and its key, readable "
+            "by the daemon's user"
+        ) from None
     return context

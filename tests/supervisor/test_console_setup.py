@@ -64,7 +64,6 @@ def console_children(daemon: Daemon) -> list[psutil.Process]:
         ('listen = "myhost:8770"', "not a loopback address"),
         ('listen = "127.0.0.1"', "HOST:PORT"),
         ('listen = "127.0.0.1:8770"\ntls_cert = "CERT"', "without console.tls_key"),
-        ('listen = "127.0.0.1:8770"\ntls_cert = "nope.pem"\ntls_key = "nope.pem"', "no file"),
         ('listen = "127.0.0.1:8770"\nhostnames = ["https://x.example"]', "no scheme"),
         ('listen = "127.0.0.1:8770"\nsession_timeout = 0', "greater than 0"),
         ('listen = "127.0.0.1:8770"\nport = 1', "not a known key"),
@@ -297,3 +296,20 @@ def test_the_host_check(host: str | None, allowed: bool) -> None:
 )
 def test_the_origin_check(origin: str | None, host: str, tls: bool, allowed: bool) -> None:
     assert origin_allowed(origin, host, tls=tls) is allowed
+
+
+def test_config_check_loads_the_consoles_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    good = tmp_path / "good.toml"
+    good.write_text(
+        f'[console]\nlisten = "127.0.0.1:8770"\ntls_cert = "{cert}"\ntls_key = "{key}"\n'
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[console]\nlisten = "127.0.0.1:8770"\ntls_cert = "{key}"\ntls_key = "{key}"\n')
+    daemon = Daemon(tmp_path / "d", config_text())
+    done = daemon.run_cli("config", "check", str(good))
+    assert done.returncode == 0 and "console on 127.0.0.1:8770 over TLS" in done.stdout, done
+    done = daemon.run_cli("config", "check", str(bad))
+    assert done.returncode == 78 and done.stdout == "", done
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"agentd: {bad}: console.tls_cert") and "cannot be served" in line
