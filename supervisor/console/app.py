@@ -10,8 +10,9 @@ then one of:
 
 * ``GET /?token=T`` (or any page path): the one-time login of ``agentd console``; a
   session cookie is set and the browser sent to the same path without the token;
-* ``GET /``: the page (``static/console.html``), for a session; ``GET /static/...``: its
-  script and style sheet (no secret in them: served to anyone who passes the Host check);
+* ``GET /``: the page (``static/console.html``, with the session's CSRF token in it), for
+  a session; ``GET /static/...``: its script and style sheet (no secret in them: served
+  to anyone who passes the Host check);
 * ``POST /logout``: the session ends;
 * ``GET /api/session``: who the page acts for, and its CSRF token;
 * ``GET /api/stream``: server-sent events, one ``task`` event per change of a task's row
@@ -231,7 +232,7 @@ class Console:
             name, kind = STATIC[path]
             return Response(HTTPStatus.OK, _static(name), kind)
         if request.method in ("GET", "HEAD") and "token" in request.query and path in PAGES:
-            return self._login(request)
+            return await self._login(request)
         if path == "/logout" and request.method == "POST":
             return self._logout(request)
         operator, session = await self._credentials(request)
@@ -246,7 +247,11 @@ class Console:
                     "page may not act here)",
                 )
         if path in PAGES and request.method in ("GET", "HEAD"):
-            return Response(HTTPStatus.OK, _static("console.html"), "text/html; charset=utf-8")
+            # the session's CSRF token is in the page (a meta tag, the logout form's field):
+            # no page of another origin can read it
+            csrf = session.csrf.encode() if session is not None else b""
+            page = _static("console.html").replace(b"{{csrf}}", csrf)
+            return Response(HTTPStatus.OK, page, "text/html; charset=utf-8")
         if path == "/api/session" and request.method in ("GET", "HEAD"):
             return self._json(HTTPStatus.OK, _whoami(operator, session, self.sessions))
         if path == "/api/stream" and request.method == "GET":
@@ -281,8 +286,9 @@ class Console:
             )
         return session.operator, session
 
-    def _login(self, request: Request) -> Response:
-        by = self.tickets.redeem(request.query["token"])
+    async def _login(self, request: Request) -> Response:
+        ticket = request.query["token"]
+        by = await self.off_loop(lambda: self.tickets.redeem(ticket))
         if by is None:
             self.announce.failed(
                 "a login link that was used, expired or never made", request.client

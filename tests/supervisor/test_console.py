@@ -90,7 +90,10 @@ def test_the_login_url_opens_once_sets_a_session_cookie_and_drops_its_token(
     attributes = {a.strip() for a in cookie.split(";")[1:]}
     assert {"HttpOnly", "SameSite=Lax", "Path=/"} <= attributes
     assert "Secure" not in attributes  # (plain HTTP: a Secure cookie would never come back)
-    assert browser.get("/").status == 200
+    page = browser.get("/")
+    assert page.status == 200
+    # the page carries its session's CSRF token (a meta tag and the logout form's field)
+    assert f'<meta name="csrf-token" content="{browser.csrf}">' in page.body.decode()
     session = browser.get("/api/session").json()
     assert session["by"] == USER and session["via"] == "console" and session["csrf"]
     # the same URL again: refused, and said in the daemon's log as a warning

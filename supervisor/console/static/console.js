@@ -397,10 +397,9 @@ function route() {
 async function start() {
   const session = await api("GET", "/api/session");
   if (!session.ok) return;
-  state.csrf = session.data.csrf || "";
+  state.csrf = document.querySelector('meta[name="csrf-token"]').content || session.data.csrf || "";
   state.by = session.data.by;
   document.getElementById("who").textContent = state.by;
-  document.querySelector('#logout input[name="csrf"]').value = state.csrf;
   window.addEventListener("hashchange", route);
   route();
   listen();
