@@ -230,7 +230,11 @@ function actionsBar(id, row) {
   return el(
     "section",
     { class: "actions" },
-    el("button", { onclick: () => act(`${base}/cancel`, {}, `${id}: cancelled`), class: "danger" }, "Cancel"),
+    el("button", {
+      class: "danger",
+      onclick: () => confirm(`Cancel ${id} for good? A cancelled task takes no decision, rewind or retry.`)
+        && act(`${base}/cancel`, {}, `${id}: cancelled`),
+    }, "Cancel"),
     el("button", { onclick: () => act(`${base}/retry`, {}, `${id}: queued for retry`) }, "Retry"),
     el("span", { class: "group" }, "Rewind to turn ", rewindTo, el("label", {}, restore, " restore files"),
       el("button", { onclick: () => rewind(false) }, "Rewind")),
