@@ -35,7 +35,6 @@ and ``prepare`` refuses it in one line (``agentd submit`` it instead).
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import select
@@ -50,8 +49,9 @@ from typing import Any, TextIO
 
 from supervisor import transcript
 from supervisor.control import move_record, running_pid
-from supervisor.decisions import decide, operator_lock, pending_decisions
+from supervisor.decisions import cancelled_by, decide, operator_lock, pending_decisions
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.operator import Operator, Via, fields_of
 from supervisor.policy import Crash, GiveUp, wait_for_resources, wait_for_storage
 from supervisor.policy import decide as restart_decision
 from supervisor.record import TaskRecord
@@ -80,8 +80,6 @@ POLL = 0.1
 CRASH_MEMORY = 50
 #: Seconds the sweep of what a worker's tools left may take before the run goes on.
 STRAY_PATIENCE = 5.0
-#: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
-VIA = "run"
 
 
 class RunExit(IntEnum):
@@ -513,8 +511,7 @@ class ForegroundRun:
                 action=answer.action,
                 reason=answer.reason,
                 result=answer.result,
-                by=getpass.getuser(),
-                via=VIA,
+                operator=Operator.here(Via.RUN),
             )
         self._record(TaskStatus.QUEUED, pid=None, reason=None)
         return None
@@ -522,7 +519,7 @@ class ForegroundRun:
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
             move_record(self.task, TaskRecord.cancel)
-        self.event("task_cancelled")
+        self.event("task_cancelled", **fields_of(cancelled_by(self.task)))
         self.say(f"task {self.task.id} was cancelled")
         return RunExit.HELD
 

@@ -14,6 +14,7 @@ key and what is allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file t
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import keyword
 import math
@@ -122,6 +123,37 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """The console: a web page and a JSON API served by the daemon (docs/design.md
+    section 12; ``supervisor.console``)."""
+
+    listen: str = ""  # "HOST:PORT"; "" serves none
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key, served over TLS
+    tls_key: Path | None = None
+    hostnames: tuple[str, ...] = ()  # the names it is reached by besides listen's host
+    session_timeout: float = 8 * 3600.0  # seconds a login lasts
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """``listen`` as (host, port), the brackets of an IPv6 host taken off; None: off."""
+        return MetricsConfig(self.listen).address
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is this machine's loopback only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     lease: float = 10.0  # seconds a task's lease lasts unless its holder renews it
 
@@ -188,6 +220,7 @@ class Config:
     tools: ToolsConfig = ToolsConfig()
     hooks: HooksConfig = HooksConfig()
     metrics: MetricsConfig = MetricsConfig()
+    console: ConsoleConfig = ConsoleConfig()
     context: ContextConfig = ContextConfig()
     store: str | None = None  # a postgresql:// URL: the shared store (None: the spool)
     node: str | None = None  # this node's name in a cluster (None: the hostname)
@@ -335,6 +368,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         on_held=_argv(t, "on_held"), on_failed=_argv(t, "on_failed"), on_done=_argv(t, "on_done")
     )
     metrics = MetricsConfig(listen=_listen(top.table("metrics")))
+    console = _console(top.table("console"))
     context = _context(top.table("context"), model)
     store = _store(top) if "store" in doc else None
     node = _node(top) if "node" in doc else None
@@ -358,6 +392,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         tools=tools,
         hooks=hooks,
         metrics=metrics,
+        console=console,
         context=context,
         store=store,
         node=node,
@@ -568,10 +603,65 @@ def _policy(policy: _Table) -> Mapping[str, str]:
     return MappingProxyType(dict(policy.data))
 
 
-def _listen(metrics: _Table) -> str:
-    """``metrics.listen``: "" or HOST:PORT. The host is never implied: an address without
-    one would be every interface, and metrics leave the machine only when the operator
-    writes an address that lets them (``0.0.0.0:9464``)."""
+def _console(t: _Table) -> ConsoleConfig:
+    """``[console]``: a listen address like ``metrics.listen``; off the loopback, only with
+    TLS (``tls_cert`` and ``tls_key``, given together); ``hostnames``, the names a proxy
+    or a certificate gives it; ``session_timeout``."""
+    listen = _listen(t, example="127.0.0.1:8770")
+    cert, key = _file_path(t, "tls_cert"), _file_path(t, "tls_key")
+    if (cert is None) != (key is None):
+        given, missing = ("tls_cert", "tls_key") if key is None else ("tls_key", "tls_cert")
+        t.fail(given, f"is given without console.{missing}; TLS needs both (or neither)")
+    names = t.value("hostnames")
+    if not isinstance(names, list | tuple) or not all(
+        isinstance(n, str) and _HOSTNAME.fullmatch(n) for n in names
+    ):
+        t.fail(
+            "hostnames",
+            'must be an array of host names such as ["agentd.example.com"] (no scheme, '
+            f"no port), got {_show(names)}",
+        )
+    console = ConsoleConfig(
+        listen=listen,
+        tls_cert=cert,
+        tls_key=key,
+        hostnames=tuple(n.lower() for n in names),
+        session_timeout=t.duration("session_timeout"),
+    )
+    address = console.address
+    if address is not None and not is_loopback(address[0]) and not console.tls:
+        t.fail(
+            "listen",
+            f"= {_show(listen)} is not a loopback address, and the console is served there "
+            "only over TLS: set console.tls_cert and console.tls_key, or listen on "
+            '"127.0.0.1:PORT" (behind a reverse proxy that serves TLS)',
+        )
+    return console
+
+
+#: A host name or address of ``[console] hostnames``: letters, digits, dots and dashes,
+#: or an IPv6 address in brackets.
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]")
+
+
+def _file_path(t: _Table, key: str) -> Path | None:
+    """A file named by ``key``: None when left out; relative to the config file's folder,
+    ``~`` expanded. Its contents are read where they are used (the console's process,
+    ``agentd config check``), not here: every command reads this file, as users who may
+    not read a private key."""
+    value = t.value(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        t.fail(key, f"must be the path of a PEM file, got {_show(value)}")
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else t.source.parent.absolute() / path
+
+
+def _listen(metrics: _Table, example: str = "127.0.0.1:9464") -> str:
+    """``metrics.listen`` (``console.listen``): "" or HOST:PORT. The host is never implied:
+    an address without one would be every interface, and metrics leave the machine only
+    when the operator writes an address that lets them (``0.0.0.0:9464``)."""
     value = metrics.value("listen")
     if not isinstance(value, str):
         metrics.fail("listen", f'must be "HOST:PORT" or "" (off), got {_show(value)}')
@@ -590,10 +680,11 @@ def _listen(metrics: _Table) -> str:
         or not 1 <= int(port) <= 65535
     )
     if wrong:
+        every = "0.0.0.0:" + example.rpartition(":")[2]
         metrics.fail(
             "listen",
-            f'must be "HOST:PORT" with a port from 1 to 65535, such as "127.0.0.1:9464" '
-            f'(this machine only) or "0.0.0.0:9464" (every interface), got {_show(value)}',
+            f'must be "HOST:PORT" with a port from 1 to 65535, such as "{example}" '
+            f'(this machine only) or "{every}" (every interface), got {_show(value)}',
         )
     return value
 
@@ -684,6 +775,15 @@ def config_document(config: Config) -> dict[str, Any]:
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
+    console = config.console
+    doc["console"] = {"listen": console.listen}
+    doc["console"] |= {
+        k: str(getattr(console, k)) for k in ("tls_cert", "tls_key") if getattr(console, k)
+    }
+    doc["console"] |= {
+        "hostnames": list(console.hostnames),
+        "session_timeout": console.session_timeout,
+    }
     doc["cluster"] = {"lease": config.cluster.lease}
     doc["context"] = {  # window only when it is set: left out, each model has its own
         f.name: getattr(config.context, f.name)
@@ -789,6 +889,20 @@ Prometheus metrics, served by the daemon at http://LISTEN/metrics (docs/referenc
     "metrics.listen": """\
 "HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
 them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
+    "console": """\
+The console (docs/guides/console.md): a web page and a JSON API, served by the daemon at
+LISTEN, that show every task and its transcript and act on them (decide held calls,
+cancel, retry, rewind, fork) as the CLI does. `agentd console` prints the URL to log in
+with, `agentd console --token` mints an API token for scripts.""",
+    "console.listen": """\
+"HOST:PORT" to serve it on, "" for none. A loopback address ("127.0.0.1:8770") keeps it
+on this machine (reach it through an SSH tunnel or a reverse proxy); any other address
+is served only over TLS (tls_cert and tls_key), else the config is refused.""",
+    "console.hostnames": """\
+The names browsers reach it by besides the listen address and localhost: the name in a
+TLS certificate, or a reverse proxy's ("agentd.example.com"). A request for any other
+Host is refused (403), as is a cross-site one (its Origin).""",
+    "console.session_timeout": "Seconds a login lasts; then `agentd console` prints a new one.",
     "context": """\
 Long tasks (docs/guides/long-tasks.md, "Compaction"). When the context the model saw at
 its last call plus what it wrote reaches compact_at of the window, the worker asks the
@@ -832,6 +946,11 @@ _EXAMPLES: dict[str, str] = {
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
     "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
     "metrics": 'listen = "127.0.0.1:9464"',
+    "console": (
+        'listen = "127.0.0.1:8770"\n'
+        'tls_cert = "/etc/agentd/console.crt"   # PEM files, both or neither: served over TLS\n'
+        'tls_key = "/etc/agentd/console.key"    # (paths relative to this file\'s folder)'
+    ),
     "context": "window = 200000",
 }
 

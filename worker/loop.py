@@ -854,7 +854,9 @@ class AgentLoop:
             **decision,
         }
         self._record(record)
-        self._event("dangling_decided", call_id=call.call_id, action=action)
+        # who decided (docs/design.md section 15), as the decision names them
+        who = {k: decision[k] for k in ("by", "via") if k in decision}
+        self._event("dangling_decided", call_id=call.call_id, action=action, **who)
 
     # -- signals ------------------------------------------------------------------------
 
