@@ -57,6 +57,9 @@ T = TypeVar("T")
 
 #: What ``on_event(event, level, fields)`` is: the loop's event log.
 OnEvent = Callable[[str, str, dict[str, Any]], None]
+#: Seconds a server has, once a call it ran past its timeout was cancelled
+#: (``notifications/cancelled``), to read that before it is killed.
+CANCEL_GRACE = 1.0
 #: Seconds past a call's own timeout before the worker stops waiting for the event loop
 #: itself (a wedged SDK): the server is killed, and the outcome is unknown.
 WEDGE_MARGIN = 5.0
@@ -193,7 +196,8 @@ class ToolServers:
                 connection.call(tool, arguments, key, timeout), timeout + WEDGE_MARGIN
             )
         except (CallTimedOut, concurrent.futures.TimeoutError) as exc:
-            connection.kill()  # (from this thread: a signal, and an Event set)
+            time.sleep(CANCEL_GRACE)  # (the cancel is sent: a moment to read it)
+            self._kill(connection)
             self._count_failure(server, f"a call of {tool} ran past its timeout")
             why = str(exc) or f"no answer within {timeout:g} s"
             raise OutcomeUnknown(
@@ -209,6 +213,12 @@ class ToolServers:
         server.failures = 0
         server.reported = False
         return result
+
+    def _kill(self, connection: Connection) -> None:
+        """Kill a server now, on the servers' thread (its events are that loop's)."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(connection.kill)
 
     def close(self) -> None:
         """Stop every server (stdin, TERM, KILL, each ``grace`` apart, all at once), then

@@ -122,7 +122,7 @@ class Connection:
             try:
                 page = await session.list_tools(params=params)
             except MCPError as exc:
-                raise self._lost(exc) from None
+                raise await self._lost(exc) from None
             tools += [
                 t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools
             ]
@@ -144,17 +144,21 @@ class Connection:
         except MCPError as exc:
             if exc.error.code == types.REQUEST_TIMEOUT:
                 raise CallTimedOut(f"no answer within {timeout:g} s") from None
-            raise self._lost(exc) from None
+            raise await self._lost(exc) from None
 
     def _session(self) -> ClientSession:
         if self.session is None or self._done.is_set():
             raise ConnectionLost(self._why_gone())
         return self.session
 
-    def _lost(self, exc: MCPError) -> Exception:
-        if exc.error.code == types.CONNECTION_CLOSED or self._done.is_set():
-            return ConnectionLost(self._why_gone())
-        return exc
+    async def _lost(self, exc: MCPError) -> Exception:
+        """``exc`` as what it means: the connection's end (once the process's exit, which
+        says more, is known: a moment later than its pipe's end), or the server's error."""
+        if exc.error.code != types.CONNECTION_CLOSED and not self._done.is_set():
+            return exc
+        with anyio.move_on_after(1):
+            await self._done.wait()
+        return ConnectionLost(self._why_gone())
 
     def _why_gone(self) -> str:
         if self.exited is not None:
@@ -354,6 +358,13 @@ class Connection:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.aclose()
+        # asyncio's subprocess transport holds the pipes until it is closed itself (and
+        # warns when it is collected open); anyio's Process has no public way to it
+        transport = getattr(getattr(process, "_process", None), "_transport", None)
+        close = getattr(transport, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
 
 
 P = TypeVar("P")
