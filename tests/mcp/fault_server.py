@@ -5,10 +5,10 @@ the protocol). Its tools, each with annotations (``readOnlyHint``...) so that a 
 server's classes can be tested:
 
     echo(text)            the text, and the request's ``_meta`` as JSON (read-only)
-    count(name, seconds?) append a line to NAME in the workspace, after sleeping (unsafe)
-    settle(name)          write NAME in the workspace (idempotent)
+    count(file, seconds?) append a line to FILE in the workspace, after sleeping (unsafe)
+    settle(file)          write FILE in the workspace (idempotent)
     die()                 the process exits in the middle of the call (read-only)
-    die_once(name)        exits mid-call unless NAME exists in the workspace, which it makes
+    die_once(file)        exits mid-call unless FILE exists in the workspace, which it makes
     hang()                never answers (read-only); a notifications/cancelled it gets is
                           appended to cancelled.log in the workspace
     slow(seconds)         answers after ``seconds`` (read-only)
@@ -25,7 +25,7 @@ server's classes can be tested:
                           roots/list) to the client and returns its answer
     daemon(marker)        starts a process that double-forks away and sleeps, its argv
                           holding ``marker``
-    env(name)             the value of the environment variable ``name`` (or "unset")
+    env(variable)         the value of an environment variable (or "unset")
 
 Flags: ``--fail-start`` exits at once; ``--no-list`` answers tools/list with an error;
 ``--daemonize MARKER`` leaves a daemon behind at start (as ``daemon``); ``--log-start
@@ -88,10 +88,10 @@ def tool(tool_name: str, annotations: dict[str, bool], **properties: str) -> dic
 def tools() -> list[dict[str, Any]]:
     listed = [
         tool("echo", READ_ONLY, text="string"),
-        tool("count", UNSAFE, name="string", seconds="number"),
-        tool("settle", IDEMPOTENT, name="string"),
+        tool("count", UNSAFE, file="string", seconds="number"),
+        tool("settle", IDEMPOTENT, file="string"),
         tool("die", READ_ONLY),
-        tool("die_once", READ_ONLY, name="string"),
+        tool("die_once", READ_ONLY, file="string"),
         tool("hang", READ_ONLY),
         tool("slow", READ_ONLY, seconds="number"),
         tool("garbage", READ_ONLY),
@@ -103,7 +103,7 @@ def tools() -> list[dict[str, Any]]:
         tool("read", READ_ONLY, path="string"),
         tool("ask_client", READ_ONLY, method="string"),
         tool("daemon", UNSAFE, marker="string"),
-        tool("env", READ_ONLY, name="string"),
+        tool("env", READ_ONLY, variable="string"),
     ]
     if _tools_changed:
         return [*listed, tool("newcomer", READ_ONLY)]
@@ -143,16 +143,16 @@ def call(request_id: Any, name: str, args: dict[str, Any], meta: Any) -> None:
         answer(request_id, text_result(json.dumps({"text": args.get("text"), "meta": meta})))
     elif name == "count":
         time.sleep(float(args.get("seconds") or 0))
-        with open(here / str(args["name"]), "a") as f:
+        with open(here / str(args["file"]), "a") as f:
             f.write(f"{json.dumps(meta)}\n")
         answer(request_id, text_result("counted"))
     elif name == "settle":
-        (here / str(args["name"])).write_text("settled")
+        (here / str(args["file"])).write_text("settled")
         answer(request_id, text_result("settled"))
     elif name == "die":
         os._exit(17)
     elif name == "die_once":
-        marker = here / str(args["name"])
+        marker = here / str(args["file"])
         if not marker.exists():
             marker.write_text("died once")
             os._exit(17)
@@ -221,7 +221,7 @@ def call(request_id: Any, name: str, args: dict[str, Any], meta: Any) -> None:
             }
         send({"jsonrpc": "2.0", "id": _next_id[0], "method": method, "params": params})
     elif name == "env":
-        answer(request_id, text_result(os.environ.get(str(args["name"]), "unset")))
+        answer(request_id, text_result(os.environ.get(str(args["variable"]), "unset")))
     elif name == "daemon":
         answer(request_id, text_result(str(start_daemon(str(args["marker"])))))
     else:

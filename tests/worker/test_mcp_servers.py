@@ -213,9 +213,9 @@ def test_credentials_reach_the_server_by_reference(
     secret_file.write_text("s3cr3t-token-value\n")
     monkeypatch.setenv("AGENTD_CRED_GIT_TOKEN_FILE", str(secret_file))
     pool = servers({"f": {"command": fault_server(), "env": {"TOKEN": "${cred:git_token}"}}})
-    assert text_of(pool.call("f", "env", {"name": "TOKEN"}, "k", 30)) == "s3cr3t-token-value"
-    assert text_of(pool.call("f", "env", {"name": "PATH"}, "k", 30)) == os.environ["PATH"]
-    assert text_of(pool.call("f", "env", {"name": "HOSTNAME_NOT_PASSED"}, "k", 30)) == "unset"
+    assert text_of(pool.call("f", "env", {"variable": "TOKEN"}, "k", 30)) == "s3cr3t-token-value"
+    assert text_of(pool.call("f", "env", {"variable": "PATH"}, "k", 30)) == os.environ["PATH"]
+    assert text_of(pool.call("f", "env", {"variable": "HOSTNAME_NOT_PASSED"}, "k", 30)) == "unset"
 
 
 # -- results ---------------------------------------------------------------------------------
