@@ -84,6 +84,7 @@ class Placement:
     env: Mapping[str, str]
     sandbox: Sandbox
     grace: float = 10.0
+    echo: bool = True  # servers' stderr to this process's (the worker's bounded log)
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ class ToolServers:
             cwd=place.workspace,
             root=place.workspace,
             grace=place.grace,
+            echo=place.echo,
         )
 
     # -- the thread ----------------------------------------------------------------------

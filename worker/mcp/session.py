@@ -77,6 +77,7 @@ class Endpoint:
     headers: Mapping[str, str] = field(default_factory=dict)
     root: Path | None = None  # the workspace, answered to roots/list
     grace: float = 10.0  # restart.stop_grace: between stdin closed, TERM and KILL
+    echo: bool = True  # copy the server's stderr to this process's (False: keep the last line)
 
 
 class Connection:
@@ -91,6 +92,7 @@ class Connection:
         self.garbage = 0  # stdout lines that were no JSON-RPC message
         self.tools_changed = False  # the server said its tools changed
         self.exited: int | None = None  # the process's wait status, once it ended
+        self.last_words = ""  # the last line the server wrote on its stderr
         self._ready = anyio.Event()
         self._done = anyio.Event()  # ask _serve to end
         self._closed = anyio.Event()  # _serve ended
@@ -107,10 +109,11 @@ class Connection:
             await self._ready.wait()
         if self.session is None:
             self.kill()
-            error = self.error
-            if error is None:
+            with anyio.move_on_after(self.endpoint.grace + 3):
+                await self._closed.wait()
+            if self.error is None and self.exited is None:
                 raise ConnectionLost(f"no answer to initialize within {START_TIMEOUT:g} s")
-            raise ConnectionLost(describe(error)) from None
+            raise ConnectionLost(self._why_gone()) from None
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """Every tool the server lists (all pages), each as its JSON."""
@@ -162,10 +165,12 @@ class Connection:
 
     def _why_gone(self) -> str:
         if self.exited is not None:
-            return f"the server's process ended ({wait_status(self.exited)})"
-        if self.error is not None:
-            return describe(self.error)
-        return "the connection to the server closed"
+            why = f"the server's process ended ({wait_status(self.exited)})"
+        elif self.error is not None:
+            why = describe(self.error)
+        else:
+            why = "the connection to the server closed"
+        return f"{why}; its last words: {self.last_words}" if self.last_words else why
 
     def kill(self) -> None:
         """End the server at once: SIGKILL to its process group, and the session ends."""
@@ -322,10 +327,16 @@ class Connection:
                 buffer += chunk
                 while (end := buffer.find(b"\n")) >= 0 or len(buffer) > STDERR_LINE:
                     cut = end if end >= 0 else STDERR_LINE
-                    say(self.endpoint.name, buffer[:cut][:STDERR_LINE].decode(errors="replace"))
+                    self._stderr_line(buffer[:cut][:STDERR_LINE].decode(errors="replace"))
                     del buffer[: cut + (1 if end >= 0 else 0)]
         if buffer:
-            say(self.endpoint.name, buffer[:STDERR_LINE].decode(errors="replace"))
+            self._stderr_line(buffer[:STDERR_LINE].decode(errors="replace"))
+
+    def _stderr_line(self, line: str) -> None:
+        if line.strip():
+            self.last_words = line.strip()[:300]
+        if self.endpoint.echo:
+            say(self.endpoint.name, line)
 
     async def _watch_exit(self, process: anyio.abc.Process) -> None:
         """Set ``exited`` and end the session the moment the process ends (a pidfd: not
@@ -396,6 +407,8 @@ def describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     text = str(exc).strip().splitlines()
+    if text and isinstance(exc, ConnectionLost | CallTimedOut):
+        return text[0]  # (our own: a whole sentence)
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
