@@ -206,7 +206,12 @@ class Supervisor:
         self._credentials = credentials.held()
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            ForkServer(
+                spool.root / "forkserver.log",
+                self._worker_env,
+                self._credentials,
+                preload_mcp=bool(config.mcp.servers),
+            )
             if preload
             else None
         )
