@@ -6,7 +6,7 @@ server's classes can be tested:
 
     echo(text)            the text, and the request's ``_meta`` as JSON (read-only)
     count(file, seconds?) append a line to FILE in the workspace, after sleeping (unsafe)
-    settle(file)          write FILE in the workspace (idempotent)
+    settle(file, seconds?) write FILE in the workspace, after sleeping (idempotent)
     die()                 the process exits in the middle of the call (read-only)
     die_once(file)        exits mid-call unless FILE exists in the workspace, which it makes
     hang()                never answers (read-only); a notifications/cancelled it gets is
@@ -27,7 +27,8 @@ server's classes can be tested:
                           holding ``marker``
     env(variable)         the value of an environment variable (or "unset")
 
-Flags: ``--fail-start`` exits at once; ``--no-list`` answers tools/list with an error;
+Any other argument is ignored (a tag that names the server's processes). Flags:
+``--fail-start`` exits at once; ``--no-list`` answers tools/list with an error;
 ``--daemonize MARKER`` leaves a daemon behind at start (as ``daemon``); ``--log-start
 NAME`` appends a line to NAME in the workspace as it starts; ``--stubborn`` ignores SIGTERM
 and goes on after its stdin closes (only SIGKILL ends it).
@@ -89,7 +90,7 @@ def tools() -> list[dict[str, Any]]:
     listed = [
         tool("echo", READ_ONLY, text="string"),
         tool("count", UNSAFE, file="string", seconds="number"),
-        tool("settle", IDEMPOTENT, file="string"),
+        tool("settle", IDEMPOTENT, file="string", seconds="number"),
         tool("die", READ_ONLY),
         tool("die_once", READ_ONLY, file="string"),
         tool("hang", READ_ONLY),
@@ -123,7 +124,7 @@ def start_daemon(marker: str) -> int:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            os.execvp("sleep", ["sleep", f"3600.{marker}"])  # noqa: S606  (a daemon on purpose)
+            os.execvp("sleep", [f"sleep-{marker}", "3600"])  # noqa: S606  (a daemon on purpose)
         os._exit(0)
     os.close(writer)
     os.waitpid(child, 0)
@@ -147,6 +148,7 @@ def call(request_id: Any, name: str, args: dict[str, Any], meta: Any) -> None:
             f.write(f"{json.dumps(meta)}\n")
         answer(request_id, text_result("counted"))
     elif name == "settle":
+        time.sleep(float(args.get("seconds") or 0))
         (here / str(args["file"])).write_text("settled")
         answer(request_id, text_result("settled"))
     elif name == "die":
