@@ -240,3 +240,53 @@ def test_results_become_tool_result_content() -> None:
     assert isinstance(long, str) and len(long) < 70_000 and "more bytes" in long
     odd = tool_result({"content": [{"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}]})
     assert odd.content == "[audio (audio/wav), 3 bytes, not shown]"
+
+
+# -- Streamable HTTP ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """``tests/mcp/http_server.py`` on a free port of 127.0.0.1: its URL."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.mcp.servers import HERE
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "http_server.py"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        poll_for(listening, timeout=60, what="the HTTP server listening")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_streamable_http_server_gets_its_headers_with_credentials(
+    servers: Servers, http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = servers.tmp_path / "http-token"
+    token.write_text("http-secret-0123456789\n")
+    monkeypatch.setenv("AGENTD_CRED_HTTP_TOKEN_FILE", str(token))
+    pool = servers(
+        {"web": {"url": http_server, "headers": {"Authorization": "Bearer ${cred:http_token}"}}}
+    )
+    assert [tool["name"] for tool in pool.listing("web")] == ["authorization"]
+    answer = text_of(pool.call("web", "authorization", {}, "k", 30))
+    assert answer == "Bearer http-secret-0123456789"
+    from worker import credentials
+
+    assert "http-secret-0123456789" in credentials.held().secrets()  # redacted from now on

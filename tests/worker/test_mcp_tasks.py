@@ -423,3 +423,41 @@ def test_a_filesystem_server_allowed_root_reaches_nothing_it_must_not(tmp_path: 
             )
     journal = made.task.journal.read_bytes().decode(errors="replace")
     assert journal.count(canary) == 0
+
+
+def test_rewind_and_fork_offer_the_recorded_list(tmp_path: Path) -> None:
+    """After a rewind, and in a fork, the task is offered the list its first start
+    recorded: a server that lists other tools since is not asked again, and a call of a
+    tool it dropped gets an error result."""
+    from supervisor.history import fork, rewind
+
+    responses = [
+        reply(tool_use("mcp__f__echo", "c1", text="one")),
+        reply(tool_use("mcp__f__change_tools", "c2")),
+        reply(tool_use("mcp__f__vanishing", "c3")),
+        DONE,
+    ]
+    made = McpTask(
+        tmp_path, {"f": {"command": fault_server(), "trust": True}}, responses, tools=["mcp__f__*"]
+    )
+    code, err = made.run()
+    assert code == ExitCode.DONE, err
+    (recorded,) = of_kind(made.records(), "tools")
+    assert "mcp__f__vanishing" in {t["name"] for t in recorded["mcp"]}
+    vanished = made.results()["c3"][0]
+    assert vanished["is_error"] and "no longer offers the tool 'vanishing'" in vanished["content"]
+    config = load_config(made.config_path)
+    forked = fork(made.spool, config, made.task.id, at=1, name="forked")
+    child = made.spool.task(forked.task)
+    code, err = finish(start_worker(child, args=["--config", str(made.config_path)]), 90)
+    assert code == ExitCode.DONE, err
+    child_records = journal_records(child)
+    assert not of_kind(child_records, "tools")  # the parent's list, carried by its base scene
+    assert fold(child.load_spec().prompt, child_records).tools == {
+        k: v for k, v in recorded.items() if k not in ("k", "at")
+    }
+    rewind(made.spool, config, made.task.id, 0, yes=True)
+    code, err = made.run()
+    assert code == ExitCode.DONE, err
+    assert len(of_kind(made.records(), "tools")) == 1  # never recorded again
+    assert_paired(made.transcript())

@@ -129,7 +129,7 @@ class ToolServers:
         self._servers = {name: _Server(name, s) for name, s in servers.items()}
         self.placement = placement
         self.backoff = backoff
-        self.on_event = on_event
+        self._event = on_event  # (called from the loop's thread only)
         self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -282,8 +282,8 @@ class ToolServers:
         server.next_start = self.clock() + self.backoff.delay(server.failures - 1)
 
     def _failed(self, server: _Server, why: str) -> ServerFailed:
-        if not server.reported and self.on_event is not None:
-            self.on_event(
+        if not server.reported and self._event is not None:
+            self._event(
                 "mcp_server_failed",
                 "warning",
                 {"server": server.name, "error": why, "failures": server.failures},
@@ -303,8 +303,8 @@ class ToolServers:
         added, removed = frozenset(now - server.expected), frozenset(server.expected - now)
         if (added or removed) and (added, removed) not in server.changes_reported:
             server.changes_reported.add((added, removed))
-            if self.on_event is not None:
-                self.on_event(
+            if self._event is not None:
+                self._event(
                     "mcp_tools_changed",
                     "info",
                     {"server": server.name, "added": sorted(added), "removed": sorted(removed)},
