@@ -137,7 +137,7 @@ WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.")
 
 
 @dataclass
@@ -591,7 +591,7 @@ class Supervisor:
         refused: ``config_reload_failed`` with the one-line reason, and the config in use
         stays. A good one is applied: ``config_reloaded`` lists the keys that changed, as
         ``applied`` (at once: max_workers, heartbeat.timeout, deadlines, restart), ``new_workers``
-        (read by workers started from now on: heartbeat.interval, model, tools) and
+        (read by workers started from now on: heartbeat.interval, model, tools, mcp) and
         ``restart_needed`` (anything else, the spool first: the daemon serves the spool it
         started on). A lower max_workers stops no running worker; it starts no more
         until the count is under it."""

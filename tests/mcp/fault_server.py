@@ -5,7 +5,8 @@ the protocol). Its tools, each with annotations (``readOnlyHint``...) so that a 
 server's classes can be tested:
 
     echo(text)            the text, and the request's ``_meta`` as JSON (read-only)
-    count(file, seconds?) append a line to FILE in the workspace, after sleeping (unsafe)
+    count(file, seconds?) append a line (the request's _meta) to FILE in the workspace, then
+                          sleep (unsafe)
     settle(file, seconds?) write FILE in the workspace, after sleeping (idempotent)
     die()                 the process exits in the middle of the call (read-only)
     die_once(file)        exits mid-call unless FILE exists in the workspace, which it makes
@@ -142,10 +143,10 @@ def call(request_id: Any, name: str, args: dict[str, Any], meta: Any) -> None:
     here = Path.cwd()
     if name == "echo":
         answer(request_id, text_result(json.dumps({"text": args.get("text"), "meta": meta})))
-    elif name == "count":
-        time.sleep(float(args.get("seconds") or 0))
+    elif name == "count":  # the effect first, then the call takes its time
         with open(here / str(args["file"]), "a") as f:
             f.write(f"{json.dumps(meta)}\n")
+        time.sleep(float(args.get("seconds") or 0))
         answer(request_id, text_result("counted"))
     elif name == "settle":
         time.sleep(float(args.get("seconds") or 0))
