@@ -29,7 +29,8 @@ server's classes can be tested:
     env(variable)         the value of an environment variable (or "unset")
 
 Any other argument is ignored (a tag that names the server's processes). Flags:
-``--fail-start`` exits at once; ``--no-list`` answers tools/list with an error;
+``--fail-start`` exits at once; ``--no-list`` answers tools/list with an error, ``--hang-list``
+never;
 ``--daemonize MARKER`` leaves a daemon behind at start (as ``daemon``); ``--log-start
 NAME`` appends a line to NAME in the workspace as it starts; ``--stubborn`` ignores SIGTERM
 and goes on after its stdin closes (only SIGKILL ends it).
@@ -275,6 +276,8 @@ def serve() -> None:
                 },
             )
         elif method == "tools/list":
+            if "--hang-list" in sys.argv:
+                continue  # never answered
             if "--no-list" in sys.argv:
                 send(
                     {

@@ -172,6 +172,12 @@ def test_a_server_that_cannot_list_its_tools(servers: Servers) -> None:
         pool.listing("f")
 
 
+def test_a_server_that_never_answers_tools_list_is_given_up(servers: Servers) -> None:
+    pool = servers({"f": {"command": fault_server("--hang-list"), "timeout": 1}})
+    with pytest.raises(ServerFailed, match=r"no answer to tools/list within 1 s"):
+        pool.listing("f")
+
+
 def test_a_changed_list_is_reported_and_a_vanished_tool_refused(servers: Servers) -> None:
     pool = servers({"f": {"command": fault_server()}})
     first = {tool["name"] for tool in pool.listing("f")}

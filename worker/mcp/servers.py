@@ -60,6 +60,8 @@ OnEvent = Callable[[str, str, dict[str, Any]], None]
 #: Seconds a server has, once a call it ran past its timeout was cancelled
 #: (``notifications/cancelled``), to read that before it is killed.
 CANCEL_GRACE = 1.0
+#: Seconds a ``tools/list`` may take when its server has no ``timeout`` (a test's own).
+START_LIMIT = 60.0
 #: Seconds past a call's own timeout before the worker stops waiting for the event loop
 #: itself (a wedged SDK): the server is killed, and the outcome is unknown.
 WEDGE_MARGIN = 5.0
@@ -168,21 +170,43 @@ class ToolServers:
         server = self._servers[name]
         connection = self._ready(server)
         try:
-            listed = self._run(connection.list_tools(), None)
+            listed = self._list(server, connection)
         except Exception as exc:
+            self._kill(connection)
+            server.connection = None
             raise self._failed(server, f"cannot list its tools: {_why(exc)}") from None
         server.listed = listed
         return listed
 
+    def _list(self, server: _Server, connection: Connection) -> list[dict[str, Any]]:
+        """``tools/list``, within the server's ``timeout`` (a server that never answers
+        must not hold a worker whose phase has no deadline: a first start's)."""
+        limit = server.settings.timeout or START_LIMIT
+        try:
+            return self._run(connection.list_tools(), limit)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"no answer to tools/list within {limit:g} s") from None
+
     def call(
-        self, name: str, tool: str, arguments: dict[str, Any], key: str, timeout: float
+        self,
+        name: str,
+        tool: str,
+        arguments: dict[str, Any],
+        key: str,
+        timeout: float,
+        budget: float | None = None,
     ) -> mcp_types.CallToolResult:
         """Server ``name``'s tool ``tool``, with the idempotency key ``key``, within
         ``timeout`` seconds. ``ServerFailed`` (the call was not made), ``ToolError`` (the
         tool is gone, or the server refused the request), ``OutcomeUnknown`` (it may have
-        taken effect: a timeout, or the server's death during it)."""
+        taken effect: a timeout, or the server's death during it). ``budget``: the seconds
+        the whole call may take (``deadlines.tool_call``, past which the daemon stops the
+        worker), a server's start included: the call's own timeout is cut to what is left."""
+        started = time.monotonic()
         server = self._servers[name]
         connection = self._ready(server)
+        if budget is not None:
+            timeout = max(0.1, min(timeout, budget - (time.monotonic() - started) - CANCEL_GRACE))
         if connection.tools_changed:
             self._relist(server, connection)
         if server.listed is not None and tool not in {t.get("name") for t in server.listed}:
@@ -293,7 +317,7 @@ class ToolServers:
 
     def _relist(self, server: _Server, connection: Connection) -> None:
         try:
-            listed = self._run(connection.list_tools(), None)
+            listed = self._list(server, connection)
         except Exception:
             return  # the next call finds out what became of it
         server.listed = listed

@@ -62,7 +62,9 @@ class McpTool(Tool):
                 "the call was not made"
             )
         timeout = servers.settings(self.server).timeout or ctx.timeout
-        result = servers.call(self.server, self.remote, data, ctx.idempotency_key, timeout)
+        result = servers.call(
+            self.server, self.remote, data, ctx.idempotency_key, timeout, budget=ctx.timeout
+        )
         return tool_result(result.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
