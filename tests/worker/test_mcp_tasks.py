@@ -462,3 +462,22 @@ def test_rewind_and_fork_offer_the_recorded_list(tmp_path: Path) -> None:
     assert code == ExitCode.DONE, err
     assert len(of_kind(made.records(), "tools")) == 1  # never recorded again
     assert_paired(made.transcript())
+
+
+def test_a_task_offered_no_mcp_tool_starts_no_server(tmp_path: Path) -> None:
+    from tests.mcp.servers import mcp_config
+    from tests.support import make_loop
+
+    config = mcp_config(tmp_path, {"f": {"command": fault_server()}})
+    spool = make_spool(tmp_path)
+    task = scripted_task(
+        spool, [reply(tool_use("list_dir", "c1")), DONE], config=config, tools=["list_dir"]
+    )
+    loop = make_loop(task, config=config)
+    try:
+        assert loop.run().state == "done"
+    finally:
+        loop.close()
+    assert loop.servers is not None and not loop.servers.started  # no thread, no SDK
+    (record,) = of_kind(journal_records(task), "tools")
+    assert (record["local"], record["mcp"], record["listed"]) == (["list_dir"], [], {})

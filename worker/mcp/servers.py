@@ -143,6 +143,11 @@ class ToolServers:
     def names(self) -> list[str]:
         return list(self._servers)
 
+    @property
+    def started(self) -> bool:
+        """Whether any server was ever started (the thread, and the SDK's import, with it)."""
+        return self._thread is not None
+
     def settings(self, name: str) -> McpServer:
         return self._servers[name].settings
 
