@@ -62,6 +62,8 @@ def preload(*, mcp: bool = False) -> None:
     if mcp:
         import worker.mcp.session  # noqa: F401, PLC0415  (the SDK: imports only, no thread)
 
+        print("agentd fork server: the mcp SDK preloaded", file=sys.stderr, flush=True)
+
     warm_sdk()
     gc.collect()
     gc.freeze()  # collections in children leave the preloaded objects' pages shared

@@ -50,5 +50,8 @@ def test_a_server_that_cannot_list_leaves_the_task_waiting_until_it_can(tmp_path
         row = daemon.wait_state(task_id, "done", timeout=120)
         assert row["restarts"] == 0 and row["reason"] == "end_turn"
         assert not daemon.events(task_id, "crash_loop")
+        # the fork server preloads the MCP SDK ([mcp.servers] is configured), and serves
+        log = daemon.spool.root / "forkserver.log"
+        poll_for(lambda: "the mcp SDK preloaded" in log.read_text(), 60, what="the preload")
     finally:
         daemon.cleanup()
