@@ -55,3 +55,49 @@ def test_a_server_that_cannot_list_leaves_the_task_waiting_until_it_can(tmp_path
         poll_for(lambda: "the mcp SDK preloaded" in log.read_text(), 60, what="the preload")
     finally:
         daemon.cleanup()
+
+
+def test_agentd_run_waits_for_a_server_that_cannot_list_its_tools(tmp_path: Path) -> None:
+    """``agentd run`` does as the daemon does: the task waits in backoff, said on stderr,
+    and goes on once the server (mended in the config its workers read) lists its tools."""
+    import json
+    import subprocess
+
+    from tests.support import REPO, worker_env
+
+    here = Daemon(tmp_path / "run", "")
+    restart = {"backoff_initial": 0.2, "backoff_max": 1.0}
+    write_config(here.config_path, {"f": {"command": fault_server("--no-list")}}, restart=restart)
+    script = tmp_path / "script.json"
+    responses = [reply(tool_use("mcp__f__echo", "c1", text="hi")), reply(text("Done."))]
+    script.write_text(json.dumps({"responses": responses}))
+    err = tmp_path / "run.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            here.command(
+                "run",
+                "--name",
+                "w",
+                "--prompt",
+                "go",
+                "--script",
+                str(script),
+                "--tools",
+                "mcp__f__*",
+            ),
+            cwd=REPO,
+            env=worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    here.procs.append(proc)
+    try:
+        poll_for(lambda: "mcp: f: cannot list its tools" in err.read_text(), 90, what="the wait")
+        assert here.row("w")["state"] == "backoff"
+        write_config(here.config_path, {"f": {"command": fault_server()}}, restart=restart)
+        assert proc.wait(timeout=120) == 0, err.read_text()
+        assert here.row("w")["state"] == "done"
+    finally:
+        here.cleanup()
