@@ -836,6 +836,14 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
         facts.append(f"tool modules {', '.join(config.tools.modules)}")
     if config.console.listen:
         facts.append(f"console on {config.console.listen}{_console_tls(config)}")
+    if config.mcp.servers:  # each started once and listed: one that cannot be fails here
+        from supervisor.toollist import list_servers  # noqa: PLC0415  (only with servers)
+
+        listed = list_servers(config, spool)
+        facts.append(
+            "mcp servers "
+            + ", ".join(f"{name} ({len(tools)} tools)" for name, tools in listed.items())
+        )
     if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
         facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
@@ -857,6 +865,20 @@ def _console_tls(config: Config) -> str:
     except ConfigError as exc:
         raise ConfigError(f"{config.source}: {exc}.") from None
     return " over TLS"
+
+
+def cmd_tools(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import toollist  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+
+    if args.task is not None:
+        rows = toollist.task_tools(existing_task(spool, args.task), config)
+    else:
+        rows = toollist.every_tool(config, spool)
+    if args.json:
+        out(rows)
+    else:
+        print(toollist.table(rows))
+    return 0
 
 
 def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -1052,6 +1074,19 @@ def build_parser() -> Parser:
     task_arg(p)
     p.add_argument("--turn", type=int, metavar="N", help="only turn N (0: the prompt)")
     json_flag(p, "one line a message part: text, tool_use, tool_result, compaction, hold, decision")
+    p = command(
+        "tools",
+        cmd_tools,
+        "every tool a task can get, with its effect class and where that came from",
+        reads_spool=False,
+    )
+    p.add_argument(
+        "task",
+        nargs="?",
+        metavar="TASK",
+        help="the list recorded for this task (default: every tool; each MCP server started once)",
+    )
+    json_flag(p, "the tools")
     p = command("history", cmd_history, "a task's checkpoints, one row per turn")
     task_arg(p)
     json_flag(p, "the rows")

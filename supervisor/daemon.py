@@ -142,7 +142,7 @@ WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.", "console.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.")
 
 
 @dataclass
@@ -211,7 +211,12 @@ class Supervisor:
         self._credentials = credentials.held()
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            ForkServer(
+                spool.root / "forkserver.log",
+                self._worker_env,
+                self._credentials,
+                preload_mcp=bool(config.mcp.servers),
+            )
             if preload
             else None
         )
@@ -609,7 +614,7 @@ class Supervisor:
         refused: ``config_reload_failed`` with the one-line reason, and the config in use
         stays. A good one is applied: ``config_reloaded`` lists the keys that changed, as
         ``applied`` (at once: max_workers, heartbeat.timeout, deadlines, restart), ``new_workers``
-        (read by workers started from now on: heartbeat.interval, model, tools) and
+        (read by workers started from now on: heartbeat.interval, model, tools, mcp) and
         ``restart_needed`` (anything else, the spool first: the daemon serves the spool it
         started on). A lower max_workers stops no running worker; it starts no more
         until the count is under it."""
@@ -971,21 +976,23 @@ class Supervisor:
             return
         self._started(slot, worker)
 
-    def _resource_wait(self, slot: TaskSlot, why: str) -> None:
+    def _resource_wait(self, slot: TaskSlot, why: str, kind: str = "resources") -> None:
         """The machine refused a worker a process (the fork) or, once started, a thread or
         memory (its exit 8): another task's tools may hold them all. A wait, as a storage
         fault is: nothing goes into the crash history, and the task is retried on
-        ``wait_for_resources``' schedule until a worker gets what it needs."""
+        ``wait_for_resources``' schedule until a worker gets what it needs. ``kind``
+        ``mcp``: an MCP server could not list its tools at the task's first start (exit 9,
+        ``why`` already "mcp: NAME: WHY"), waited for the same way."""
         if self.stopping:
             self._save(slot, TaskStatus.QUEUED)
             return
         slot.resource_waits += 1
         move = wait_for_resources(slot.resource_waits, self.config.restart, self.rng)
         slot.due = self.clock() + move.delay
-        self._save(slot, TaskStatus.BACKOFF, reason=f"resources: {why}")
-        if slot.resource_waits == 1:
+        self._save(slot, TaskStatus.BACKOFF, reason=why if kind == "mcp" else f"resources: {why}")
+        if slot.resource_waits == 1 and kind == "resources":
             self.emit("resource_wait", slot, level="warning", error=why)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="resources")
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why=kind)
         asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
@@ -1121,7 +1128,7 @@ class Supervisor:
         slot.record.pid = None
         if code != ExitCode.STORAGE:
             slot.storage_waits = 0
-        if code != ExitCode.RESOURCES:
+        if code not in (ExitCode.RESOURCES, ExitCode.TOOLS):
             slot.resource_waits = 0
         if worker.kill_reason == "cancel":
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
@@ -1149,6 +1156,9 @@ class Supervisor:
         elif code == ExitCode.RESOURCES:
             why = self._exit_reason(slot, worker.pid) or "the worker got no process or memory"
             self._resource_wait(slot, why)
+        elif code == ExitCode.TOOLS:  # its reason says which server and why: "mcp: NAME: WHY"
+            why = self._exit_reason(slot, worker.pid) or "mcp: a server could not list its tools"
+            self._resource_wait(slot, why, kind="mcp")
         else:
             self._crashed(slot, worker, code, turn)
 

@@ -403,7 +403,7 @@ class ForegroundRun:
         reason = self._exit_reason(worker.pid)
         if code != ExitCode.STORAGE:
             self.storage_waits = 0
-        if code != ExitCode.RESOURCES:
+        if code not in (ExitCode.RESOURCES, ExitCode.TOOLS):
             self.resource_waits = 0
         if worker.kill_reason == "cancel":
             return self._cancelled()
@@ -432,6 +432,13 @@ class ForegroundRun:
             delay = wait_for_storage(self.storage_waits, self.config.restart).delay
             self._record(TaskStatus.BACKOFF, pid=None, reason=f"storage_fault: {reason}")
             self.say(f"storage fault ({reason}); the task waits, trying again in {delay:.1f} s")
+            self._pause(delay)
+            return None
+        if code == ExitCode.TOOLS:  # "mcp: NAME: WHY": a server could not list its tools
+            self.resource_waits += 1
+            delay = wait_for_resources(self.resource_waits, self.config.restart).delay
+            self._record(TaskStatus.BACKOFF, pid=None, reason=reason)
+            self.say(f"{reason}; the task waits, trying again in {delay:.1f} s")
             self._pause(delay)
             return None
         if code == ExitCode.RESOURCES:

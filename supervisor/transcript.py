@@ -190,7 +190,12 @@ def _block_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
+        return "\n".join(
+            (str(b["text"]) if "text" in b else f"[{b.get('type')}]")
+            if isinstance(b, dict)
+            else str(b)
+            for b in content
+        )
     return "" if content is None else json.dumps(content, ensure_ascii=False)
 
 

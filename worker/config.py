@@ -32,6 +32,9 @@ from typing import Any, NoReturn
 import tomli_w
 
 from worker.errors import ConfigError
+from worker.mcp import settings as mcp_settings
+from worker.mcp.naming import TOOL_PATTERN
+from worker.mcp.settings import McpConfig
 from worker.store.durable import read_regular
 from worker.tools.sandbox import SandboxMode
 
@@ -80,9 +83,15 @@ class ModelConfig:
     max_tokens: int = 4096
 
 
+#: ``[tools] default`` when left out: every built-in and module tool, no MCP server's
+#: (a pattern reaches MCP tools only when it begins with ``mcp__``: ``worker.mcp.naming``).
+ALL_LOCAL_TOOLS = ("*",)
+
+
 @dataclass(frozen=True)
 class ToolsConfig:
     modules: tuple[str, ...] = ()
+    default: tuple[str, ...] = ALL_LOCAL_TOOLS  # names and globs a task gets without --tools
     sandbox: SandboxMode = SandboxMode.AUTO
     network: bool = True
     max_processes: int = 512  # a task's processes and threads at once (its cgroup's pids.max)
@@ -225,6 +234,7 @@ class Config:
     store: str | None = None  # a postgresql:// URL: the shared store (None: the spool)
     node: str | None = None  # this node's name in a cluster (None: the hostname)
     cluster: ClusterConfig = ClusterConfig()
+    mcp: McpConfig = field(default_factory=McpConfig)
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -356,6 +366,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     t = top.table("tools")
     tools = ToolsConfig(
         modules=_modules(t),
+        default=_default_tools(t),
         sandbox=SandboxMode(t.choice("sandbox", [m.value for m in SandboxMode])),
         network=t.flag("network"),
         max_processes=_max_processes(t),
@@ -382,6 +393,8 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
             f"got {_show(cluster.lease)}",
         )
 
+    mcp = mcp_settings.parse(top.table("mcp"), tool_call=deadlines.tool_call, network=tools.network)
+
     return Config(
         spool=spool,
         max_workers=max_workers,
@@ -397,6 +410,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         store=store,
         node=node,
         cluster=cluster,
+        mcp=mcp,
         source=source,
     )
 
@@ -433,6 +447,17 @@ class _Table:
         if known_keys:
             table.check_keys()
         return table
+
+    def sub(self, key: str, defaults: Any) -> _Table:
+        """The table at the dotted ``key`` below this one (its caller checked that it is a
+        table), with ``defaults``: for tables the user names, such as [mcp.servers.NAME]."""
+        data: Any = self.data
+        for part in key.split("."):
+            data = data[part]
+        return _Table(self.source, self.key(key), data, defaults)
+
+    def shown(self, value: object) -> str:
+        return _show(value)
 
     def check_keys(self) -> None:
         allowed = [f.name for f in fields(self.defaults) if f.name != "source"]
@@ -539,6 +564,21 @@ def _modules(tools: _Table) -> tuple[str, ...]:
             tools.fail(
                 f"modules[{i}]",
                 f'must be a Python module name such as "mypackage.tools", got {_show(name)}',
+            )
+    return tuple(value)
+
+
+def _default_tools(tools: _Table) -> tuple[str, ...]:
+    """``[tools] default``: the names and globs a task gets when ``--tools`` is not given."""
+    value = tools.value("default")
+    if not isinstance(value, list | tuple):
+        tools.fail("default", f"must be an array of tool names and globs, got {_show(value)}")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not TOOL_PATTERN.fullmatch(name):
+            tools.fail(
+                f"default[{i}]",
+                'must be a tool name or a glob such as "read_file" or "mcp__git__*" (letters, '
+                f"digits, _, -, *, ?, [...]), got {_show(name)}",
             )
     return tuple(value)
 
@@ -767,6 +807,7 @@ def config_document(config: Config) -> dict[str, Any]:
         doc[name] = {f.name: getattr(section, f.name) for f in fields(section)}
     doc["tools"] = {
         "modules": list(config.tools.modules),
+        "default": list(config.tools.default),
         "sandbox": config.tools.sandbox.value,
         "network": config.tools.network,
         "max_processes": config.tools.max_processes,
@@ -848,9 +889,14 @@ task). Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
     "tools.modules": """\
 Python modules that define extra tools, imported by every worker, for example
 ["mycompany.agent_tools"]. They must be importable in agentd's environment.""",
+    "tools.default": """\
+The tools a task gets when `agentd submit --tools` is not given: names and globs. "*"
+is every built-in tool and every tool of the modules above; an MCP server's tools are
+offered only where a name or glob that begins with "mcp__" names them, such as
+"mcp__git__*" (docs/guides/mcp.md).""",
     "tools.sandbox": """\
-Containment of run_command on bubblewrap (bwrap, Debian package `bubblewrap`): its
-own PID, IPC and mount namespaces, the workspace as the only writable place, the
+Containment of run_command and of MCP servers on bubblewrap (bwrap, Debian package
+`bubblewrap`): its own PID, IPC and mount namespaces, the workspace as the only writable place, the
 spool and this file's folder invisible, /proc showing its own processes only, and
 every process it starts killed when the call ends. "auto" uses bwrap when it works
 here and runs commands bare otherwise, saying so at start (sandbox_unavailable, the
@@ -939,6 +985,17 @@ a node that dies, hangs or loses the database for longer loses its tasks to the 
 nodes, and a worker that could not renew in time stops itself before it ends. At
 least twice heartbeat.interval.""",
     "context.instructions": "Appended to the summary instruction, e.g. what must never be dropped.",
+    "mcp": """\
+MCP tool servers (docs/guides/mcp.md): each [mcp.servers.NAME] (NAME: lower-case words
+joined by _, at most 32 characters) is a server whose tools a task may be offered as
+mcp__NAME__TOOL. A stdio server (command) runs in the task's sandbox, cwd the workspace,
+with a scrubbed environment plus env; a Streamable HTTP server (url) gets headers.
+${cred:NAME} in env and headers is read from $CREDENTIALS_DIRECTORY/NAME, else from the
+file $AGENTD_CRED_NAME_FILE (NAME upper-cased) names: never write a secret here.
+trust = true uses the server's annotations for effect classes (readOnlyHint: read_only,
+else idempotentHint: idempotent, else unsafe); effects always wins; untrusted tools are
+unsafe. timeout (at most deadlines.tool_call, its default) bounds a call; network
+defaults to [tools] network. Needs the SDK: pip install 'agentd[mcp]'.""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
@@ -952,6 +1009,17 @@ _EXAMPLES: dict[str, str] = {
         'tls_key = "/etc/agentd/console.key"    # (paths relative to this file\'s folder)'
     ),
     "context": "window = 200000",
+    "mcp": """\
+[mcp.servers.git]
+command = ["mcp-server-git", "--repository", "."]
+env = {GIT_AUTHOR_NAME = "agent", GIT_AUTHOR_EMAIL = "agent@example.com"}
+trust = true
+effects = {git_commit = "unsafe"}
+timeout = 60
+
+[mcp.servers.tracker]
+url = "https://mcp.example.com/mcp"
+headers = {Authorization = "Bearer ${cred:tracker_token}"}""",
 }
 
 
@@ -968,6 +1036,11 @@ def _render_table(name: str, table: Mapping[str, Any]) -> str:
         dotted = f"{name}.{key}"
         if isinstance(value, dict):
             subtables.append(_render_table(dotted, value))
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            # on one line (tomli_w writes an array an item a line): a JSON string is a
+            # TOML basic string
+            items = ", ".join(json.dumps(v, ensure_ascii=False) for v in value)
+            keys.append(_comment(dotted) + f"{key} = [{items}]\n")
         else:
             keys.append(_comment(dotted) + tomli_w.dumps({key: value}))
     if keys and name in _EXAMPLES:
@@ -984,6 +1057,7 @@ def _render_default() -> str:
             blocks.append(_render_table(key, value))
         else:
             blocks.append(_comment(key) + tomli_w.dumps({key: value}))
+    blocks.append(_comment("mcp") + _comment("mcp", _EXAMPLES))  # no server by default
     return "\n".join(blocks)
 
 
