@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
+from supervisor.operator import Operator, fields_of
 from supervisor.record import Move, TaskRecord
 from supervisor.stores import shared, store_of
 from worker.errors import (
@@ -40,12 +41,17 @@ from worker.errors import (
     StorageError,
     storage_fault,
 )
-from worker.events import utc_now
+from worker.events import record_event, utc_now
 from worker.lock import is_locked
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner
-from worker.store.durable import atomic_write, open_private, read_json
+from worker.store.durable import (
+    atomic_write,
+    dump_json,
+    open_private,
+    read_json,
+)
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
@@ -148,16 +154,27 @@ def take_request(task: TaskDir, name: str) -> bool:
     """Consume the request file ``name`` of ``task``: True if there was one. A request
     that a storage fault keeps from being removed (a read-only spool refuses even the
     unlink of a file that is not there) waits for the disk, like any other write."""
+    return taken_request(task, name) is not None
+
+
+def taken_request(task: TaskDir, name: str) -> dict[str, Any] | None:
+    """``take_request``, returning what the request said (``change_record``'s ``asked``:
+    who asked, docs/design.md section 15; ``{}`` for a request of an earlier release,
+    whose body is a time stamp), or None when there was none to take."""
     path = task.path / name
+    try:
+        body = read_json(path)
+    except (OSError, ValueError):
+        body = {}
     try:
         path.unlink()
     except FileNotFoundError:
-        return False
+        return None
     except OSError as exc:
         if storage_fault(exc) is None:
             raise
-        return False
-    return True
+        return None
+    return body if isinstance(body, dict) else {}
 
 
 def move_record(task: TaskDir, move: Move) -> None:
@@ -180,32 +197,44 @@ def move_record(task: TaskDir, move: Move) -> None:
     )
 
 
-def change_record(spool: Spool, task: TaskDir, request_name: str, move: Move) -> bool:
+def change_record(
+    spool: Spool,
+    task: TaskDir,
+    request_name: str,
+    move: Move,
+    *,
+    asked: dict[str, Any] | None = None,
+) -> bool:
     """Make ``move`` on the task record now if no daemon runs (True), else leave
-    ``request_name`` for the daemon, which makes the same move (False)."""
+    ``request_name`` for the daemon, which makes the same move (False). ``asked``: what
+    the request carries besides its time (who asked: ``by`` and ``via``)."""
     with offline(spool) as alone:
         if alone:
             move_record(task, move)
             return True
-    request(task, request_name)
+    request(task, request_name, dump_json({"at": utc_now(), **(asked or {})}).decode())
     ring(spool, task.id)
     return False
 
 
-def cancel(spool: Spool, task: TaskDir, wait: float) -> bool:
+def cancel(spool: Spool, task: TaskDir, wait: float, *, operator: Operator | None = None) -> bool:
     """Cancel ``task`` for good: True once it is cancelled, False while a running daemon
     has not applied it within ``wait`` seconds (it will: the record is durable).
+    ``operator``: who cancels, kept in the cancel record and its event.
 
     Under the task's operator lock, held until the outcome is known: of a cancel and a
     decision, the first wins (``record_cancel``), and no rewind or retry slips in
     between. A task that ended ``done`` or ``failed`` before the daemon could apply the
     cancel was not cancelled: the record is withdrawn and StateConflictError says so."""
     with operator_lock(task, wait=max(OPERATOR_WAIT, wait)):
-        record_cancel(task)
+        record_cancel(task, operator)
         with offline(spool) as alone:
             # (on a shared store, a task a node runs is that node's to cancel)
             if alone and not (shared() is not None and store_of(task).owned(task.id)):
                 move_record(task, TaskRecord.cancel)
+                record_event(
+                    store_of(task), task.id, "task_cancelled", task=task.id, **fields_of(operator)
+                )
                 return True
         ring(spool, task.id)
         deadline = time.monotonic() + wait

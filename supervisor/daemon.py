@@ -54,10 +54,10 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -71,8 +71,9 @@ from supervisor.control import (
     SupervisorLock,
     pause_holder_alive,
     take_request,
+    taken_request,
 )
-from supervisor.decisions import pending_decisions
+from supervisor.decisions import cancelled_by, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
@@ -80,6 +81,7 @@ from supervisor.liveness import Alive, Beat, Hung, Limits, Watch, judge, limits_
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
+from supervisor.operator import Operator, fields_of
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.reload import Settings
@@ -120,6 +122,9 @@ from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
+
+if TYPE_CHECKING:
+    from supervisor.console.process import ConsoleProcess
 
 RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
@@ -196,7 +201,12 @@ class Supervisor:
             self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self.settings.credentials)
+            ForkServer(
+                spool.root / "forkserver.log",
+                self._worker_env,
+                self.settings.credentials,
+                preload_mcp=bool(config.mcp.servers),
+            )
             if preload
             else None
         )
@@ -229,7 +239,11 @@ class Supervisor:
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
+        # the last operator's action on each task since its last hook: what the next
+        # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
+        self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
+        self._console: ConsoleProcess | None = None  # [console] listen: its process
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -267,7 +281,13 @@ class Supervisor:
             task_id = slot.task.id
             with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
                 self.backlog.append(lambda: self.store.append_event(task_id, line))
+            self._acted_on(task_id, event, kw)
         getattr(self.log, level)(event, **kw)
+
+    def _acted_on(self, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
+        """Keep the operator an event names (``by``, ``via``) for the task's next hook."""
+        if (who := Operator.of(fields)) is not None:
+            self._acted[task_id] = {**who.fields(), "acted": event}
 
     def _hook(self, slot: TaskSlot) -> None:
         """Run the hook of the state ``slot`` has just reached, if one is set
@@ -282,6 +302,7 @@ class Supervisor:
             "reason": slot.record.reason,
             "node": self.shared.node if self.shared is not None else node_name(),
             "timestamp": utc_now(),
+            **self._acted.pop(slot.task.id, {}),  # the operator's action that led here
         }
         if slot.record.state == TaskStatus.HELD:
             try:
@@ -291,10 +312,13 @@ class Supervisor:
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
         self.hooks.run(key, command, payload)
 
-    def _relayed(self, event: str) -> None:
-        """A worker's event reached the daemon's log: count what a metric counts."""
-        if event == "compaction":
+    def _relayed(self, task_id: str, event: Mapping[str, Any]) -> None:
+        """Another process's event reached the daemon's log: count what a metric counts,
+        and keep the operator it names for the task's next hook."""
+        name = str(event.get("event"))
+        if name == "compaction":
             self.metrics.compactions += 1
+        self._acted_on(task_id, name, event)
 
     def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
         slot = self.slots.get(task_id)
@@ -341,8 +365,10 @@ class Supervisor:
         said = arrival(before, record.state)
         if said is not None:
             event, level = said
-            reason = {} if record.state == TaskStatus.CANCELLED else {"reason": record.reason}
-            self.emit(event, slot, level=level, **reason)
+            fields: dict[str, Any] = {"reason": record.reason}
+            if record.state == TaskStatus.CANCELLED:  # (by whom: docs/design.md section 15)
+                fields = dict(fields_of(cancelled_by(slot.task)))
+            self.emit(event, slot, level=level, **fields)
         if record.state != before and record.state in HOOK_STATES:
             self._hook(slot)
 
@@ -449,6 +475,7 @@ class Supervisor:
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
+        self._serve_console()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -483,6 +510,7 @@ class Supervisor:
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
+            "console": self._console.url if self._console is not None else None,
         }
         self._publish_info()
         self.notifier.ready()
@@ -507,6 +535,8 @@ class Supervisor:
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.stop()
+            if self._console is not None:
+                self._console.stop()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -572,12 +602,12 @@ class Supervisor:
     def reload(self) -> None:
         """SIGHUP: reopen the log file (for logrotate), read the secrets kept in files and
         the config file again (``supervisor.reload``). A good config is applied: at once
-        (max_workers, heartbeat.timeout, deadlines, restart: judged at the next verdict),
-        by workers started from now on (heartbeat.interval, model, tools), or at the next
-        start (anything else, the spool first). A lower max_workers stops no running
-        worker; it starts no more until the count is under it. Secrets that changed go to
-        the workers started from now on (the fork server is started again with them) and,
-        the store's, to its next login."""
+        (max_workers, heartbeat.timeout, deadlines, restart, hooks, console: judged at the
+        next verdict), by workers started from now on (heartbeat.interval, model, tools,
+        mcp), or at the next start (anything else, the spool first). A lower max_workers
+        stops no running worker; it starts no more until the count is under it. Secrets
+        that changed go to the workers started from now on (the fork server is started
+        again with them) and, the store's, to its next login."""
         try:
             reopened = agentd_logging.reopen_log_file()
         except OSError as exc:
@@ -596,9 +626,11 @@ class Supervisor:
             if self.forks is not None:
                 self.forks.renew(held)
             self._publish_info()
+        before = self.config
         if self.settings.reload(renewed) is None:
             return
         self.watch.rearm_all(self.clock())  # every worker judged by the new limits now
+        self._reload_console(before)
         self._wake.set()
 
     def log_status(self) -> None:
@@ -721,8 +753,9 @@ class Supervisor:
             and not (slot.record.foreground and self.store.owned(slot.task.id))
         ):  # (a foreground task's running `agentd run` applies its cancel itself)
             self._cancel(slot)
-        if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
-            self.emit("task_retried", slot)
+        asked = taken_request(slot.task, RETRY_REQUEST)
+        if asked is not None and self._move(slot, TaskRecord.retry):
+            self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
@@ -1083,12 +1116,13 @@ class Supervisor:
         self._save(slot, TaskStatus.QUEUED, reason=None)
 
     def _wait(self, slot: TaskSlot, wait: exits.Wait) -> None:
-        """A wait, not a crash: a storage fault (exit 7: a full, failing or read-only disk)
-        or a machine that refused a worker a process or memory (at its start, or its exit
-        8: another task's tools may hold them all). Nothing goes into the crash history
-        and no restart is counted; the task is retried on ``policy.wait_for_storage``'s
-        schedule (or at once, for storage, when the daemon's own writes recover) until the
-        fault clears."""
+        """A wait, not a crash: a storage fault (exit 7: a full, failing or read-only disk),
+        a machine that refused a worker a process or memory (at its start, or its exit 8:
+        another task's tools may hold them all), or an MCP server that could not list its
+        tools at the task's first start (exit 9: ``mcp_server_failed`` said why). Nothing
+        goes into the crash history and no restart is counted; the task is retried on
+        ``policy.wait_for_storage``'s schedule (or at once, for storage, when the daemon's
+        own writes recover) until the fault clears."""
         if wait.kind is exits.WaitKind.STORAGE:
             slot.storage_waits, slot.resource_waits = wait.waits, 0
         else:
@@ -1098,7 +1132,7 @@ class Supervisor:
         if wait.waits == 1 and wait.kind is exits.WaitKind.STORAGE:
             self.metrics.storage_faults += 1
             self.emit("storage_fault", slot, level="warning", error=wait.why)
-        elif wait.waits == 1:
+        elif wait.waits == 1 and wait.kind is exits.WaitKind.RESOURCES:
             self.emit("resource_wait", slot, level="warning", error=wait.why)
         self.emit("restart_scheduled", slot, delay=round(wait.delay, 3), why=str(wait.kind))
         asyncio.get_running_loop().call_later(wait.delay, self._wake.set)
@@ -1263,6 +1297,8 @@ class Supervisor:
         here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         own |= self.hooks.pids()
+        if self._console is not None and self._console.pid is not None:
+            own.add(self._console.pid)
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
@@ -1348,6 +1384,57 @@ class Supervisor:
             raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
+
+    # -- the console ----------------------------------------------------------------------
+
+    def _serve_console(self, *, wait: bool = True) -> None:
+        """Serve the console (``[console] listen``, docs/design.md section 12) from a
+        process of its own (``supervisor.console.process``). At the start (``wait``), an
+        address that cannot be bound, or a console that cannot serve, stops the start in
+        one line (``console_failed``, as ``metrics_failed``)."""
+        config_file = self.settings.worker_config or self.settings.file
+        if self.config.console.address is None or config_file is None:
+            return
+        from supervisor.console.process import ConsoleProcess  # noqa: PLC0415  (only with a console)
+
+        console = ConsoleProcess(
+            self.spool,
+            self.config.console,
+            config_file,
+            node=self.shared.node if self.shared is not None else None,
+            store_url=self.settings.credentials.get(credentials.STORE),
+            environ=self._worker_env,
+            emit=self.emit,
+        )
+        try:
+            console.start(wait=wait)
+        except AgentdError as exc:
+            self.emit(
+                "console_failed", level="error", listen=self.config.console.listen, error=str(exc)
+            )
+            raise
+        self._console = console
+
+    def _reload_console(self, before: Config) -> None:
+        """A reload's ``[console]``: read again by the running console, or a console
+        started, stopped or moved to its new address (one that cannot bind it is said
+        in ``console_failed``, and the daemon serves on without)."""
+        from supervisor.console.process import differs  # noqa: PLC0415  (the same)
+
+        console = self.config.console
+        if self._console is not None and not differs(before.console, console):
+            self._console.reload()
+            return
+        if self._console is None and console.address is None:
+            return
+        if self._console is not None:
+            self._console.stop()
+            self._console = None
+        with contextlib.suppress(AgentdError):  # (said: ``console_failed``)
+            self._serve_console(wait=False)
+        if self._info:
+            self._info["console"] = self._console.url if self._console is not None else None
+            self._publish_info()
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

@@ -19,8 +19,9 @@ verdict                 when
                         moved or ran out, which only the store can tell (elsewhere a
                         stop nobody asked for is a crash)
 ``LockWait``            another process holds the task's lock (exit 6)
-``Wait``                a storage fault (exit 7) or no resources (exit 8): a wait on
-                        ``policy.wait_for_storage``'s schedule, never a crash
+``Wait``                a storage fault (exit 7), no resources (exit 8), or an MCP server
+                        that could not list its tools at the task's first start (exit
+                        9): a wait on ``policy.wait_for_storage``'s schedule, never a crash
 ``Restart``             a crash (any other code, a signal, a hang): ``policy.decide``
 ``GaveUp``              a crash loop: ``policy.decide`` gave up
 =====================  ==========================================================
@@ -117,6 +118,7 @@ class LockWait:
 class WaitKind(StrEnum):
     STORAGE = "storage_fault"  # the reason's prefix and the restart's ``why``
     RESOURCES = "resources"
+    MCP = "mcp"  # (its waits are counted with the resources')
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ class Wait:
 
     @property
     def reason(self) -> str:
-        """The task's reason while it waits: ``storage_fault: WHY``, ``resources: WHY``."""
+        """The task's reason while it waits: ``storage_fault: WHY``, ``resources: WHY``,
+        ``mcp: SERVER: WHY``."""
         return f"{self.kind}: {self.why}"
 
 
@@ -152,6 +155,7 @@ Verdict = Cancelled | Ended | Held | Requeued | Fenced | LockWait | Wait | Resta
 UNSAID = {
     WaitKind.STORAGE: "the worker could not write to its store",
     WaitKind.RESOURCES: "the worker got no process or memory",
+    WaitKind.MCP: "a server could not list its tools",
 }
 
 
@@ -182,6 +186,9 @@ def settle(
         return waiting(WaitKind.STORAGE, waits, ended.said, policy, rng)
     if code == ExitCode.RESOURCES:
         return waiting(WaitKind.RESOURCES, view.resource_waits + 1, ended.said, policy, rng)
+    if code == ExitCode.TOOLS:  # the worker says "mcp: SERVER: WHY"
+        why = ended.said.removeprefix("mcp: ") if ended.said else None
+        return waiting(WaitKind.MCP, view.resource_waits + 1, why, policy, rng)
     crashes = [*map(dict, view.crashes), {"turn": ended.turn, "progressed": ended.progressed}]
     crashes = crashes[-CRASH_MEMORY:]
     move = decide([Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes], policy, rng)

@@ -35,7 +35,6 @@ and ``prepare`` refuses it in one line (``agentd submit`` it instead).
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import select
@@ -50,9 +49,10 @@ from typing import Any, TextIO
 
 from supervisor import exits, transcript
 from supervisor.control import move_record, running_pid
-from supervisor.decisions import decide, operator_lock, pending_decisions
+from supervisor.decisions import cancelled_by, decide, operator_lock, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.operator import Operator, Via, fields_of
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
@@ -75,8 +75,6 @@ from worker.spool import Spool, TaskDir
 #: runs (its exit is seen at once: its pidfd).
 POLL = 0.1
 #: Seconds the sweep of what a worker's tools left may take before the run goes on.
-#: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
-VIA = "run"
 
 
 class RunExit(IntEnum):
@@ -422,15 +420,13 @@ class ForegroundRun:
                     f"another process holds task {self.task.id}'s lock (a worker runs it); "
                     f"`agentd status {self.task.id}` says which."
                 )
-            case exits.Wait(kind=kind, waits=waits, delay=delay, why=why):
+            case exits.Wait(kind=kind, waits=waits, delay=delay):
                 if kind is exits.WaitKind.STORAGE:
                     self.storage_waits = waits
-                    what = "storage fault"
                 else:
                     self.resource_waits = waits
-                    what = "no resources"
                 self._record(TaskStatus.BACKOFF, pid=None, reason=verdict.reason)
-                self.say(f"{what} ({why}); the task waits, trying again in {delay:.1f} s")
+                self.say(f"{verdict.reason}; the task waits, trying again in {delay:.1f} s")
                 self._pause(delay)
                 return None
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
@@ -489,8 +485,7 @@ class ForegroundRun:
                 action=answer.action,
                 reason=answer.reason,
                 result=answer.result,
-                by=getpass.getuser(),
-                via=VIA,
+                operator=Operator.here(Via.RUN),
             )
         self._record(TaskStatus.QUEUED, pid=None, reason=None)
         return None
@@ -547,5 +542,7 @@ class ForegroundRun:
             move_record(self.task, make)
         if moved and (said := arrival(before[0], moved[0].state)) is not None:
             event, level = said
-            cancelled = moved[0].state == TaskStatus.CANCELLED
-            self.event(event, level, **({} if cancelled else {"reason": moved[0].reason}))
+            if moved[0].state == TaskStatus.CANCELLED:  # (by whom: docs/design.md section 15)
+                self.event(event, level, **fields_of(cancelled_by(self.task)))
+            else:
+                self.event(event, level, reason=moved[0].reason)

@@ -25,9 +25,9 @@ from worker.store.durable import atomic_write
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
-LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
+LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.", "console.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.")
 
 #: ``emit(event, level=..., **fields)``: the daemon's log line for an event of its own.
 Emit = Callable[..., None]

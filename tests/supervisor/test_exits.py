@@ -74,6 +74,16 @@ def test_no_resources_is_a_wait_never_a_crash_whatever_the_count() -> None:
     assert found.reason.startswith("resources: ")
 
 
+def test_a_server_that_cannot_list_its_tools_is_a_wait_counted_with_resources() -> None:
+    found = verdict(ended(ExitCode.TOOLS, said="mcp: git: exited 1"), TaskView(resource_waits=2))
+    assert isinstance(found, exits.Wait) and found.kind is WaitKind.MCP
+    assert (found.waits, found.reason) == (3, "mcp: git: exited 1")
+    unsaid = verdict(ended(ExitCode.TOOLS))
+    assert (
+        isinstance(unsaid, exits.Wait) and unsaid.reason == "mcp: a server could not list its tools"
+    )
+
+
 def test_a_crash_after_progress_restarts_at_once_and_is_remembered() -> None:
     found = verdict(ended(sig="SIGKILL", progressed=True, turn=9))
     assert found == exits.Restart(0.0, 9, [{"turn": 9, "progressed": True}])
