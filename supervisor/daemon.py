@@ -63,6 +63,7 @@ from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.control import (
+    RELEASE_REQUEST,
     REQUEUE_REQUEST,
     RETRY_REQUEST,
     SupervisorLock,
@@ -137,7 +138,7 @@ WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "budget.", "prices")
 
 
 @dataclass
@@ -225,7 +226,7 @@ class Supervisor:
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: self.config.price_table)
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(
             self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
@@ -756,6 +757,8 @@ class Supervisor:
             self.emit("task_retried", slot)
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
+        if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
+            self._move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after

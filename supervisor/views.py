@@ -93,7 +93,8 @@ def render_status(
 
     AGE is the time since the task was submitted (kubectl's meaning: it keeps counting
     across restarts, which RESTARTS counts). TOKENS is what the task has spent, input plus
-    output (``usage``); CONTEXT is ``tokens_used``, the context the model saw at its last
+    output (``usage``); COST its ``cost_usd``, over its USD budget when it has one;
+    CONTEXT is ``tokens_used``, the context the model saw at its last
     call plus what it wrote, the counter that drives compaction (``-`` before the first
     turn). REASON is the last column, so cutting a row at ``width`` cuts the
     reason; ``width`` None (stdout is not a terminal) cuts nothing. On a shared store
@@ -121,6 +122,7 @@ def render_status(
         "AGE",
         "TURN",
         "TOKENS",
+        "COST",
         "CONTEXT",
         "RESTARTS",
         "PID",
@@ -140,6 +142,7 @@ def render_status(
                 human_age(seconds_since(t.get("created_at"), now)),
                 str(t["turn"]),
                 human_count(tokens),
+                human_cost(t.get("cost_usd"), (t.get("budget") or {}).get("usd")),
                 "-" if used is None else human_count(int(used)),
                 str(t["restarts"]),
                 str(t["pid"] or "-"),
@@ -156,6 +159,16 @@ def render_status(
     if not doc["tasks"]:
         lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def human_cost(cost: Any, budget: Any) -> str:
+    """COST: the spend in dollars to the cent (a smaller one to four places), ``-`` when a
+    model has no price, and ``/`` the USD budget when there is one."""
+    if not isinstance(cost, int | float):
+        shown = "-"
+    else:
+        shown = f"${cost:.2f}" if cost >= 0.01 or cost == 0 else f"${cost:.4f}"
+    return shown + (f"/{budget:.2f}" if isinstance(budget, int | float) else "")
 
 
 def _reason(t: Mapping[str, Any]) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker import credentials, proctitle
+from worker.budget import spend_json
 from worker.config import ClusterConfig, load_config
 from worker.descendants import contained
 from worker.errors import (
@@ -221,7 +222,11 @@ def run_owned(
     except (AgentdError, OSError) as exc:  # a storage fault: resume later
         outcome = storage_outcome(exc)
     else:
-        heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
+        heartbeat.update(
+            turn=state.turn,
+            usage=state.usage_total.to_json(),
+            spend=spend_json(state.spend_total),
+        )
         heartbeat.start()
         outcome = loop.run()
     finally:

@@ -43,8 +43,10 @@ from types import FrameType
 from typing import Any
 
 from worker import compaction, credentials, vcs
+from worker.budget import Budget, current_budget, price_of, spend_json
 from worker.config import Config
 from worker.errors import (
+    ConfigError,
     ContextTooLongError,
     FencedError,
     InvalidIdError,
@@ -128,6 +130,15 @@ def storage_outcome(exc: BaseException) -> Outcome:
 
 class StopRequested(BaseException):
     """Raised out of a model call when SIGTERM asks the worker to stop."""
+
+
+class BudgetReached(Exception):
+    """Raised before a model call when the task's spend is at or past its budget: the
+    task is held (``reason``), nothing recorded for the call it would have made."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def idempotency_key(task_id: str, epoch: int, call_id: str) -> str:
@@ -259,6 +270,11 @@ class AgentLoop:
         self._server_compacts = config.context.strategy == "server" and (
             offers_server_compaction(model)
         )
+        #: the price table (``worker.budget``) and the task's budget as last read, with
+        #: the number of changes that made it (``current_budget``)
+        self.prices = config.price_table
+        self._budget: tuple[Budget, int] | None = None
+        self._budget_refused = 0  # the change that could not be read, said once
 
     # -- opening ----------------------------------------------------------------------
 
@@ -309,6 +325,7 @@ class AgentLoop:
             self.heartbeat.update(
                 turn=self.state.turn,
                 usage=self.state.usage_total.to_json(),
+                spend=spend_json(self.state.spend_total),
                 tokens_used=self.state.tokens_used,
                 compactions=self.state.compaction_count,
             )
@@ -375,6 +392,7 @@ class AgentLoop:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
+            self._check_prices()
             self._reopen_if_retried()
             if self.config.context.strategy == "server" and not self._server_compacts:
                 self._event(
@@ -386,6 +404,10 @@ class AgentLoop:
             return self._loop()
         except StopRequested:
             return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
+        except BudgetReached as exc:
+            return self._hold_on_budget(exc.reason)
+        except ConfigError as exc:
+            return Outcome("failed", str(exc), ExitCode.CONFIG)
         except (StorageError, FencedError, OSError) as exc:
             return storage_outcome(exc)
         except JournalCorruptError as exc:
@@ -437,10 +459,6 @@ class AgentLoop:
             return "failed", f"unknown stop_reason {stop!r} from the model"
         if self.state.turn >= self.spec.max_turns:
             return "done", "max_turns"
-        budget = self.spec.token_budget
-        used = self.state.usage_total.input_tokens + self.state.usage_total.output_tokens
-        if budget is not None and used >= budget:
-            return "done", "token_budget"
         return None
 
     def _reopen_if_retried(self) -> None:
@@ -464,6 +482,62 @@ class AgentLoop:
             state, str(ended.get("reason")), ExitCode.DONE if state == "done" else ExitCode.FAILED
         )
 
+    # -- the budget (docs/design.md section 13) -------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.model or self.config.model.name
+
+    def budget(self) -> Budget:
+        """The task's budget now: its spec's, or the latest ``agentd budget`` change (read
+        from where the last read ended: one look-up of the next change, per call). A change
+        that cannot be read is said once (``decision_invalid``) and the last budget kept."""
+        try:
+            self._budget = current_budget(self.store, self.task_id, self.spec.budget, self._budget)
+        except ValueError as exc:
+            number = (self._budget or (self.spec.budget, 0))[1] + 1
+            if self._budget_refused != number:
+                self._budget_refused = number
+                where = getattr(exc, "where", f"budget change {number}")
+                self._event("decision_invalid", level="error", file=where, error=str(exc))
+            if self._budget is None:
+                self._budget = (self.spec.budget, 0)
+        return self._budget[0]
+
+    def _check_prices(self) -> None:
+        """A USD budget needs the task's model to have a price (ConfigError: exit 78)."""
+        if self.state.ended:
+            return
+        budget = self.budget()
+        if budget.usd is not None and price_of(self.model_name, self.prices) is None:
+            where = self.config.source or "the config"
+            raise ConfigError(
+                f"task {self.task_id} has a USD budget, but its model {self.model_name!r} has "
+                f'no price; add [prices."{self.model_name}"] (input, output, cache_write, '
+                f"cache_write_1h, cache_read in USD per million tokens) to {where}, or "
+                f"remove the budget with `agentd budget {self.task_id} --usd none`."
+            )
+
+    def _check_budget(self) -> None:
+        """``BudgetReached`` when the spend (the whole life, every branch) is at or past
+        the budget: checked before every model call, so the call that crossed it is the
+        last one (a summary call's spend counts like a turn's)."""
+        reason = self.budget().reached(self.state.spend_total, self.prices)
+        if reason is not None:
+            raise BudgetReached(reason)
+
+    def _hold_on_budget(self, reason: str) -> Outcome:
+        """Hold the task on its budget: a ``hold`` record with no call and the reason (what
+        ``agentd show`` and ``agentd run`` show), and ``budget_exhausted``."""
+        if self.journal is not None:
+            try:
+                self._record({"k": "hold", "calls": [], "budget": reason})
+            except (StorageError, FencedError, OSError) as exc:
+                return storage_outcome(exc)
+        budget = self.budget()
+        self._event("budget_exhausted", level="warning", reason=reason, budget=budget.to_json())
+        return Outcome("held", reason, ExitCode.HELD)
+
     # -- the model ----------------------------------------------------------------------
 
     def _request(self) -> ModelRequest:
@@ -480,7 +554,9 @@ class AgentLoop:
         )
 
     def _ask(self, request: ModelRequest, phase: str) -> ModelReply:
-        """One model call, retried on retryable faults, interruptible by SIGTERM."""
+        """One model call, retried on retryable faults, interruptible by SIGTERM; first,
+        the budget (``BudgetReached``: nothing is recorded for this call)."""
+        self._check_budget()
         self._phase(phase)
 
         def on_retry(exc: Exception, attempt: int, delay: float) -> None:
@@ -509,12 +585,7 @@ class AgentLoop:
             self._interruptible = False
             if self.heartbeat:
                 self.heartbeat.update(retry=None)
-        usage = reply.usage
-        self.metrics.model_called(
-            time.perf_counter() - started,
-            usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens,
-            usage.output_tokens,
-        )
+        self.metrics.model_called(time.perf_counter() - started, reply.model, reply.usage)
         self._phase("idle")
         return reply
 
@@ -539,6 +610,7 @@ class AgentLoop:
                 "model": reply.model,
             }
             | ({} if reply.context_tokens is None else {"tokens_used": reply.context_tokens})
+            | ({"id": reply.id} if reply.id else {})
         ]
         if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
             records += [
@@ -617,10 +689,12 @@ class AgentLoop:
                 "first": first,
                 "last": last,
                 "usage": reply.usage.to_json(),
+                "model": reply.model,
                 "tokens_before": before,
                 "tokens_after": after,
                 "trigger": trigger,
             }
+            | ({"id": reply.id} if reply.id else {})
         )
         self._event(
             "compaction",
