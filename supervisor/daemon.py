@@ -82,6 +82,7 @@ from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.stores import shared, store_for
+from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -207,7 +208,9 @@ class Supervisor:
         self._credentials = credentials.held()
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            ForkServer(
+                spool.root / "forkserver.log", self._worker_env, self._credentials.for_workers()
+            )
             if preload
             else None
         )
@@ -236,6 +239,7 @@ class Supervisor:
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         self._metrics_server: MetricsServer | None = None
+        self.traces: TraceExporter | None = None  # ``[telemetry]``: ``_export_traces``
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -433,6 +437,7 @@ class Supervisor:
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
+        self._export_traces()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -491,6 +496,8 @@ class Supervisor:
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.stop()
+            if self.traces is not None:
+                self.traces.close()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -576,7 +583,7 @@ class Supervisor:
                 except ConfigError as exc:
                     self.emit("config_reload_failed", level="warning", reason=str(exc))
             if self.forks is not None:
-                self.forks.renew(renewed)
+                self.forks.renew(renewed.for_workers())
             self._publish_info()
         return changed
 
@@ -939,7 +946,9 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
+            worker = spawn(
+                slot.task, self.worker_config, self._env_for(slot), self._credentials.for_workers()
+            )
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 self._resource_wait(slot, f"cannot start a worker: {exc}")
@@ -1441,6 +1450,16 @@ class Supervisor:
             raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
+
+    def _export_traces(self) -> None:
+        """Traces on (docs/design.md section 14): every line the relay reads also goes to
+        the assembler, whose finished spans the exporter sends (``supervisor.traces``); the
+        SDK missing stops the start (ConfigError: exit 78)."""
+        self.traces = exporter_for(self.config.telemetry)
+        if self.traces is not None:
+            self.relay.spans = TraceAssembler(self.traces.export)
+            settings = self.traces.settings
+            self.emit("traces_exporting", endpoint=settings.endpoint, protocol=settings.protocol)
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

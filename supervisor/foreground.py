@@ -59,6 +59,7 @@ from supervisor.record import TaskRecord
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
+from supervisor.traces import TraceTail, exporter_for
 from supervisor.workers import WorkerProcess, journal_progress, process_started, spawn, sweep_strays
 from worker import credentials
 from worker.budget import Budget, budget_hold
@@ -218,6 +219,8 @@ class ForegroundRun:
         self.storage_waits = 0
         self.resource_waits = 0
         self.last_exit: dict[str, Any] | None = None  # of the last worker, as the daemon keeps it
+        #: traces on and no daemon on the spool (it would export them): this run's own
+        self.traces: TraceTail | None = None
 
     # -- what the person sees ----------------------------------------------------------
 
@@ -227,7 +230,10 @@ class ForegroundRun:
         )
 
     def pump(self) -> None:
-        """Print the transcript lines recorded since the last call."""
+        """Print the transcript lines recorded since the last call (and hand the trace its
+        new spans and events)."""
+        if self.traces is not None:
+            self.traces.pull()
         try:
             end = self.store.journal_end(self.task.id)
             if end == self.seen_end:
@@ -309,11 +315,25 @@ class ForegroundRun:
         """Run workers for the task until it ends, holds with no one to ask, or the person
         interrupts; the exit code."""
         become_subreaper()
-        with self._signals():
-            try:
-                return self._run()
-            except Interrupted:
-                return self._interrupted()
+        self._export_traces()
+        try:
+            with self._signals():
+                try:
+                    return self._run()
+                except Interrupted:
+                    return self._interrupted()
+        finally:
+            if self.traces is not None:
+                self.traces.close()
+
+    def _export_traces(self) -> None:
+        """Traces on (docs/design.md section 14): this run exports its task's, unless a
+        daemon runs on the spool, whose relay exports every task's (once)."""
+        if running_pid(Spool(self.task.root)) is not None:
+            return
+        exporter = exporter_for(self.config.telemetry)
+        if exporter is not None:
+            self.traces = TraceTail(self.store, self.task.id, exporter)
 
     def _run(self) -> RunExit:
         while True:
@@ -337,7 +357,8 @@ class ForegroundRun:
         }
         if record.retries:
             env[RETRIES_ENV] = str(record.retries)
-        worker = spawn(self.task, self.config_path, env, credentials.held(), dies_with_parent=True)
+        held = credentials.held().for_workers()  # (the exporter's headers stay here)
+        worker = spawn(self.task, self.config_path, env, held, dies_with_parent=True)
         self.worker = worker
         started = process_started(worker.pid)
         self._record(TaskStatus.RUNNING, pid=worker.pid, pid_started=started)

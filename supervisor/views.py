@@ -32,6 +32,7 @@ from supervisor.record import TaskRecord
 from supervisor.relay import daemons_own
 from supervisor.stores import store_of
 from worker.protocol import FINAL_STATES, TaskStatus
+from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 
@@ -256,6 +257,7 @@ class TaskLog:
 
     def read(self, *, settled: bool = False) -> list[dict[str, Any]]:
         events, self._events_at = self._store.read_events(self.task.id, self._events_at)
+        events = [e for e in events if e.get("event") != SPAN_EVENT]  # the exporter's alone
         rows = self._history()[self._turns_shown :]
         if settled and rows and not _settled(rows[-1]):
             rows = rows[:-1]

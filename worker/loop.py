@@ -72,6 +72,7 @@ from worker.models.retry import call_with_retries
 from worker.protocol import ExitCode, decision_fields, exit_record
 from worker.reconcile import Action, plan
 from worker.redactor import redact
+from worker.spans import ChatSpan, RunSpans
 from worker.spool import Spool, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
@@ -225,8 +226,10 @@ class AgentLoop:
         fence: Callable[[], None] | None = None,
         result_wait: Callable[[], AbstractContextManager[object]] | None = None,
         retries: int = 0,
+        spans: RunSpans | None = None,
     ) -> None:
         self.store = store
+        self.spans = spans  # the run's trace spans (``worker.spans``); None: traces are off
         self.result_wait = result_wait
         self.retries = retries  # the operator's, by the task's record (``RETRIES_ENV``)
         self.fence = fence
@@ -387,6 +390,17 @@ class AgentLoop:
     # -- running ------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Run the task until it ends, holds or stops; the run's span (traces on) closes
+        with how it ended."""
+        if self.spans is not None:
+            self.spans.run_started(self.model_name)
+        outcome = self._run()
+        if self.spans is not None:
+            error = outcome.exit_code not in (ExitCode.DONE, ExitCode.HELD, ExitCode.STOPPED)
+            self.spans.run_ended(outcome.state, outcome.reason, error=error)
+        return outcome
+
+    def _run(self) -> Outcome:
         try:
             if self.journal is None:
                 self.open()
@@ -574,13 +588,16 @@ class AgentLoop:
         try:
             if self.stop_requested:
                 raise StopRequested
-            reply = call_with_retries(
-                self.model,
-                request,
-                turn_index=self.state.turn,
-                on_retry=on_retry,
-                sleep=self.sleep,
-            )
+            with self._chat_span(request, phase) as span:
+                reply = call_with_retries(
+                    self.model,
+                    request,
+                    turn_index=self.state.turn,
+                    on_retry=on_retry,
+                    sleep=self.sleep,
+                )
+                if span is not None:
+                    span.reply = reply
         finally:
             self._interruptible = False
             if self.heartbeat:
@@ -588,6 +605,18 @@ class AgentLoop:
         self.metrics.model_called(time.perf_counter() - started, reply.model, reply.usage)
         self._phase("idle")
         return reply
+
+    def _chat_span(
+        self, request: ModelRequest, phase: str
+    ) -> AbstractContextManager[ChatSpan | None]:
+        """The model call's ``chat`` span (``worker.spans``), or nothing when traces are off;
+        what it captures of the input is the message this call adds (the rest was sent
+        before)."""
+        if self.spans is None:
+            return contextlib.nullcontext()
+        purpose = "compaction" if phase == "compaction" else "turn"
+        added = request.messages[-1:] if request.messages else []
+        return self.spans.chat(request.model, purpose, added)
 
     def _call_model(self) -> None:
         try:
@@ -748,14 +777,18 @@ class AgentLoop:
         )
 
     def _run_call(self, call: Call, *, attempt: int, outcome: str = "ran") -> None:
+        begun = time.time_ns()
         tool = self.tools.get(call.tool)
         if tool is None:
-            self._error_result(call, f"unknown tool {call.tool!r}; available: {self.tools.names()}")
+            message = f"unknown tool {call.tool!r}; available: {self.tools.names()}"
+            self._error_result(call, message)
+            self._tool_span(call, begun, None, "error", "unknown_tool", message, attempt)
             return
         try:
             data = tool.check_input(call.input)
         except ToolError as exc:
             self._error_result(call, str(exc))
+            self._tool_span(call, begun, tool.effect.value, "error", "invalid_input", exc, attempt)
             return
         key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
         self._record(
@@ -772,12 +805,14 @@ class AgentLoop:
             self.fence()  # (FencedError: the worker stops, the intent dangling for the next owner)
         self._phase(f"tool:{tool.name}")
         started = time.perf_counter()
+        error_type: str | None = None
         try:
             content, is_error = tool.run(self._context(call, key), data), False
         except ToolError as exc:
-            content, is_error = str(exc), True
+            content, is_error, error_type = str(exc), True, "tool_error"
         except Exception as exc:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+            error_type = type(exc).__name__
         self.metrics.tool_called(tool.name, time.perf_counter() - started)
         self._phase("idle")
         self._keep_result(
@@ -789,6 +824,31 @@ class AgentLoop:
                 "outcome": outcome,
             }
         )
+        self._tool_span(call, begun, tool.effect.value, outcome, error_type, content, attempt)
+
+    def _tool_span(
+        self,
+        call: Call,
+        begun: int,
+        effect: str | None,
+        outcome: str,
+        error_type: str | None,
+        result: Any,
+        attempt: int,
+    ) -> None:
+        """The call's ``execute_tool`` span, once its result is recorded (traces on)."""
+        if self.spans is not None:
+            self.spans.tool(
+                call.tool,
+                call.call_id,
+                start=begun,
+                effect=effect,
+                outcome=outcome,
+                error_type=error_type,
+                arguments=call.input,
+                result=result,
+                attempt=attempt,
+            )
 
     def _keep_result(self, result: JSON) -> None:
         """Record the result of a call that ran. Deferred: the next intent's sync, or the
@@ -851,6 +911,7 @@ class AgentLoop:
             "attempt": call.attempt,
         }
         if step.try_reconcile and tool is not None and tool.reconcile is not None:
+            begun = time.time_ns()
             key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
             try:
                 answer = tool.reconcile(self._context(call, key), dict(call.input or {}))
@@ -867,6 +928,8 @@ class AgentLoop:
                         "outcome": "reconciled",
                     }
                 )
+                effect = tool.effect.value
+                self._tool_span(call, begun, effect, "reconciled", None, answer, call.attempt)
                 self._event("dangling_reconciled", **fields)
                 return None
         if step.action is Action.RERUN:
