@@ -73,6 +73,8 @@ SPAN_EVENTS = frozenset(
         "lease_lost",
     }
 )
+#: Events kept for a task's next run while none runs (the latest ones).
+BETWEEN_KEPT = 64
 #: Fields of an event line that are not the span event's attributes.
 _NOT_ATTRIBUTES = frozenset({"event", "timestamp", "level", "task", "origin"})
 #: The protocol variables (the traces' own first), and the default of each.
@@ -174,7 +176,9 @@ class TraceAssembler:
         item = (str(name), at, _attributes(event))
         run = self._run_of(task, event.get("pid"))
         if run is None:
-            self._between.setdefault(task, []).append(item)
+            between = self._between.setdefault(task, [])
+            between.append(item)
+            del between[:-BETWEEN_KEPT]  # (a task that never runs again keeps a few)
             return
         run.events.append(item)
         run.heard = max(run.heard, at)

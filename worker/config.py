@@ -31,7 +31,15 @@ from typing import Any, NoReturn, cast
 
 import tomli_w
 
-from worker.budget import PRICE_KEYS, Budget, Price, price_table, valid_tokens, valid_usd
+from worker.budget import (
+    PRICE_KEYS,
+    Budget,
+    Price,
+    price_of,
+    price_table,
+    valid_tokens,
+    valid_usd,
+)
 from worker.errors import ConfigError
 from worker.store.durable import read_regular
 from worker.tools.sandbox import SandboxMode
@@ -377,6 +385,12 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     t = top.table("budget")
     budget = Budget(usd=_budget_usd(t), tokens=_budget_tokens(t))
     prices = _prices(top.table("prices", known_keys=False))
+    if budget.usd is not None and price_of(model.name, price_table(prices)) is None:
+        t.fail(
+            "usd",
+            f"needs the price of model.name ({model.name!r}), which has none; add "
+            f'[prices."{model.name}"] (input, output, ... in USD per million tokens)',
+        )
     t = top.table("telemetry")
     telemetry = TelemetryConfig(
         otlp_endpoint=_endpoint(t),

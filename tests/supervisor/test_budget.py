@@ -18,12 +18,26 @@ from typing import Any
 
 import pytest
 
+from supervisor.budgets import change_budget
+from supervisor.history import fork, rewind
+from supervisor.status import status_row
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import config_text
 from tests.supervisor.test_metrics import free_port
-from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
+from tests.support import (
+    journal_records,
+    make_loop,
+    make_spool,
+    of_kind,
+    poll_for,
+    reply,
+    scripted_task,
+    text,
+    tool_use,
+)
 from worker.budget import Budget, cost
-from worker.config import load_config
+from worker.config import Config, load_config
+from worker.spool import TaskDir
 from worker.state import fold
 
 #: $3 in, $15 out per million (the Sonnet 4 family): 100,000 in and 10,000 out is $0.45.
@@ -158,3 +172,40 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def test_a_rewind_keeps_the_spend_and_a_fork_starts_with_its_parents_to_the_fork_point(
+    tmp_path: Path,
+) -> None:
+    """Spend is the whole life: a rewind gives nothing back; a fork's cost_usd is its
+    parent's branch up to the fork point, and its budget its parent's at the fork."""
+    spool = make_spool(tmp_path)
+    config = load_config(_config_file(tmp_path))
+    paid = [reply(text(f"step {n}"), tool_use("list_dir"), usage=TURN_USAGE) for n in (1, 2)]
+    task = scripted_task(
+        spool, [*paid, reply(text("Done."), usage=TURN_USAGE)], config=config,
+        budget=Budget(usd=5.0), name="p1",
+    )  # fmt: skip
+    _run(task, config)
+    assert status_row(task, config.price_table)["cost_usd"] == 1.35
+    change_budget(spool, config, task.id, usd=7.5)
+    child = fork(spool, config, task.id, 2, name="c1")
+    row = status_row(spool.task(child.task), config.price_table)
+    assert row["cost_usd"] == 0.9  # the parent's two calls up to the fork point
+    assert row["budget"] == {"usd": 7.5, "tokens": None}
+    rewind(spool, config, task.id, 1, yes=True)
+    assert status_row(task, config.price_table)["cost_usd"] == 1.35  # nothing given back
+
+
+def _config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "agentd.toml"
+    path.write_text(f'[model]\nname = "{MODEL}"\n')
+    return path
+
+
+def _run(task: TaskDir, config: Config) -> None:
+    loop = make_loop(task, config=config)
+    try:
+        assert loop.run().state == "done"
+    finally:
+        loop.close()

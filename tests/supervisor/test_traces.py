@@ -131,6 +131,8 @@ def test_one_task_is_one_trace_across_a_kill_9_with_the_killed_run_ended_in_erro
         task = submit(daemon, "traced")
         row = daemon.wait_row(task, lambda r: r["phase"] == "tool:stall", what="the stall")
         killed = row["pid"]
+        # the exporter's headers are the daemon's alone: not in a worker's environment
+        assert SECRET.encode() not in Path(f"/proc/{killed}/environ").read_bytes()
         os.kill(killed, signal.SIGKILL)
         daemon.wait_state(task, "done", timeout=60)
         spec = daemon.task(task).load_spec()

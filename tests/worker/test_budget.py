@@ -27,7 +27,7 @@ from worker.budget import (
     price_table,
 )
 from worker.config import Config, ContextConfig, ModelConfig, load_config
-from worker.errors import ConfigError
+from worker.errors import ConfigError, StateConflictError
 from worker.events import read_events
 from worker.loop import Outcome
 from worker.models.base import Usage
@@ -127,6 +127,7 @@ def test_prices_and_budget_in_the_config(tmp_path: Path) -> None:
         ("[budget]\nusd = -1\n", "budget.usd must be a number"),
         ("[budget]\ntokens = 1.5\n", "budget.tokens must be a whole number"),
         ("[budget]\ndollars = 1\n", "budget.dollars is not a known key"),
+        ('[model]\nname = "proxy-m"\n[budget]\nusd = 1\n', "budget.usd needs the price of"),
     ):
         path.write_text(bad)
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
@@ -292,3 +293,21 @@ def test_a_usd_budget_for_a_model_without_a_price_is_a_config_error(spool: Spool
     assert task.load_spec().budget == Budget(usd=2.0, tokens=10)
     outcome = run(task, Config(model=ModelConfig(name="my-proxy-model")))
     assert outcome.exit_code == ExitCode.CONFIG and "[prices." in outcome.reason
+
+
+def test_a_change_recorded_before_the_next_call_is_the_budget_the_worker_keeps(
+    spool: Spool,
+) -> None:
+    """``agentd budget`` on a task that is not held: the worker reads the change before its
+    next model call (a lower budget holds it; ``none`` lifts it), each change once."""
+    task = scripted_task(spool, tool_turns(4), config=CONFIG, name="lowered")
+    change_budget(spool, CONFIG, task.id, tokens=100_000, by="ops", via="cli")
+    assert run(task).reason == "budget: 110000 of 100000 tokens"  # one call, then held
+    assert len(of_kind(journal_records(task), "turn")) == 1
+    change = change_budget(spool, CONFIG, task.id, tokens=None)
+    assert change.number == 2 and change.before == Budget(tokens=100_000)
+    assert change.after == Budget() and change.tokens == 110_000
+    with pytest.raises(StateConflictError, match="below the 110000 spent"):
+        change_budget(spool, CONFIG, task.id, tokens=50_000)
+    assert run(task).state == "failed"  # past the script's end: no budget held it
+    assert len(of_kind(journal_records(task), "turn")) == 4
