@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 import structlog
@@ -27,6 +28,7 @@ from supervisor.traces import ExportSettings, Finished, TraceAssembler, export_s
 from tests.daemon import Daemon, subreaper
 from tests.otlp import OTLPReceiver, Received, unreachable_endpoint
 from tests.support import journal_records, of_kind, poll_for
+from tests.waterfall import render
 from worker import credentials
 from worker.config import TelemetryConfig
 from worker.errors import ConfigError
@@ -196,6 +198,11 @@ def test_one_task_is_one_trace_across_a_kill_9_with_the_killed_run_ended_in_erro
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET not in daemon.log_path.read_text()
+    # the docs' waterfall is drawn from such spans: one bar a span, the run in error marked
+    picture = ElementTree.fromstring(render(spans, "a task"))  # noqa: S314  (our own SVG)
+    bars = picture.findall("{http://www.w3.org/2000/svg}rect")[1:]  # (the first: the ground)
+    assert len(bars) == len(spans)
+    assert sum(bar.get("stroke") == "#d62728" for bar in bars) == 2  # the killed run, read_file
     turns = of_kind(journal_records(daemon.task(task)), "turn")
     assert [t["id"] for t in turns] == [c.attributes["gen_ai.response.id"] for c in
                                         sorted(chats, key=lambda c: c.start)]  # fmt: skip
