@@ -63,6 +63,7 @@ from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.control import (
+    RELEASE_REQUEST,
     REQUEUE_REQUEST,
     RETRY_REQUEST,
     SupervisorLock,
@@ -83,6 +84,7 @@ from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.stores import shared, store_for
+from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -142,7 +144,7 @@ WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
 LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.", "console.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.", "budget.", "prices")
 
 
 @dataclass
@@ -214,7 +216,7 @@ class Supervisor:
             ForkServer(
                 spool.root / "forkserver.log",
                 self._worker_env,
-                self._credentials,
+                self._credentials.for_workers(),
                 preload_mcp=bool(config.mcp.servers),
             )
             if preload
@@ -235,7 +237,7 @@ class Supervisor:
         self._sweep_due = False  # a sweep of strays waits for the fork server's answers
         self._resweep: asyncio.TimerHandle | None = None
         self._strays: set[int] = set()  # killed by the last sweep (they may be dying still)
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: self.config.price_table)
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(
             self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
@@ -249,6 +251,7 @@ class Supervisor:
         self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleProcess | None = None  # [console] listen: its process
+        self.traces: TraceExporter | None = None  # ``[telemetry]``: ``_export_traces``
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -457,6 +460,7 @@ class Supervisor:
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
         self._serve_console()
+        self._export_traces()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -518,6 +522,8 @@ class Supervisor:
                 self._metrics_server.stop()
             if self._console is not None:
                 self._console.stop()
+            if self.traces is not None:
+                self.traces.close()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -603,7 +609,7 @@ class Supervisor:
                 except ConfigError as exc:
                     self.emit("config_reload_failed", level="warning", reason=str(exc))
             if self.forks is not None:
-                self.forks.renew(renewed)
+                self.forks.renew(renewed.for_workers())
             self._publish_info()
         return changed
 
@@ -786,6 +792,8 @@ class Supervisor:
             self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
+        if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
+            self._move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = "stop"  # a safe-point stop; the task resumes after
@@ -966,7 +974,9 @@ class Supervisor:
 
     def _start_fresh(self, slot: TaskSlot) -> None:
         try:
-            worker = spawn(slot.task, self.worker_config, self._env_for(slot), self._credentials)
+            worker = spawn(
+                slot.task, self.worker_config, self._env_for(slot), self._credentials.for_workers()
+            )
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 self._resource_wait(slot, f"cannot start a worker: {exc}")
@@ -1526,6 +1536,16 @@ class Supervisor:
         if self._info:
             self._info["console"] = self._console.url if self._console is not None else None
             self._publish_info()
+
+    def _export_traces(self) -> None:
+        """Traces on (docs/design.md section 14): every line the relay reads also goes to
+        the assembler, whose finished spans the exporter sends (``supervisor.traces``); the
+        SDK missing stops the start (ConfigError: exit 78)."""
+        self.traces = exporter_for(self.config.telemetry)
+        if self.traces is not None:
+            self.relay.spans = TraceAssembler(self.traces.export)
+            settings = self.traces.settings
+            self.emit("traces_exporting", endpoint=settings.endpoint, protocol=settings.protocol)
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

@@ -87,7 +87,7 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 def tasks(call: Call) -> list[Any]:
-    return list(overview.status_document(call.spool)["tasks"])
+    return list(overview.status_document(call.spool, prices=call.config.price_table)["tasks"])
 
 
 def task(call: Call) -> JSON:
@@ -100,7 +100,8 @@ def messages(call: Call) -> list[Any]:
     turn = call.query.get("turn")
     if turn is not None and not (turn.isascii() and turn.lstrip("-").isdigit()):
         raise UsageError(f"turn={turn[:20]!r} is no turn: give a number (0: the prompt)")
-    return transcript.task_lines(call.spool, call.task, turn=None if turn is None else int(turn))
+    shown = None if turn is None else int(turn)
+    return transcript.task_lines(call.spool, call.task, turn=shown, prices=call.config.price_table)
 
 
 def held(call: Call) -> JSON:
@@ -112,7 +113,7 @@ def held(call: Call) -> JSON:
 
 def _row(call: Call, task_id: str) -> JSON:
     """The task's row as ``GET /api/tasks`` lists it, after an action."""
-    return dict(overview.status_document(call.spool, task_id)["tasks"][0])
+    return dict(overview.status_document(call.spool, task_id, call.config.price_table)["tasks"][0])
 
 
 def decide(call: Call) -> JSON:
