@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 
 from supervisor import control
+from supervisor.budgets import refuse_decision_on_budget
 from supervisor.control import RETRY_REQUEST, change_record, move_record, offline, ring
 from supervisor.decisions import (
     decide,
@@ -77,6 +78,7 @@ def approve(
     task = existing_task(spool, task_id)
     check_decision(action, reason, result)
     refuse_if_cancelled(task, "decision")  # checked again as each decision is written
+    refuse_decision_on_budget(task)  # a task held on its budget waits for `agentd budget`
     if call_id == EVERY_CALL:
         calls = [row["call_id"] for row in held_calls(task)]
         if not calls:

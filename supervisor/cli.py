@@ -340,7 +340,15 @@ def submitted(
     args: argparse.Namespace, config: Config, spool: Spool, *, foreground: bool = False
 ) -> TaskDir:
     """The task ``submit``'s options describe, created (``agentd submit``, ``agentd run``)."""
+    from supervisor.budgets import parse_tokens, parse_usd  # noqa: PLC0415  (only submit and run need it)
+    from worker.budget import Budget  # noqa: PLC0415  (the same)
+
     prompt = text_or_file(args.prompt, args.prompt_file, "prompt", PROMPT_FILE_LIMIT) or ""
+    budget = config.budget  # each option given replaces its [budget] default ("none": no limit)
+    if args.budget_usd is not None:
+        budget = Budget(parse_usd(args.budget_usd, "--budget-usd"), budget.tokens)
+    if args.budget_tokens is not None:
+        budget = Budget(budget.usd, parse_tokens(args.budget_tokens, "--budget-tokens"))
     return submit(
         spool,
         config,
@@ -353,11 +361,22 @@ def submitted(
         max_turns=args.max_turns if args.max_turns is not None else 100,
         workspace=Path(args.workspace) if args.workspace else None,
         foreground=foreground,
+        budget=budget,
     )
 
 
 #: ``submit``'s options, which ``run --resume`` refuses (the task has them already).
-SUBMIT_OPTIONS = ("name", "model", "script", "tools", "system", "max_turns", "workspace")
+SUBMIT_OPTIONS = (
+    "name",
+    "model",
+    "script",
+    "tools",
+    "system",
+    "max_turns",
+    "workspace",
+    "budget_usd",
+    "budget_tokens",
+)
 
 
 def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -384,7 +403,8 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         task = submitted(args, config, spool, foreground=True)
         ring(spool, task.id)  # a daemon on the spool sees it at once, and leaves it alone
         print(f"agentd: task {task.id}", file=sys.stderr, flush=True)
-    ask = ask_at_terminal if sys.stdin is not None and sys.stdin.isatty() else None
+    terminal = sys.stdin is not None and sys.stdin.isatty()
+    ask = ask_at_terminal if terminal else None
     config_path = Path(args.config).absolute() if args.config else config.source
     run = foreground.ForegroundRun(
         task,
@@ -394,6 +414,7 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         err=sys.stderr,
         json_lines=args.json,
         ask=ask,
+        ask_budget=ask_budget_at_terminal if terminal else None,
         resume_line=foreground.resume_command(task.id, _agentd_prefix(args)),
         show_from_start=args.resume is None,
     )
@@ -451,6 +472,37 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
         print("answer r, s or x.", file=sys.stderr)
 
 
+def ask_budget_at_terminal(reason: str, budget: Any, refusal: str | None) -> Any:
+    """Ask the person at the terminal for a new budget of a task held on its budget
+    (``agentd run``): each limit a number, ``none``, or nothing to keep it; None at the
+    end of input (the task stays held)."""
+    from supervisor.budgets import KEEP, parse_tokens, parse_usd  # noqa: PLC0415  (only `run` needs it)
+    from supervisor.foreground import BudgetAnswer  # noqa: PLC0415  (the same)
+
+    if refusal is not None:
+        print(f"agentd: {refusal}", file=sys.stderr)
+    else:
+        print(f"‖ held: {reason}", file=sys.stderr)
+    now_usd = "none" if budget.usd is None else f"{budget.usd:.2f}"
+    now_tokens = "none" if budget.tokens is None else str(budget.tokens)
+    while True:
+        usd = _read_answer(f"new budget in US dollars (now {now_usd}; a number, none, or Enter "
+                           "to keep it)? ")  # fmt: skip
+        if usd is None:
+            return None
+        tokens = _read_answer(f"new budget in tokens (now {now_tokens}; a number, none, or "
+                              "Enter to keep it)? ")  # fmt: skip
+        if tokens is None:
+            return None
+        try:
+            return BudgetAnswer(
+                KEEP if not usd.strip() else parse_usd(usd.strip(), "the budget"),
+                KEEP if not tokens.strip() else parse_tokens(tokens.strip(), "the budget"),
+            )
+        except UsageError as exc:
+            print(f"agentd: {exc}", file=sys.stderr)
+
+
 def _read_answer(prompt: str) -> str | None:
     """One line typed at the terminal after ``prompt`` (on stderr: stdout may be the
     transcript's pipe); None at the end of input."""
@@ -484,7 +536,7 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     redraw = args.watch and sys.stdout.isatty()
     first = True
     while True:
-        doc = status_document(spool, args.task)
+        doc = status_document(spool, args.task, config.price_table)
         if args.json:
             text = json.dumps(doc, indent=2, default=str)
         else:
@@ -639,10 +691,33 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     return 0
 
 
+def cmd_budget(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.budgets import KEEP, change_budget, parse_tokens, parse_usd  # noqa: PLC0415  (only this command needs it)
+
+    change = change_budget(
+        spool,
+        config,
+        args.task,
+        usd=KEEP if args.usd is None else parse_usd(args.usd),
+        tokens=KEEP if args.tokens is None else parse_tokens(args.tokens),
+        operator=Operator.here(),
+    )
+    after = change.after
+    limits = [
+        f"${after.usd:.2f}" if after.usd is not None else "no USD limit",
+        f"{after.tokens} tokens" if after.tokens is not None else "no token limit",
+    ]
+    spent = f"${change.cost_usd:.6f}" if change.cost_usd is not None else "an unknown cost"
+    print(f"{change.task}: budget {', '.join(limits)}; spent {spent}, {change.tokens} tokens")
+    if change.resumed:
+        print(f"{change.task}: resumed")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import transcript  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    shown = transcript.task_lines(spool, args.task, turn=args.turn)
+    shown = transcript.task_lines(spool, args.task, turn=args.turn, prices=config.price_table)
     if args.json:
         for line in shown:
             print(json.dumps(line, ensure_ascii=False))
@@ -656,9 +731,11 @@ def cmd_show(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import history_rows  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
     from supervisor.views import shown_outcome  # noqa: PLC0415  (the same)
+    from worker.budget import cost_usd  # noqa: PLC0415  (the same)
 
     task = existing_task(spool, args.task)
-    rows = history_rows(task)
+    prices = config.price_table
+    rows = history_rows(task, prices)
     if args.json:
         out(rows)
         return 0
@@ -666,16 +743,18 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if spec.forked_from:
         print(f"{task.id} was forked from {spec.forked_from['task']} at turn "
               f"{spec.forked_from['turn']}")  # fmt: skip
-    print(f"{'TURN':>4}  {'TIME':24}  {'TOKENS':>11}  {'BRANCH':7}  TOOL CALLS")
+    print(f"{'TURN':>4}  {'TIME':24}  {'TOKENS':>11}  {'COST':>9}  {'BRANCH':7}  TOOL CALLS")
     for row in rows:
         branch = (
             "fork" if row["inherited"] else f"{row['branch']}" + (" x" if row["rewound"] else "")
         )
         tokens = f"{row['input_tokens']}/{row['output_tokens']}"
+        spent = "-" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}"
+        head = f"{row['turn']:>4}  {row['at'] or '':24}"
         if row["kind"] == "compaction":
             tokens = f"{row['tokens_before']}>{row['tokens_after']}"
             summary = f"compacted turns {row['first']}-{row['last']}: {row['summary']}"
-            print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {summary}")
+            print(f"{head}  {tokens:>11}  {spent:>9}  {branch:7}  {summary}")
             continue
         calls = (
             ", ".join(
@@ -686,7 +765,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             or ""
         )
         git = f"  git {row['vcs']['snapshot'][:10]}" if row["vcs"] else ""
-        print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {calls}{git}")
+        print(f"{head}  {tokens:>11}  {spent:>9}  {branch:7}  {calls}{git}")
     rewinds = {
         (r["rewind"].get("at"), str(Operator.of(r["rewind"]) or "")): r["rewind"]["to"]
         for r in rows
@@ -700,6 +779,9 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     total, live = state.usage_total, state.usage
     print(f"tokens on the live branch {live.input_tokens}/{live.output_tokens}; "
           f"ever spent {total.input_tokens}/{total.output_tokens} (input/output)")  # fmt: skip
+    spent_usd = cost_usd(state.spend_total, prices)
+    shown = "unknown (a model has no price)" if spent_usd is None else f"${spent_usd:.6f}"
+    print(f"cost_usd {shown} over the task's whole life (every branch, summary calls)")
     return 0
 
 
@@ -1021,6 +1103,16 @@ def build_parser() -> Parser:
         p.add_argument(
             "--workspace", metavar="DIR", help="the task's working folder (default: in the spool)"
         )
+        p.add_argument(
+            "--budget-usd",
+            metavar="X",
+            help="hold the task once it has spent X US dollars (none: no limit; default [budget])",
+        )
+        p.add_argument(
+            "--budget-tokens",
+            metavar="N",
+            help="hold the task once it has spent N tokens (none: no limit; default [budget])",
+        )
 
     p = command("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
     task_options(p)
@@ -1070,6 +1162,10 @@ def build_parser() -> Parser:
     task_arg(p)
     p = command("retry", cmd_retry, "give a failed task a fresh restart budget")
     task_arg(p)
+    p = command("budget", cmd_budget, "set or remove a task's budget; a task held on it resumes")
+    task_arg(p)
+    p.add_argument("--usd", metavar="X", help="the most it may spend, in US dollars (or none)")
+    p.add_argument("--tokens", metavar="N", help="the most tokens it may spend (or none)")
     p = command("show", cmd_show, "what the model said and what each tool returned")
     task_arg(p)
     p.add_argument("--turn", type=int, metavar="N", help="only turn N (0: the prompt)")

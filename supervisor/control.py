@@ -4,7 +4,8 @@
   command while no daemon runs) is the only writer of task records (``state.json``).
 * ``ring``: CLI commands drop a file in ``SPOOL/inbox`` after a change; the daemon
   watches that folder and acts within milliseconds.
-* Requests: small files in a task folder (``retry.request``, ``requeue.request``) that
+* Requests: small files in a task folder (``retry.request``, ``requeue.request``,
+  ``release.request``) that
   the daemon applies and removes. ``change_record`` applies a change directly when no
   daemon runs, and leaves a request when one does. A cancel is not a request but a
   record that stays (``TaskDir.cancellation``, ``supervisor.decisions.record_cancel``).
@@ -55,6 +56,8 @@ from worker.store.durable import (
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
+#: Release a task held on its budget, once ``agentd budget`` raised it (``supervisor.budgets``).
+RELEASE_REQUEST = "release.request"
 PAUSE_REQUEST = "pause.request"
 #: How many times a move reads the record again after losing a compare-and-set to a node.
 MOVE_ATTEMPTS = 20

@@ -66,6 +66,7 @@ from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.control import (
+    RELEASE_REQUEST,
     REQUEUE_REQUEST,
     RETRY_REQUEST,
     SupervisorLock,
@@ -88,6 +89,7 @@ from supervisor.reload import Settings
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
+from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from supervisor.workers import (
     WorkerProcess,
     adopt,
@@ -204,7 +206,7 @@ class Supervisor:
             ForkServer(
                 spool.root / "forkserver.log",
                 self._worker_env,
-                self.settings.credentials,
+                self.settings.credentials.for_workers(),
                 preload_mcp=bool(config.mcp.servers),
             )
             if preload
@@ -230,7 +232,7 @@ class Supervisor:
             held_back=lambda: self.forks is not None and self.forks.answering,
             killed=lambda pids: self.emit("strays_killed", pids=pids),
         )
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: self.config.price_table)
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(
             self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
@@ -244,6 +246,7 @@ class Supervisor:
         self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleProcess | None = None  # [console] listen: its process
+        self.traces: TraceExporter | None = None  # ``[telemetry]``: ``_export_traces``
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -476,6 +479,7 @@ class Supervisor:
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
         self._serve_console()
+        self._export_traces()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -537,6 +541,8 @@ class Supervisor:
                 self._metrics_server.stop()
             if self._console is not None:
                 self._console.stop()
+            if self.traces is not None:
+                self.traces.close()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -624,7 +630,7 @@ class Supervisor:
                 except ConfigError as exc:
                     self.emit("config_reload_failed", level="warning", reason=str(exc))
             if self.forks is not None:
-                self.forks.renew(held)
+                self.forks.renew(held.for_workers())
             self._publish_info()
         before = self.config
         if self.settings.reload(renewed) is None:
@@ -758,6 +764,8 @@ class Supervisor:
             self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
+        if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
+            self._move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
@@ -941,7 +949,7 @@ class Supervisor:
                 slot.task,
                 self.settings.worker_config,
                 self._env_for(slot),
-                self.settings.credentials,
+                self.settings.credentials.for_workers(),
             )
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
@@ -1435,6 +1443,16 @@ class Supervisor:
         if self._info:
             self._info["console"] = self._console.url if self._console is not None else None
             self._publish_info()
+
+    def _export_traces(self) -> None:
+        """Traces on (docs/design.md section 14): every line the relay reads also goes to
+        the assembler, whose finished spans the exporter sends (``supervisor.traces``); the
+        SDK missing stops the start (ConfigError: exit 78)."""
+        self.traces = exporter_for(self.config.telemetry)
+        if self.traces is not None:
+            self.relay.spans = TraceAssembler(self.traces.export)
+            settings = self.traces.settings
+            self.emit("traces_exporting", endpoint=settings.endpoint, protocol=settings.protocol)
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

@@ -40,7 +40,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -48,6 +48,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from supervisor import exits, transcript
+from supervisor.budgets import KEEP, Unchanged, change_budget, task_budget
 from supervisor.control import move_record, running_pid
 from supervisor.decisions import cancelled_by, decide, operator_lock, pending_decisions
 from supervisor.exits import KillReason
@@ -58,11 +59,13 @@ from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
 from supervisor.strays import sweep_until_none
+from supervisor.traces import TraceTail, exporter_for
 from supervisor.workers import WorkerProcess, process_started, spawn, worker_exit
 from worker import credentials
+from worker.budget import Budget, budget_hold
 from worker.config import Config
 from worker.descendants import become_subreaper
-from worker.errors import StateConflictError, StorageError, UsageError
+from worker.errors import ConfigError, StateConflictError, StorageError, UsageError
 from worker.events import record_event
 from worker.protocol import (
     RETRIES_ENV,
@@ -99,6 +102,20 @@ class Answer:
 #: Asks about one held call (a row of ``status.held_calls``); None: no answer (the task
 #: stays held). KeyboardInterrupt out of it is an interruption.
 Ask = Callable[[dict[str, Any]], Answer | None]
+
+
+@dataclass(frozen=True)
+class BudgetAnswer:
+    """A new budget typed at the prompt for a task held on its budget: each limit a
+    number, None (no limit) or ``KEEP`` (``supervisor.budgets.change_budget``'s)."""
+
+    usd: float | Unchanged | None = KEEP
+    tokens: int | Unchanged | None = KEEP
+
+
+#: Asks for a new budget, given the hold's reason and the budget now; None: no answer.
+#: Asked again, with the refusal's line, while the answer is below the spend.
+AskBudget = Callable[[str, Budget, str | None], BudgetAnswer | None]
 
 
 class Interrupted(Exception):
@@ -169,6 +186,7 @@ class ForegroundRun:
         err: TextIO,
         json_lines: bool = False,
         ask: Ask | None = None,
+        ask_budget: AskBudget | None = None,
         resume_line: str | None = None,
         show_from_start: bool = True,
     ) -> None:
@@ -180,6 +198,7 @@ class ForegroundRun:
         self.err = err
         self.json_lines = json_lines
         self.ask = ask
+        self.ask_budget = ask_budget
         self.resume_line = resume_line or resume_command(task.id)
         self.renderer = transcript.Renderer(out, colour=transcript.use_colour(out))
         self.prompt = self.store.load_spec(task.id).prompt
@@ -193,14 +212,21 @@ class ForegroundRun:
         self.storage_waits = 0
         self.resource_waits = 0
         self.last_exit: dict[str, Any] | None = None  # of the last worker, as the daemon keeps it
+        #: traces on and no daemon on the spool (it would export them): this run's own
+        self.traces: TraceTail | None = None
 
     # -- what the person sees ----------------------------------------------------------
 
     def _lines(self) -> list[dict[str, Any]]:
-        return transcript.lines(self.store.replay(self.task.id), prompt=self.prompt)
+        return transcript.lines(
+            self.store.replay(self.task.id), prompt=self.prompt, prices=self.config.price_table
+        )
 
     def pump(self) -> None:
-        """Print the transcript lines recorded since the last call."""
+        """Print the transcript lines recorded since the last call (and hand the trace its
+        new spans and events)."""
+        if self.traces is not None:
+            self.traces.pull()
         try:
             end = self.store.journal_end(self.task.id)
             if end == self.seen_end:
@@ -282,11 +308,25 @@ class ForegroundRun:
         """Run workers for the task until it ends, holds with no one to ask, or the person
         interrupts; the exit code."""
         become_subreaper()
-        with self._signals():
-            try:
-                return self._run()
-            except Interrupted:
-                return self._interrupted()
+        self._export_traces()
+        try:
+            with self._signals():
+                try:
+                    return self._run()
+                except Interrupted:
+                    return self._interrupted()
+        finally:
+            if self.traces is not None:
+                self.traces.close()
+
+    def _export_traces(self) -> None:
+        """Traces on (docs/design.md section 14): this run exports its task's, unless a
+        daemon runs on the spool, whose relay exports every task's (once)."""
+        if running_pid(Spool(self.task.root)) is not None:
+            return
+        exporter = exporter_for(self.config.telemetry)
+        if exporter is not None:
+            self.traces = TraceTail(self.store, self.task.id, exporter)
 
     def _run(self) -> RunExit:
         while True:
@@ -310,7 +350,8 @@ class ForegroundRun:
         }
         if record.retries:
             env[RETRIES_ENV] = str(record.retries)
-        worker = spawn(self.task, self.config_path, env, credentials.held(), dies_with_parent=True)
+        held = credentials.held().for_workers()  # (the exporter's headers stay here)
+        worker = spawn(self.task, self.config_path, env, held, dies_with_parent=True)
         self.worker = worker
         started = process_started(worker.pid)
         self._record(TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
@@ -460,6 +501,8 @@ class ForegroundRun:
         if self.interrupts:
             return self._interrupted()
         rows = held_calls(self.task)
+        if not rows and budget_hold(reason):
+            return self._budget_held(str(reason))
         if self.ask is None or not rows:
             self.say(
                 f"task {self.task.id} is held: {reason or 'a call waits for a decision'}; "
@@ -469,13 +512,8 @@ class ForegroundRun:
             )
             return RunExit.HELD
         for row in rows:
-            self.asking = True
-            try:
+            with self._at_the_prompt():
                 answer = self.ask(row)
-            except (KeyboardInterrupt, EOFError):
-                raise Interrupted from None
-            finally:
-                self.asking = False
             if answer is None:
                 self.say(f"task {self.task.id} stays held; `{self.resume_line}` asks again.")
                 return RunExit.HELD
@@ -489,6 +527,49 @@ class ForegroundRun:
             )
         self._record(TaskStatus.QUEUED, pid=None, reason=None)
         return None
+
+    @contextlib.contextmanager
+    def _at_the_prompt(self) -> Iterator[None]:
+        """While the person is asked: an interruption (Ctrl-C, the end of input) ends the
+        run at once, the task held."""
+        self.asking = True
+        try:
+            yield
+        except (KeyboardInterrupt, EOFError):
+            raise Interrupted from None
+        finally:
+            self.asking = False
+
+    def _budget_held(self, reason: str) -> RunExit | None:
+        """Held on its budget: ask for a new one (``agentd budget``'s checks, recorded with
+        ``via: run``), else end with the hint."""
+        if self.ask_budget is None:
+            self.say(
+                f"task {self.task.id} is held: {reason}; raise the budget with `agentd budget "
+                f"{self.task.id} --usd X` (or --tokens N, or none), then `{self.resume_line}`."
+            )
+            return RunExit.HELD
+        refusal = None
+        while True:
+            with self._at_the_prompt():
+                answer = self.ask_budget(reason, task_budget(self.task), refusal)
+            if answer is None:
+                self.say(f"task {self.task.id} stays held; `{self.resume_line}` asks again.")
+                return RunExit.HELD
+            try:
+                change_budget(
+                    Spool(self.task.root),
+                    self.config,
+                    self.task.id,
+                    usd=answer.usd,
+                    tokens=answer.tokens,
+                    operator=Operator.here(Via.RUN),
+                )
+            except (StateConflictError, ConfigError, UsageError) as exc:
+                refusal = str(exc)
+                continue
+            self._record(TaskStatus.QUEUED, pid=None, reason=None)
+            return None
 
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)

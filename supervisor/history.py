@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from supervisor.status import load_state
 from supervisor.stores import store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
+from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget
 from worker.config import Config
 from worker.errors import IrreversibleError, StateConflictError, UsageError
 from worker.events import record_event, utc_now
+from worker.models.base import Usage
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
@@ -48,13 +51,17 @@ IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 # -- history ------------------------------------------------------------------------------
 
 
-def history_rows(task: TaskDir) -> list[dict[str, Any]]:
+def history_rows(
+    task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES
+) -> list[dict[str, Any]]:
     """One row per turn ever recorded, live or rewound, in journal order; one per
     compaction (``"kind": "compaction"``, at the turn it followed, with the turns it
     replaced, the tokens before and after, and the summary's first line). A row a rewind
     cut is marked ``rewound`` and carries the ``rewind`` (``to``, ``at`` and who rewound:
     ``by``, ``via``); a call an operator decided carries the ``decision`` (``action``,
-    ``by``, ``via``: docs/design.md section 15)."""
+    ``by``, ``via``: docs/design.md section 15). Each row's ``cost_usd`` is its model
+    call's, at ``prices`` (null without a price); a compaction row's is its summary
+    call's."""
     rows: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
@@ -66,7 +73,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
             live = int(scene.get("turn", 0))
             for info in scene.get("turns", []):
                 if not info.get("rewound"):
-                    row = _row(info, branch=0, inherited=True)
+                    row = _row(info, branch=0, inherited=True, prices=prices)
                     row["tool_calls"] = [
                         {
                             "call_id": c["call_id"],
@@ -82,7 +89,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
                     rows.append(row)
         elif kind == "turn":
             live = int(record["turn"])
-            row = _row(record, branch=branch, inherited=False)
+            row = _row(record, branch=branch, inherited=False, prices=prices)
             for block in record["message"]["content"]:
                 if block.get("type") == "tool_use":
                     call = {"call_id": block["id"], "tool": block["name"], "effect": None}
@@ -108,7 +115,7 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
                     }
                     break
         elif kind == "compaction":
-            rows.append(_compaction_row(record, live, branch))
+            rows.append(_compaction_row(record, live, branch, prices))
         elif kind == "rewind":
             rewind = {k: record[k] for k in ("to", "at", "by", "via") if k in record}
             for row in rows:
@@ -120,11 +127,13 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
     return rows
 
 
-def _compaction_row(record: dict[str, Any], turn: int, branch: int) -> dict[str, Any]:
+def _compaction_row(
+    record: dict[str, Any], turn: int, branch: int, prices: Mapping[str, Price]
+) -> dict[str, Any]:
     """A compaction's row, at the turn it followed; its tokens are the summary call's."""
     summary = str(record.get("summary", "")).strip()
     return {
-        **_row({**record, "turn": turn}, branch=branch, inherited=False),
+        **_row({**record, "turn": turn}, branch=branch, inherited=False, prices=prices),
         "kind": "compaction",
         "first": record.get("first"),
         "last": record.get("last"),
@@ -135,7 +144,9 @@ def _compaction_row(record: dict[str, Any], turn: int, branch: int) -> dict[str,
     }
 
 
-def _row(info: dict[str, Any], *, branch: int, inherited: bool) -> dict[str, Any]:
+def _row(
+    info: dict[str, Any], *, branch: int, inherited: bool, prices: Mapping[str, Price]
+) -> dict[str, Any]:
     usage = info.get("usage") or {}
     return {
         "kind": "turn",
@@ -145,6 +156,7 @@ def _row(info: dict[str, Any], *, branch: int, inherited: bool) -> dict[str, Any
         "stop_reason": info.get("stop_reason"),
         "input_tokens": usage.get("input_tokens", 0),
         "output_tokens": usage.get("output_tokens", 0),
+        "cost_usd": cost_usd({str(info.get("model") or ""): Usage.from_json(usage)}, prices),
         "tool_calls": [],
         "vcs": None,
         "branch": branch,
@@ -339,7 +351,8 @@ def fork(
     state = load_state(parent)
     _check_turn(parent, state, at, "fork at")
     scene = _scene_after(state, at)
-    scene.usage_total = scene.usage  # the fork's own spending starts from its scene
+    # the fork's life starts with its scene's: the parent's branch up to the fork point
+    scene.usage_total, scene.spend_total = scene.usage, scene.spend
     scene.turns = [t for t in scene.turns if not t.rewound]
     origin = {"task": parent_id, "turn": at}
     records: list[dict[str, Any]] = [
@@ -351,7 +364,10 @@ def fork(
 
     parent_ws = parent.workspace_for(spec)
     snapshot = scene.vcs.get(at, {}).get("snapshot")
-    new_spec = replace(spec, id=new_id, forked_from=origin, created_at=utc_now())
+    # the fork's budget is its parent's now, and applies to a spend that starts with the
+    # parent's up to the fork point (docs/design.md section 13)
+    budget = current_budget(store, parent_id, spec.budget)[0]
+    new_spec = replace(spec, id=new_id, forked_from=origin, created_at=utc_now(), budget=budget)
     note = "files were not restored (the workspace is not under git)"
     worktree = None
     git = _git_of(config, parent, spec.git) if snapshot else None

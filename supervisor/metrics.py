@@ -24,8 +24,15 @@ the daemon's side) and renders it; so a daemon that nobody scrapes reads no hear
 metrics at all. ``prometheus_client`` is imported only when metrics are served: the
 daemon of a spool without them never pays for it, and workers never import it.
 
-Nothing here reads a secret or a prompt: the labels are state names, tool names and token
-types, and the values are counts and durations.
+Cost (``agentd_cost_usd_total{model}``, docs/design.md section 13) comes the same way:
+each heartbeat carries the tokens of every reply its worker received, by model
+(``worker.metrics``: calls actually made, never a replay of the journal), and the growth
+is priced when it is folded, at the daemon's price table then, so the counter only grows
+(a reload of ``[prices]`` prices what comes after it). A model without a price adds
+nothing; the label set is bounded (``MAX_MODELS``), and never names a task.
+
+Nothing here reads a secret or a prompt: the labels are state names, tool names, model
+names and token types, and the values are counts, durations and dollars.
 """
 
 from __future__ import annotations
@@ -41,9 +48,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from supervisor.status import held_calls
+from worker.budget import BUILTIN_PRICES, Price, cost, spend_from_json
 from worker.errors import AddressInUseError, AgentdError, ConfigError
 from worker.metrics import (
     CALL_BOUNDS,
@@ -52,6 +61,7 @@ from worker.metrics import (
     TOKEN_BOUNDS,
     TOKEN_TYPES,
 )
+from worker.models.base import Usage
 from worker.protocol import TaskStatus
 from worker.spool import TaskDir
 
@@ -67,6 +77,9 @@ SAMPLE_PATIENCE = 2.0
 #: bound a label set (tool names come from the registry, a few dozen at most).
 MAX_TOOLS = 256
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+#: At most this many model labels of ``agentd_cost_usd_total``, and what a model name is.
+MAX_MODELS = 64
+_MODEL_NAME = re.compile(r"[a-zA-Z0-9._:@/-]{1,128}")
 #: The metrics server's bounds: threads that answer, connections open at once (the rest
 #: are closed at once), and seconds a connection may stay silent.
 HANDLER_THREADS = 2
@@ -116,6 +129,21 @@ def _shaped(data: Any, bounds: tuple[float, ...]) -> tuple[list[int], float] | N
     return counts, float(total)
 
 
+def _usage_growth(now: Usage, before: Usage | None) -> Usage:
+    """What a worker's usage of one model grew by since ``before``; all of it when a
+    count went down (another process)."""
+    fields = (
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_1h_input_tokens",
+    )
+    if before is None or any(getattr(now, f) < getattr(before, f) for f in fields):
+        return now
+    return Usage(*(getattr(now, f) - getattr(before, f) for f in fields))
+
+
 def _table(data: Any) -> dict[str, Any]:
     """``data`` when it is a JSON object, else an empty one (a heartbeat is spool content)."""
     return data if isinstance(data, dict) else {}
@@ -145,6 +173,8 @@ class Sample:
     model_call: Histogram
     tool_call: Mapping[str, Histogram]
     tokens: Mapping[str, Histogram]
+    #: USD spent by model (``agentd_cost_usd_total``)
+    cost_usd: Mapping[str, float]
     #: with a shared store: the tasks other nodes took over from this one, and the nodes
     #: alive (None on the spool's files: the two are not exposed)
     lease_lost: int | None = None
@@ -154,9 +184,11 @@ class Sample:
 
 
 class Metrics:
-    """The daemon's counters and the histograms folded from its workers' heartbeats."""
+    """The daemon's counters and the histograms folded from its workers' heartbeats;
+    ``prices`` gives the price table the spend is reckoned at (the daemon's config's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prices: Callable[[], Mapping[str, Price]] = lambda: BUILTIN_PRICES) -> None:
+        self.prices = prices
         self.restarts = 0  # restarts the daemon decided (policy.decide: Restart)
         self.crash_loops = 0  # tasks it gave up on (GiveUp: crash_loop)
         self.storage_faults = 0  # storage-fault episodes, the daemon's and its workers'
@@ -167,6 +199,7 @@ class Metrics:
         self.model_call = Histogram(CALL_BOUNDS)
         self.tool_call: dict[str, Histogram] = {}
         self.tokens = {kind: Histogram(TOKEN_BOUNDS) for kind in TOKEN_TYPES}
+        self.cost: dict[str, Decimal] = {}  # USD by model, exact until it is exposed
         self._seen: dict[str, tuple[int, dict[str, Any]]] = {}  # task: (pid, last metrics)
         self._held: dict[str, tuple[str, int]] = {}  # task: (record updated_at, held calls)
 
@@ -199,7 +232,21 @@ class Metrics:
         tokens, tokens_before = _table(data.get("tokens")), _table(before.get("tokens"))
         for kind in TOKEN_TYPES:
             self._add(self.tokens[kind], tokens.get(kind), tokens_before.get(kind))
+        self._spent(spend_from_json(data.get("spend")), spend_from_json(before.get("spend")))
         self._seen[task] = (pid, data)
+
+    def _spent(self, now: Mapping[str, Usage], before: Mapping[str, Usage]) -> None:
+        """Price what a worker's replies grew by, per model (all of it: a new worker)."""
+        prices = self.prices()
+        for model, usage in now.items():
+            if not _MODEL_NAME.fullmatch(model):
+                continue
+            if model not in self.cost and len(self.cost) >= MAX_MODELS:
+                continue
+            grown = _usage_growth(usage, before.get(model))
+            amount = cost({model: grown}, prices)
+            if amount:  # (None: no price; nothing to add)
+                self.cost[model] = self.cost.get(model, Decimal(0)) + amount
 
     @staticmethod
     def _add(target: Histogram, now: Any, before: Any) -> None:
@@ -254,6 +301,7 @@ class Metrics:
             model_call=self.model_call.copy(),
             tool_call={name: h.copy() for name, h in self.tool_call.items()},
             tokens={kind: h.copy() for kind, h in self.tokens.items()},
+            cost_usd={model: float(amount) for model, amount in self.cost.items()},
             lease_lost=self.lease_lost if nodes is not None else None,
             nodes=nodes,
             sandbox_available=self.sandbox_available,
@@ -331,6 +379,14 @@ def families(sample: Sample) -> Iterator[Metric]:
     for kind, hist in sample.tokens.items():
         tokens.add_metric(["chat", kind], hist.buckets(), hist.sum)
     yield tokens
+    spent = CounterMetricFamily(
+        "agentd_cost_usd",
+        "US dollars of the model calls made, by model, at the price table.",
+        labels=["model"],
+    )
+    for model, amount in sorted(sample.cost_usd.items()):
+        spent.add_metric([model], amount)
+    yield spent
 
 
 def listen_error(key: str, listen: str, exc: OSError) -> AgentdError:

@@ -9,6 +9,7 @@ read in one statement (``TaskStore.read_all``), each with the node that runs it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from supervisor.control import running_pid, supervisor_info
@@ -17,6 +18,7 @@ from supervisor.status import held_calls, status_row
 from supervisor.stores import shared, store_for
 from supervisor.submit import existing_task, listed_tasks
 from worker import __version__
+from worker.budget import BUILTIN_PRICES, Price
 from worker.config import node_name as local_node
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
@@ -50,10 +52,16 @@ def supervisor_json(spool: Spool) -> dict[str, Any]:
     }
 
 
-def task_row(task: TaskDir, leases: dict[str, str] | None, node: str | None) -> dict[str, Any]:
-    """One task's row of the status document: ``status_row`` with its ``node`` (from
-    ``leases`` on a shared store; else ``node``, this machine's, while its worker runs)."""
-    row = status_row(task)
+def task_row(
+    task: TaskDir,
+    leases: dict[str, str] | None,
+    node: str | None,
+    prices: Mapping[str, Price] = BUILTIN_PRICES,
+) -> dict[str, Any]:
+    """One task's row of the status document: ``status_row`` (its ``cost_usd`` at
+    ``prices``: ``Config.price_table``) with its ``node`` (from ``leases`` on a shared
+    store; else ``node``, this machine's, while its worker runs)."""
+    row = status_row(task, prices)
     if leases is not None:
         row["node"] = leases.get(task.id)
     else:
@@ -61,10 +69,12 @@ def task_row(task: TaskDir, leases: dict[str, str] | None, node: str | None) -> 
     return row
 
 
-def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
+def status_document(
+    spool: Spool, task_id: str | None = None, prices: Mapping[str, Price] = BUILTIN_PRICES
+) -> dict[str, Any]:
     """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``);
     on a shared store every task of the cluster, each with the node that runs it, and
-    ``nodes``."""
+    ``nodes``; each ``cost_usd`` at ``prices`` (``Config.price_table``)."""
     store = store_for(spool.root)
     cluster = shared()
     leases = cluster.leases() if cluster is not None else None
@@ -74,7 +84,7 @@ def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
         task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
         for task in task_dirs:
             if store.exists(task.id):
-                rows.append(task_row(task, leases, sup["node"]))
+                rows.append(task_row(task, leases, sup["node"], prices))
     doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
     if cluster is not None:  # the node of this spool's daemon, else the one asking
         sup["node"] = sup["node"] or cluster.node

@@ -27,6 +27,10 @@ first line; only on a spool that never had cursors (one of a release before them
 ``SPOOL/relay`` folder) are the tasks found at the first start tailed from their end, so
 that an upgrade does not log every task's history again. A daemon killed between logging
 lines and writing their cursor logs those lines again at its next start (never fewer).
+
+With traces on (docs/design.md section 14) every line read also goes to the trace
+assembler (``spans``: the daemon's own lines too, whose ``worker_exited`` closes a killed
+worker's run), and the span lines workers write go there alone: they are never logged.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any, Protocol
 from structlog.typing import FilteringBoundLogger
 
 from worker.errors import StorageError
+from worker.spans import SPAN_EVENT
 from worker.spool import validate_task_id
 from worker.store.base import JSON, START, Cursor
 from worker.store.durable import atomic_write_json, private_dir, read_json
@@ -56,6 +61,15 @@ def daemons_own(event: Mapping[str, Any]) -> bool:
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 #: Fields of a line that the daemon's log sets for itself.
 _OWN_FIELDS = ("event", "level", "timestamp")
+
+
+class SpanSink(Protocol):
+    """Where the relay hands every line it reads, the daemon's own included, when traces
+    are on (``supervisor.traces.TraceAssembler``): span lines are for it alone."""
+
+    def take(self, task: str, event: Mapping[str, Any]) -> None: ...
+
+    def forget(self, task: str) -> None: ...
 
 
 class TaskEvents(Protocol):
@@ -111,6 +125,8 @@ class EventRelay:
         self._on_event = on_event  # told each relayed event, with its task (the daemon's counters)
         self._kept = kept  # the durable cursors (None: in memory only)
         self._cursors: dict[str, Cursor] = {}
+        #: traces on: every line goes to it too; span lines only to it (never logged)
+        self.spans: SpanSink | None = None
 
     def track(self, task: str, *, from_end: bool) -> None:
         """Start tailing ``task``'s events from its kept cursor; without one, at their end
@@ -145,7 +161,10 @@ class EventRelay:
         except StorageError:  # a shared store away: the next pull catches up
             return
         for event in events:
-            if daemons_own(event):
+            if self.spans is not None:
+                with contextlib.suppress(Exception):  # traces never cost the daemon a task
+                    self.spans.take(task, event)
+            if event.get("event") == SPAN_EVENT or daemons_own(event):
                 continue
             name = event.get("event")
             level = event.get("level")
@@ -160,3 +179,5 @@ class EventRelay:
 
     def forget(self, task: str) -> None:
         self._cursors.pop(task, None)
+        if self.spans is not None:
+            self.spans.forget(task)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from supervisor.liveness import Beat
 from supervisor.record import TaskRecord
 from supervisor.stores import store_of
+from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget, spend_from_json
 from worker.errors import JournalCorruptError, NotFoundError, SpoolError, TaskSpecError
 from worker.protocol import TaskStatus, heartbeat_shaped
 from worker.spool import TaskDir, TaskSpec
@@ -94,10 +96,22 @@ def retrying(beat: dict[str, Any] | None) -> str | None:
     )
 
 
-def status_row(task: TaskDir) -> dict[str, Any]:
+def budget_of(task: TaskDir, spec: TaskSpec | None) -> dict[str, Any]:
+    """The task's budget now (docs/design.md section 13): the latest ``agentd budget``
+    change, else its spec's; one whose changes cannot be read shows its spec's."""
+    if spec is None:
+        return {"usd": None, "tokens": None}
+    try:
+        return current_budget(store_of(task), task.id, spec.budget)[0].to_json()
+    except ValueError:
+        return spec.budget.to_json()
+
+
+def status_row(task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES) -> dict[str, Any]:
     """One task as `agentd status --json` shows it (docs/design.md section 3). The heartbeat's
     age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
-    never shows an age below 0 or an hour off."""
+    never shows an age below 0 or an hour off. ``prices``: what ``cost_usd`` is reckoned
+    at (``Config.price_table``)."""
     record = TaskRecord.load(task)
     if (
         record.state == TaskStatus.RUNNING
@@ -118,7 +132,9 @@ def status_row(task: TaskDir) -> dict[str, Any]:
     tokens_used: int | None = None
     compactions = 0
     damage = None
-    if not running or beat is None:
+    # what it spent, by model (the whole life): the heartbeat's while its worker runs
+    spend = spend_from_json(beat.get("spend")) if running and beat and "spend" in beat else None
+    if not running or beat is None or spend is None:
         with contextlib.suppress(Exception):  # status must show a broken task, not die on it
             try:
                 state = load_state(task, full=False, spec=spec)
@@ -132,6 +148,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
                 "input_tokens": state.usage_total.input_tokens,
                 "output_tokens": state.usage_total.output_tokens,
             }
+            spend = spend if spend is not None else state.spend_total
             if record.state == TaskStatus.HELD:
                 dangling = held_calls(task, state)
     if running and beat is not None:
@@ -168,4 +185,7 @@ def status_row(task: TaskDir) -> dict[str, Any]:
         # first call, and for a running worker whose heartbeat does not carry it
         "tokens_used": tokens_used,
         "compactions": compactions,  # on the live branch (worker.compaction)
+        # USD to 6 decimals at ``prices``, null while a model it used has no price
+        "cost_usd": cost_usd(spend, prices) if spend is not None else None,
+        "budget": budget_of(task, spec),
     }

@@ -19,8 +19,9 @@ from typing import Any
 from supervisor.record import TaskRecord
 from supervisor.stores import shared, store_for
 from worker import vcs
+from worker.budget import Budget, price_of
 from worker.config import Config
-from worker.errors import NotFoundError, TaskSpecError, UsageError
+from worker.errors import ConfigError, NotFoundError, TaskSpecError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.store.durable import NotRegularFileError, private_dir, read_regular
@@ -97,10 +98,12 @@ def submit(
     max_turns: int = 100,
     workspace: Path | None = None,
     foreground: bool = False,
+    budget: Budget | None = None,
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad.
     ``foreground``: made by ``agentd run``, which runs its worker itself (the spec and the
-    record say so: a daemon never starts it by itself)."""
+    record say so: a daemon never starts it by itself). ``budget``: what it may spend
+    (None: ``[budget]``); a USD budget for a model without a price is a ConfigError."""
     # Imported here: `agentd status` and the daemon import this module and need neither.
     from worker.mcp.catalog import check_patterns  # noqa: PLC0415
     from worker.models.scripted import parse_script  # noqa: PLC0415
@@ -114,6 +117,15 @@ def submit(
         raise UsageError("the prompt is empty; give --prompt TEXT or --prompt-file FILE.")
     if max_turns < 1:
         raise UsageError("--max-turns must be at least 1.")
+    budget = config.budget if budget is None else budget
+    task_model = config.model.name if model in (None, "scripted") else model
+    if budget.usd is not None and price_of(task_model, config.price_table) is None:
+        where = config.source or "the config"
+        raise ConfigError(
+            f"a USD budget needs the price of the model, and {task_model!r} has none; add "
+            f'[prices."{task_model}"] (input, output, ... in USD per million tokens) to '
+            f"{where}, or give --budget-tokens instead."
+        )
     tool_names = normalize_tools(tools)
     try:
         local = ToolRegistry.standard(config.tools.modules, source=config.source).names()
@@ -144,6 +156,7 @@ def submit(
         scripted=script is not None or model == "scripted",
         created_at=utc_now(),
         foreground=foreground,
+        budget=budget,
     )
     if spec.scripted and script_bytes is None:
         raise UsageError("the scripted model needs --script FILE with its responses.")

@@ -12,9 +12,13 @@ A line is one JSON object, ``{"turn": N, "kind": KIND, ...}``, in journal order:
 * ``compaction``: the turns it replaced (``first``, ``last``), ``tokens_before``,
   ``tokens_after`` and the ``summary``;
 * ``hold``: the ``calls`` held for an operator, each with its ``call_id``, ``tool`` and
-  ``why``;
+  ``why``; a hold on the task's budget holds no call and says why in ``budget``
+  (``budget: $1.35 of $1.00``);
 * ``decision``: an operator's ``action`` on a held call (``rerun``, ``skip``, ``result``),
   with its ``reason`` or ``result``, and ``by`` and ``via`` where recorded.
+
+With a price table, the first line a model call produced (a turn's first block, a
+compaction) carries ``cost_usd``, that call's cost (null when its model has no price).
 
 Only the live branch is shown: a turn a rewind cut, with everything recorded for it, is
 left out, as the model no longer sees it. A fork's inherited scene is its first lines.
@@ -29,13 +33,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from supervisor.stores import store_for
 from supervisor.submit import existing_task
+from worker.budget import Price, cost_usd
 from worker.errors import NotFoundError, UsageError
+from worker.models.base import Usage
 from worker.redactor import redact
 from worker.spool import Spool
 
@@ -81,7 +87,8 @@ class _Fold:
             calls = [
                 {k: c.get(k) for k in ("call_id", "tool", "why")} for c in record.get("calls", [])
             ]
-            yield {"turn": self.turn, "kind": "hold", "calls": calls}
+            line = {"turn": self.turn, "kind": "hold", "calls": calls}
+            yield line | ({"budget": record["budget"]} if record.get("budget") else {})
         elif kind == "decision":
             call_id = str(record["call_id"])
             turn, tool = self.calls.get(call_id, (self.turn, ""))
@@ -147,9 +154,15 @@ class _Fold:
         self.turn = int(scene.get("turn", self.turn))
 
 
-def lines(records: Iterable[JSON], *, prompt: str | None = None) -> list[JSON]:
+def lines(
+    records: Iterable[JSON],
+    *,
+    prompt: str | None = None,
+    prices: Mapping[str, Price] | None = None,
+) -> list[JSON]:
     """The live branch's lines of a journal's ``records`` (oldest first), after the task's
-    ``prompt`` as turn 0 (a fork's scene carries its own)."""
+    ``prompt`` as turn 0 (a fork's scene carries its own); with ``prices``, each model
+    call's cost on its first line."""
     fold = _Fold()
     kept: list[tuple[int, JSON]] = []  # (the live turn when recorded, line)
     if prompt is not None:
@@ -162,20 +175,30 @@ def lines(records: Iterable[JSON], *, prompt: str | None = None) -> list[JSON]:
             kept = [(at, line) for at, line in kept if line["turn"] <= to and at <= to]
             fold.turn = min(fold.turn, to)
             continue
-        for line in fold.of_record(record):
-            kept.append((fold.turn, line))
+        for index, line in enumerate(fold.of_record(record)):
+            cost = {}
+            if index == 0 and prices is not None and record.get("k") in ("turn", "compaction"):
+                usage = Usage.from_json(record.get("usage") or {})
+                cost = {"cost_usd": cost_usd({str(record.get("model", "")): usage}, prices)}
+            kept.append((fold.turn, line | cost))
     return [line for _, line in kept]
 
 
-def task_lines(spool: Spool, task_id: str, *, turn: int | None = None) -> list[JSON]:
-    """``agentd show TASK [--turn N] --json``: the task's lines (``lines``), or turn
-    ``turn``'s alone (0: the prompt), redacted."""
+def task_lines(
+    spool: Spool,
+    task_id: str,
+    *,
+    turn: int | None = None,
+    prices: Mapping[str, Price] | None = None,
+) -> list[JSON]:
+    """``agentd show TASK [--turn N] --json``: the task's lines (``lines``: each call's cost
+    at ``prices``), or turn ``turn``'s alone (0: the prompt), redacted."""
     task = existing_task(spool, task_id)
     if turn is not None and turn < 0:
         raise UsageError(f"--turn {turn}: a turn is 0 (the prompt) or more")
     store = store_for(spool.root)
     spec = store.load_spec(task.id)
-    shown = lines(store.replay(task.id), prompt=spec.prompt)
+    shown = lines(store.replay(task.id), prompt=spec.prompt, prices=prices)
     if turn is not None:
         shown = [line for line in shown if line["turn"] == turn]
         if not shown:
@@ -232,6 +255,8 @@ class Renderer:
         if turn != self._turn:
             self._turn = turn
             head = "prompt" if turn == 0 else f"turn {turn}"
+            if line.get("cost_usd") is not None and line.get("kind") != "compaction":
+                head += f"  ${line['cost_usd']:.6f}"
             print(self._paint("1", f"── {head}"), file=self.out)
         kind = line.get("kind")
         if kind == "text":
@@ -260,6 +285,8 @@ class Renderer:
             for text in self._cut(str(line.get("summary", ""))).splitlines():
                 print(f"    {text}", file=self.out)
         elif kind == "hold":
+            if line.get("budget"):
+                print(self._paint("33", f"‖ held: {line['budget']}"), file=self.out)
             for call in line.get("calls", []):
                 print(
                     self._paint(

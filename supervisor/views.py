@@ -32,6 +32,7 @@ from supervisor.record import TaskRecord
 from supervisor.relay import daemons_own
 from supervisor.stores import store_of
 from worker.protocol import FINAL_STATES, TaskStatus
+from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
 
@@ -93,7 +94,8 @@ def render_status(
 
     AGE is the time since the task was submitted (kubectl's meaning: it keeps counting
     across restarts, which RESTARTS counts). TOKENS is what the task has spent, input plus
-    output (``usage``); CONTEXT is ``tokens_used``, the context the model saw at its last
+    output (``usage``); COST its ``cost_usd``, over its USD budget when it has one;
+    CONTEXT is ``tokens_used``, the context the model saw at its last
     call plus what it wrote, the counter that drives compaction (``-`` before the first
     turn). REASON is the last column, so cutting a row at ``width`` cuts the
     reason; ``width`` None (stdout is not a terminal) cuts nothing. On a shared store
@@ -121,6 +123,7 @@ def render_status(
         "AGE",
         "TURN",
         "TOKENS",
+        "COST",
         "CONTEXT",
         "RESTARTS",
         "PID",
@@ -140,6 +143,7 @@ def render_status(
                 human_age(seconds_since(t.get("created_at"), now)),
                 str(t["turn"]),
                 human_count(tokens),
+                human_cost(t.get("cost_usd"), (t.get("budget") or {}).get("usd")),
                 "-" if used is None else human_count(int(used)),
                 str(t["restarts"]),
                 str(t["pid"] or "-"),
@@ -156,6 +160,16 @@ def render_status(
     if not doc["tasks"]:
         lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def human_cost(cost: Any, budget: Any) -> str:
+    """COST: the spend in dollars to the cent (a smaller one to four places), ``-`` when a
+    model has no price, and ``/`` the USD budget when there is one."""
+    if not isinstance(cost, int | float):
+        shown = "-"
+    else:
+        shown = f"${cost:.2f}" if cost >= 0.01 or cost == 0 else f"${cost:.4f}"
+    return shown + (f"/{budget:.2f}" if isinstance(budget, int | float) else "")
 
 
 def _reason(t: Mapping[str, Any]) -> str:
@@ -247,6 +261,7 @@ class TaskLog:
 
     def read(self, *, settled: bool = False) -> list[dict[str, Any]]:
         events, self._events_at = self._store.read_events(self.task.id, self._events_at)
+        events = [e for e in events if e.get("event") != SPAN_EVENT]  # the exporter's alone
         rows = self._history()[self._turns_shown :]
         if settled and rows and not _settled(rows[-1]):
             rows = rows[:-1]

@@ -124,7 +124,7 @@ def make_repo(path: Path) -> Path:
 
 
 def spec_task(spool: Spool, responses: list[JSON], **fields: Any) -> TaskDir:
-    """A scripted task with spec fields ``submit`` does not take (``token_budget``...)."""
+    """A scripted task with spec fields ``submit`` does not take (``max_tokens``...)."""
     fields.setdefault("id", f"t-{uuid.uuid4().hex[:8]}")
     fields.setdefault("prompt", "Do the task.")
     spec = TaskSpec(scripted=True, **fields)

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker import credentials, proctitle
-from worker.config import ClusterConfig, load_config
+from worker.budget import spend_json
+from worker.config import ClusterConfig, Config, load_config
 from worker.descendants import contained
 from worker.errors import (
     AgentdError,
@@ -57,6 +58,7 @@ from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
 from worker.protocol import CGROUP_ENV, EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
+from worker.spans import PROVIDER, SCRIPTED_PROVIDER, RunSpans, identity, telemetry_on
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.store.base import JSON, Owner, TaskStore
 from worker.store.files import FileStore
@@ -206,6 +208,7 @@ def run_owned(
         fence=lease.check if lease is not None else None,
         result_wait=functools.partial(result_wait, heartbeat, lease) if lease is not None else None,
         retries=int(os.environ.get(RETRIES_ENV) or 0),
+        spans=run_spans(store, spec, config),
     )
     loop.install_signal_handlers()
     try:
@@ -223,7 +226,11 @@ def run_owned(
     except (AgentdError, OSError) as exc:  # a storage fault: resume later
         outcome = storage_outcome(exc)
     else:
-        heartbeat.update(turn=state.turn, usage=state.usage_total.to_json())
+        heartbeat.update(
+            turn=state.turn,
+            usage=state.usage_total.to_json(),
+            spend=spend_json(state.spend_total),
+        )
         heartbeat.start()
         outcome = loop.run()
     finally:
@@ -287,6 +294,28 @@ def join_cgroup() -> str | None:
     except OSError as exc:
         return f"cannot join the task's cgroup {path}: {exc.strerror}"
     return None
+
+
+def run_spans(store: TaskStore, spec: TaskSpec, config: Config) -> RunSpans | None:
+    """This run's trace spans when traces are on (``[telemetry]``, ``$OTEL_...``): recorded
+    with the task's events, exported by the daemon (``worker.spans``)."""
+    telemetry = config.telemetry
+    if not telemetry_on(telemetry.otlp_endpoint):
+        return None
+    parent = None
+    if spec.forked_from:
+        with contextlib.suppress(AgentdError, OSError):  # (a parent gone: no link)
+            made = store.load_spec(str(spec.forked_from.get("task"))).created_at
+            parent = identity(str(spec.forked_from.get("task")), made)
+    return RunSpans(
+        store,
+        spec.id,
+        identity(spec.id, spec.created_at),
+        os.environ.get(NODE_ENV) or config.node or socket.gethostname(),
+        capture=telemetry.capture_content,
+        parent_identity=parent,
+        provider=SCRIPTED_PROVIDER if spec.scripted else PROVIDER,
+    )
 
 
 def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -> LeaseKeeper:

@@ -25,12 +25,22 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import date, datetime, time
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import tomli_w
 
+from worker.budget import (
+    PRICE_KEYS,
+    Budget,
+    Price,
+    price_of,
+    price_table,
+    valid_tokens,
+    valid_usd,
+)
 from worker.errors import ConfigError
 from worker.mcp import settings as mcp_settings
 from worker.mcp.naming import TOOL_PATTERN
@@ -218,6 +228,20 @@ class ContextConfig:
         return self.threshold_for("")
 
 
+#: What ``[telemetry] otlp_protocol`` may be (``OTEL_EXPORTER_OTLP_PROTOCOL`` likewise).
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """OpenTelemetry traces (docs/design.md section 14): exported by the daemon over OTLP
+    when ``otlp_endpoint`` (or ``$OTEL_EXPORTER_OTLP_ENDPOINT``) is set."""
+
+    otlp_endpoint: str = ""  # a base URL: /v1/traces is appended (http/protobuf)
+    otlp_protocol: str = "http/protobuf"
+    capture_content: bool = False  # prompts, replies and tool text in the spans
+
+
 @dataclass(frozen=True)
 class Config:
     spool: Path | None = None
@@ -235,7 +259,17 @@ class Config:
     node: str | None = None  # this node's name in a cluster (None: the hostname)
     cluster: ClusterConfig = ClusterConfig()
     mcp: McpConfig = field(default_factory=McpConfig)
+    #: every task's budget unless ``submit`` gives one (docs/design.md section 13)
+    budget: Budget = field(default_factory=Budget)
+    #: ``[prices."PREFIX"]``: over the built-in prices (``worker.budget.price_table``)
+    prices: Mapping[str, Price] = field(default_factory=lambda: MappingProxyType({}))
+    telemetry: TelemetryConfig = TelemetryConfig()
     source: Path | None = None  # the file this was read from, for error messages
+
+    @property
+    def price_table(self) -> Mapping[str, Price]:
+        """The built-in prices with ``[prices]`` over them (``worker.budget``)."""
+        return price_table(self.prices)
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -394,6 +428,21 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         )
 
     mcp = mcp_settings.parse(top.table("mcp"), tool_call=deadlines.tool_call, network=tools.network)
+    t = top.table("budget")
+    budget = Budget(usd=_budget_usd(t), tokens=_budget_tokens(t))
+    prices = _prices(top.table("prices", known_keys=False))
+    if budget.usd is not None and price_of(model.name, price_table(prices)) is None:
+        t.fail(
+            "usd",
+            f"needs the price of model.name ({model.name!r}), which has none; add "
+            f'[prices."{model.name}"] (input, output, ... in USD per million tokens)',
+        )
+    t = top.table("telemetry")
+    telemetry = TelemetryConfig(
+        otlp_endpoint=_endpoint(t),
+        otlp_protocol=t.choice("otlp_protocol", list(OTLP_PROTOCOLS)),
+        capture_content=t.flag("capture_content"),
+    )
 
     return Config(
         spool=spool,
@@ -411,6 +460,9 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         node=node,
         cluster=cluster,
         mcp=mcp,
+        budget=budget,
+        prices=prices,
+        telemetry=telemetry,
         source=source,
     )
 
@@ -632,6 +684,64 @@ def _argv(hooks: _Table, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _budget_usd(budget: _Table) -> float | None:
+    value = budget.value("usd")
+    if value is None:
+        return None
+    if not valid_usd(value):
+        budget.fail("usd", f"must be a number of US dollars of at least 0, got {_show(value)}")
+    return float(cast(float, value))
+
+
+def _budget_tokens(budget: _Table) -> int | None:
+    value = budget.value("tokens")
+    if value is None:
+        return None
+    if not valid_tokens(value):
+        budget.fail("tokens", f"must be a whole number of tokens of at least 0, got {_show(value)}")
+    return cast(int, value)
+
+
+def _prices(prices: _Table) -> Mapping[str, Price]:
+    """``[prices."PREFIX"]``: USD per million tokens. ``input`` and ``output`` are
+    required; a cache rate left out is the Messages API's usual one: writes 1.25 (5
+    minutes) and 2 (1 hour) times the input's, reads 0.1 times it."""
+    table: dict[str, Price] = {}
+    for prefix, rates in prices.data.items():
+        where = _show(prefix) if not _TOOL_NAME.fullmatch(prefix) else prefix
+        if not prefix.strip() or not isinstance(rates, dict):
+            prices.fail(
+                where,
+                'must be a table of rates, such as [prices."claude-sonnet-5-5"] with input = 2.0 '
+                "and output = 10.0 (USD per million tokens)",
+            )
+        row = _Table(prices.source, f"prices.{where}", rates, Price.of(0, 0, 0, 0, 0))
+        row.check_keys()
+        for key in rates:
+            if not valid_usd(rates[key]):
+                row.fail(key, f"must be USD per million tokens, 0 or more, got {_show(rates[key])}")
+        for key in ("input", "output"):
+            if key not in rates:
+                row.fail(key, "is required (USD per million tokens)")
+        given = {k: Decimal(str(v)) for k, v in rates.items()}
+        base = given["input"]
+        usual = {"cache_write": base * Decimal("1.25"), "cache_write_1h": base * 2}
+        rate = {**usual, "cache_read": base * Decimal("0.1"), **given}
+        table[prefix] = Price(*(rate[k] for k in PRICE_KEYS))
+    return MappingProxyType(table)
+
+
+def _endpoint(telemetry: _Table) -> str:
+    value = telemetry.value("otlp_endpoint")
+    if not isinstance(value, str) or (value and not value.startswith(("http://", "https://"))):
+        telemetry.fail(
+            "otlp_endpoint",
+            'must be the collector\'s base URL, such as "http://127.0.0.1:4318", or "" for '
+            f"none, got {_show(value)}",
+        )
+    return value
+
+
 def _policy(policy: _Table) -> Mapping[str, str]:
     for tool in policy.data:
         if not _TOOL_NAME.fullmatch(tool):
@@ -831,6 +941,13 @@ def config_document(config: Config) -> dict[str, Any]:
         for f in fields(config.context)
         if getattr(config.context, f.name) is not None
     }
+    # no limit is no key: TOML has no null
+    doc["budget"] = {k: v for k, v in config.budget.to_json().items() if v is not None}
+    doc["prices"] = {
+        prefix: {k: float(getattr(price, k)) for k in PRICE_KEYS}
+        for prefix, price in config.prices.items()
+    }
+    doc["telemetry"] = {f.name: getattr(config.telemetry, f.name) for f in fields(TelemetryConfig)}
     return doc
 
 
@@ -996,6 +1113,34 @@ trust = true uses the server's annotations for effect classes (readOnlyHint: rea
 else idempotentHint: idempotent, else unsafe); effects always wins; untrusted tools are
 unsafe. timeout (at most deadlines.tool_call, its default) bounds a call; network
 defaults to [tools] network. Needs the SDK: pip install 'agentd[mcp]'.""",
+    "budget": """\
+What every task may spend unless `agentd submit --budget-usd X --budget-tokens N` says
+otherwise (docs/guides/budgets.md); no key, no limit. usd is US dollars at the prices
+below; tokens counts input, output, cache writes and cache reads, over the task's whole
+life (every branch, summary calls included). Once a model call brings a task to its
+budget or past it, the task is held before its next call (reason "budget: $1.35 of
+$1.00"), and `agentd budget TASK --usd X` raises the budget and resumes it. A USD budget
+for a model without a price is refused (exit 78).""",
+    "prices": """\
+USD per million tokens, by model-name prefix (the longest matching prefix wins), over
+the built-in prices of the Claude models (`agentd config check` says when they were
+taken): input, output, cache_write (5-minute cache writes), cache_write_1h, cache_read.
+input and output are required; a cache rate left out is 1.25, 2 and 0.1 times input.""",
+    "telemetry": """\
+OpenTelemetry traces over OTLP (docs/guides/traces.md): one trace per task across every
+restart, with an invoke_agent span per worker run and chat and execute_tool spans
+within it. Needs the otel extra (pip install 'agentd[otel]'). On when otlp_endpoint or
+$OTEL_EXPORTER_OTLP_ENDPOINT is set (the environment wins), off with
+OTEL_SDK_DISABLED=true; $OTEL_EXPORTER_OTLP_HEADERS (a secret: never in a worker, a
+tool or the spool) and $OTEL_EXPORTER_OTLP_PROTOCOL are honoured. An exporter that is
+slow or away never slows a task: spans are batched, and dropped when the queue is full.""",
+    "telemetry.otlp_endpoint": """\
+The collector's base URL, such as "http://127.0.0.1:4318" ("/v1/traces" is appended for
+http/protobuf; "http://127.0.0.1:4317" for grpc); "" for none.""",
+    "telemetry.otlp_protocol": '"http/protobuf" or "grpc".',
+    "telemetry.capture_content": """\
+true: the spans carry the prompts, the model's replies and the tools' inputs and
+results (gen_ai.input.messages, ...); false: names, counts and outcomes only.""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
@@ -1020,6 +1165,8 @@ timeout = 60
 [mcp.servers.tracker]
 url = "https://mcp.example.com/mcp"
 headers = {Authorization = "Bearer ${cred:tracker_token}"}""",
+    "budget": "usd = 5.0\ntokens = 2000000",
+    "prices": '[prices."my-proxy-model"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3',
 }
 
 

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from worker.errors import ConfigError
 from worker.store.durable import read_regular
@@ -64,11 +64,18 @@ API_KEY = "ANTHROPIC_API_KEY"
 AUTH_TOKEN = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105  (a variable's name, not a token)
 #: The shared store's URL (docs/design.md section 10), which may hold its password.
 STORE = "AGENTD_STORE"
+#: The OTLP exporter's headers (docs/design.md section 14: an API key of the collector,
+#: say), the generic and the traces' own: the daemon's alone, never handed to a worker.
+OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+EXPORTER_SECRETS = (OTLP_HEADERS, OTLP_TRACES_HEADERS)
 #: Each secret by its environment name, with the name of its systemd credential.
 CREDENTIAL_NAMES: Mapping[str, str] = {
     API_KEY: "anthropic_api_key",
     AUTH_TOKEN: "anthropic_auth_token",
     STORE: "agentd_store",
+    OTLP_HEADERS: "otel_exporter_otlp_headers",
+    OTLP_TRACES_HEADERS: "otel_exporter_otlp_traces_headers",
 }
 #: The environment variable that names the descriptor of a handover pipe.
 HANDOVER = "AGENTD_CREDENTIALS_FD"
@@ -86,6 +93,17 @@ CRED_KEY = "cred:"
 #: (a pipe holds 64 KiB before a write blocks), and no key is anywhere near it.
 MAX_SECRET = 16 * 1024
 PR_SET_DUMPABLE = 4
+
+
+def otlp_headers(text: str) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` as the OTLP specification writes it: ``key=value``
+    pairs, comma-separated, each part URL-encoded; a part without ``=`` is left out."""
+    headers = {}
+    for part in text.split(","):
+        key, equals, value = part.partition("=")
+        if equals and key.strip():
+            headers[unquote(key.strip()).lower()] = unquote(value.strip())
+    return headers
 
 
 @dataclass(frozen=True)
@@ -113,13 +131,23 @@ class Credentials:
 
     def secrets(self) -> frozenset[str]:
         """The secret values, for redaction: the store URL's password on its own too (a
-        driver's message may quote it without the URL)."""
+        driver's message may quote it without the URL), and each OTLP header's value."""
         found = {v for v in self.values.values() if v}
         if store := self.values.get(STORE):
             with contextlib.suppress(ValueError):
                 if password := urlsplit(store).password:
                     found |= {password, unquote(password)}
-        return frozenset(found)
+        for name in EXPORTER_SECRETS:
+            for value in otlp_headers(self.values.get(name) or "").values():
+                found |= {value, quote(value, safe="")}
+        return frozenset(v for v in found if v)
+
+    def for_workers(self) -> Credentials:
+        """What a worker (or the fork server) is handed: every secret but the exporter's,
+        which only the daemon's export needs."""
+        values = {k: v for k, v in self.values.items() if k not in EXPORTER_SECRETS}
+        origins = {k: v for k, v in self.origins.items() if k not in EXPORTER_SECRETS}
+        return Credentials(values, self.files, origins)
 
     def __bool__(self) -> bool:
         return bool(self.values)

@@ -51,8 +51,10 @@ from types import FrameType
 from typing import Any
 
 from worker import compaction, credentials, vcs
+from worker.budget import Budget, current_budget, price_of, spend_json
 from worker.config import Config
 from worker.errors import (
+    ConfigError,
     ContextTooLongError,
     FencedError,
     InvalidIdError,
@@ -81,6 +83,7 @@ from worker.models.retry import call_with_retries
 from worker.protocol import ExitCode, decision_fields, exit_record
 from worker.reconcile import Action, plan
 from worker.redactor import redact
+from worker.spans import ChatSpan, RunSpans
 from worker.spool import Spool, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
@@ -148,6 +151,15 @@ def storage_outcome(exc: BaseException) -> Outcome:
 
 class StopRequested(BaseException):
     """Raised out of a model call when SIGTERM asks the worker to stop."""
+
+
+class BudgetReached(Exception):
+    """Raised before a model call when the task's spend is at or past its budget: the
+    task is held (``reason``), nothing recorded for the call it would have made."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def idempotency_key(task_id: str, epoch: int, call_id: str) -> str:
@@ -245,8 +257,10 @@ class AgentLoop:
         fence: Callable[[], None] | None = None,
         result_wait: Callable[[], AbstractContextManager[object]] | None = None,
         retries: int = 0,
+        spans: RunSpans | None = None,
     ) -> None:
         self.store = store
+        self.spans = spans  # the run's trace spans (``worker.spans``); None: traces are off
         self.result_wait = result_wait
         self.retries = retries  # the operator's, by the task's record (``RETRIES_ENV``)
         self.fence = fence
@@ -303,6 +317,11 @@ class AgentLoop:
         self._server_compacts = config.context.strategy == "server" and (
             offers_server_compaction(model)
         )
+        #: the price table (``worker.budget``) and the task's budget as last read, with
+        #: the number of changes that made it (``current_budget``)
+        self.prices = config.price_table
+        self._budget: tuple[Budget, int] | None = None
+        self._budget_refused = 0  # the change that could not be read, said once
 
     # -- opening ----------------------------------------------------------------------
 
@@ -353,6 +372,7 @@ class AgentLoop:
             self.heartbeat.update(
                 turn=self.state.turn,
                 usage=self.state.usage_total.to_json(),
+                spend=spend_json(self.state.spend_total),
                 tokens_used=self.state.tokens_used,
                 compactions=self.state.compaction_count,
             )
@@ -414,11 +434,23 @@ class AgentLoop:
     # -- running ------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Run the task until it ends, holds or stops; the run's span (traces on) closes
+        with how it ended."""
+        if self.spans is not None:
+            self.spans.run_started(self.model_name)
+        outcome = self._run()
+        if self.spans is not None:
+            error = outcome.exit_code not in (ExitCode.DONE, ExitCode.HELD, ExitCode.STOPPED)
+            self.spans.run_ended(outcome.state, outcome.reason, error=error)
+        return outcome
+
+    def _run(self) -> Outcome:
         try:
             if self.journal is None:
                 self.open()
             if self.state.records > 1:
                 self._event("task_resumed")
+            self._check_prices()
             self._reopen_if_retried()
             waiting = self._offer_tools()
             if waiting is not None:
@@ -433,6 +465,10 @@ class AgentLoop:
             return self._loop()
         except StopRequested:
             return Outcome("stopped", "stopped at a safe point", ExitCode.STOPPED)
+        except BudgetReached as exc:
+            return self._hold_on_budget(exc.reason)
+        except ConfigError as exc:
+            return Outcome("failed", str(exc), ExitCode.CONFIG)
         except (StorageError, FencedError, OSError) as exc:
             return storage_outcome(exc)
         except JournalCorruptError as exc:
@@ -484,10 +520,6 @@ class AgentLoop:
             return "failed", f"unknown stop_reason {stop!r} from the model"
         if self.state.turn >= self.spec.max_turns:
             return "done", "max_turns"
-        budget = self.spec.token_budget
-        used = self.state.usage_total.input_tokens + self.state.usage_total.output_tokens
-        if budget is not None and used >= budget:
-            return "done", "token_budget"
         return None
 
     def _offer_tools(self) -> Outcome | None:
@@ -535,6 +567,62 @@ class AgentLoop:
             state, str(ended.get("reason")), ExitCode.DONE if state == "done" else ExitCode.FAILED
         )
 
+    # -- the budget (docs/design.md section 13) -------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.model or self.config.model.name
+
+    def budget(self) -> Budget:
+        """The task's budget now: its spec's, or the latest ``agentd budget`` change (read
+        from where the last read ended: one look-up of the next change, per call). A change
+        that cannot be read is said once (``decision_invalid``) and the last budget kept."""
+        try:
+            self._budget = current_budget(self.store, self.task_id, self.spec.budget, self._budget)
+        except ValueError as exc:
+            number = (self._budget or (self.spec.budget, 0))[1] + 1
+            if self._budget_refused != number:
+                self._budget_refused = number
+                where = getattr(exc, "where", f"budget change {number}")
+                self._event("decision_invalid", level="error", file=where, error=str(exc))
+            if self._budget is None:
+                self._budget = (self.spec.budget, 0)
+        return self._budget[0]
+
+    def _check_prices(self) -> None:
+        """A USD budget needs the task's model to have a price (ConfigError: exit 78)."""
+        if self.state.ended:
+            return
+        budget = self.budget()
+        if budget.usd is not None and price_of(self.model_name, self.prices) is None:
+            where = self.config.source or "the config"
+            raise ConfigError(
+                f"task {self.task_id} has a USD budget, but its model {self.model_name!r} has "
+                f'no price; add [prices."{self.model_name}"] (input, output, cache_write, '
+                f"cache_write_1h, cache_read in USD per million tokens) to {where}, or "
+                f"remove the budget with `agentd budget {self.task_id} --usd none`."
+            )
+
+    def _check_budget(self) -> None:
+        """``BudgetReached`` when the spend (the whole life, every branch) is at or past
+        the budget: checked before every model call, so the call that crossed it is the
+        last one (a summary call's spend counts like a turn's)."""
+        reason = self.budget().reached(self.state.spend_total, self.prices)
+        if reason is not None:
+            raise BudgetReached(reason)
+
+    def _hold_on_budget(self, reason: str) -> Outcome:
+        """Hold the task on its budget: a ``hold`` record with no call and the reason (what
+        ``agentd show`` and ``agentd run`` show), and ``budget_exhausted``."""
+        if self.journal is not None:
+            try:
+                self._record({"k": "hold", "calls": [], "budget": reason})
+            except (StorageError, FencedError, OSError) as exc:
+                return storage_outcome(exc)
+        budget = self.budget()
+        self._event("budget_exhausted", level="warning", reason=reason, budget=budget.to_json())
+        return Outcome("held", reason, ExitCode.HELD)
+
     # -- the model ----------------------------------------------------------------------
 
     def _request(self) -> ModelRequest:
@@ -551,7 +639,9 @@ class AgentLoop:
         )
 
     def _ask(self, request: ModelRequest, phase: str) -> ModelReply:
-        """One model call, retried on retryable faults, interruptible by SIGTERM."""
+        """One model call, retried on retryable faults, interruptible by SIGTERM; first,
+        the budget (``BudgetReached``: nothing is recorded for this call)."""
+        self._check_budget()
         self._phase(phase)
 
         def on_retry(exc: Exception, attempt: int, delay: float) -> None:
@@ -569,25 +659,35 @@ class AgentLoop:
         try:
             if self.stop_requested:
                 raise StopRequested
-            reply = call_with_retries(
-                self.model,
-                request,
-                turn_index=self.state.turn,
-                on_retry=on_retry,
-                sleep=self.sleep,
-            )
+            with self._chat_span(request, phase) as span:
+                reply = call_with_retries(
+                    self.model,
+                    request,
+                    turn_index=self.state.turn,
+                    on_retry=on_retry,
+                    sleep=self.sleep,
+                )
+                if span is not None:
+                    span.reply = reply
         finally:
             self._interruptible = False
             if self.heartbeat:
                 self.heartbeat.update(retry=None)
-        usage = reply.usage
-        self.metrics.model_called(
-            time.perf_counter() - started,
-            usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens,
-            usage.output_tokens,
-        )
+        self.metrics.model_called(time.perf_counter() - started, reply.model, reply.usage)
         self._phase("idle")
         return reply
+
+    def _chat_span(
+        self, request: ModelRequest, phase: str
+    ) -> AbstractContextManager[ChatSpan | None]:
+        """The model call's ``chat`` span (``worker.spans``), or nothing when traces are off;
+        what it captures of the input is the message this call adds (the rest was sent
+        before)."""
+        if self.spans is None:
+            return contextlib.nullcontext()
+        purpose = "compaction" if phase == "compaction" else "turn"
+        added = request.messages[-1:] if request.messages else []
+        return self.spans.chat(request.model, purpose, added)
 
     def _call_model(self) -> None:
         try:
@@ -610,6 +710,7 @@ class AgentLoop:
                 "model": reply.model,
             }
             | ({} if reply.context_tokens is None else {"tokens_used": reply.context_tokens})
+            | ({"id": reply.id} if reply.id else {})
         ]
         if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
             records += [
@@ -688,10 +789,12 @@ class AgentLoop:
                 "first": first,
                 "last": last,
                 "usage": reply.usage.to_json(),
+                "model": reply.model,
                 "tokens_before": before,
                 "tokens_after": after,
                 "trigger": trigger,
             }
+            | ({"id": reply.id} if reply.id else {})
         )
         self._event(
             "compaction",
@@ -745,14 +848,18 @@ class AgentLoop:
         )
 
     def _run_call(self, call: Call, *, attempt: int, outcome: str = "ran") -> None:
+        begun = time.time_ns()
         tool = self.tools.get(call.tool)
         if tool is None:
-            self._error_result(call, f"unknown tool {call.tool!r}; available: {self.tools.names()}")
+            message = f"unknown tool {call.tool!r}; available: {self.tools.names()}"
+            self._error_result(call, message)
+            self._tool_span(call, begun, None, "error", "unknown_tool", message, attempt)
             return
         try:
             data = tool.check_input(call.input)
         except ToolError as exc:
             self._error_result(call, str(exc))
+            self._tool_span(call, begun, tool.effect.value, "error", "invalid_input", exc, attempt)
             return
         key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
         self._record(
@@ -770,6 +877,7 @@ class AgentLoop:
         self._phase(f"tool:{tool.name}")
         started = time.perf_counter()
         content: str | list[JSON]
+        error_type: str | None = None
         try:
             output = tool.result(self._context(call, key), data)
             if isinstance(output, ToolResult):
@@ -782,9 +890,10 @@ class AgentLoop:
             self._outcome_unknown(call, str(exc))
             return
         except ToolError as exc:
-            content, is_error = str(exc), True
+            content, is_error, error_type = str(exc), True, "tool_error"
         except Exception as exc:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+            error_type = type(exc).__name__
         self._unknown.pop(call.call_id, None)
         self.metrics.tool_called(tool.name, time.perf_counter() - started)
         self._phase("idle")
@@ -797,6 +906,31 @@ class AgentLoop:
                 "outcome": outcome,
             }
         )
+        self._tool_span(call, begun, tool.effect.value, outcome, error_type, content, attempt)
+
+    def _tool_span(
+        self,
+        call: Call,
+        begun: int,
+        effect: str | None,
+        outcome: str,
+        error_type: str | None,
+        result: Any,
+        attempt: int,
+    ) -> None:
+        """The call's ``execute_tool`` span, once its result is recorded (traces on)."""
+        if self.spans is not None:
+            self.spans.tool(
+                call.tool,
+                call.call_id,
+                start=begun,
+                effect=effect,
+                outcome=outcome,
+                error_type=error_type,
+                arguments=call.input,
+                result=result,
+                attempt=attempt,
+            )
 
     def _outcome_unknown(self, call: Call, why: str) -> None:
         """A call that may or may not have taken effect (an MCP server died during it, or
@@ -876,6 +1010,7 @@ class AgentLoop:
             "attempt": call.attempt,
         }
         if step.try_reconcile and tool is not None and tool.reconcile is not None:
+            begun = time.time_ns()
             key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
             try:
                 answer = tool.reconcile(self._context(call, key), dict(call.input or {}))
@@ -892,6 +1027,8 @@ class AgentLoop:
                         "outcome": "reconciled",
                     }
                 )
+                effect = tool.effect.value
+                self._tool_span(call, begun, effect, "reconciled", None, answer, call.attempt)
                 self._event("dangling_reconciled", **fields)
                 return None
         if step.action is Action.RERUN:

@@ -12,11 +12,14 @@ under a lock the heartbeat thread shares. Nothing here reads a prompt, a tool's 
 output, or a secret: only durations, token counts and tool names.
 
 The shape, ``MetricsSnapshot``: ``{"v": METRICS_VERSION, "checkpoint": H, "model_call": H,
-"tool_call": {TOOL: H}, "tokens": {"input": H, "output": H}}`` with ``H = {"b": [count per
-bucket, the last one +Inf], "s": sum}``. Each count is its own bucket's (not cumulative over
-the bounds, as Prometheus's ``le`` is) and only grows for the worker's life, so a count that
-went down can only mean another process. The bounds are the constants below, which both
-sides import.
+"tool_call": {TOOL: H}, "tokens": {"input": H, "output": H}, "spend": {MODEL: USAGE}}``
+with ``H = {"b": [count per bucket, the last one +Inf], "s": sum}`` and ``USAGE`` the
+tokens of every reply of that model this worker received (``Usage.to_json``: what the
+daemon prices into ``agentd_cost_usd_total``; a reply received and then lost to a kill
+before it was recorded was paid for all the same). Each count is its own bucket's (not
+cumulative over the bounds, as Prometheus's ``le`` is) and only grows for the worker's life,
+so a count that went down can only mean another process. The bounds are the constants
+below, which both sides import.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import bisect
 import threading
 from typing import Any
+
+from worker.models.base import Usage
 
 #: The version of the ``metrics`` field of a heartbeat; the daemon ignores another.
 METRICS_VERSION = 1
@@ -70,18 +75,22 @@ class StepMetrics:
         self.model_call = Histogram(CALL_BOUNDS)
         self.tool_call: dict[str, Histogram] = {}
         self.tokens = {kind: Histogram(TOKEN_BOUNDS) for kind in TOKEN_TYPES}
+        self.spend: dict[str, Usage] = {}  # by model: every reply received
 
     def checkpointed(self, seconds: float) -> None:
         """One durable record written (``AgentLoop._record``)."""
         with self._lock:
             self.checkpoint.observe(seconds)
 
-    def model_called(self, seconds: float, input_tokens: int, output_tokens: int) -> None:
+    def model_called(self, seconds: float, model: str, usage: Usage) -> None:
         """One model call answered, retries included, and the tokens of its reply."""
+        prompt = usage.input_tokens + usage.cache_creation_input_tokens
+        prompt += usage.cache_read_input_tokens
         with self._lock:
             self.model_call.observe(seconds)
-            self.tokens["input"].observe(input_tokens)
-            self.tokens["output"].observe(output_tokens)
+            self.tokens["input"].observe(prompt)
+            self.tokens["output"].observe(usage.output_tokens)
+            self.spend[model] = self.spend.get(model, Usage()) + usage
 
     def tool_called(self, tool: str, seconds: float) -> None:
         with self._lock:
@@ -98,4 +107,5 @@ class StepMetrics:
                 "model_call": self.model_call.to_json(),
                 "tool_call": {name: h.to_json() for name, h in self.tool_call.items()},
                 "tokens": {kind: h.to_json() for kind, h in self.tokens.items()},
+                "spend": {model: usage.to_json() for model, usage in self.spend.items()},
             }

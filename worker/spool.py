@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.budget import Budget
 from worker.errors import InvalidIdError, NotFoundError, TaskSpecError, quoted
 from worker.store.durable import open_private, private_dir, read_json
 
@@ -66,7 +67,9 @@ class TaskSpec:
     tools: tuple[str, ...] | None = None
     max_turns: int = 100
     max_tokens: int | None = None
-    token_budget: int | None = None
+    #: What it may spend (worker.budget): ``submit --budget-usd/--budget-tokens``, else
+    #: ``[budget]``, as of the submit; ``agentd budget`` changes it later, in the store.
+    budget: Budget = field(default_factory=Budget)
     workspace: str | None = None
     scripted: bool = False
     forked_from: Mapping[str, Any] | None = None
@@ -104,6 +107,10 @@ class TaskSpec:
             _expect(data, key, (str, type(None)), bad)
         for key in ("max_tokens", "token_budget"):
             _expect(data, key, (int, type(None)), bad)
+        try:  # (a spec of 0.1 has a token_budget: the same limit, by tokens)
+            budget = Budget.from_json(data.get("budget") or {"tokens": data.get("token_budget")})
+        except ValueError as exc:
+            raise bad(str(exc)) from None
         _expect(data, "max_turns", int, bad)
         if data["max_turns"] < 1:
             raise bad("max_turns must be at least 1")
@@ -130,7 +137,7 @@ class TaskSpec:
             tools=tuple(tools) if tools is not None else None,
             max_turns=data["max_turns"],
             max_tokens=data.get("max_tokens"),
-            token_budget=data.get("token_budget"),
+            budget=budget,
             workspace=data.get("workspace"),
             scripted=bool(data.get("scripted", False)),
             forked_from=forked,

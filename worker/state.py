@@ -20,7 +20,7 @@ Records (see worker/store/journal.py for the frame format)::
     rewind    {"to": TURN, "at"}                          back to the scene after TURN
     base      {"scene": snapshot of a scene, "from": {"task", "turn"}, "at"}  a fork's start
     vcs       {"turn", "commit", "snapshot"}              workspace version-control state
-    compaction {"summary", "keep", "first", "last", "usage", "tokens_before",
+    compaction {"summary", "keep", "first", "last", "usage", "model", "tokens_before",
                 "tokens_after", "trigger", "at"}
     tools     {"local", "mcp", "listed", "at"}                the tools the task is offered,
               recorded at its first start (worker.mcp.catalog); kept by rewinds and forks
@@ -54,16 +54,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker import compaction
+from worker.budget import Spend, spend_from_json, spend_json
 from worker.models.base import JSON, Usage
 from worker.store.durable import dump_json, load_json
 
-SNAPSHOT_VERSION = 1  # a scene's JSON: a base record's, and inside a snapshot file
+SNAPSHOT_VERSION = 2  # a scene's JSON: a base record's, and inside a snapshot file
+#: A base record (a fork's first) may carry a scene of version 1, with no spend by model.
+BASE_VERSIONS = (1, SNAPSHOT_VERSION)
 SNAPSHOT_MAGIC = b"agentd-snapshot 2\n"  # the snapshot file's format
 SNAPSHOT_TRAILER = struct.Struct("<I")  # the crc32 at its end
 
 
 class NeedsFullReplay(Exception):
     """A record needs history that a snapshot does not carry: fold from the start."""
+
+
+class OutdatedSnapshot(ValueError):
+    """A snapshot of an earlier format (version 1 kept no spend by model): a cache miss,
+    not damage; the journal is folded from its start, as it would be without one."""
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Boundary:
     calls: int
     turn_calls: list[str]
     usage: Usage
+    spend: Spend
     tokens_used: int
     stop_reason: str | None
 
@@ -134,6 +143,7 @@ class CompactionInfo:
     usage: Usage
     epoch: int = 0
     rewound: bool = False
+    model: str = ""  # the model that wrote the summary
 
 
 @dataclass
@@ -143,6 +153,10 @@ class TaskState:
     turn: int = 0
     usage: Usage = field(default_factory=Usage)  # the current branch
     usage_total: Usage = field(default_factory=Usage)  # everything ever spent
+    #: ``usage`` and ``usage_total`` by model, for their cost (worker.budget); each is
+    #: replaced, never changed in place, so a detached copy may share them
+    spend: Spend = field(default_factory=dict)
+    spend_total: Spend = field(default_factory=dict)
     tokens_used: int = 0
     calls: dict[str, Call] = field(default_factory=dict)
     turn_calls: list[str] = field(default_factory=list)  # call ids of the latest turn
@@ -184,9 +198,17 @@ class TaskState:
             calls=len(self.calls),
             turn_calls=list(self.turn_calls),
             usage=self.usage,
+            spend=self.spend,
             tokens_used=self.tokens_used,
             stop_reason=self.stop_reason,
         )
+
+    def _spent(self, model: str, usage: Usage) -> None:
+        """Count ``usage`` of a call to ``model``: on this branch, and in the whole life."""
+        self.usage = self.usage + usage
+        self.usage_total = self.usage_total + usage
+        self.spend = _plus(self.spend, model, usage)
+        self.spend_total = _plus(self.spend_total, model, usage)
 
     def _apply_turn(self, record: JSON) -> None:
         if self.boundaries is not None:
@@ -194,8 +216,8 @@ class TaskState:
         message: JSON = record["message"]
         usage = Usage.from_json(record.get("usage") or {})
         self.turn = int(record["turn"])
-        self.usage = self.usage + usage
-        self.usage_total = self.usage_total + usage
+        model = str(record.get("model", ""))
+        self._spent(model, usage)
         self.tokens_used = int(record.get("tokens_used", usage.context_tokens))
         self.stop_reason = record.get("stop_reason")
         self.messages.append({"role": "assistant", "content": message["content"]})
@@ -209,7 +231,7 @@ class TaskState:
             TurnInfo(
                 self.turn,
                 str(record.get("at", "")),
-                str(record.get("model", "")),
+                model,
                 str(self.stop_reason),
                 usage,
                 self.records,
@@ -266,6 +288,7 @@ class TaskState:
         self.calls = dict(list(self.calls.items())[: mark.calls])
         self.turn_calls = list(mark.turn_calls)
         self.usage = mark.usage
+        self.spend = mark.spend
         self.tokens_used = mark.tokens_used
         self.stop_reason = mark.stop_reason
         self.turn = to
@@ -292,8 +315,9 @@ class TaskState:
             return
         self.messages = compaction.compacted(self.prompt, summary, kept)
         usage = Usage.from_json(record.get("usage") or {})
-        self.usage = self.usage + usage
-        self.usage_total = self.usage_total + usage
+        # (a record from before the model was written: the summary's model was the turns')
+        model = str(record.get("model") or (self.turns[-1].model if self.turns else ""))
+        self._spent(model, usage)
         before = self.tokens_used
         self.tokens_used = int(record.get("tokens_after", before))  # until the next turn
         self.compactions.append(
@@ -307,6 +331,7 @@ class TaskState:
                 at=str(record.get("at", "")),
                 usage=usage,
                 epoch=self.epoch,
+                model=model,
             )
         )
 
@@ -333,7 +358,7 @@ class TaskState:
         return any(c.turn == turn for c in self.live_compactions())
 
     def _apply_base(self, record: JSON) -> None:
-        base, _ = TaskState.from_snapshot(record["scene"])
+        base, _ = TaskState.from_snapshot(record["scene"], base=True)
         base.records = self.records
         base.boundaries = {}  # the parent's turns stay with the parent: no rewind past here
         self.__dict__.update(vars(base))
@@ -395,6 +420,8 @@ class TaskState:
             "turn": self.turn,
             "usage": self.usage.to_json(),
             "usage_total": self.usage_total.to_json(),
+            "spend": spend_json(self.spend),
+            "spend_total": spend_json(self.spend_total),
             "tokens_used": self.tokens_used,
             "calls": [vars(c) for c in self.calls.values()],
             "turn_calls": self.turn_calls,
@@ -412,16 +439,37 @@ class TaskState:
         } | ({"tools": self.tools} if self.tools is not None else {})
 
     @classmethod
-    def from_snapshot(cls, data: JSON) -> tuple[TaskState, int]:
-        """The state and journal offset a snapshot holds; KeyError/TypeError if malformed."""
-        if data.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"snapshot version {data.get('v')!r}")
+    def from_snapshot(cls, data: JSON, *, base: bool = False) -> tuple[TaskState, int]:
+        """The state and journal offset a snapshot holds; KeyError/TypeError if malformed.
+        A snapshot file of version 1 is ``OutdatedSnapshot`` (the journal has it all); a
+        ``base`` record's scene of version 1 (a fork made by release 0.1) has its spend by
+        model rebuilt from its turns (``_spend_of_v1``)."""
+        version = data.get("v")
+        if version == 1 and not base:
+            raise OutdatedSnapshot("a snapshot of format 1 keeps no spend by model")
+        if version not in BASE_VERSIONS:
+            raise ValueError(f"snapshot version {version!r}")
+        usage, usage_total = Usage.from_json(data["usage"]), Usage.from_json(data["usage_total"])
+        turns = [TurnInfo(**{**t, "usage": Usage.from_json(t["usage"])}) for t in data["turns"]]
+        compactions = [
+            CompactionInfo(**{**c, "usage": Usage.from_json(c["usage"])})
+            for c in data.get("compactions", [])
+        ]
+        if "spend" in data:
+            spend, spend_total = (
+                spend_from_json(data["spend"]),
+                spend_from_json(data["spend_total"]),
+            )
+        else:
+            spend = spend_total = _spend_of_v1(usage, turns, compactions)
         state = cls(
             prompt=data["prompt"],
             messages=data["messages"],
             turn=data["turn"],
-            usage=Usage.from_json(data["usage"]),
-            usage_total=Usage.from_json(data["usage_total"]),
+            usage=usage,
+            usage_total=usage_total,
+            spend=spend,
+            spend_total=spend_total,
             tokens_used=data["tokens_used"],
             calls={c["call_id"]: Call(**c) for c in data["calls"]},
             turn_calls=list(data["turn_calls"]),
@@ -430,14 +478,11 @@ class TaskState:
             ended=data["ended"],
             epoch=data["epoch"],
             retries=data.get("retries", 0),
-            turns=[TurnInfo(**{**t, "usage": Usage.from_json(t["usage"])}) for t in data["turns"]],
+            turns=turns,
             records=data["records"],
             boundaries=None,
             vcs={int(t): v for t, v in data.get("vcs", {}).items()},
-            compactions=[
-                CompactionInfo(**{**c, "usage": Usage.from_json(c["usage"])})
-                for c in data.get("compactions", [])
-            ],
+            compactions=compactions,
             tools=data.get("tools"),  # (a scene of a release before tool lists: none)
         )
         offset = int(data["offset"])
@@ -471,6 +516,28 @@ class TaskState:
             vcs=dict(self.vcs),
             compactions=[replace(made) for made in self.compactions],
         )
+
+
+def _spend_of_v1(usage: Usage, turns: list[TurnInfo], made: list[CompactionInfo]) -> Spend:
+    """The spend by model of a fork's scene of version 1, whose usage (the parent's branch
+    up to the fork point, which was also its whole life) is its turns' and its
+    compactions' (a compaction's summary was written by the model of the turn before it).
+    When they do not add up to it, the usage is kept under no model (it has no price)."""
+    spend: Spend = {}
+    model = ""
+    for turn in turns:
+        model = turn.model
+        spend = _plus(spend, model, turn.usage)
+        for compaction_made in made:
+            if compaction_made.turn == turn.turn and not compaction_made.rewound:
+                spend = _plus(spend, model, compaction_made.usage)
+    total = sum(spend.values(), Usage())
+    return spend if total == usage else {"": usage}
+
+
+def _plus(spend: Spend, model: str, usage: Usage) -> Spend:
+    """``spend`` with ``usage`` added to ``model``'s: a new mapping."""
+    return {**spend, model: spend.get(model, Usage()) + usage}
 
 
 def snapshot_bytes(state: TaskState, offset: int) -> bytes:

@@ -29,9 +29,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor import actions, history, overview, transcript
+from supervisor.budgets import KEEP, Unchanged, change_budget, parse_tokens, parse_usd
 from supervisor.operator import Operator
 from supervisor.stores import store_for
 from supervisor.submit import checked_text, existing_task
@@ -87,7 +88,7 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 def tasks(call: Call) -> list[Any]:
-    return list(overview.status_document(call.spool)["tasks"])
+    return list(overview.status_document(call.spool, prices=call.config.price_table)["tasks"])
 
 
 def task(call: Call) -> JSON:
@@ -100,7 +101,8 @@ def messages(call: Call) -> list[Any]:
     turn = call.query.get("turn")
     if turn is not None and not (turn.isascii() and turn.lstrip("-").isdigit()):
         raise UsageError(f"turn={turn[:20]!r} is no turn: give a number (0: the prompt)")
-    return transcript.task_lines(call.spool, call.task, turn=None if turn is None else int(turn))
+    shown = None if turn is None else int(turn)
+    return transcript.task_lines(call.spool, call.task, turn=shown, prices=call.config.price_table)
 
 
 def held(call: Call) -> JSON:
@@ -112,7 +114,7 @@ def held(call: Call) -> JSON:
 
 def _row(call: Call, task_id: str) -> JSON:
     """The task's row as ``GET /api/tasks`` lists it, after an action."""
-    return dict(overview.status_document(call.spool, task_id)["tasks"][0])
+    return dict(overview.status_document(call.spool, task_id, call.config.price_table)["tasks"][0])
 
 
 def decide(call: Call) -> JSON:
@@ -139,6 +141,20 @@ def cancel(call: Call) -> JSON:
 
 def retry(call: Call) -> JSON:
     actions.retry(call.spool, call.task, operator=call.operator)
+    return {"task": _row(call, call.task)}
+
+
+def budget(call: Call) -> JSON:
+    """``agentd budget``: ``usd`` and ``tokens`` each a limit to set, ``null`` (or
+    ``"none"``) to remove it, or left out to keep it (docs/design.md section 13)."""
+    change_budget(
+        call.spool,
+        call.config,
+        call.task,
+        usd=_limit(call.body, "usd", parse_usd),
+        tokens=_limit(call.body, "tokens", parse_tokens),
+        operator=call.operator,
+    )
     return {"task": _row(call, call.task)}
 
 
@@ -185,6 +201,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/tasks/{task}/cancel", cancel),
     Route("POST", "/api/tasks/{task}/retry", retry),
     Route("POST", "/api/tasks/{task}/rewind", rewind),
+    Route("POST", "/api/tasks/{task}/budget", budget),
     Route("POST", "/api/tasks/{task}/fork", fork, HTTPStatus.CREATED),
 )
 
@@ -210,6 +227,22 @@ def _int(body: Mapping[str, Any], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UsageError(f'the request body needs "{name}", a turn number')
     return value
+
+
+T = TypeVar("T")
+
+
+def _limit(body: Mapping[str, Any], name: str, parse: Callable[[str, str], T]) -> T | Unchanged:
+    """A budget's limit from the body: as ``agentd budget`` reads ``--usd``/``--tokens``
+    (a number, or ``none``), ``null`` for none, left out for no change."""
+    if name not in body:
+        return KEEP
+    value = body[name]
+    if value is None:
+        return parse("none", f'"{name}"')
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise UsageError(f'"{name}" must be a number, or null for none')
+    return parse(str(value), f'"{name}"')
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:

@@ -176,7 +176,7 @@ class Console:
         self.announce = announce
         self.pool = pool
         self.sessions = Sessions(config.console.session_timeout)
-        self.feed = RowFeed(spool, self.off_loop)
+        self.feed = RowFeed(spool, self.off_loop, lambda: self.config.price_table)
         self.streams = 0
 
     @property

@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from supervisor.overview import supervisor_json, task_row
 from supervisor.stores import shared, store_for
+from worker.budget import BUILTIN_PRICES, Price
 from worker.errors import AgentdError
 from worker.spool import Spool
 
@@ -40,9 +41,15 @@ Scan = Callable[[], list[Row]]  # a look at the tasks, run off the loop
 class RowFeed:
     """The rows as last sent, and the queues of the open streams."""
 
-    def __init__(self, spool: Spool, run: Callable[[Scan], Any]) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        run: Callable[[Scan], Any],
+        prices: Callable[[], Mapping[str, Price]] = lambda: BUILTIN_PRICES,
+    ) -> None:
         self.spool = spool
         self._run = run  # runs a scan off the loop: ``await run(scan)``
+        self._prices = prices  # what a row's cost_usd is reckoned at (the config's, now)
         self._prints: dict[str, Any] = {}
         self.rows: dict[str, Row] = {}
         self._streams: set[asyncio.Queue[Row | None]] = set()
@@ -119,7 +126,7 @@ class RowFeed:
                     mark = (_fingerprint(version, store.read_heartbeat(task_id)), node_now)
                     if prints.get(task_id) == mark:
                         continue
-                    row = task_row(self.spool.task(task_id), leases, node)
+                    row = task_row(self.spool.task(task_id), leases, node, self._prices())
                     prints[task_id] = mark
                     if _settled(row) != _settled(rows.get(task_id)):
                         rows[task_id] = row

@@ -34,7 +34,9 @@ on a loaded machine the daemon kills a worker whose heartbeat is older than ``[h
 timeout`` (``worker_hung``) or stops one whose model call outlived ``[deadlines]
 model_call`` (``worker_stalled``), and the task's events name it (``daemon_stops``); a
 frozen worker is found hung and killed by the daemon; the task's usage counters
-(``agentd status``) equal the sum over the replies counted; the server rejected no
+(``agentd status``) equal the sum over the replies counted, and so does its cost: the cost
+from the journal (and status' ``cost_usd``) is the cost of the replies counted, exactly
+("spend counted twice" 0); the server rejected no
 transcript; the journal after each kill is a prefix of the final one; and the task ends
 ``done`` after all its turns with every tool_use paired and every side effect exactly once
 (``common.check_task``).
@@ -81,10 +83,13 @@ from tests.faults.common import (
     stopwatch,
 )
 from tests.faults.report import Figure, format_figures, violations
+from worker.budget import Price, cost, price_table, usd
 from worker.events import read_events
 from worker.lock import holder_pid, is_locked
+from worker.models.base import Usage
 from worker.protocol import FINAL_STATES
 from worker.spool import Spool, TaskDir
+from worker.state import fold
 from worker.testing.messages_api import (
     DEFAULT_API_KEY,
     Fault,
@@ -127,6 +132,12 @@ stop_grace = 5.0
 [model]
 max_tokens = 1024
 """
+#: What the campaign's model costs ([prices]): the Sonnet 4 family's rates.
+PRICES_TABLE = f'''[prices."{MODEL}"]
+input = 3
+output = 15
+'''
+PRICES = price_table({MODEL: Price.of(3, 15, 3.75, 6, 0.3)})
 
 
 @dataclass(frozen=True)
@@ -338,6 +349,9 @@ USAGE_FAULTED = "usage counted from faulted responses"
 USAGE_UNKNOWN = "usage of no served response"
 USAGE_LOST = "complete replies not counted, no kill after them"
 USAGE_DIFFERS = "usage counters differ from the replies counted"
+#: docs/design.md section 13: the cost reckoned from the journal (``cost_usd``), against the
+#: cost of the complete replies the server answered that were recorded, exactly
+SPEND_TWICE = "spend counted twice"
 REJECTED = "transcripts rejected by the server"
 NOT_HUNG = "frozen workers the daemon did not kill"
 CHECKS = (
@@ -347,6 +361,7 @@ CHECKS = (
     USAGE_UNKNOWN,
     USAGE_LOST,
     USAGE_DIFFERS,
+    SPEND_TWICE,
     REJECTED,
     NOT_HUNG,
 )
@@ -428,6 +443,18 @@ def verify(trial: Trial, plan: Plan) -> list[tuple[str, str]]:
     got = status_row(trial.task)["usage"]
     if got != want:
         problems.append((USAGE_DIFFERS, f"status says {got}, the served replies say {want}"))
+    # the cost: the served replies' own, against the journal's fold and status' cost_usd
+    served_cost = cost({MODEL: Usage(want["input_tokens"], want["output_tokens"])}, PRICES)
+    journal_cost = cost(fold("", found).spend_total, PRICES)
+    shown = status_row(trial.task, PRICES)["cost_usd"]
+    if journal_cost != served_cost or shown != usd(served_cost):
+        problems.append(
+            (
+                SPEND_TWICE,
+                f"the journal's cost is {journal_cost} (status {shown}), the served replies' "
+                f"{served_cost}",
+            )
+        )
     problems += [(REJECTED, r) for r in trial.rejected]
     for seen in trial.after_kill:
         if found[: len(seen)] != seen:
@@ -445,7 +472,7 @@ def run(quick: bool, trials: int | None = None, seed: int | None = None) -> list
     rng = random.Random(seed)
     plan = mixed_plan(5 if quick else 6)
     with stopwatch() as elapsed, tempfile.TemporaryDirectory(prefix="agentd-apifaults-") as tmp:
-        daemon = Daemon(Path(tmp), CONFIG + f'name = "{MODEL}"\n')
+        daemon = Daemon(Path(tmp), CONFIG + f'name = "{MODEL}"\n' + PRICES_TABLE)
         spool = daemon.spool
         api = FaultyAPI(plan, random.Random(rng.randrange(2**32)))
         for i in range(1, count + 1):

@@ -25,7 +25,12 @@ Then verify the trial: (a) every journal read after a kill is a prefix of the fi
 server rejected no transcript; (e) the task ended ``done`` with ``end_turn`` after all 10
 turns, its transcript pairs every tool_use with exactly one tool_result, every unsafe and
 keyed operation took effect exactly once, no tool ran without a durable intent, and the
-idempotent state is right. Re-runs of read-only and idempotent calls are allowed and counted.
+idempotent state is right; (f) spend is never counted twice: each reply the server
+answers is logged with its id and usage (``--record-file``), each turn record carries the
+id of the reply it recorded, and the cost of the replies answered whose ids the journal
+holds must be the journal's cost exactly (every rate of the price table paid: cache reads
+and writes, a share of them to the 1-hour cache), with no id recorded twice. Re-runs of
+read-only and idempotent calls are allowed and counted.
 
 ``python -m tests.chaos.kill9 --trials N`` prints the figures and exits 1 on any violation;
 ``tests/test_chaos_kill9.py`` runs it in CI, ``bench/chaos_kill9.py`` in ``make bench``.
@@ -52,6 +57,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +77,10 @@ from tests.chaos.effect_tools import (
 )
 from tests.faults.report import Figure
 from tests.support import REPO, assert_paired
+from worker.budget import Price, cost, price_table
 from worker.config import load_config
 from worker.errors import AgentdError
+from worker.models.base import Usage
 from worker.protocol import ExitCode, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
@@ -83,6 +91,20 @@ from worker.testing.messages_api import DEFAULT_API_KEY
 JSON = dict[str, Any]
 MODEL = "claude-chaos-kill9"
 MODEL_DELAY = 0.02  # seconds the server waits before each reply
+#: What each reply reports beyond its size: cache reads and writes, a third of the writes
+#: to the 1-hour cache, so every rate of the price table is paid (docs/design.md section 13)
+CACHE_USAGE = {
+    "cache_read_input_tokens": 1200,
+    "cache_creation_input_tokens": 300,
+    "cache_creation": {"ephemeral_1h_input_tokens": 100, "ephemeral_5m_input_tokens": 200},
+}
+#: The campaign model's price ([prices]), every rate its own.
+PRICES = price_table({MODEL: Price.of(3, 15, 3.75, 6, 0.3)})
+CONFIG = (
+    '[tools]\nmodules = ["tests.chaos.effect_tools"]\n'
+    f'[prices."{MODEL}"]\ninput = 3\noutput = 15\ncache_write = 3.75\ncache_write_1h = 6\n'
+    "cache_read = 0.3\n"
+)
 MAX_SPAWNS = 40  # per trial: a runaway loop fails the trial instead of running forever
 
 
@@ -179,6 +201,11 @@ class TrialResult:
     reconciled: int = 0
     rejected: int = 0
     model_requests: int = 0
+    #: replies counted more than once, or counted and never answered, or a cost from the
+    #: journal that is not the cost of the replies the server answered that were recorded
+    spend_twice: int = 0
+    recorded_ids: list[str] = field(default_factory=list)  # the journal's replies, by id
+    journal_cost: Decimal = Decimal(0)  # what the journal says they cost
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -234,6 +261,7 @@ class Report:
         "unsafe_rerun_undecided",
         "keyed_repeated",
         "rejected",
+        "spend_twice",
         "effects_missing",
         "ran_without_intent",
         "keys_changed",
@@ -283,8 +311,14 @@ class Report:
             Figure(fault, "holds decided", self.total("holds")),
             Figure(fault, "model requests validated", self.total("model_requests")),
         ]
+        names = {"spend_twice": "spend counted twice"}
         figures += [
-            Figure(fault, name.replace("_", " "), self.total(name), self.total(name) > 0)
+            Figure(
+                fault,
+                names.get(name, name.replace("_", " ")),
+                self.total(name),
+                self.total(name) > 0,
+            )
             for name in self.VIOLATIONS
         ]
         figures += [
@@ -323,6 +357,7 @@ class Report:
             ("unsafe re-runs without a decision", str(self.total("unsafe_rerun_undecided"))),
             ("keyed effects repeated", str(self.total("keyed_repeated"))),
             ("transcripts rejected by the API server", str(self.total("rejected"))),
+            ("spend counted twice", str(self.total("spend_twice"))),
             (
                 "tasks completed (after decisions)",
                 f"{self.completed}/{n} ({self.completion:.1f}%)",
@@ -507,7 +542,7 @@ class Campaign:
         self.base_url = base_url
         self.procs = procs
         self.config_path = root / "agentd.toml"
-        self.config_path.write_text('[tools]\nmodules = ["tests.chaos.effect_tools"]\n')
+        self.config_path.write_text(CONFIG)
         self.config = load_config(self.config_path)
         self.spool = Spool(root / "spool").ensure()
         self.stop = threading.Event()  # set when the campaign is interrupted
@@ -767,6 +802,10 @@ class Trial:
         for record in final:
             state.apply(record)
 
+        # the spend, for the check against the server's own log (``_count_requests``)
+        res.recorded_ids = [str(r.get("id")) for r in final if r.get("k") == "turn"]
+        res.journal_cost = cost(state.spend_total, PRICES) or Decimal(0)
+
         # (a) nothing a killed worker left recorded is lost or changed
         for seen in self.after_kill:
             res.turns_lost += len(_recorded(seen, "turn") - _recorded(final, "turn"))
@@ -879,9 +918,13 @@ class Trial:
 
 
 def _count_requests(record: Path, results: dict[int, TrialResult]) -> list[str]:
-    """Attribute every request the server saw (and every rejection) to its trial."""
+    """Attribute every request the server saw (and every rejection) to its trial, and check
+    each trial's spend against the replies the server answered (its ``served`` lines):
+    the cost of those whose id the journal recorded must be the journal's cost, exactly,
+    and no recorded id may be twice in the journal or unknown to the server."""
     problems = []
     pattern = re.compile(r"chaos trial (\d+)")
+    served: dict[int, dict[str, JSON]] = {index: {} for index in results}
     text = record.read_text() if record.exists() else ""
     for raw in text.splitlines():
         try:
@@ -895,11 +938,42 @@ def _count_requests(record: Path, results: dict[int, TrialResult]) -> list[str]:
         if trial is None:
             problems.append(f"a request of no trial: {str(request)[:200]}")
             continue
+        if "served" in line:
+            served[trial.index][line["served"]["id"]] = line["served"]
+            continue
         trial.model_requests += 1
         if line.get("rejected"):
             trial.rejected += 1
             trial.fail(f"the API server rejected a transcript: {line['rejected']}")
+    for index, trial in results.items():
+        answered = served[index]
+        twice = sum(n - 1 for n in Counter(trial.recorded_ids).values())
+        unknown = [i for i in set(trial.recorded_ids) if i not in answered]
+        billed = sum(
+            (_cost_of(answered[i]) for i in set(trial.recorded_ids) if i in answered), Decimal(0)
+        )
+        trial.spend_twice += twice + len(unknown) + int(billed != trial.journal_cost)
+        if trial.spend_twice:
+            trial.fail(
+                f"spend: the journal's cost is {trial.journal_cost}, the server's for the "
+                f"replies recorded {billed} ({twice} recorded twice, unknown ids {unknown})"
+            )
     return problems
+
+
+def _cost_of(message: JSON) -> Decimal:
+    """What a reply the server answered costs, from its own usage (the 1-hour share of the
+    cache writes apart, as the API bills it)."""
+    usage = message["usage"]
+    split = usage.get("cache_creation") or {}
+    tokens = Usage(
+        int(usage.get("input_tokens") or 0),
+        int(usage.get("output_tokens") or 0),
+        int(usage.get("cache_creation_input_tokens") or 0),
+        int(usage.get("cache_read_input_tokens") or 0),
+        int(split.get("ephemeral_1h_input_tokens") or 0),
+    )
+    return cost({str(message["model"]): tokens}, PRICES) or Decimal(0)
 
 
 def run_campaign(options: Options) -> Report:
@@ -907,7 +981,7 @@ def run_campaign(options: Options) -> Report:
     options.seed = seed
     root = options.root or Path(tempfile.mkdtemp(prefix="agentd-kill9-"))
     root.mkdir(parents=True, exist_ok=True)
-    responses = [{"content": turn, "delay": MODEL_DELAY} for turn in TURNS]
+    responses = [{"content": turn, "delay": MODEL_DELAY, "usage": CACHE_USAGE} for turn in TURNS]
     started = time.monotonic()
     procs = Processes()
     results: dict[int, TrialResult] = {}

@@ -301,12 +301,13 @@ def test_a_second_start_says_to_stop_the_first_either_way(daemon: Path) -> None:
 
 def test_a_command_imports_no_more_than_it_needs(tmp_path: Path) -> None:
     """Every `agentd status` pays for what the CLI imports before it reads a task: not the
-    SDK, not PostgreSQL's driver, not asyncio (the daemon's, about 20 ms of start-up)."""
+    SDK, not PostgreSQL's driver, not asyncio (the daemon's, about 20 ms of start-up), not
+    OpenTelemetry (the daemon's exporter's alone, with traces on)."""
     code = (
         "import sys\n"
         "from supervisor.cli import main\n"
         f"main(['--spool', {str(tmp_path / 'spool')!r}, 'status', '--json'])\n"
-        "heavy = {'anthropic', 'psycopg', 'asyncio'} & set(sys.modules)\n"
+        "heavy = {'anthropic', 'psycopg', 'asyncio', 'opentelemetry'} & set(sys.modules)\n"
         "assert not heavy, f'imported: {sorted(heavy)}'\n"
     )
     done = subprocess.run(

@@ -250,7 +250,7 @@ def test_every_command_works_from_any_node(nodes: list[Node]) -> None:
     assert doc["supervisor"]["node"] == "b"
     table = b.agentd("status").stdout.splitlines()
     assert "; node b, 2 of 2 node(s) alive" in table[0] and " NODE " in table[1]
-    assert next(line for line in table if line.startswith("t3 ")).split()[8] in ("a", "b")
+    assert next(line for line in table if line.startswith("t3 ")).split()[9] in ("a", "b")
     listed = b.agentd("nodes", "--json")
     assert {n["name"] for n in json.loads(listed.stdout)} == {"a", "b"}
     done = b.agentd("cancel", "t3")

@@ -35,6 +35,7 @@ from tests.console import (
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import Held, config_text
 from tests.support import poll_for, reply, text, tool_use
+from worker.budget import Budget
 
 USER = "carol-ops"
 #: The daemon's API key: it appears in no answer of the console.
@@ -323,6 +324,33 @@ def test_the_inbox_lists_every_held_call_and_decisions_resume_the_tasks(
     result = next(line for line in browser.get("/api/tasks/h-result/messages").json()
                   if line["kind"] == "tool_result")  # fmt: skip
     assert result["content"] == "charged once: ok" and result["outcome"] == "operator"
+
+
+def test_a_task_held_on_its_budget_is_in_the_inbox_and_the_consoles_raise_resumes_it(
+    console: Console,
+) -> None:
+    """``/api/held``'s ``tasks`` and ``POST /budget`` (docs/design.md sections 12, 13): a
+    raise below the spend is the CLI's refusal (409); one above it resumes the task."""
+    browser = console.client()
+    usage = {"input_tokens": 1000, "output_tokens": 100}
+    steps = [
+        reply(text("one"), tool_use("list_dir"), usage=usage),
+        reply(text("Done."), usage=usage),
+    ]
+    console.daemon.submit(steps, "b-held", budget=Budget(tokens=1000))
+    row = console.daemon.wait_state("b-held", "held")
+    assert row["reason"] == "budget: 1100 of 1000 tokens" and row["dangling"] == []
+    inbox = browser.get("/api/held").json()
+    assert {"task": "b-held", "reason": row["reason"]} in inbox["tasks"]
+    decided = browser.post("/api/tasks/b-held/decisions", {"call_id": "*", "action": "rerun"})
+    assert decided.status == 409 and "agentd budget" in decided.json()["error"], decided
+    below = browser.post("/api/tasks/b-held/budget", {"tokens": 500})
+    assert below.status == 409 and "below" in below.json()["error"], below
+    raised = browser.post("/api/tasks/b-held/budget", {"tokens": 5000, "usd": None})
+    assert raised.status == 200 and raised.json()["task"]["budget"]["tokens"] == 5000, raised
+    assert console.daemon.wait_state("b-held", "done")["cost_usd"] is not None
+    (changed,) = console.daemon.events("b-held", "budget_changed")
+    assert (changed["by"], changed["via"]) == (USER, "console")
 
 
 def test_refusals_carry_the_clis_line_and_their_code(console: Console, held: Held) -> None:

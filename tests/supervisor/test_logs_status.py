@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from supervisor.record import TaskRecord
-from supervisor.views import END_GRACE, human_count, log_line, render_status
+from supervisor.views import END_GRACE, human_cost, human_count, log_line, render_status
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, Terminal, poll_for, reply, text, tool_use, worker_env
 
@@ -262,7 +262,7 @@ def long_reason(daemon: Daemon) -> str:
     return task_id
 
 
-def test_status_has_age_tokens_and_context_columns(daemon: Daemon, finished: str) -> None:
+def test_status_has_age_tokens_cost_and_context_columns(daemon: Daemon, finished: str) -> None:
     out = run_status(daemon)
     header = out[1].split()
     assert header[:5] == ["TASK", "STATE", "AGE", "TURN", "TOKENS"] and header[-1] == "REASON"
@@ -271,7 +271,8 @@ def test_status_has_age_tokens_and_context_columns(daemon: Daemon, finished: str
     spent = doc["usage"]["input_tokens"] + doc["usage"]["output_tokens"]
     assert row[1] == "done" and re.fullmatch(r"\d+(s|m\d+s)", row[2]), row
     assert row[3] == str(TURNS) and row[4] == human_count(spent), row
-    assert header[5] == "CONTEXT" and row[5] == str(doc["tokens_used"]), row
+    assert header[5] == "COST" and row[5] == f"${doc['cost_usd']:.2f}", row
+    assert header[6] == "CONTEXT" and row[6] == str(doc["tokens_used"]), row
 
 
 def test_status_json_adds_tokens_used_and_created_at(daemon: Daemon, finished: str) -> None:
@@ -392,5 +393,14 @@ def test_the_context_column_is_tokens_used_and_a_dash_before_the_first_turn() ->
         ],
     }
     lines = render_status(doc, now=0.0).splitlines()
-    assert lines[1].split()[4:6] == ["TOKENS", "CONTEXT"]
-    assert [line.split()[4:6] for line in lines[2:]] == [["92.0k", "41.2k"], ["0", "-"]]
+    assert lines[1].split()[4:7] == ["TOKENS", "COST", "CONTEXT"]
+    # no cost_usd (a model without a price) is a dash, as is no context yet
+    assert [line.split()[4:7] for line in lines[2:]] == [["92.0k", "-", "41.2k"], ["0", "-", "-"]]
+
+
+def test_the_cost_column_shows_dollars_and_the_usd_budget() -> None:
+    assert human_cost(1.35, 1.0) == "$1.35/1.00"
+    assert human_cost(2.25, None) == "$2.25"
+    assert human_cost(0.000123, None) == "$0.0001"
+    assert human_cost(0, 5) == "$0.00/5.00"
+    assert human_cost(None, 5) == "-/5.00"

@@ -12,20 +12,25 @@ import signal
 import socket
 import urllib.request
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from supervisor.control import running_pid
-from supervisor.metrics import HANDLER_THREADS, Metrics
+from supervisor.metrics import HANDLER_THREADS, Metrics, families
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use
+from worker.budget import Price
 from worker.config import Config, load_config
 from worker.errors import ConfigError
 from worker.metrics import CALL_BOUNDS, METRICS_VERSION, StepMetrics
+from worker.models.base import Usage
 
 #: Text that is in the prompt and in a tool's input and output: never in the exposition.
 PROMPT = "Summarise the quarterly numbers for ACME-PROMPT-7731."
@@ -227,7 +232,7 @@ def test_the_fold_adds_growth_per_worker_and_starts_over_for_a_new_pid() -> None
     assert sum(folded.tool_call["read_file"].counts) == 3
     assert folded.tool_call["read_file"].sum == pytest.approx(0.55)
     reused = StepMetrics()  # the old pid again, counts lower than seen: a new process
-    reused.model_called(1.0, 10, 2)
+    reused.model_called(1.0, "m", Usage(10, 2))
     folded.fold("t", beat(11, reused))
     assert sum(folded.tool_call["read_file"].counts) == 3
     assert sum(folded.model_call.counts) == 1
@@ -250,10 +255,43 @@ def test_a_heartbeat_of_another_shape_folds_nothing(metrics: Any) -> None:
     assert sum(folded.model_call.counts) == 0 and not folded.tool_call
     good = StepMetrics()  # the same worker's next beat, of the right shape: folded whole
     good.tool_called("read_file", 0.1)
-    good.model_called(0.2, 10, 3)
+    good.model_called(0.2, "m", Usage(10, 3))
     folded.fold("t", beat(1, good))
     assert sum(folded.tool_call["read_file"].counts) == 1
     assert folded.tokens["output"].sum == 3
+
+
+def test_cost_is_priced_from_the_replies_workers_received_once_each_by_model() -> None:
+    """``agentd_cost_usd_total{model}``: what each worker's replies grew by, priced when
+    folded; a restart's worker starts from nothing, the same beat twice adds nothing, a
+    model without a price adds nothing, and no label names a task."""
+    prices = {"m-": Price.of(1, 2, 3, 4, 5)}
+    folded = Metrics(lambda: prices)
+    worker = StepMetrics()
+    worker.model_called(0.1, "m-1", Usage(1_000_000, 0))
+    folded.fold("t", beat(10, worker))
+    folded.fold("t", beat(10, worker))  # the same beat again
+    worker.model_called(0.1, "m-1", Usage(0, 500_000, cache_read_input_tokens=1_000_000))
+    worker.model_called(0.1, "unpriced", Usage(7, 7))
+    folded.fold("t", beat(10, worker))
+    again = StepMetrics()  # the task's next worker: its replies, not the journal's replay
+    again.model_called(0.1, "m-2", Usage(0, 0, cache_creation_input_tokens=1_000_000,
+                                        cache_creation_1h_input_tokens=250_000))  # fmt: skip
+    folded.fold("t", beat(11, again))
+    folded.fold("u", {"pid": 12, "at": 0.0, "metrics": {"v": METRICS_VERSION, "spend": "x"}})
+    assert folded.cost == {"m-1": Decimal(7), "m-2": Decimal("3.25")}  # 1 + 1 + 5; .75*3 + .25*4
+    registry = CollectorRegistry()
+    sample = folded.sample({}, [])
+
+    class One(Collector):
+        def collect(self) -> Iterator[Any]:
+            return families(sample)
+
+    registry.register(One())
+    exposition = generate_latest(registry).decode()
+    assert 'agentd_cost_usd_total{model="m-1"} 7.0' in exposition
+    assert 'agentd_cost_usd_total{model="m-2"} 3.25' in exposition
+    assert "unpriced" not in exposition and 'task="' not in exposition
 
 
 # -- config --------------------------------------------------------------------------------

@@ -407,6 +407,50 @@ def test_ctrl_c_at_the_prompt_leaves_the_task_held(fg: Foreground) -> None:
     )
 
 
+def paid_turns() -> list[dict[str, Any]]:
+    """Three turns of $0.45 on the Sonnet 4 family ($3 in, $15 out per million)."""
+    usage = {"input_tokens": 100_000, "output_tokens": 10_000}
+    turns = [reply(text(f"step {n}"), tool_use("list_dir"), usage=usage) for n in (1, 2)]
+    return [*turns, reply(text("Done."), usage=usage)]
+
+
+def test_a_budget_hold_without_a_terminal_exits_3_with_the_budget_line(fg: Foreground) -> None:
+    args = fg.new("spent", paid_turns(), "--model", "claude-sonnet-4-6", "--budget-usd", "0.5")
+    code, out, err = fg.run(*args)
+    assert code == 3, err
+    assert "‖ held: budget: $0.90 of $0.50" in out  # the hold, as `agentd show` renders it
+    assert "agentd budget spent --usd X" in err and "run --resume spent" in err
+    assert TaskRecord.load(fg.task("spent")).state == "held"
+    code, _, err = fg.run("--resume", "spent", "--budget-usd", "3")
+    assert code == 2 and "--budget-usd" in err  # submit's options go with a new task only
+
+
+@needs_tmux
+def test_a_budget_hold_asks_for_a_new_budget_at_the_prompt(fg: Foreground) -> None:
+    args = fg.new("asked-budget", paid_turns(), "--model", "claude-sonnet-4-6")
+    code, _, err = fg.run(*args, "--budget-usd", "0.5")
+    assert code == 3, err
+    terminal, status = on_a_terminal(fg, "--resume", "asked-budget")
+    try:
+        poll_for(lambda: "new budget in US dollars" in terminal.screen(), 30, what="the prompt")
+        terminal.keys("0.75", "Enter")
+        poll_for(lambda: "in tokens" in terminal.screen(), 10, what="the tokens question")
+        terminal.keys("Enter")
+        poll_for(lambda: "below the $0.90 spent" in terminal.screen(), 10, what="the refusal")
+        poll_for(lambda: terminal.screen().count("in US dollars") >= 2, 10, what="asked again")
+        terminal.keys("2", "Enter")
+        poll_for(lambda: terminal.screen().count("in tokens") >= 2, 10, what="tokens again")
+        terminal.keys("Enter")
+        poll_for(status.exists, 30, what="the run to end")
+        shown = terminal.screen()
+    finally:
+        terminal.close()
+    assert status.read_text().strip() == "0", shown
+    (changed,) = [e for e in fg.events("asked-budget") if e["event"] == "budget_changed"]
+    assert changed["via"] == "run" and changed["budget"] == {"usd": 2.0, "tokens": None}
+    assert fg.row("asked-budget")["cost_usd"] == 1.35
+
+
 # -- the demo -------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import getpass
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def test_show_text_and_one_turn(spool: Spool, capsys: pytest.CaptureFixture[str]
     assert run_to_end(task) == "done"
     code, out, _ = show(spool, "s2", capsys=capsys)
     assert code == 0
-    assert "── turn 1\nWriting.\n→ write_file " in out
+    # each turn's header carries its model call's cost (docs/design.md section 13)
+    assert re.search(r"── turn 1  \$0\.\d{6}\nWriting\.\n→ write_file ", out), out
     assert "← read_file (read_only, ran)\n    alpha\n" in out
     assert "\033[" not in out  # not a terminal: no colour
     code, out, _ = show(spool, "s2", "--turn", "2", capsys=capsys)

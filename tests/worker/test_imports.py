@@ -57,3 +57,19 @@ def test_the_worker_has_no_import_circle() -> None:
     graph = module_imports("worker")
     assert "worker.tools.registry" in graph["worker.__main__"]  # the graph is read
     assert circles(graph) == []
+
+
+def test_no_worker_module_imports_opentelemetry() -> None:
+    """Workers record spans as lines of their task's events (``worker.spans``); only the
+    daemon's exporter loads the SDK (docs/design.md section 14)."""
+    found = []
+    for path in (REPO / "worker").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "opentelemetry"]
+    assert (REPO / "worker" / "spans.py").exists()
+    assert found == []

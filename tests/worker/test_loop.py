@@ -26,7 +26,6 @@ from tests.support import (
     reply,
     scene,
     scripted_task,
-    spec_task,
     text,
     tool_results,
     tool_use,
@@ -236,16 +235,6 @@ def test_max_turns(spool: Spool) -> None:
     assert len(requests(loop)) == 2
     assert loop.state.pending_calls() == []  # the last turn's calls still got results
     check_transcripts(loop)
-
-
-def test_token_budget(spool: Spool) -> None:
-    usage = {"input_tokens": 10, "output_tokens": 5}
-    loops = [reply(tool_use("list_dir"), usage=usage) for _ in range(5)]
-    task = spec_task(spool, loops, token_budget=30)
-    outcome, loop = run(task)
-    assert outcome == Outcome("done", "token_budget", ExitCode.DONE)
-    assert loop.state.turn == 2
-    assert loop.state.usage_total.input_tokens + loop.state.usage_total.output_tokens == 30
 
 
 def test_script_past_its_end_fails_with_a_reason(spool: Spool) -> None:

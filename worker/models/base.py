@@ -21,14 +21,20 @@ class Usage:
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    #: The part of ``cache_creation_input_tokens`` written to the 1-hour cache, which is
+    #: priced apart (worker.budget); in JSON only when there is one.
+    cache_creation_1h_input_tokens: int = 0
 
     def to_json(self) -> JSON:
-        return {
+        data: JSON = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cache_creation_input_tokens": self.cache_creation_input_tokens,
             "cache_read_input_tokens": self.cache_read_input_tokens,
         }
+        if self.cache_creation_1h_input_tokens:
+            data["cache_creation_1h_input_tokens"] = self.cache_creation_1h_input_tokens
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Usage:
@@ -37,6 +43,7 @@ class Usage:
             output_tokens=int(data.get("output_tokens") or 0),
             cache_creation_input_tokens=int(data.get("cache_creation_input_tokens") or 0),
             cache_read_input_tokens=int(data.get("cache_read_input_tokens") or 0),
+            cache_creation_1h_input_tokens=int(data.get("cache_creation_1h_input_tokens") or 0),
         )
 
     def __add__(self, other: Usage) -> Usage:
@@ -45,6 +52,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cache_creation_input_tokens + other.cache_creation_input_tokens,
             self.cache_read_input_tokens + other.cache_read_input_tokens,
+            self.cache_creation_1h_input_tokens + other.cache_creation_1h_input_tokens,
         )
 
     @property
@@ -91,6 +99,9 @@ class ModelReply:
     #: compacted on the server bills the old context it summarised, but holds only
     #: the summary and what came after it; None: ``usage.context_tokens``
     context_tokens: int | None = None
+    #: The API's id of the message (recorded with the turn: what names a call in the
+    #: API's own accounts); "" for a backend without one (scripted).
+    id: str = ""
 
 
 class Model(Protocol):

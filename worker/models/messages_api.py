@@ -223,6 +223,7 @@ class MessagesAPIModel:
             usage=usage,
             model=message.model,
             context_tokens=context_tokens,
+            id=message.id or "",
         )
 
     def _status_error(self, exc: anthropic.APIStatusError, request: ModelRequest) -> ModelError:
@@ -342,11 +343,15 @@ def _blocks(content: str | list[JSON]) -> list[JSON]:
 
 
 def _usage_of(usage: Any) -> Usage:
+    """The SDK's usage as ours; the 1-hour share of the cache writes, which is priced
+    apart (``worker.budget``), is read from ``cache_creation`` where the API sends it."""
+    split = getattr(usage, "cache_creation", None)
     return Usage(
         input_tokens=usage.input_tokens or 0,
         output_tokens=usage.output_tokens or 0,
         cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
         cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+        cache_creation_1h_input_tokens=getattr(split, "ephemeral_1h_input_tokens", 0) or 0,
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.errors import JournalCorruptError
-from worker.state import NeedsFullReplay, TaskState, fold
+from worker.state import NeedsFullReplay, OutdatedSnapshot, TaskState, fold
 from worker.store.base import JSON, START, Cursor, JournalWriter, Owner, Snapshot, TaskStore
 
 #: What a snapshot or a record that does not have the shape of ours raises when folded.
@@ -23,13 +23,16 @@ Ignored = Callable[[Exception], None]
 
 
 def latest_snapshot(store: TaskStore, task_id: str, on_ignored: Ignored | None) -> Snapshot | None:
-    """The task's snapshot, or None when there is none or it cannot be used."""
+    """The task's snapshot, or None when there is none or it cannot be used (an earlier
+    format's is no damage: it is passed over in silence)."""
     try:
         snapshot = store.get_snapshot(task_id)
         if snapshot is not None and snapshot.cursor <= START:
             # a snapshot follows the journal's header at least: replayed from the start,
             # the whole journal would be folded onto a state that already holds it
             raise ValueError("a snapshot at the start of the journal")
+    except OutdatedSnapshot:
+        return None
     except (OSError, *MISFITS) as exc:
         if on_ignored is not None:
             on_ignored(exc)

@@ -668,6 +668,9 @@ class MessagesAPIServer:
         self.on_request: Callable[[JSON, Rejection | None], None] | None = None
         #: called with a request and what was served for it, once it is written out
         self.on_served: Callable[[JSON, Reply | Fault], None] | None = None
+        #: called with a request and the whole message of a complete reply to it (id,
+        #: model, usage: what the API's own accounts bill), once it is written out
+        self.on_message: Callable[[JSON, JSON], None] | None = None
         self.closing = threading.Event()  # set by close(): hangs and delays end at once
         self._cond = threading.Condition()
         self._httpd = _HTTPServer((host, port), _Handler, bind_and_activate=True)
@@ -792,10 +795,14 @@ class MessagesAPIServer:
         elif action.delay and self.closing.wait(action.delay):
             h.close_connection = True
             return None
-        elif body.get("stream"):
-            self._send_stream(h, stream_events(action.message(body)))
         else:
-            self._send_json(h, 200, action.message(body))
+            message = action.message(body)
+            if body.get("stream"):
+                self._send_stream(h, stream_events(message))
+            else:
+                self._send_json(h, 200, message)
+            if self.on_message is not None:
+                self.on_message(body, message)
         if self.on_served is not None:
             self.on_served(body, action)
         return None
@@ -884,7 +891,12 @@ def main(argv: list[str] | None = None) -> int:
         help='the context window in tokens: a longer prompt gets the API\'s "prompt is too long"',
     )
     parser.add_argument("--port-file", type=Path, help="write the port here once serving")
-    parser.add_argument("--record-file", type=Path, help="append one JSON line per request")
+    parser.add_argument(
+        "--record-file",
+        type=Path,
+        help="append one JSON line per request, and one per complete reply served "
+        '({"served": {"id", "model", "usage"}, "request": its first message})',
+    )
     parser.add_argument(
         "--by-turn",
         action="store_true",
@@ -926,7 +938,16 @@ def main(argv: list[str] | None = None) -> int:
         with record_lock, args.record_file.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
+    def served(body: JSON, message: JSON) -> None:
+        if args.record_file is None:
+            return
+        what = {k: message[k] for k in ("id", "model", "usage")}
+        line = {"at": time.time(), "served": what, "request": {"messages": body["messages"][:1]}}
+        with record_lock, args.record_file.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
     server.on_request = record
+    server.on_message = served
     stop = threading.Event()
     parent = os.getppid()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

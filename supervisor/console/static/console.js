@@ -367,7 +367,7 @@ async function showInbox(again) {
   if (!answer.ok) return flash(answer.data.error, "error");
   const { calls, tasks } = answer.data;
   const shown = [...document.querySelectorAll("article.held")].map((a) => a.dataset.key).join(" ");
-  const now = calls.map((c) => `${c.task}/${c.call_id}`).join(" ");
+  const now = [...calls.map((c) => `${c.task}/${c.call_id}`), ...tasks.map((t) => t.task)].join(" ");
   if (again && shown === now && document.querySelector("section.calls")) return;
   const view = document.getElementById("view");
   view.replaceChildren(
@@ -376,9 +376,22 @@ async function showInbox(again) {
       calls.length ? calls.map(heldCall) : el("p", { class: "muted" }, "No held calls: nothing waits for a decision.")),
     el("section", { class: "budgets" },
       tasks.length ? el("h2", {}, "Held on a budget") : null,
-      tasks.map((t) => el("p", {}, el("a", { href: `#/tasks/${encodeURIComponent(t.task)}` }, t.task),
-        `: ${t.reason} (\`agentd budget ${t.task}\` sets a new one)`))),
+      tasks.map(heldTask)),
   );
+}
+
+// A task held on its budget: a new budget (USD, tokens: empty keeps a limit, "none"
+// removes it) resumes it, as `agentd budget` does.
+function heldTask(t) {
+  const usd = el("input", { type: "text", placeholder: "USD (or none)", "aria-label": "usd", size: 10 });
+  const tokens = el("input", { type: "text", placeholder: "tokens (or none)", "aria-label": "tokens", size: 12 });
+  const limit = (input) => (input.value.trim() === "" ? undefined : input.value.trim());
+  const raise = () => act(`/api/tasks/${encodeURIComponent(t.task)}/budget`,
+    { usd: limit(usd), tokens: limit(tokens) }, `${t.task}: budget set`);
+  return el("article", { class: "held budget", "data-key": t.task },
+    el("h3", {}, el("a", { href: `#/tasks/${encodeURIComponent(t.task)}` }, t.task)),
+    el("p", { class: "muted" }, t.reason),
+    el("div", { class: "decide" }, usd, tokens, el("button", { onclick: raise }, "Set budget")));
 }
 
 // -- the page -------------------------------------------------------------------------
