@@ -276,16 +276,26 @@ class Supervisor:
     ) -> None:
         """Log ``event``; a task's also goes to its events file, marked as the daemon's
         (``relay.DAEMON_MARK``), after what other processes wrote there before it."""
-        if slot is not None:
-            self.relay.pull(slot.task.id)
-            kw = {"task": slot.task.id, **kw}
-            mark, value = DAEMON_MARK
-            line = event_line(event, level, **kw, **{mark: value})
-            task_id = slot.task.id
-            with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
-                self.backlog.append(lambda: self.store.append_event(task_id, line))
-            self._acted_on(task_id, event, kw)
-        getattr(self.log, level)(event, **kw)
+        if slot is None:
+            getattr(self.log, level)(event, **kw)
+            return
+        task_id = slot.task.id
+        self.relay.pull(task_id)
+        kw = {"task": task_id, **kw}
+        mark, value = DAEMON_MARK
+        line = event_line(event, level, **kw, **{mark: value})
+        written = False
+        with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
+            written = self.backlog.append(lambda: self.store.append_event(task_id, line))
+        self._acted_on(task_id, event, kw)
+
+        def log() -> None:
+            getattr(self.log, level)(event, **kw)
+
+        if written:  # logged where the file has it, after what another process wrote first
+            self.relay.pull(task_id, own=(line, log))
+        else:
+            log()
 
     def _acted_on(self, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
         """Keep the operator an event names (``by``, ``via``) for the task's next hook."""

@@ -51,6 +51,17 @@ from worker.store.durable import atomic_write_json, private_dir, read_json
 #: The field and value the daemon puts in the event lines it writes itself.
 DAEMON_MARK = ("origin", "daemon")
 
+#: A line the daemon appended itself, and what logs it (``EventRelay.pull``).
+Own = tuple[Mapping[str, Any], Callable[[], None]]
+
+
+def _same(event: Mapping[str, Any], line: Mapping[str, Any]) -> bool:
+    """Whether ``event``, read back, is the daemon's ``line``: its mark, its name, its
+    instant (what the redactor never changes)."""
+    return daemons_own(event) and all(
+        event.get(key) == line.get(key) for key in ("event", "timestamp", "task")
+    )
+
 
 def daemons_own(event: Mapping[str, Any]) -> bool:
     """Whether the daemon wrote ``event`` itself (its mark, or an earlier release's)."""
@@ -146,24 +157,36 @@ class EventRelay:
         if self._kept is not None and from_end:
             self._kept.write(task, self._cursors[task])
 
-    def pull(self, task: str) -> None:
-        """Log the events of ``task`` written since the last pull by any other process."""
+    def pull(self, task: str, own: Own | None = None) -> None:
+        """Log the events of ``task`` written since the last pull by any other process.
+        ``own``: a line the daemon has just appended itself (``(line, log)``), logged by
+        ``log`` where the file has it, so that the log keeps the file's order even when
+        another process appended between the daemon's last pull and its line."""
         cursor = self._cursors.get(task)
         if cursor is None:
+            if own is not None:
+                own[1]()
             return
         try:
             end = self._store.events_end(task)  # one stat when there is nothing new
             if end == cursor:
+                if own is not None:
+                    own[1]()
                 return
             if end < cursor:  # the file was replaced (a folder restored): read it anew
                 cursor = START
             events, self._cursors[task] = self._store.read_events(task, cursor)
         except StorageError:  # a shared store away: the next pull catches up
+            if own is not None:
+                own[1]()
             return
         for event in events:
             if self.spans is not None:
                 with contextlib.suppress(Exception):  # traces never cost the daemon a task
                     self.spans.take(task, event)
+            if own is not None and _same(event, own[0]):
+                own[1]()
+                own = None
             if event.get("event") == SPAN_EVENT or daemons_own(event):
                 continue
             name = event.get("event")
@@ -174,6 +197,8 @@ class EventRelay:
             getattr(self._log, method)(str(name), **fields)
             if self._on_event is not None:
                 self._on_event(task, event)
+        if own is not None:  # (not read back: logged all the same)
+            own[1]()
         if self._kept is not None:
             self._kept.write(task, self._cursors[task])
 

@@ -25,7 +25,7 @@ from supervisor.relay import DAEMON_MARK, EventRelay
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import charge_script, config_text, steps
 from tests.support import REPO, poll_for
-from worker.events import record_event
+from worker.events import event_line, record_event
 from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.store.files import FileStore
@@ -71,6 +71,24 @@ def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file() -> None:
         record_event(store, "t1", "task_resumed", task="t1")
         relay.pull("t1")
     assert [e["event"] for e in seen] == ["task_resumed"]
+
+
+def test_the_daemons_own_line_is_logged_where_its_file_has_it() -> None:
+    """A worker's line appended between the daemon's pull and its own line comes first in
+    the file, and so in the log (``EventRelay.pull(own=...)``)."""
+    store = _store_with_task()
+    log = structlog.get_logger()
+    relay = EventRelay(log, store)
+    relay.track("t1", from_end=False)
+    relay.pull("t1")  # what the daemon reads before it writes
+    record_event(store, "t1", "task_resumed", task="t1")  # a worker, meanwhile
+    mark, value = DAEMON_MARK
+    own = event_line("worker_spawned", task="t1", **{mark: value})
+    store.append_event("t1", own)
+    with capture_logs() as seen:
+        relay.pull("t1", own=(own, lambda: log.info("worker_spawned", task="t1")))
+        relay.pull("t1")  # nothing more, and the daemon's line never twice
+    assert [e["event"] for e in seen] == ["task_resumed", "worker_spawned"]
 
 
 def test_a_worker_s_events_ring_its_daemon_with_one_file_however_many(tmp_path: Path) -> None:
