@@ -78,7 +78,7 @@ from supervisor.decisions import cancelled_by, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
-from supervisor.liveness import Alive, Beat, Hung, Limits, Watch, judge, limits_of
+from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
@@ -90,6 +90,7 @@ from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
 from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
+from supervisor.watch import Watch
 from supervisor.workers import (
     WorkerProcess,
     adopt,

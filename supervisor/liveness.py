@@ -1,5 +1,5 @@
-"""Liveness verdicts: is a worker hung, stalled, or alive until when (pure functions), and
-the daemon's watch that asks them when one could be due (``Watch``).
+"""Liveness verdicts: is a worker hung, stalled, or alive until when. Pure functions; the
+daemon asks them when one could be due (``supervisor.watch``).
 
 A verdict compares times on one clock, ``CLOCK_MONOTONIC``, which on Linux is system-wide
 (every process reads the same clock) and is never stepped: an NTP correction, an operator's
@@ -19,15 +19,11 @@ could be due, calls it and carries out its verdict, as ``agentd run`` does.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from worker.config import Config
-
-K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -151,51 +147,3 @@ def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verd
     if now - beat.phase_started > limit:
         return Stalled(beat.phase, now - beat.phase_started)
     return Alive(min(until, beat.phase_started + limit))
-
-
-class Watch(Generic[K]):
-    """One timer per watched worker, at the earliest instant a verdict on it could fall
-    due (``Alive.until``, a stop's grace running out), on the loop's monotonic clock: an
-    idle daemon reads no heartbeat and wakes for none until then, however many workers
-    it watches. ``check(key, wall, mono)`` gives the verdict its due and says when the
-    next could be (None: the worker is watched no more)."""
-
-    def __init__(self, check: Callable[[K, float, float], float | None]) -> None:
-        self._check = check
-        self._timers: dict[K, asyncio.TimerHandle] = {}
-        self._due: dict[K, float] = {}
-
-    def arm(self, key: K, at: float) -> None:
-        """Check ``key`` at monotonic ``at`` (now, if that is past), and not before."""
-        self.disarm(key)
-        self._due[key] = at
-        loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_at(max(at, loop.time()), self._fire, key)
-
-    def disarm(self, key: K) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        self._due.pop(key, None)
-
-    def rearm_all(self, at: float) -> None:
-        """Every worker checked again at ``at`` (a reload changed the limits)."""
-        for key in list(self._timers):
-            self.arm(key, at)
-
-    def check_due(self, wall: float, mono: float) -> None:
-        """Check now every worker whose check is due by ``mono`` (what the timers do, for a
-        caller that knows the loop woke late)."""
-        for key, at in list(self._due.items()):
-            if at <= mono:
-                self._run(key, wall, mono)
-
-    def _fire(self, key: K) -> None:
-        self._timers.pop(key, None)
-        self._run(key, time.time(), asyncio.get_running_loop().time())
-
-    def _run(self, key: K, wall: float, mono: float) -> None:
-        self.disarm(key)
-        due = self._check(key, wall, mono)
-        if due is not None and key not in self._timers:  # (the check may have armed it)
-            self.arm(key, due)

@@ -21,9 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.daemon import Supervisor
-from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, Watch, judge, phase_limit
+from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
 from supervisor.record import TaskRecord
 from supervisor.status import status_row
+from supervisor.watch import Watch
 from supervisor.workers import WorkerProcess
 from tests.support import make_spool, poll_for, scripted_task, text
 from worker.config import Config, HeartbeatConfig
