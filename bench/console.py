@@ -39,6 +39,7 @@ from bench.supervision import (
 )
 from supervisor.console.tokens import SpoolTokens, mint
 from supervisor.record import TaskRecord
+from supervisor.stores import store_of
 from supervisor.submit import submit
 from worker.config import Config
 from worker.protocol import TaskStatus
@@ -81,7 +82,7 @@ def long_task(spool: Spool, workdir: Path, turns: int) -> str:
     script = workdir / "long.json"
     script.write_text('{"responses": [{"content": [{"type": "text", "text": "x"}]}]}')
     made = submit(spool, Config(), prompt="A long task.", name="long", script=script)
-    long_journal(made.journal, made.id, turns, BODY)
+    long_journal(store_of(made), made.id, turns, BODY)
     TaskRecord(state=TaskStatus.DONE, reason="end_turn").save(made)
     return made.id
 

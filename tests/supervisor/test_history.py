@@ -18,6 +18,7 @@ from supervisor.cli import main
 from supervisor.history import fork, history_rows, rewind
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
+from supervisor.stores import store_of
 from tests.support import (
     REPO,
     assert_paired,
@@ -349,7 +350,7 @@ def test_rewind_and_fork_of_a_1000_turn_task(
     spool: Spool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     task = scripted_task(spool, [reply(text("x"))], name="big")
-    long_journal(task.journal, task.id, 1000)
+    long_journal(store_of(task), task.id, 1000)
     started = time.perf_counter()
     rewind(spool, CONFIG, "big", 500, yes=True)
     rewind_s = time.perf_counter() - started

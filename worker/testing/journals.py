@@ -8,15 +8,15 @@ and the console, made in a second instead of a thousand model calls.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from worker.store.journal import Journal
+from worker.store.base import TaskStore
 
 
-def long_journal(path: Path, task: str, turns: int, body: str = "y" * 900) -> None:
-    """Append ``turns`` turns (from turn 1) to the journal at ``path`` of task ``task``."""
-    journal, _ = Journal.open(path, task=task)
-    with journal:
+def long_journal(store: TaskStore, task: str, turns: int, body: str = "y" * 900) -> None:
+    """Append ``turns`` turns (from turn 1) to the journal of ``task`` in ``store``, as its
+    owner (through the store, as a worker writes: any backend)."""
+    owner = store.acquire(task)
+    journal, _ = store.open_journal(owner)
+    try:
         for turn in range(1, turns + 1):
             cid = f"toolu_{turn:05d}"
             message = {
@@ -36,3 +36,7 @@ def long_journal(path: Path, task: str, turns: int, body: str = "y" * 900) -> No
                 ],
                 sync=False,
             )  # fmt: skip
+        journal.sync()
+    finally:
+        journal.close()
+        store.release(owner)
