@@ -444,5 +444,9 @@ def test_standalone_server_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=10) == 0
     lines = [json.loads(line) for line in record.read_text().splitlines()]
-    assert [line["rejected"] for line in lines] == [None, None]
-    assert lines[0]["request"]["messages"] == HELLO
+    asked = [line for line in lines if "served" not in line]  # every request, as it came
+    assert [line["rejected"] for line in asked] == [None, None]
+    assert asked[0]["request"]["messages"] == HELLO
+    # and each message the server answered whole (what a spend check sums): the retry's
+    (served,) = [line["served"] for line in lines if "served" in line]
+    assert served["usage"]["output_tokens"] == 17
