@@ -35,9 +35,9 @@ from worker.mcp.catalog import EffectFrom
 from worker.mcp.servers import Placement, ServerFailed, ToolServers
 from worker.spool import Spool, TaskDir
 from worker.tools.builtin import BUILTIN_TOOLS
+from worker.tools.effect import Effect
 from worker.tools.registry import ToolRegistry
 from worker.tools.sandbox import mode_for, sandbox_for
-from worker.tools.tool import Effect
 
 
 class ToolRow(TypedDict):

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from worker.state import Call
-from worker.tools.tool import Effect, Tool
+from worker.tools.effect import Effect
+from worker.tools.tool import Tool
 
 
 class Action(StrEnum):

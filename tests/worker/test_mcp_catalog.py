@@ -14,7 +14,7 @@ from worker.mcp import catalog
 from worker.mcp.catalog import EffectFrom, effect_of, offered, remote_tools, with_policy
 from worker.mcp.naming import API_TOOL_NAME, model_name, servers_reached
 from worker.mcp.settings import McpServer
-from worker.tools.tool import Effect
+from worker.tools.effect import Effect
 
 # -- names ----------------------------------------------------------------------------
 

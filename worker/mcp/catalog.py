@@ -41,7 +41,7 @@ from worker.mcp.naming import (
     servers_reached,
 )
 from worker.mcp.settings import McpServer
-from worker.tools.tool import Effect
+from worker.tools.effect import Effect
 
 #: The journal record that holds a task's tool list.
 RECORD_KIND = "tools"

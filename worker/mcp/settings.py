@@ -33,7 +33,7 @@ from typing import Any, NoReturn, Protocol
 
 from worker.errors import ConfigError
 from worker.mcp.naming import SERVER_NAME_MAX, is_server_name
-from worker.tools.tool import Effect
+from worker.tools.effect import Effect
 
 #: A reference to a credential in a value: ``${cred:NAME}``.
 CRED_REF = re.compile(r"\$\{cred:([A-Za-z0-9_]{1,64})\}")

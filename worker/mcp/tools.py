@@ -22,8 +22,9 @@ from worker.mcp import catalog
 from worker.mcp.catalog import ToolList
 from worker.mcp.naming import servers_reached
 from worker.mcp.servers import ToolServers
+from worker.tools.effect import Effect
 from worker.tools.registry import ToolRegistry
-from worker.tools.tool import Effect, Tool, ToolContext, ToolError, ToolResult
+from worker.tools.tool import Tool, ToolContext, ToolError, ToolResult
 
 
 def _never_called(ctx: ToolContext, **data: Any) -> str:

@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterator
 
 from worker.store.durable import DIR_MODE, atomic_write_at, open_private, write_exclusive_at
+from worker.tools.effect import Effect
 from worker.tools.paths import open_beneath, parent_beneath
 from worker.tools.sandbox import SandboxRefused
-from worker.tools.tool import Effect, Tool, ToolContext, ToolError, tool
+from worker.tools.tool import Tool, ToolContext, ToolError, tool
 
 MAX_READ = 1024 * 1024
 MAX_OUTPUT = 64 * 1024

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from worker.errors import ConfigError, TaskSpecError
 from worker.tools import builtin
+from worker.tools.effect import Effect
 from worker.tools.tool import (
-    Effect,
     OutcomeUnknown,
     Reconcile,
     Tool,

@@ -32,23 +32,12 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from worker.tools.beneath import Root
+from worker.tools.effect import Effect
 from worker.tools.sandbox import Sandbox
-
-
-class Effect(StrEnum):
-    READ_ONLY = "read_only"
-    IDEMPOTENT = "idempotent"
-    KEYED = "keyed"
-    UNSAFE = "unsafe"
-
-    @property
-    def rerun_safe(self) -> bool:
-        return self is not Effect.UNSAFE
 
 
 class ToolError(Exception):
