@@ -38,15 +38,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
-
-from structlog.typing import FilteringBoundLogger
+from typing import TYPE_CHECKING, Any, Protocol
 
 from worker.errors import StorageError
 from worker.spans import SPAN_EVENT
 from worker.spool import validate_task_id
 from worker.store.base import JSON, START, Cursor
 from worker.store.durable import atomic_write_json, private_dir, read_json
+
+if TYPE_CHECKING:  # (structlog imports asyncio: not for `agentd status`, which reads views)
+    from structlog.typing import FilteringBoundLogger
 
 #: The field and value the daemon puts in the event lines it writes itself.
 DAEMON_MARK = ("origin", "daemon")

@@ -16,7 +16,16 @@ import pytest
 
 from supervisor import cli
 from supervisor.control import running_pid
-from tests.support import REPO, poll_for, reply, text, tool_use, worker_env
+from tests.support import (
+    REPO,
+    make_spool,
+    poll_for,
+    reply,
+    scripted_task,
+    text,
+    tool_use,
+    worker_env,
+)
 from worker import config as config_module
 from worker.config import load_config
 from worker.spool import Spool
@@ -303,14 +312,17 @@ def test_a_command_imports_no_more_than_it_needs(tmp_path: Path) -> None:
     """Every `agentd status` pays for what the CLI imports before it reads a task: not the
     SDK, not PostgreSQL's driver, not asyncio (the daemon's, about 20 ms of start-up), not
     OpenTelemetry (the daemon's exporter's alone, with traces on)."""
-    code = (
-        "import sys\n"
-        "from supervisor.cli import main\n"
-        f"main(['--spool', {str(tmp_path / 'spool')!r}, 'status', '--json'])\n"
-        "heavy = {'anthropic', 'psycopg', 'asyncio', 'opentelemetry'} & set(sys.modules)\n"
-        "assert not heavy, f'imported: {sorted(heavy)}'\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
+    spool = make_spool(tmp_path)  # a task to show: the table's code is read too
+    scripted_task(spool, [reply(text("hi"))])
+    for shown in (["status", "--json"], ["status"]):
+        code = (
+            "import sys\n"
+            "from supervisor.cli import main\n"
+            f"main(['--spool', {str(spool.root)!r}, *{shown!r}])\n"
+            "heavy = {'anthropic', 'psycopg', 'asyncio', 'opentelemetry'} & set(sys.modules)\n"
+            "assert not heavy, f'imported: {sorted(heavy)}'\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, (shown, done.stderr)
