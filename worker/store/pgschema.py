@@ -15,7 +15,8 @@ The tables, one row per what the ``TaskStore`` Protocol keeps::
     nodes          one row per node: name, host, pid, max_workers, seen_at, epoch (its
                    registrations)
     tasks          spec, script, record (+ version: compare-and-set), state, the lease
-                   (node, epoch, lease_expires, renewals), seq (the last journal record's),
+                   (node, epoch, renewals, lease_seconds; lease_expires: held while set),
+                   seq (the last journal record's),
                    runnable_at (backoff), cancel, events (the last event's number),
                    paused_until (an operator's pause: no claim before it)
     journal        (task, seq) -> record bytes, and the epoch of the lease that wrote it
@@ -142,8 +143,14 @@ ALTER TABLE tasks ADD COLUMN renewals bigint NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
 """
 
+#: Version 4: each lease's length as its holder counts it (``lease_seconds``), so that a
+#: taker waits out the holder's lease, not its own, whatever each node's ``[cluster] lease``.
+_LEASE_LENGTH = """
+ALTER TABLE tasks ADD COLUMN lease_seconds double precision;
+"""
+
 #: ``MIGRATIONS[n]`` takes the schema from version n to n + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER)
+MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER, _LEASE_LENGTH)
 
 #: The schema version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)
