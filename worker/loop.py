@@ -817,12 +817,15 @@ class AgentLoop:
                 }
             )
         else:
+            why = step.why
+            taken = self.owner.previous if self.owner is not None else None
+            if taken is not None:  # (a claim took the task from a node that stopped renewing)
+                why = f"{why}; {taken.told()}"
             hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
-            self._record({"k": "hold", "calls": [{**hold, "why": step.why}]})
-            self._event("dangling_held", level="warning", why=step.why, **fields)
-            return Outcome(
-                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", ExitCode.HELD
-            )
+            self._record({"k": "hold", "calls": [{**hold, "why": why}]})
+            self._event("dangling_held", level="warning", why=why, **fields)
+            told = f"dangling {call.tool} call {call.call_id}: {why}"
+            return Outcome("held", told, ExitCode.HELD)
         return None
 
     def _load_decision(self, call: Call) -> None:
