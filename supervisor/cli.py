@@ -26,6 +26,7 @@ from typing import Any
 
 from supervisor.control import (
     RETRY_REQUEST,
+    Fenced,
     already_running,
     cancel,
     change_record,
@@ -706,6 +707,10 @@ FOLLOW_POLL = 0.25
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     task = existing_task(spool, args.task)
     done = cancel(spool, task, wait=config.restart.stop_grace + 5)
+    if isinstance(done, Fenced):  # (its node stopped renewing the lease: frozen, cut off)
+        running = f"; its running call {done.call} may still complete until then"
+        print(f"agentd: {task.id} cancelled; {done.told()}{running if done.call else ''}")
+        return 0
     print(f"{task.id}: cancelled" if done else f"{task.id}: cancel requested")
     return 0
 
@@ -810,10 +815,16 @@ def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             f"not undone: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
         )
     for call in report.cut_off:
+        cut = f"cut off: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
+        if report.fenced is not None:  # (its node stopped renewing the lease: frozen, cut off)
+            print(
+                f"{cut}: {report.fenced.told()}; it may still complete until then, and its "
+                "outcome is unknown"
+            )
+            continue
         print(
-            f"cut off: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']} "
-            f"was still running after restart.stop_grace ({config.restart.stop_grace:g} s) "
-            "and was killed; its outcome is unknown"
+            f"{cut} was still running after restart.stop_grace ({config.restart.stop_grace:g} "
+            "s) and was killed; its outcome is unknown"
         )
     print(f"{report.task}: rewound to turn {report.to}; later turns kept in the history")
     print(f"workspace: {report.workspace}")

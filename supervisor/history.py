@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
+from supervisor.control import REQUEUE_REQUEST, Fenced, change_record, paused, ring
 from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
@@ -192,6 +192,9 @@ class RewindReport:
     irreversible: list[dict[str, Any]]
     workspace: str
     cut_off: list[dict[str, Any]]  # calls killed mid-way by the pause: outcome unknown
+    # on a shared store: taken from a node that stopped renewing its lease, whose cut-off
+    # call may still complete until that lease ends
+    fenced: Fenced | None = None
 
 
 def _call_row(call: Call) -> dict[str, Any]:
@@ -265,7 +268,7 @@ def rewind(
         cut_off=cut,
     )
     ring(spool, task.id)
-    return RewindReport(task.id, from_turn, to, undo, workspace, cut_off)
+    return RewindReport(task.id, from_turn, to, undo, workspace, cut_off, pause.fenced)
 
 
 def _rewind_workspace(
