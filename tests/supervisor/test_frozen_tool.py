@@ -63,7 +63,14 @@ def test_a_frozen_node_s_tool_dies_at_its_lease_and_charges_nothing_after_the_th
                     f"(lease {LEASE:g} s; the kill comes 0.9 of it after the last renewal)"
                 )
             poll_for(lambda: b.row("t1")["state"] == "held", LEASE * 10, what="t1 held on b")
-            assert [d["call_id"] for d in b.row("t1")["dangling"]] == ["c1"]
+            held = b.row("t1")
+            assert [d["call_id"] for d in held["dangling"]] == ["c1"]
+            # the hold names the frozen owner and when its lease ended
+            assert re.search(
+                r"it was running on node a \(epoch \d+\), whose lease ended at "
+                r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z without a renewal",
+                held["reason"],
+            ), held["reason"]
             approved = b.agentd("approve-dangling", "t1", "c1")
             assert approved.returncode == 0, approved.stderr
             poll_for(lambda: b.row("t1")["state"] == "done", 40, what="t1 done after the re-run")
