@@ -155,14 +155,21 @@ class OtherWorkspaces:
     """The workspace of every other task of ``store`` that names one (``--workspace``, or
     a shared store's default): what the sandbox hides at each call (docs/design.md section 5).
     A spec never changes, so each is read once; after that a call costs a listing of the
-    ids. A spec that cannot be read yet (a task being made) is tried again next call."""
+    ids. A spec that cannot be read yet (a task being made) is tried again next call.
+
+    The store is read by ``refresh``, which the loop calls before it records a call's
+    intent: a storage fault there is a wait with nothing recorded, never the call's
+    failure (a fault met as the command was being wrapped would have been recorded as
+    its result, though it never ran). Asked for the list (by the sandbox, at each call),
+    it answers from the last refresh."""
 
     def __init__(self, store: TaskStore, task_id: str) -> None:
         self._store = store
         self._task_id = task_id
         self._known: dict[str, Path | None] = {task_id: None}
+        self._refreshed = False
 
-    def __call__(self) -> list[Path]:
+    def refresh(self) -> None:
         new = [i for i in self._store.task_ids() if i not in self._known]
         if new:
             with self._store.read_all():
@@ -170,6 +177,11 @@ class OtherWorkspaces:
                     with contextlib.suppress(NotFoundError, TaskSpecError):
                         folder = self._store.load_spec(task_id).workspace
                         self._known[task_id] = Path(folder) if folder else None
+        self._refreshed = True
+
+    def __call__(self) -> list[Path]:
+        if not self._refreshed:  # (a command run outside a call: git's, at a boundary)
+            self.refresh()
         return [path for path in self._known.values() if path is not None]
 
 
@@ -232,6 +244,7 @@ class AgentLoop:
         self.metrics = metrics if metrics is not None else StepMetrics()
         self.workspace = workspace
         self.tool_env = tool_environment(os.environ, self.task_id, str(self.workspace))
+        self._others = OtherWorkspaces(store, self.task_id)
         self.sandbox = sandbox_for(
             mode_for(
                 config.tools.sandbox, store=credentials.held().get(credentials.STORE) is not None
@@ -241,7 +254,7 @@ class AgentLoop:
             config=config.source,
             secret_files=tool_secret_files(os.environ),
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
-            others=OtherWorkspaces(store, self.task_id),
+            others=self._others,
         )
         self.stop_requested = False
         self._interruptible = False
@@ -684,6 +697,8 @@ class AgentLoop:
             self._error_result(call, str(exc))
             return
         key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
+        if self.sandbox.verdict() == "bwrap":  # what it hides, read before anything is recorded
+            self._others.refresh()
         self._record(
             {
                 "k": "intent",
