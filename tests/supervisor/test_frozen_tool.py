@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from tests.chaos.nodes import freeze_tree, thaw
+from tests.chaos.trees import freeze_tree, thaw
 from tests.daemon import subreaper
 from tests.supervisor.test_cluster import LEASE, Node
 from tests.supervisor.test_cluster_faults import CONFIG
