@@ -15,10 +15,10 @@ has itself seen the lease's (epoch, renewals) stand still, on its own monotonic 
 worker has stopped itself (at 0.8 of the lease after it sent its last renewal) or been
 killed by the kernel (at 0.9: ``worker.killtimer``), since that renewal was sent before
 the taker saw it. The claim then takes the lease only if it still stands as seen (a
-compare-and-set on the epoch and the count, in the statement that claims). A process
-that could not read the leases for a while (the database away) judges every one anew:
-its holder could not renew it either. ``lease_expires`` is the server's time, shown to
-people and never compared.
+compare-and-set on the epoch and the count, in the statement that claims). Time a
+process could not read the leases (the database away, or the process itself too busy)
+does not count: a holder could not renew then either. ``lease_expires`` is the server's
+time, shown to people and never compared.
 
 Each function is ONE statement on an autocommit connection: one implicit transaction, one
 round trip (psycopg sends parse, bind, execute and sync in one flight, and no separate
@@ -152,13 +152,14 @@ class LeaseWatch:
     """When this process first saw each held lease as it stands (its epoch and renewal
     count), on its own monotonic clock, and so how long each has stood still: the one
     judge of a lease's end (the module docstring). ``observe`` takes a read of every held
-    lease, ``note`` a read of one; ``forget`` starts over (a read failed: while nobody
-    could reach the database, its holder could not renew either).
+    lease, ``note`` a read of one.
 
-    Reads of every lease must come at most ``gap`` seconds apart to be one watch: after a
-    longer pause (a node too busy to claim, or stopped itself) every lease is judged anew,
-    since the database may have been away meanwhile unseen, and a holder that waits for
-    it with a call's result in hand must get to renew first."""
+    Only time this process watched counts. A read that failed (``blind``: the database
+    away, whose holders could not renew either) and a pause between reads longer than
+    ``gap`` (a node too busy to look, or stopped itself: the database may have been away
+    meanwhile, unseen) do not: every lease's standing still is put forward by that time at
+    the next read, so a holder that waited for the database with a call's result in hand
+    gets to renew before it is judged. Until that read, no lease is judged over."""
 
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, gap: float = float("inf")
@@ -167,13 +168,15 @@ class LeaseWatch:
         self.gap = gap
         self._seen: dict[str, tuple[Held, float]] = {}
         self._read_at = -float("inf")  # the last ``observe``
+        self._blind = False  # a read failed since
 
     def observe(self, held: Iterable[Held], at: float | None = None) -> None:
         """A read of every lease held now (those not in it are held no more)."""
         now = self.clock() if at is None else at
-        if now - self._read_at > self.gap:
-            self._seen = {}
-        self._read_at = now
+        unseen = now - self._read_at if self._read_at > -float("inf") else 0.0
+        if self._blind or unseen > self.gap:  # (that time does not count)
+            self._seen = {t: (h, since + unseen) for t, (h, since) in self._seen.items()}
+        self._read_at, self._blind = now, False
         seen: dict[str, tuple[Held, float]] = {}
         for lease in held:
             seen[lease.task_id] = self._kept(lease, now)
@@ -193,8 +196,9 @@ class LeaseWatch:
             return before[0], before[1]
         return lease, now
 
-    def forget(self) -> None:
-        self._seen = {}
+    def blind(self) -> None:
+        """A read failed: the time until the next read does not count."""
+        self._blind = True
 
     def still(self, task_id: str, at: float | None = None) -> tuple[Held, float] | None:
         """The task's lease as last seen, and for how many seconds it has stood still as
@@ -207,10 +211,10 @@ class LeaseWatch:
 
     def expired(self, lease: float, at: float | None = None) -> list[Held]:
         """The leases that stood still for their holder's length (``lease`` where a row
-        does not say) plus ``TAKEOVER_MARGIN``: the ones a claim may take (none after a
-        pause in the reads longer than ``gap``)."""
+        does not say) plus ``TAKEOVER_MARGIN``: the ones a claim may take (none before a
+        read that follows a failed one, or a pause in the reads longer than ``gap``)."""
         now = self.clock() if at is None else at
-        if now - self._read_at > self.gap:
+        if self._blind or now - self._read_at > self.gap:
             return []
         return [
             held

@@ -710,8 +710,8 @@ class PostgresStore:
                     registered=registered,
                 )
         except StorageError:
-            with self._watch_guard:  # nobody could renew meanwhile: judge each lease anew
-                self._watch.forget()
+            with self._watch_guard:  # nobody could renew meanwhile: that time does not count
+                self._watch.blind()
             raise
         return [Owner(x.task_id, self.node, x.epoch, previous=x.previous) for x in leases]
 
