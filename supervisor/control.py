@@ -60,6 +60,8 @@ MOVE_ATTEMPTS = 20
 #: Seconds a pause on a shared store outlasts the wait for the safe point: the operation
 #: done under it (a rewind) is quick, and a pause whose command died ends by itself.
 PAUSE_SLACK = 60.0
+#: Seconds between two looks of a command at a lease it waits for (``SharedStore.seize``).
+SEIZE_POLL = 0.1
 
 
 class SupervisorLock:
@@ -223,6 +225,7 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
                 return True
         ring(spool, task.id)
         deadline = time.monotonic() + (max(wait, cluster.lease) if cluster else wait)
+        watched = 0.0  # (the lease is looked at every SEIZE_POLL: each look is a write)
         while True:
             record = TaskRecord.load(task)
             if record.state == TaskStatus.CANCELLED:
@@ -233,11 +236,13 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
                     f"task {task.id} ended {record.state} ({record.reason}) before the cancel "
                     "took effect; nothing was cancelled."
                 )
-            if cluster is not None and (seized := cluster.seize(task.id)) is not None:
-                done = _cancel_seized(task, seized)
-                if done is not None:
-                    return done
-                continue  # (it ended meanwhile: the next look says how)
+            if cluster is not None and time.monotonic() >= watched:
+                watched = time.monotonic() + SEIZE_POLL
+                if (seized := cluster.seize(task.id)) is not None:
+                    done = _cancel_seized(task, seized)
+                    if done is not None:
+                        return done
+                    continue  # (it ended meanwhile: the next look says how)
             if time.monotonic() >= deadline or (cluster is None and running_pid(spool) is None):
                 return False
             time.sleep(0.02)
@@ -369,5 +374,5 @@ def _seize(cluster: SharedStore, task: TaskDir, wait: float) -> tuple[Owner, Fen
     while (seized := cluster.seize(task.id)) is None:
         if time.monotonic() >= deadline:
             raise LockBusyError(f"task {task.id}'s lease is held by a node that renews it")
-        time.sleep(0.05)
+        time.sleep(SEIZE_POLL)
     return seized.owner, seized_from(task, seized)
