@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,23 @@ from worker.state import fold
 
 JSON = dict[str, Any]
 FINAL = frozenset({"done", "failed", "cancelled"})
+#: How long a read of the harness waits for a database that restarts or recovers.
+PATIENCE = 60.0
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A connection for the harness, which waits out a database that restarts or
+    recovers (a fault of the class: the nodes wait it out too)."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return psycopg.connect(url, connect_timeout=5, autocommit=autocommit)
+        except psycopg.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 #: The effect class of each chaos tool (the frozen tool's slow charge is unsafe too).
 EFFECT_OF = {**kill9.EFFECT_OF, "chaos_slow_charge": "unsafe"}
 
@@ -40,7 +58,7 @@ class Row:
 def journal_rows(url: str) -> dict[str, list[Row]]:
     """Every task's journal rows in order, straight from the journal table."""
     rows: dict[str, list[Row]] = {}
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connect(url) as conn:
         for task, seq, epoch, record in conn.execute(
             "SELECT task, seq, epoch, record FROM journal ORDER BY task, seq"
         ):
@@ -51,7 +69,7 @@ def journal_rows(url: str) -> dict[str, list[Row]]:
 def events_named(url: str, name: str) -> dict[str, list[JSON]]:
     """Every task's lifecycle events called ``name``, in order, from the events table."""
     found: dict[str, list[JSON]] = {}
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connect(url) as conn:
         for task, event in conn.execute(
             "SELECT task, event FROM events WHERE event->>'event' = %s ORDER BY task, n", (name,)
         ):
@@ -76,7 +94,7 @@ def claims_of(events: dict[str, list[JSON]]) -> dict[str, list[Claim]]:
 
 def leases_of(url: str, node: str) -> dict[str, int]:
     """The tasks whose lease ``node`` holds, and its epoch of each."""
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connect(url) as conn:
         return {
             task: int(epoch)
             for task, epoch in conn.execute(
@@ -163,7 +181,8 @@ def audit(
         if task in turns:
             if row is None or row["state"] not in FINAL:
                 out.lost += 1
-                out.note(f"{task}: {'missing from status' if row is None else row['state']}")
+                where = f"{row['state']} at turn {row.get('turn')} of {turns[task]}" if row else ""
+                out.note(f"{task}: {where or 'missing from status'}")
             done = row is not None and (row["state"], row.get("reason")) == ("done", "end_turn")
             if done and sorted(live) == list(range(1, turns[task] + 1)):
                 completed.add(task)
@@ -346,7 +365,7 @@ class Cancel:
 def event_marks(url: str) -> dict[str, int]:
     """Each task's last event number now: events after it came later (their order is the
     commits', whatever any clock said)."""
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connect(url) as conn:
         return {task: int(n) for task, n in conn.execute("SELECT id, events FROM tasks")}
 
 
@@ -354,7 +373,7 @@ def moved_since(url: str, marks: Mapping[str, int]) -> list[JSON]:
     """The leases that moved after ``marks`` (``event_marks``): a claim that took a lease
     over (``taken_over``), and a worker fenced (``lease_lost``)."""
     moved = []
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connect(url) as conn:
         for task, n, event in conn.execute(
             "SELECT task, n, event FROM events WHERE event->>'event' IN "
             "('task_claimed', 'lease_lost') ORDER BY task, n"

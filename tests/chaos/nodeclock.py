@@ -123,6 +123,7 @@ class TimeNamespace:
             ["unshare", "--time", "--fork", "--monotonic", str(ahead), "--boottime", str(ahead),
              "sleep", "infinity"],
             stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # (killed at the end, unshare says so)
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not (children := psutil.Process(self._holder.pid).children()):

@@ -31,10 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from tests.chaos.effect_tools import read_log
-from tests.chaos.nodeaudit import Cancel, Fault, event_marks, leases_of, moved_since
+from tests.chaos.nodeaudit import Cancel, Fault, connect, event_marks, leases_of, moved_since
 from tests.chaos.nodeclock import STEP
 from tests.chaos.trees import freeze_tree, thaw
 from tests.support import poll_for, reply, text
@@ -161,7 +159,7 @@ def _rewind(cluster: Cluster, run: Frozen) -> None:
 def read_only(cluster: Cluster, rng: random.Random) -> Fault:
     fault = Fault(READ_ONLY, None, time.time())
     failover = rng.random() < 0.5
-    with psycopg.connect(cluster.db.url, autocommit=True, connect_timeout=5) as admin:
+    with connect(cluster.db.url, autocommit=True) as admin:
         admin.execute("SET default_transaction_read_only = off")  # (this session only)
         admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
         admin.execute("SELECT pg_reload_conf()")
