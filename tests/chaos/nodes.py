@@ -73,10 +73,10 @@ the effects log:
   result in hand), and what the frozen tool's commands said;
 * tasks completed (100 %), and failover: from a node's death (or stop, or cut) to the
   claim of each of its tasks by another node (its ``task_claimed`` event), bounded by the
-  lease plus ``FAILOVER_SLACK``, and to the task's next step under the new lease (the first
-  journal row of a higher epoch), p50 and max against the lease. The next step is shown,
-  not bounded: it may wait on the outside world, as a keyed call does on the keyed
-  service's lock while a frozen worker holds it until its SIGCONT.
+  lease plus the taker's margin and ``FAILOVER_SLACK``, and to the task's next step under
+  the new lease (the first journal row of a higher epoch), p50 and max against the lease.
+  The next step is shown, not bounded: it may wait on the outside world, as a keyed call
+  does on the keyed service's lock while a frozen worker holds it until its SIGCONT.
 
 ``python -m tests.chaos.nodes [--full] [--seed N]`` prints the table and exits 1 on any
 violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
@@ -131,6 +131,7 @@ from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.postgres import SeverableProxy, fresh_schema
 from tests.support import poll_for, reply, text
+from worker.store.pglease import TAKEOVER_MARGIN
 
 JSON = dict[str, Any]
 FAULT = "21 nodes"
@@ -138,9 +139,9 @@ NODES = ("n1", "n2", "n3")
 KILL, STOP, RESTART_DB, CUT, TWIN = "kill", "stop", "db restart", "cut", "twin"
 #: The node whose monotonic clocks run a day ahead (a time namespace of its own).
 AHEAD = "n3"
-#: Seconds past the lease another node may take to claim a dead node's task ("the lease
-#: plus a second or two", docs/design.md section 10): the claiming node's poll
-#: (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
+#: Seconds past the lease and a taker's margin (``TAKEOVER_MARGIN``) another node may take
+#: to claim a dead node's task ("the lease plus a second or two", docs/design.md section
+#: 10): the claiming node's poll (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
 FAILOVER_SLACK = 2.0
 
 
@@ -161,7 +162,7 @@ class Plan:
     @property
     def takeover_bound(self) -> float:
         """The longest a node's death may leave one of its tasks unclaimed."""
-        return self.lease + FAILOVER_SLACK
+        return self.lease + TAKEOVER_MARGIN + FAILOVER_SLACK
 
     @classmethod
     def of(cls, quick: bool) -> Plan:

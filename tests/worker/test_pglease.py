@@ -354,10 +354,10 @@ def test_no_wall_clock_ends_a_lease_that_its_holder_renews(db: str) -> None:
         assert (lease.previous.node, lease.previous.epoch) == ("a", mine[0].epoch)
 
 
-def test_a_watch_counts_no_pause_in_its_reads_longer_than_its_gap() -> None:
+def test_a_watch_counts_no_pause_in_its_reads_past_its_gap() -> None:
     """A node too busy to claim for a while (or stopped) did not see whether the database
-    was away meanwhile: that time does not count toward a lease standing still, and no
-    lease is judged over until the next read."""
+    was away meanwhile: the pause past the gap does not count toward a lease standing
+    still, and no lease is judged over until the next read."""
     clock = Clock()
     watch = LeaseWatch(clock, gap=1.0)
     held = Held("t1", "a", 1, 5, lease=2.0)
@@ -369,7 +369,7 @@ def test_a_watch_counts_no_pause_in_its_reads_longer_than_its_gap() -> None:
     clock.now += 1.5  # no read for longer than the gap
     assert watch.expired(lease=2.0) == []
     watch.observe([held])
-    assert watch.still("t1") == (held, 3.0)  # (the 1.5 s unseen left out)
+    assert watch.still("t1") == (held, 4.0)  # (the 0.5 s past the gap left out)
     clock.now += 0.5
     watch.observe([held])
     assert watch.expired(lease=2.0) == [held]

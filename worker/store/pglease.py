@@ -154,12 +154,14 @@ class LeaseWatch:
     judge of a lease's end (the module docstring). ``observe`` takes a read of every held
     lease, ``note`` a read of one.
 
-    Only time this process watched counts. A read that failed (``blind``: the database
-    away, whose holders could not renew either) and a pause between reads longer than
-    ``gap`` (a node too busy to look, or stopped itself: the database may have been away
-    meanwhile, unseen) do not: every lease's standing still is put forward by that time at
-    the next read, so a holder that waited for the database with a call's result in hand
-    gets to renew before it is judged. Until that read, no lease is judged over."""
+    Only time this process watched counts. The time from a read that failed (``blind``:
+    the database away, whose holders could not renew either) to the next, and a pause
+    between reads past ``gap`` (a node too busy to look, or stopped itself: the database
+    may have been away meanwhile, unseen), do not: every lease's standing still is put
+    forward by that time at the next read, so a holder that waited for the database with
+    a call's result in hand gets to renew before it is judged (a holder renews within a
+    third of its lease, and half of one unseen leaves it the rest). Until that read, no
+    lease is judged over."""
 
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, gap: float = float("inf")
@@ -174,8 +176,9 @@ class LeaseWatch:
         """A read of every lease held now (those not in it are held no more)."""
         now = self.clock() if at is None else at
         unseen = now - self._read_at if self._read_at > -float("inf") else 0.0
-        if self._blind or unseen > self.gap:  # (that time does not count)
-            self._seen = {t: (h, since + unseen) for t, (h, since) in self._seen.items()}
+        uncounted = unseen if self._blind else max(0.0, unseen - self.gap)
+        if uncounted:
+            self._seen = {t: (h, since + uncounted) for t, (h, since) in self._seen.items()}
         self._read_at, self._blind = now, False
         seen: dict[str, tuple[Held, float]] = {}
         for lease in held:
