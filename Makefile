@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The MCP servers from npm that the tests run (tests/mcp/package.json, its lock file)
+NPM_STAMP := tests/mcp/node_modules/.installed
 
-.PHONY: demo demo-cluster demo-run test system-tools lint typecheck unit bench chaos man clean
+.PHONY: demo demo-cluster demo-run test system-tools mcp-servers lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +42,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) $(NPM_STAMP)
 	$(BIN)/pytest -q
+
+# The npm MCP servers the tests run (@modelcontextprotocol/server-filesystem and
+# server-everything), exactly as the lock file says; node and npm are Debian's (nodejs, npm).
+mcp-servers: $(NPM_STAMP)
+
+$(NPM_STAMP): tests/mcp/package.json tests/mcp/package-lock.json
+	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NPM_STAMP)
 
 # The system tools the suite drives (git, strace, bwrap, libfaketime, PostgreSQL, ...):
 # installed as root with apt-get, otherwise named with the line that installs them.
@@ -49,7 +59,7 @@ unit: $(STAMP)
 system-tools:
 	@.ci/system-tools
 
-test: system-tools lint typecheck unit
+test: system-tools mcp-servers lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --full
@@ -62,4 +72,4 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos --full
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache agentd.1
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache agentd.1 tests/mcp/node_modules

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
 import math
 import os
@@ -24,27 +23,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor.actions import EVERY_CALL, approve, cancel, retry
 from supervisor.control import (
-    RETRY_REQUEST,
     Fenced,
     already_running,
-    cancel,
-    change_record,
-    move_record,
-    offline,
     ring,
     running_pid,
     supervisor_info,
 )
-from supervisor.decisions import (
-    decide,
-    drop_moot_cancel,
-    operator_lock,
-    pending_decisions,
-    refuse_if_cancelled,
-)
+from supervisor.operator import Operator
+from supervisor.overview import dangling_rows, status_document
 from supervisor.record import TaskRecord
-from supervisor.status import held_calls, load_state, status_row
+from supervisor.status import load_state, status_row
 from supervisor.stores import (
     postgres_store,
     record_store,
@@ -68,16 +58,14 @@ from worker.config import node_name as local_node
 from worker.errors import (
     AgentdError,
     ConfigError,
-    NotFoundError,
     SpoolError,
-    StateConflictError,
     StorageError,
     UsageError,
     quoted,
 )
 from worker.protocol import NODE_ENV, TaskStatus
 from worker.redactor import without_password
-from worker.spool import Spool, TaskDir, default_spool, validate_call_id
+from worker.spool import Spool, TaskDir, default_spool
 from worker.store.pgschema import SCHEMA_VERSION
 from worker.tools.sandbox import Sandbox
 
@@ -472,49 +460,6 @@ def _read_answer(prompt: str) -> str | None:
     return line.rstrip("\n") if line else None
 
 
-def _supervisor_json(spool: Spool) -> dict[str, Any]:
-    pid = running_pid(spool)
-    info = supervisor_info(spool) or {}
-    return {
-        "running": pid is not None,
-        "pid": pid,
-        "started_at": info.get("started_at") if pid else None,
-        "cgroups": info.get("cgroups") if pid else None,
-        "version": __version__,
-        "spool": str(spool.root),
-        "node": info.get("node") if pid else None,
-        # how run_command runs, as the daemon probed it at start (docs/design.md section 3)
-        "sandbox": info.get("sandbox") if pid else None,
-    }
-
-
-def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
-    """docs/design.md section 3: the daemon that answers, and every task; on a shared store
-    every task of the cluster, each with the node that runs it, and ``nodes``."""
-    store = store_for(spool.root)
-    cluster = shared()
-    leases = cluster.leases() if cluster is not None else None
-    rows = []
-    sup = _supervisor_json(spool)
-    with store.read_all():
-        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
-        for task in task_dirs:
-            if not store.exists(task.id):
-                continue
-            row = status_row(task)
-            if leases is not None:
-                row["node"] = leases.get(task.id)
-            else:  # one machine: its own name, while its worker runs
-                running = row["state"] == TaskStatus.RUNNING
-                row["node"] = (sup["node"] or local_node()) if running else None
-            rows.append(row)
-    doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
-    if cluster is not None:  # the node of this spool's daemon, else the one asking
-        sup["node"] = sup["node"] or cluster.node
-        doc["nodes"] = [n.to_json() for n in cluster.nodes()]
-    return doc
-
-
 def table_width() -> int | None:
     """The width the status table is cut to: ``$COLUMNS`` when set, else the terminal's when
     stdout is one; None (cut nothing) when it goes to a pipe or a file, as ``ps`` does."""
@@ -610,11 +555,7 @@ def cmd_store(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task_dirs = listed_tasks(spool) if args.task is None else [existing_task(spool, args.task)]
-    rows = []
-    for task in task_dirs:
-        if TaskRecord.load(task).state == TaskStatus.HELD:
-            rows += held_calls(task)
+    rows = dangling_rows(spool, args.task)
     if args.json:
         out(rows)
         return 0
@@ -631,7 +572,6 @@ def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = existing_task(spool, args.task)
     if (args.call_id is None) == (not args.all):
         raise UsageError("give either a CALL_ID or --all.")
     if args.result is not None and args.result_file is not None:
@@ -639,34 +579,18 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     result = text_or_file(args.result, args.result_file, "result", RESULT_FILE_LIMIT)
     if args.skip and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
-    if args.reason is not None and not args.skip:
-        raise UsageError("--reason goes with --skip.")
-    checked_text(args.reason, "--reason")
     action = "skip" if args.skip else "result" if result is not None else "rerun"
-    refuse_if_cancelled(task, "decision")  # checked again as each decision is written
-    calls = (
-        [validate_call_id(args.call_id)]
-        if args.call_id
-        else [r["call_id"] for r in held_calls(task)]
+    decided = approve(
+        spool,
+        args.task,
+        args.call_id or EVERY_CALL,
+        action=action,
+        reason=args.reason,
+        result=result,
+        operator=Operator.here(),
     )
-    if not calls:
-        raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
-    for call_id in calls:
-        decide(
-            task,
-            call_id,
-            action=action,
-            reason=args.reason,
-            result=result,
-            by=getpass.getuser(),
-            via="cli",
-        )
-        print(f"{task.id} {call_id}: {action}")
-    with offline(spool) as alone, contextlib.suppress(StateConflictError):
-        if alone and pending_decisions(task):
-            # (one not held, say a worker run by hand left it queued, has no hold to release)
-            move_record(task, TaskRecord.release_hold)
-    ring(spool, task.id)
+    for call_id in decided:
+        print(f"{args.task} {call_id}: {action}")
     return 0
 
 
@@ -705,53 +629,25 @@ FOLLOW_POLL = 0.25
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = existing_task(spool, args.task)
-    done = cancel(spool, task, wait=config.restart.stop_grace + 5)
+    done = cancel(spool, args.task, config.restart.stop_grace + 5, operator=Operator.here())
     if isinstance(done, Fenced):  # (its node stopped renewing the lease: frozen, cut off)
         running = f"; its running call {done.call} may still complete until then"
-        print(f"agentd: {task.id} cancelled; {done.told()}{running if done.call else ''}")
+        print(f"agentd: {args.task} cancelled; {done.told()}{running if done.call else ''}")
         return 0
-    print(f"{task.id}: cancelled" if done else f"{task.id}: cancel requested")
+    print(f"{args.task}: cancelled" if done else f"{args.task}: cancel requested")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    task = existing_task(spool, args.task)
-    with operator_lock(task):
-        refuse_if_cancelled(task, "retry")
-        record = TaskRecord.load(task)
-        record.check_retry(task.id)  # before a request is left for the daemon
-        store = store_for(spool.root)
-        if record.foreground and store.owned(task.id):
-            raise StateConflictError(
-                f"task {task.id} is running in the foreground (`agentd run`, worker pid "
-                f"{store.owner_pid(task.id)}); stop it with Ctrl-C there, "
-                "then retry it to hand it to the daemon."
-            )
-        drop_moot_cancel(task, record)
-        change_record(spool, task, RETRY_REQUEST, TaskRecord.retry)
-    print(
-        f"{task.id}: handed to the daemon" if record.foreground else f"{task.id}: queued for retry"
-    )
+    handed = retry(spool, args.task, operator=Operator.here())
+    print(f"{args.task}: handed to the daemon" if handed else f"{args.task}: queued for retry")
     return 0
 
 
 def cmd_show(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import transcript  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    task = existing_task(spool, args.task)
-    store = store_for(spool.root)
-    spec = store.load_spec(task.id)
-    shown = transcript.lines(store.replay(task.id), prompt=spec.prompt)
-    if args.turn is not None:
-        if args.turn < 0:
-            raise UsageError(f"--turn {args.turn}: a turn is 0 (the prompt) or more")
-        shown = [line for line in shown if line["turn"] == args.turn]
-        if not shown:
-            raise NotFoundError(
-                f"task {task.id} has no turn {args.turn} on its live branch; "
-                f"`agentd history {task.id}` lists its turns."
-            )
+    shown = transcript.task_lines(spool, args.task, turn=args.turn)
     if args.json:
         for line in shown:
             print(json.dumps(line, ensure_ascii=False))
@@ -788,15 +684,23 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             continue
         calls = (
             ", ".join(
-                f"{c['tool']}({c['effect'] or '-'}: {shown_outcome(c)})" for c in row["tool_calls"]
+                f"{c['tool']}({c['effect'] or '-'}: {shown_outcome(c)}{_decided(c)})"
+                for c in row["tool_calls"]
             )
             or row["stop_reason"]
             or ""
         )
         git = f"  git {row['vcs']['snapshot'][:10]}" if row["vcs"] else ""
         print(f"{row['turn']:>4}  {row['at'] or '':24}  {tokens:>11}  {branch:7}  {calls}{git}")
+    rewinds = {
+        (r["rewind"].get("at"), str(Operator.of(r["rewind"]) or "")): r["rewind"]["to"]
+        for r in rows
+        if r.get("rewind")
+    }
     if any(r["rewound"] for r in rows):
-        print("x: rewound, kept for audit")
+        done = "; ".join(f"to turn {to} at {at}" + (f" {who}" if who else "")
+                         for (at, who), to in rewinds.items())  # fmt: skip
+        print("x: rewound, kept for audit" + (f" (rewound {done})" if done else ""))
     state = load_state(task)
     total, live = state.usage_total, state.usage
     print(f"tokens on the live branch {live.input_tokens}/{live.output_tokens}; "
@@ -804,11 +708,26 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     return 0
 
 
+def _decided(call: dict[str, Any]) -> str:
+    """What ``history`` adds to a call an operator decided: the decision and who made it."""
+    decision = call.get("decision")
+    if not decision:
+        return ""
+    who = Operator.of(decision)
+    return f"; {decision.get('action')}" + (f" {who}" if who else "")
+
+
 def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import rewind  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     report = rewind(
-        spool, config, args.task, args.to, restore_workspace=args.restore_workspace, yes=args.yes
+        spool,
+        config,
+        args.task,
+        args.to,
+        restore_workspace=args.restore_workspace,
+        yes=args.yes,
+        operator=Operator.here(),
     )
     for call in report.irreversible:
         print(
@@ -835,10 +754,51 @@ def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.history import fork  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     prompt = checked_text(args.prompt, "--prompt")
-    report = fork(spool, config, args.task, args.at, name=args.name, prompt=prompt)
+    report = fork(
+        spool, config, args.task, args.at, name=args.name, prompt=prompt, operator=Operator.here()
+    )
     print(report.task)
     print(f"forked from {report.parent} at turn {report.at}; workspace: {report.workspace}",
           file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_console(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    """``agentd console``: the console's URL with a one-time login; or API tokens."""
+    from supervisor.console import tokens  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+
+    if sum([args.token, args.list_tokens, args.revoke is not None]) > 1:
+        raise UsageError("give one of --token, --list-tokens and --revoke ID, or none.")
+    store = tokens.token_store(spool)
+    if args.token:
+        token, secret = tokens.mint(store, Operator.here().by)
+        print(secret)
+        print(
+            f"agentd: API token {token.id} for {token.by}, shown this once: send it as "
+            f"`Authorization: Bearer TOKEN`; `agentd console --revoke {token.id}` ends it",
+            file=sys.stderr,
+        )
+        return 0
+    if args.list_tokens:
+        kept = tokens.listed(store)
+        if not kept:
+            print("no API tokens; `agentd console --token` mints one")
+        for token in kept:
+            print(f"{token.id}  {token.by:<16}  minted {token.created_at}")
+        return 0
+    if args.revoke is not None:
+        tokens.revoke(store, args.revoke)
+        print(f"{args.revoke}: revoked")
+        return 0
+    pid = running_pid(spool)
+    url = (supervisor_info(spool) or {}).get("console") if pid is not None else None
+    if not isinstance(url, str) or not url:
+        where = "" if pid is not None else f" (agentd is not running on {spool.root})"
+        raise AgentdError(f"the console is off: set [console] listen and reload{where}")
+    secret = tokens.LoginTickets(spool).issue(Operator.here().by)
+    print(f"{url}?token={secret}")
+    minutes = round(tokens.LOGIN_TTL / 60)
+    print(f"agentd: a one-time login link: open it within {minutes} minutes", file=sys.stderr)
     return 0
 
 
@@ -885,12 +845,50 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
     ]
     if config.tools.modules:
         facts.append(f"tool modules {', '.join(config.tools.modules)}")
+    if config.console.listen:
+        facts.append(f"console on {config.console.listen}{_console_tls(config)}")
+    if config.mcp.servers:  # each started once and listed: one that cannot be fails here
+        from supervisor.toollist import list_servers  # noqa: PLC0415  (only with servers)
+
+        listed = list_servers(config, spool)
+        facts.append(
+            "mcp servers "
+            + ", ".join(f"{name} ({len(tools)} tools)" for name, tools in listed.items())
+        )
     if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
         facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
         looked = f"{config_module.user_config_path()} or {config_module.SYSTEM_CONFIG}"
         facts.insert(0, f"no file at {looked}")
     print(f"{source}: ok ({'; '.join(facts)})")
+    return 0
+
+
+def _console_tls(config: Config) -> str:
+    """`` over TLS`` when the console's certificate and key load (as its process loads
+    them); a ConfigError in one line when they do not."""
+    if not config.console.tls:
+        return ""
+    from supervisor.console.server import tls_context  # noqa: PLC0415  (ssl: only this check needs it)
+
+    try:
+        tls_context(config.console)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}.") from None
+    return " over TLS"
+
+
+def cmd_tools(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor import toollist  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+
+    if args.task is not None:
+        rows = toollist.task_tools(existing_task(spool, args.task), config)
+    else:
+        rows = toollist.every_tool(config, spool)
+    if args.json:
+        out(rows)
+    else:
+        print(toollist.table(rows))
     return 0
 
 
@@ -1087,6 +1085,19 @@ def build_parser() -> Parser:
     task_arg(p)
     p.add_argument("--turn", type=int, metavar="N", help="only turn N (0: the prompt)")
     json_flag(p, "one line a message part: text, tool_use, tool_result, compaction, hold, decision")
+    p = command(
+        "tools",
+        cmd_tools,
+        "every tool a task can get, with its effect class and where that came from",
+        reads_spool=False,
+    )
+    p.add_argument(
+        "task",
+        nargs="?",
+        metavar="TASK",
+        help="the list recorded for this task (default: every tool; each MCP server started once)",
+    )
+    json_flag(p, "the tools")
     p = command("history", cmd_history, "a task's checkpoints, one row per turn")
     task_arg(p)
     json_flag(p, "the rows")
@@ -1100,6 +1111,10 @@ def build_parser() -> Parser:
     p.add_argument("--at", type=int, required=True, metavar="TURN", help="the turn to start from")
     p.add_argument("--name", metavar="ID", help="the new task's id (default: generated)")
     p.add_argument("--prompt", metavar="TEXT", help="an extra user message for the fork")
+    p = command("console", cmd_console, "the console's URL with a one-time login; API tokens")
+    p.add_argument("--token", action="store_true", help="mint a long-lived API token")
+    p.add_argument("--list-tokens", action="store_true", help="list the API tokens kept")
+    p.add_argument("--revoke", metavar="ID", help="revoke the API token ID")
     p = command("nodes", cmd_nodes, "the nodes that share the store")
     json_flag(p, "the nodes")
     p = command("store", cmd_store, "the shared store's schema", reads_spool=False)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
+from supervisor.operator import Operator, fields_of
 from supervisor.record import Move, TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import shared, store_of
@@ -45,12 +46,18 @@ from worker.errors import (
     StorageError,
     storage_fault,
 )
-from worker.events import utc_now
+from worker.events import record_event, utc_now
 from worker.lock import is_locked
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.base import Owner, Seized, SharedStore
-from worker.store.durable import atomic_write, open_private, private_dir, read_json
+from worker.store.durable import (
+    atomic_write,
+    dump_json,
+    open_private,
+    private_dir,
+    read_json,
+)
 
 RETRY_REQUEST = "retry.request"
 REQUEUE_REQUEST = "requeue.request"
@@ -158,16 +165,27 @@ def take_request(task: TaskDir, name: str) -> bool:
     """Consume the request file ``name`` of ``task``: True if there was one. A request
     that a storage fault keeps from being removed (a read-only spool refuses even the
     unlink of a file that is not there) waits for the disk, like any other write."""
+    return taken_request(task, name) is not None
+
+
+def taken_request(task: TaskDir, name: str) -> dict[str, Any] | None:
+    """``take_request``, returning what the request said (``change_record``'s ``asked``:
+    who asked, docs/design.md section 15; ``{}`` for a request of an earlier release,
+    whose body is a time stamp), or None when there was none to take."""
     path = task.path / name
+    try:
+        body = read_json(path)
+    except (OSError, ValueError):
+        body = {}
     try:
         path.unlink()
     except FileNotFoundError:
-        return False
+        return None
     except OSError as exc:
         if storage_fault(exc) is None:
             raise
-        return False
-    return True
+        return None
+    return body if isinstance(body, dict) else {}
 
 
 def move_record(task: TaskDir, move: Move) -> None:
@@ -190,21 +208,32 @@ def move_record(task: TaskDir, move: Move) -> None:
     )
 
 
-def change_record(spool: Spool, task: TaskDir, request_name: str, move: Move) -> bool:
+def change_record(
+    spool: Spool,
+    task: TaskDir,
+    request_name: str,
+    move: Move,
+    *,
+    asked: dict[str, Any] | None = None,
+) -> bool:
     """Make ``move`` on the task record now if no daemon runs (True), else leave
-    ``request_name`` for the daemon, which makes the same move (False)."""
+    ``request_name`` for the daemon, which makes the same move (False). ``asked``: what
+    the request carries besides its time (who asked: ``by`` and ``via``)."""
     with offline(spool) as alone:
         if alone:
             move_record(task, move)
             return True
-    request(task, request_name)
+    request(task, request_name, dump_json({"at": utc_now(), **(asked or {})}).decode())
     ring(spool, task.id)
     return False
 
 
-def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
+def cancel(
+    spool: Spool, task: TaskDir, wait: float, *, operator: Operator | None = None
+) -> bool | Fenced:
     """Cancel ``task`` for good: True once it is cancelled, False while a running daemon
     has not applied it within ``wait`` seconds (it will: the record is durable).
+    ``operator``: who cancels, kept in the cancel record and its event.
 
     Under the task's operator lock, held until the outcome is known: of a cancel and a
     decision, the first wins (``record_cancel``), and no rewind or retry slips in
@@ -217,11 +246,14 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
     within what is left of that node's lease."""
     cluster = shared()
     with operator_lock(task, wait=max(OPERATOR_WAIT, wait)):
-        record_cancel(task)
+        record_cancel(task, operator)
         with offline(spool) as alone:
             # (on a shared store, a task a node runs is that node's to cancel)
             if alone and not (cluster is not None and store_of(task).owned(task.id)):
                 move_record(task, TaskRecord.cancel)
+                record_event(
+                    store_of(task), task.id, "task_cancelled", task=task.id, **fields_of(operator)
+                )
                 return True
         ring(spool, task.id)
         deadline = time.monotonic() + (max(wait, cluster.lease) if cluster else wait)
@@ -239,7 +271,7 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
             if cluster is not None and time.monotonic() >= watched:
                 watched = time.monotonic() + SEIZE_POLL
                 if (seized := cluster.seize(task.id)) is not None:
-                    done = _cancel_seized(task, seized)
+                    done = _cancel_seized(task, seized, operator)
                     if done is not None:
                         return done
                     continue  # (it ended meanwhile: the next look says how)
@@ -248,7 +280,9 @@ def cancel(spool: Spool, task: TaskDir, wait: float) -> bool | Fenced:
             time.sleep(0.02)
 
 
-def _cancel_seized(task: TaskDir, seized: Seized) -> bool | Fenced | None:
+def _cancel_seized(
+    task: TaskDir, seized: Seized, operator: Operator | None
+) -> bool | Fenced | None:
     """Cancel ``task`` under the lease a cancel seized, then let the lease go; None when
     the task ended meanwhile (it was not cancelled)."""
     store = store_of(task)
@@ -259,6 +293,10 @@ def _cancel_seized(task: TaskDir, seized: Seized) -> bool | Fenced | None:
         move_record(task, TaskRecord.cancel)
     finally:
         store.release(seized.owner)
+    fields: dict[str, Any] = {"task": task.id, **fields_of(operator)}
+    if told is not None:  # (taken from a node that stopped renewing: what may still run)
+        fields |= {"fenced_node": told.node, "running_call": told.call}
+    record_event(store, task.id, "task_cancelled", **fields)
     return told or True
 
 
@@ -296,6 +334,9 @@ class Fenced:
 
     def told(self) -> str:
         return f"node {self.node} has not renewed its lease (ends in {self.ends_in:.1f} s)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ends_in": round(self.ends_in, 1), "running_call": self.call}
 
 
 def seized_from(task: TaskDir, seized: Seized) -> Fenced | None:

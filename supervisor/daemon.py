@@ -52,10 +52,10 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -69,14 +69,16 @@ from supervisor.control import (
     SupervisorLock,
     pause_holder_alive,
     take_request,
+    taken_request,
 )
-from supervisor.decisions import pending_decisions
+from supervisor.decisions import cancelled_by, pending_decisions
 from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
+from supervisor.operator import Operator, fields_of
 from supervisor.policy import Crash, GiveUp, decide, wait_for_resources, wait_for_storage
 from supervisor.record import Move, TaskRecord
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
@@ -122,6 +124,9 @@ from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write, atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
 
+if TYPE_CHECKING:
+    from supervisor.console.process import ConsoleProcess
+
 RESCAN_INTERVAL = 5.0
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
 #: wakes it at once; polling is the truth), and how long a task whose workspace this node
@@ -138,9 +143,9 @@ STRAY_PATIENCE = 5.0  # seconds a stop keeps sweeping strays before it exits
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
 WORKER_CONFIG = "config.toml"
 #: Keys a reload applies at once: the daemon reads them at each decision.
-LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.")
+LIVE_KEYS = ("max_workers", "heartbeat.timeout", "deadlines.", "restart.", "hooks.", "console.")
 #: Keys a worker reads when it starts: workers started after the reload have them.
-WORKER_KEYS = ("heartbeat.interval", "model.", "tools.")
+WORKER_KEYS = ("heartbeat.interval", "model.", "tools.", "mcp.")
 
 
 @dataclass
@@ -209,7 +214,12 @@ class Supervisor:
         self._credentials = credentials.held()
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
-            ForkServer(spool.root / "forkserver.log", self._worker_env, self._credentials)
+            ForkServer(
+                spool.root / "forkserver.log",
+                self._worker_env,
+                self._credentials,
+                preload_mcp=bool(config.mcp.servers),
+            )
             if preload
             else None
         )
@@ -237,7 +247,11 @@ class Supervisor:
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
+        # the last operator's action on each task since its last hook: what the next
+        # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
+        self._acted: dict[str, dict[str, str]] = {}
         self._metrics_server: MetricsServer | None = None
+        self._console: ConsoleProcess | None = None  # [console] listen: its process
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -275,7 +289,13 @@ class Supervisor:
             task_id = slot.task.id
             with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
                 self.backlog.append(lambda: self.store.append_event(task_id, line))
+            self._acted_on(task_id, event, kw)
         getattr(self.log, level)(event, **kw)
+
+    def _acted_on(self, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
+        """Keep the operator an event names (``by``, ``via``) for the task's next hook."""
+        if (who := Operator.of(fields)) is not None:
+            self._acted[task_id] = {**who.fields(), "acted": event}
 
     def _hook(self, slot: TaskSlot) -> None:
         """Run the hook of the state ``slot`` has just reached, if one is set
@@ -290,6 +310,7 @@ class Supervisor:
             "reason": slot.record.reason,
             "node": self.shared.node if self.shared is not None else node_name(),
             "timestamp": utc_now(),
+            **self._acted.pop(slot.task.id, {}),  # the operator's action that led here
         }
         if slot.record.state == TaskStatus.HELD:
             try:
@@ -299,10 +320,13 @@ class Supervisor:
                 self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
         self.hooks.run(key, command, payload)
 
-    def _relayed(self, event: str) -> None:
-        """A worker's event reached the daemon's log: count what a metric counts."""
-        if event == "compaction":
+    def _relayed(self, task_id: str, event: Mapping[str, Any]) -> None:
+        """Another process's event reached the daemon's log: count what a metric counts,
+        and keep the operator it names for the task's next hook."""
+        name = str(event.get("event"))
+        if name == "compaction":
             self.metrics.compactions += 1
+        self._acted_on(task_id, name, event)
 
     def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
         slot = self.slots.get(task_id)
@@ -435,6 +459,7 @@ class Supervisor:
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
         self._serve_metrics()
+        self._serve_console()
         sandbox = self._probe_sandbox()
         registration = None
         if self.shared is not None:
@@ -471,6 +496,7 @@ class Supervisor:
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
+            "console": self._console.url if self._console is not None else None,
         }
         self._publish_info()
         self.notifier.ready()
@@ -495,6 +521,8 @@ class Supervisor:
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.stop()
+            if self._console is not None:
+                self._console.stop()
             if self._stop_listening is not None:
                 self._stop_listening()
             if self.shared is not None:
@@ -591,7 +619,7 @@ class Supervisor:
         refused: ``config_reload_failed`` with the one-line reason, and the config in use
         stays. A good one is applied: ``config_reloaded`` lists the keys that changed, as
         ``applied`` (at once: max_workers, heartbeat.timeout, deadlines, restart), ``new_workers``
-        (read by workers started from now on: heartbeat.interval, model, tools) and
+        (read by workers started from now on: heartbeat.interval, model, tools, mcp) and
         ``restart_needed`` (anything else, the spool first: the daemon serves the spool it
         started on). A lower max_workers stops no running worker; it starts no more
         until the count is under it."""
@@ -622,6 +650,7 @@ class Supervisor:
         for slot in self.slots.values():
             if slot.worker is not None:
                 slot.worker.beat_due = 0.0  # judged by the new limits at the next tick
+        self._reload_console(before)
         self._wake.set()
 
     def _accept_config_file(self, *, at_start: bool, renewed: list[str] | None = None) -> bool:
@@ -783,8 +812,9 @@ class Supervisor:
             and not (slot.record.foreground and self.store.owned(slot.task.id))
         ):  # (a foreground task's running `agentd run` applies its cancel itself)
             self._cancel(slot)
-        if take_request(slot.task, RETRY_REQUEST) and self._move(slot, TaskRecord.retry):
-            self.emit("task_retried", slot)
+        asked = taken_request(slot.task, RETRY_REQUEST)
+        if asked is not None and self._move(slot, TaskRecord.retry):
+            self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             self._move(slot, TaskRecord.requeue)
         slot.paused = pause_holder_alive(slot.task)
@@ -804,7 +834,7 @@ class Supervisor:
                 worker.signal_group(signal.SIGTERM)
         elif not slot.starting and self._move(slot, TaskRecord.cancel):
             # (one being started is cancelled as it arrives: ``_started``)
-            self.emit("task_cancelled", slot)
+            self.emit("task_cancelled", slot, **fields_of(cancelled_by(slot.task)))
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -982,21 +1012,23 @@ class Supervisor:
             return
         self._started(slot, worker)
 
-    def _resource_wait(self, slot: TaskSlot, why: str) -> None:
+    def _resource_wait(self, slot: TaskSlot, why: str, kind: str = "resources") -> None:
         """The machine refused a worker a process (the fork) or, once started, a thread or
         memory (its exit 8): another task's tools may hold them all. A wait, as a storage
         fault is: nothing goes into the crash history, and the task is retried on
-        ``wait_for_resources``' schedule until a worker gets what it needs."""
+        ``wait_for_resources``' schedule until a worker gets what it needs. ``kind``
+        ``mcp``: an MCP server could not list its tools at the task's first start (exit 9,
+        ``why`` already "mcp: NAME: WHY"), waited for the same way."""
         if self.stopping:
             self._save(slot, TaskStatus.QUEUED)
             return
         slot.resource_waits += 1
         move = wait_for_resources(slot.resource_waits, self.config.restart, self.rng)
         slot.due = self.clock() + move.delay
-        self._save(slot, TaskStatus.BACKOFF, reason=f"resources: {why}")
-        if slot.resource_waits == 1:
+        self._save(slot, TaskStatus.BACKOFF, reason=why if kind == "mcp" else f"resources: {why}")
+        if slot.resource_waits == 1 and kind == "resources":
             self.emit("resource_wait", slot, level="warning", error=why)
-        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why="resources")
+        self.emit("restart_scheduled", slot, delay=round(move.delay, 3), why=kind)
         asyncio.get_running_loop().call_later(move.delay, self._wake.set)
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
@@ -1132,11 +1164,11 @@ class Supervisor:
         slot.record.pid = None
         if code != ExitCode.STORAGE:
             slot.storage_waits = 0
-        if code != ExitCode.RESOURCES:
+        if code not in (ExitCode.RESOURCES, ExitCode.TOOLS):
             slot.resource_waits = 0
         if worker.kill_reason == "cancel":
             if self._move(slot, TaskRecord.cancel):  # (a worker ran: the task had not ended)
-                self.emit("task_cancelled", slot)
+                self.emit("task_cancelled", slot, **fields_of(cancelled_by(slot.task)))
         elif code == ExitCode.DONE:
             self._save(slot, TaskStatus.DONE, reason=self._verdict_reason(slot, worker))
             self.emit("task_done", slot, reason=slot.record.reason)
@@ -1160,6 +1192,9 @@ class Supervisor:
         elif code == ExitCode.RESOURCES:
             why = self._exit_reason(slot, worker.pid) or "the worker got no process or memory"
             self._resource_wait(slot, why)
+        elif code == ExitCode.TOOLS:  # its reason says which server and why: "mcp: NAME: WHY"
+            why = self._exit_reason(slot, worker.pid) or "mcp: a server could not list its tools"
+            self._resource_wait(slot, why, kind="mcp")
         else:
             self._crashed(slot, worker, code, turn)
 
@@ -1361,6 +1396,8 @@ class Supervisor:
         ``_sweep_strays``; a process the daemon starts for itself must be named here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         own |= self.hooks.pids()
+        if self._console is not None and self._console.pid is not None:
+            own.add(self._console.pid)
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
@@ -1474,6 +1511,57 @@ class Supervisor:
             raise listen_error("[metrics] listen", listen, exc) from None
         self._metrics_server = server
         self.emit("metrics_serving", listen=listen)
+
+    # -- the console ----------------------------------------------------------------------
+
+    def _serve_console(self, *, wait: bool = True) -> None:
+        """Serve the console (``[console] listen``, docs/design.md section 12) from a
+        process of its own (``supervisor.console.process``). At the start (``wait``), an
+        address that cannot be bound, or a console that cannot serve, stops the start in
+        one line (``console_failed``, as ``metrics_failed``)."""
+        config_file = self.worker_config or self.config_file
+        if self.config.console.address is None or config_file is None:
+            return
+        from supervisor.console.process import ConsoleProcess  # noqa: PLC0415  (only with a console)
+
+        console = ConsoleProcess(
+            self.spool,
+            self.config.console,
+            config_file,
+            node=self.shared.node if self.shared is not None else None,
+            store_url=self._credentials.get(credentials.STORE),
+            environ=self._worker_env,
+            emit=self.emit,
+        )
+        try:
+            console.start(wait=wait)
+        except AgentdError as exc:
+            self.emit(
+                "console_failed", level="error", listen=self.config.console.listen, error=str(exc)
+            )
+            raise
+        self._console = console
+
+    def _reload_console(self, before: Config) -> None:
+        """A reload's ``[console]``: read again by the running console, or a console
+        started, stopped or moved to its new address (one that cannot bind it is said
+        in ``console_failed``, and the daemon serves on without)."""
+        from supervisor.console.process import differs  # noqa: PLC0415  (the same)
+
+        console = self.config.console
+        if self._console is not None and not differs(before.console, console):
+            self._console.reload()
+            return
+        if self._console is None and console.address is None:
+            return
+        if self._console is not None:
+            self._console.stop()
+            self._console = None
+        with contextlib.suppress(AgentdError):  # (said: ``console_failed``)
+            self._serve_console(wait=False)
+        if self._info:
+            self._info["console"] = self._console.url if self._console is not None else None
+            self._publish_info()
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state
 from supervisor.stores import shared, store_of
@@ -82,11 +83,12 @@ def refuse_if_cancelled(task: TaskDir, verb: str) -> None:
         )
 
 
-def record_cancel(task: TaskDir) -> None:
+def record_cancel(task: TaskDir, operator: Operator | None = None) -> None:
     """Durably record the operator's cancel of ``task`` (``TaskStore.request_cancel``: one
     winner), for the daemon to apply; the caller holds the operator lock. Refused
     when the task has ended, and when a call of it was decided and the decision is not
-    carried out yet: that decision won the race, and the cancel would cut it off."""
+    carried out yet: that decision won the race, and the cancel would cut it off. The
+    record names ``operator`` (``cancelled_by`` reads it back for the cancel's event)."""
     record = TaskRecord.load(task)
     if cancelled(task, record):
         raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
@@ -97,9 +99,18 @@ def record_cancel(task: TaskDir) -> None:
             f"call {decided[0]} of task {task.id} was already decided and is not carried out "
             "yet; cancel the task once its result is recorded (`agentd logs`)."
         )
-    stamp = {"cancelled_at": utc_now(), "pid": os.getpid()}
+    stamp = {"cancelled_at": utc_now(), "pid": os.getpid(), **fields_of(operator)}
     if not store_of(task).request_cancel(task.id, stamp):
         raise StateConflictError(f"task {task.id} is already cancelled; nothing to cancel.")
+
+
+def cancelled_by(task: TaskDir) -> Operator | None:
+    """Who asked for the task's cancel (its cancel record), or None: none asked, or the
+    record names nobody (one of an earlier release), or it cannot be read."""
+    try:
+        return Operator.of(store_of(task).read_cancel(task.id))
+    except (AgentdError, OSError, ValueError):
+        return None
 
 
 def drop_moot_cancel(task: TaskDir, record: TaskRecord) -> None:
@@ -136,16 +147,15 @@ def decide(
     action: str,
     reason: str | None = None,
     result: str | None = None,
-    by: str | None = None,
-    via: str | None = None,
+    operator: Operator | None = None,
 ) -> dict[str, Any]:
     """Durably record an operator's decision on one held call of ``task``; refused once
     the task was cancelled (under the operator lock, so a racing cancel has one winner).
-    ``by`` and ``via``: who decided, and through what (docs/design.md section 15), kept
-    in the decision when given."""
+    ``operator``: who decided, and through what (docs/design.md section 15), kept in the
+    decision (``by`` and ``via``) and its event."""
     with operator_lock(task):
         refuse_if_cancelled(task, "decision")
-        return _decide(task, call_id, action=action, reason=reason, result=result, by=by, via=via)
+        return _decide(task, call_id, action=action, reason=reason, result=result, who=operator)
 
 
 def _decide(
@@ -155,8 +165,7 @@ def _decide(
     action: str,
     reason: str | None,
     result: str | None,
-    by: str | None,
-    via: str | None,
+    who: Operator | None,
 ) -> dict[str, Any]:
     record = TaskRecord.load(task)
     rows = {row["call_id"]: row for row in held_calls(task)}
@@ -174,7 +183,7 @@ def _decide(
         "result": result,
         "decided_at": utc_now(),
     }
-    decision |= {name: value for name, value in (("by", by), ("via", via)) if value is not None}
+    decision |= fields_of(who)
     store = store_of(task)
     key, attempt = row["idempotency_key"], row["attempt"]
     if not store.record_decision(task.id, key, attempt, decision):
@@ -183,9 +192,14 @@ def _decide(
             f"({store.decision_name(task.id, key, attempt)}); `agentd dangling {task.id}` "
             "shows what still waits."
         )
-    who = {name: decision[name] for name in ("by", "via") if name in decision}
     record_event(
-        store, task.id, "dangling_decided", task=task.id, call_id=call_id, action=action, **who
+        store,
+        task.id,
+        "dangling_decided",
+        task=task.id,
+        call_id=call_id,
+        action=action,
+        **fields_of(who),
     )
     return decision
 

@@ -35,7 +35,6 @@ and ``prepare`` refuses it in one line (``agentd submit`` it instead).
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import select
@@ -50,8 +49,9 @@ from typing import Any, TextIO
 
 from supervisor import transcript
 from supervisor.control import move_record, running_pid
-from supervisor.decisions import decide, operator_lock, pending_decisions
+from supervisor.decisions import cancelled_by, decide, operator_lock, pending_decisions
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.operator import Operator, Via, fields_of
 from supervisor.policy import Crash, GiveUp, wait_for_resources, wait_for_storage
 from supervisor.policy import decide as restart_decision
 from supervisor.record import TaskRecord
@@ -80,8 +80,6 @@ POLL = 0.1
 CRASH_MEMORY = 50
 #: Seconds the sweep of what a worker's tools left may take before the run goes on.
 STRAY_PATIENCE = 5.0
-#: How a decision taken at ``agentd run``'s prompt is recorded (docs/design.md section 15).
-VIA = "run"
 
 
 class RunExit(IntEnum):
@@ -405,7 +403,7 @@ class ForegroundRun:
         reason = self._exit_reason(worker.pid)
         if code != ExitCode.STORAGE:
             self.storage_waits = 0
-        if code != ExitCode.RESOURCES:
+        if code not in (ExitCode.RESOURCES, ExitCode.TOOLS):
             self.resource_waits = 0
         if worker.kill_reason == "cancel":
             return self._cancelled()
@@ -434,6 +432,13 @@ class ForegroundRun:
             delay = wait_for_storage(self.storage_waits, self.config.restart).delay
             self._record(TaskStatus.BACKOFF, pid=None, reason=f"storage_fault: {reason}")
             self.say(f"storage fault ({reason}); the task waits, trying again in {delay:.1f} s")
+            self._pause(delay)
+            return None
+        if code == ExitCode.TOOLS:  # "mcp: NAME: WHY": a server could not list its tools
+            self.resource_waits += 1
+            delay = wait_for_resources(self.resource_waits, self.config.restart).delay
+            self._record(TaskStatus.BACKOFF, pid=None, reason=reason)
+            self.say(f"{reason}; the task waits, trying again in {delay:.1f} s")
             self._pause(delay)
             return None
         if code == ExitCode.RESOURCES:
@@ -513,8 +518,7 @@ class ForegroundRun:
                 action=answer.action,
                 reason=answer.reason,
                 result=answer.result,
-                by=getpass.getuser(),
-                via=VIA,
+                operator=Operator.here(Via.RUN),
             )
         self._record(TaskStatus.QUEUED, pid=None, reason=None)
         return None
@@ -522,7 +526,7 @@ class ForegroundRun:
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
             move_record(self.task, TaskRecord.cancel)
-        self.event("task_cancelled")
+        self.event("task_cancelled", **fields_of(cancelled_by(self.task)))
         self.say(f"task {self.task.id} was cancelled")
         return RunExit.HELD
 

@@ -29,14 +29,21 @@ from pathlib import Path
 from typing import IO, Generic, TypeVar
 
 from worker.credentials import Credentials, start_process
+from worker.forkserver import PRELOAD_MCP
 from worker.store.base import Cursor
 
 
 class ForkServer:
     def __init__(
-        self, log: Path, env: Mapping[str, str], credentials: Credentials | None = None
+        self,
+        log: Path,
+        env: Mapping[str, str],
+        credentials: Credentials | None = None,
+        *,
+        preload_mcp: bool = False,
     ) -> None:
         self.log = log
+        self.preload_mcp = preload_mcp  # the MCP SDK too: [mcp.servers] is configured
         self.env = dict(env)
         self.credentials = credentials or Credentials()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,7 +66,8 @@ class ForkServer:
             fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
             self.proc = start_process(
-                [sys.executable, "-m", "worker.forkserver", str(self.log)],
+                [sys.executable, "-m", "worker.forkserver", str(self.log)]
+                + ([PRELOAD_MCP] if self.preload_mcp else []),
                 self.credentials,
                 self.env,
                 stdin=subprocess.PIPE,

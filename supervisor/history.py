@@ -30,13 +30,14 @@ from typing import Any
 
 from supervisor.control import REQUEUE_REQUEST, Fenced, change_record, paused, ring
 from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
+from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import shared, store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.config import Config
-from worker.errors import SpoolError, StateConflictError, UsageError
+from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
 from worker.events import record_event, utc_now
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
@@ -50,9 +51,12 @@ IRREVERSIBLE = ("idempotent", "keyed", "unsafe")
 
 
 def history_rows(task: TaskDir) -> list[dict[str, Any]]:
-    """One row per turn ever recorded, live or rewound, in journal order, and one per
+    """One row per turn ever recorded, live or rewound, in journal order; one per
     compaction (``"kind": "compaction"``, at the turn it followed, with the turns it
-    replaced, the tokens before and after, and the summary's first line)."""
+    replaced, the tokens before and after, and the summary's first line). A row a rewind
+    cut is marked ``rewound`` and carries the ``rewind`` (``to``, ``at`` and who rewound:
+    ``by``, ``via``); a call an operator decided carries the ``decision`` (``action``,
+    ``by``, ``via``: docs/design.md section 15)."""
     rows: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     branch = 0
@@ -94,6 +98,9 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
         elif kind == "result" and record["call_id"] in calls:
             call = calls[record["call_id"]]
             call.update(outcome=record.get("outcome", "ran"), is_error=bool(record.get("is_error")))
+        elif kind == "decision" and record.get("call_id") in calls:
+            decision = {k: record[k] for k in ("action", "by", "via") if k in record}
+            calls[record["call_id"]]["decision"] = decision
         elif kind == "vcs":
             for row in reversed(rows):
                 if row["turn"] == record["turn"] and not row["rewound"]:
@@ -105,9 +112,11 @@ def history_rows(task: TaskDir) -> list[dict[str, Any]]:
         elif kind == "compaction":
             rows.append(_compaction_row(record, live, branch))
         elif kind == "rewind":
+            rewind = {k: record[k] for k in ("to", "at", "by", "via") if k in record}
             for row in rows:
-                if row["turn"] > record["to"] and not row["inherited"]:
+                if row["turn"] > record["to"] and not row["inherited"] and not row["rewound"]:
                     row["rewound"] = True
+                    row["rewind"] = rewind
             branch += 1
             live = min(live, int(record["to"]))
     return rows
@@ -211,9 +220,10 @@ def _check_rewind(
     undo = [_call_row(c) for c in irreversible_calls(state, to)]
     if undo and not yes:
         listing = "; ".join(f"turn {u['turn']} {u['tool']} ({u['effect']})" for u in undo)
-        raise UsageError(
+        raise IrreversibleError(
             f"rewinding task {task.id} to turn {to} cannot undo {len(undo)} call(s) with "
-            f"side effects: {listing}. Run again with --yes to rewind anyway."
+            f"side effects: {listing}. Run again with --yes to rewind anyway.",
+            undo,
         )
     if restore_workspace and not state.vcs.get(to, {}).get("snapshot"):
         raise StateConflictError(
@@ -231,7 +241,10 @@ def rewind(
     *,
     restore_workspace: bool = False,
     yes: bool = False,
+    operator: Operator | None = None,
 ) -> RewindReport:
+    """Put the task back to the scene after turn ``to`` (``agentd rewind``); ``operator``:
+    who did, kept in the journal's rewind record and the ``task_rewound`` event."""
     task = existing_task(spool, task_id)
     checks = {"yes": yes, "restore_workspace": restore_workspace}
     grace = config.restart.stop_grace
@@ -251,7 +264,7 @@ def rewind(
             store = store_of(task)
             journal, _ = store.open_journal(pause.owner, header={"task": task.id})
             try:
-                journal.append([{"k": "rewind", "to": to, "at": utc_now()}])
+                journal.append([{"k": "rewind", "to": to, "at": utc_now(), **fields_of(operator)}])
             finally:
                 journal.close()
             state.apply({"k": "rewind", "to": to})
@@ -268,6 +281,7 @@ def rewind(
         to=to,
         from_turn=from_turn,
         cut_off=cut,
+        **fields_of(operator),
     )
     ring(spool, task.id)
     return RewindReport(task.id, from_turn, to, undo, workspace, cut_off, pause.fenced)
@@ -314,7 +328,11 @@ def fork(
     *,
     name: str | None = None,
     prompt: str | None = None,
+    operator: Operator | None = None,
 ) -> ForkReport:
+    """A new task from the scene after turn ``at`` of ``parent_id`` (``agentd fork``);
+    ``operator``: who made it, kept in its base record's ``from`` and the parent's
+    ``task_forked`` event (the spec's ``forked_from`` keeps its shape: task and turn)."""
     parent = existing_task(spool, parent_id)
     store = store_of(parent)
     spec = store.load_spec(parent_id)
@@ -328,8 +346,9 @@ def fork(
     scene = _scene_after(state, at)
     scene.usage_total = scene.usage  # the fork's own spending starts from its scene
     scene.turns = [t for t in scene.turns if not t.rewound]
+    origin = {"task": parent_id, "turn": at}
     records: list[dict[str, Any]] = [
-        {"k": "base", "scene": scene.to_snapshot(0), "from": {"task": parent_id, "turn": at}}
+        {"k": "base", "scene": scene.to_snapshot(0), "from": {**origin, **fields_of(operator)}}
     ]
     if prompt:
         records.append({"k": "user", "content": [{"type": "text", "text": prompt}]})
@@ -337,9 +356,7 @@ def fork(
 
     parent_ws = parent.workspace_for(spec)
     snapshot = scene.vcs.get(at, {}).get("snapshot")
-    new_spec = replace(
-        spec, id=new_id, forked_from={"task": parent_id, "turn": at}, created_at=utc_now()
-    )
+    new_spec = replace(spec, id=new_id, forked_from=origin, created_at=utc_now())
     note = "files were not restored (the workspace is not under git)"
     worktree = None
     git = _git_of(config, parent, spec.git) if snapshot else None
@@ -384,7 +401,9 @@ def fork(
         if beside and worktree is not None:  # a refused fork leaves nothing beside
             shutil.rmtree(worktree, ignore_errors=True)
         raise
-    record_event(store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at)
+    record_event(
+        store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at, **fields_of(operator)
+    )
     ring(spool, new_id)
     return ForkReport(new_id, parent_id, at, note)
 

@@ -6,7 +6,8 @@ operator's own code, which pages someone or opens a ticket) with:
 
 * the event as one JSON object on standard input: ``event``, ``task``, ``reason``,
   ``node``, ``timestamp``, and for a hold ``dangling``, the held calls as
-  ``agentd dangling --json`` shows them;
+  ``agentd dangling --json`` shows them; when an operator's action led to the state, who
+  took it (``by``, ``via``) and its event (``acted``; docs/design.md section 15);
 * ``AGENTD_EVENT`` and ``AGENTD_TASK`` in its environment, which is the daemon's
   without any credential (``worker.credentials.without_credentials``), without libpq's
   variables (``PGPASSWORD``, ``PGPASSFILE``...: ``without_libpq``) and without the

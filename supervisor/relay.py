@@ -101,13 +101,13 @@ class EventRelay:
         self,
         log: FilteringBoundLogger,
         store: TaskEvents,
-        on_event: Callable[[str], None] | None = None,
+        on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
         *,
         kept: CursorFiles | None = None,
     ) -> None:
         self._log = log
         self._store = store
-        self._on_event = on_event  # told each relayed event's name (the daemon's counters)
+        self._on_event = on_event  # told each relayed event, with its task (the daemon's counters)
         self._kept = kept  # the durable cursors (None: in memory only)
         self._cursors: dict[str, Cursor] = {}
 
@@ -153,7 +153,7 @@ class EventRelay:
             method = level if isinstance(level, str) and level in _LEVELS else "info"
             getattr(self._log, method)(str(name), **fields)
             if self._on_event is not None:
-                self._on_event(str(name))
+                self._on_event(task, event)
         if self._kept is not None:
             self._kept.write(task, self._cursors[task])
 

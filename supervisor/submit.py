@@ -102,6 +102,7 @@ def submit(
     ``foreground``: made by ``agentd run``, which runs its worker itself (the spec and the
     record say so: a daemon never starts it by itself)."""
     # Imported here: `agentd status` and the daemon import this module and need neither.
+    from worker.mcp.catalog import check_patterns  # noqa: PLC0415
     from worker.models.scripted import parse_script  # noqa: PLC0415
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415
 
@@ -115,7 +116,8 @@ def submit(
         raise UsageError("--max-turns must be at least 1.")
     tool_names = normalize_tools(tools)
     try:
-        ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(tool_names)
+        local = ToolRegistry.standard(config.tools.modules, source=config.source).names()
+        check_patterns(tool_names or (), local, list(config.mcp.servers))
     except TaskSpecError as exc:
         raise UsageError(str(exc)) from None
     script_bytes: bytes | None = None

@@ -18,6 +18,9 @@ A line is one JSON object, ``{"turn": N, "kind": KIND, ...}``, in journal order:
 
 Only the live branch is shown: a turn a rewind cut, with everything recorded for it, is
 left out, as the model no longer sees it. A fork's inherited scene is its first lines.
+``task_lines`` reads a task's lines for ``agentd show`` and the console alike, each line
+passed through the one redactor (``worker.redactor``): a secret the model wrote in a
+tool's input, say, is never shown (results were redacted before they were recorded).
 ``Renderer`` turns the lines into text for a terminal, the same for ``show`` and for any
 command that streams a transcript, so the two never differ.
 """
@@ -29,6 +32,12 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from supervisor.stores import store_for
+from supervisor.submit import existing_task
+from worker.errors import NotFoundError, UsageError
+from worker.redactor import redact
+from worker.spool import Spool
 
 JSON = dict[str, Any]
 
@@ -158,11 +167,35 @@ def lines(records: Iterable[JSON], *, prompt: str | None = None) -> list[JSON]:
     return [line for _, line in kept]
 
 
+def task_lines(spool: Spool, task_id: str, *, turn: int | None = None) -> list[JSON]:
+    """``agentd show TASK [--turn N] --json``: the task's lines (``lines``), or turn
+    ``turn``'s alone (0: the prompt), redacted."""
+    task = existing_task(spool, task_id)
+    if turn is not None and turn < 0:
+        raise UsageError(f"--turn {turn}: a turn is 0 (the prompt) or more")
+    store = store_for(spool.root)
+    spec = store.load_spec(task.id)
+    shown = lines(store.replay(task.id), prompt=spec.prompt)
+    if turn is not None:
+        shown = [line for line in shown if line["turn"] == turn]
+        if not shown:
+            raise NotFoundError(
+                f"task {task.id} has no turn {turn} on its live branch; "
+                f"`agentd history {task.id}` lists its turns."
+            )
+    return [redact.clean_prose(line) for line in shown]
+
+
 def _block_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
+        return "\n".join(
+            (str(b["text"]) if "text" in b else f"[{b.get('type')}]")
+            if isinstance(b, dict)
+            else str(b)
+            for b in content
+        )
     return "" if content is None else json.dumps(content, ensure_ascii=False)
 
 

@@ -202,7 +202,11 @@ def turn_event(task_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
         "input_tokens": row.get("input_tokens", 0),
         "output_tokens": row.get("output_tokens", 0),
         "tool_calls": [
-            {k: c.get(k) for k in ("call_id", "tool", "effect", "outcome", "is_error")}
+            {
+                k: c.get(k)
+                for k in ("call_id", "tool", "effect", "outcome", "is_error", "decision")
+                if k != "decision" or c.get(k)
+            }
             for c in row.get("tool_calls", [])
         ],
     }
@@ -250,8 +254,9 @@ class TaskLog:
         for e in events:
             if e.get("event") in END_EVENTS.values():
                 self._last_end = e["event"]
-        # a compaction is in the events already (the worker's ``compaction`` event)
-        turns = [turn_event(self.task.id, r) for r in rows if r.get("kind") != "compaction"]
+        # a compaction and a rewind are in the events already (``compaction``,
+        # ``task_rewound``)
+        turns = [turn_event(self.task.id, r) for r in rows if r.get("kind") == "turn"]
         return list(heapq.merge(events, turns, key=_when))
 
     def ended(self) -> bool:

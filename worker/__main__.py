@@ -54,6 +54,7 @@ from worker.loop import (
     storage_outcome,
     write_exit,
 )
+from worker.mcp.catalog import check_patterns
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
@@ -178,9 +179,10 @@ def run_owned(
         return ExitCode.CONFIG
     try:
         spec = store.load_spec(task.id)
-        tools = ToolRegistry.standard(config.tools.modules, source=config.source).narrowed(
-            spec.tools
-        )
+        # every built-in and module tool: the loop offers the task its own (``_offer_tools``)
+        tools = ToolRegistry.standard(config.tools.modules, source=config.source)
+        patterns = spec.tools if spec.tools is not None else config.tools.default
+        check_patterns(patterns, tools.names(), list(config.mcp.servers))  # (a name naming nothing)
         workspace = task.workspace_for(spec)
         workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
         if spec.workspace is None and workspace.is_symlink():

@@ -14,6 +14,7 @@ key and what is allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file t
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import keyword
 import math
@@ -31,6 +32,9 @@ from typing import Any, NoReturn
 import tomli_w
 
 from worker.errors import ConfigError
+from worker.mcp import settings as mcp_settings
+from worker.mcp.naming import TOOL_PATTERN
+from worker.mcp.settings import McpConfig
 from worker.store.durable import read_regular
 from worker.tools.sandbox import SandboxMode
 
@@ -79,9 +83,15 @@ class ModelConfig:
     max_tokens: int = 4096
 
 
+#: ``[tools] default`` when left out: every built-in and module tool, no MCP server's
+#: (a pattern reaches MCP tools only when it begins with ``mcp__``: ``worker.mcp.naming``).
+ALL_LOCAL_TOOLS = ("*",)
+
+
 @dataclass(frozen=True)
 class ToolsConfig:
     modules: tuple[str, ...] = ()
+    default: tuple[str, ...] = ALL_LOCAL_TOOLS  # names and globs a task gets without --tools
     sandbox: SandboxMode = SandboxMode.AUTO
     network: bool = True
     max_processes: int = 512  # a task's processes and threads at once (its cgroup's pids.max)
@@ -119,6 +129,37 @@ class MetricsConfig:
             return None
         host, _, port = self.listen.rpartition(":")
         return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """The console: a web page and a JSON API served by the daemon (docs/design.md
+    section 12; ``supervisor.console``)."""
+
+    listen: str = ""  # "HOST:PORT"; "" serves none
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key, served over TLS
+    tls_key: Path | None = None
+    hostnames: tuple[str, ...] = ()  # the names it is reached by besides listen's host
+    session_timeout: float = 8 * 3600.0  # seconds a login lasts
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """``listen`` as (host, port), the brackets of an IPv6 host taken off; None: off."""
+        return MetricsConfig(self.listen).address
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is this machine's loopback only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
 
 
 @dataclass(frozen=True)
@@ -188,10 +229,12 @@ class Config:
     tools: ToolsConfig = ToolsConfig()
     hooks: HooksConfig = HooksConfig()
     metrics: MetricsConfig = MetricsConfig()
+    console: ConsoleConfig = ConsoleConfig()
     context: ContextConfig = ContextConfig()
     store: str | None = None  # a postgresql:// URL: the shared store (None: the spool)
     node: str | None = None  # this node's name in a cluster (None: the hostname)
     cluster: ClusterConfig = ClusterConfig()
+    mcp: McpConfig = field(default_factory=McpConfig)
     source: Path | None = None  # the file this was read from, for error messages
 
 
@@ -323,6 +366,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
     t = top.table("tools")
     tools = ToolsConfig(
         modules=_modules(t),
+        default=_default_tools(t),
         sandbox=SandboxMode(t.choice("sandbox", [m.value for m in SandboxMode])),
         network=t.flag("network"),
         max_processes=_max_processes(t),
@@ -335,6 +379,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         on_held=_argv(t, "on_held"), on_failed=_argv(t, "on_failed"), on_done=_argv(t, "on_done")
     )
     metrics = MetricsConfig(listen=_listen(top.table("metrics")))
+    console = _console(top.table("console"))
     context = _context(top.table("context"), model)
     store = _store(top) if "store" in doc else None
     node = _node(top) if "node" in doc else None
@@ -348,6 +393,8 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
             f"got {_show(cluster.lease)}",
         )
 
+    mcp = mcp_settings.parse(top.table("mcp"), tool_call=deadlines.tool_call, network=tools.network)
+
     return Config(
         spool=spool,
         max_workers=max_workers,
@@ -358,10 +405,12 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         tools=tools,
         hooks=hooks,
         metrics=metrics,
+        console=console,
         context=context,
         store=store,
         node=node,
         cluster=cluster,
+        mcp=mcp,
         source=source,
     )
 
@@ -398,6 +447,17 @@ class _Table:
         if known_keys:
             table.check_keys()
         return table
+
+    def sub(self, key: str, defaults: Any) -> _Table:
+        """The table at the dotted ``key`` below this one (its caller checked that it is a
+        table), with ``defaults``: for tables the user names, such as [mcp.servers.NAME]."""
+        data: Any = self.data
+        for part in key.split("."):
+            data = data[part]
+        return _Table(self.source, self.key(key), data, defaults)
+
+    def shown(self, value: object) -> str:
+        return _show(value)
 
     def check_keys(self) -> None:
         allowed = [f.name for f in fields(self.defaults) if f.name != "source"]
@@ -508,6 +568,21 @@ def _modules(tools: _Table) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _default_tools(tools: _Table) -> tuple[str, ...]:
+    """``[tools] default``: the names and globs a task gets when ``--tools`` is not given."""
+    value = tools.value("default")
+    if not isinstance(value, list | tuple):
+        tools.fail("default", f"must be an array of tool names and globs, got {_show(value)}")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not TOOL_PATTERN.fullmatch(name):
+            tools.fail(
+                f"default[{i}]",
+                'must be a tool name or a glob such as "read_file" or "mcp__git__*" (letters, '
+                f"digits, _, -, *, ?, [...]), got {_show(name)}",
+            )
+    return tuple(value)
+
+
 def _max_processes(tools: _Table) -> int:
     value = tools.value("max_processes")
     if isinstance(value, bool) or not isinstance(value, int) or value < MIN_PROCESSES:
@@ -568,10 +643,65 @@ def _policy(policy: _Table) -> Mapping[str, str]:
     return MappingProxyType(dict(policy.data))
 
 
-def _listen(metrics: _Table) -> str:
-    """``metrics.listen``: "" or HOST:PORT. The host is never implied: an address without
-    one would be every interface, and metrics leave the machine only when the operator
-    writes an address that lets them (``0.0.0.0:9464``)."""
+def _console(t: _Table) -> ConsoleConfig:
+    """``[console]``: a listen address like ``metrics.listen``; off the loopback, only with
+    TLS (``tls_cert`` and ``tls_key``, given together); ``hostnames``, the names a proxy
+    or a certificate gives it; ``session_timeout``."""
+    listen = _listen(t, example="127.0.0.1:8770")
+    cert, key = _file_path(t, "tls_cert"), _file_path(t, "tls_key")
+    if (cert is None) != (key is None):
+        given, missing = ("tls_cert", "tls_key") if key is None else ("tls_key", "tls_cert")
+        t.fail(given, f"is given without console.{missing}; TLS needs both (or neither)")
+    names = t.value("hostnames")
+    if not isinstance(names, list | tuple) or not all(
+        isinstance(n, str) and _HOSTNAME.fullmatch(n) for n in names
+    ):
+        t.fail(
+            "hostnames",
+            'must be an array of host names such as ["agentd.example.com"] (no scheme, '
+            f"no port), got {_show(names)}",
+        )
+    console = ConsoleConfig(
+        listen=listen,
+        tls_cert=cert,
+        tls_key=key,
+        hostnames=tuple(n.lower() for n in names),
+        session_timeout=t.duration("session_timeout"),
+    )
+    address = console.address
+    if address is not None and not is_loopback(address[0]) and not console.tls:
+        t.fail(
+            "listen",
+            f"= {_show(listen)} is not a loopback address, and the console is served there "
+            "only over TLS: set console.tls_cert and console.tls_key, or listen on "
+            '"127.0.0.1:PORT" (behind a reverse proxy that serves TLS)',
+        )
+    return console
+
+
+#: A host name or address of ``[console] hostnames``: letters, digits, dots and dashes,
+#: or an IPv6 address in brackets.
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]")
+
+
+def _file_path(t: _Table, key: str) -> Path | None:
+    """A file named by ``key``: None when left out; relative to the config file's folder,
+    ``~`` expanded. Its contents are read where they are used (the console's process,
+    ``agentd config check``), not here: every command reads this file, as users who may
+    not read a private key."""
+    value = t.value(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        t.fail(key, f"must be the path of a PEM file, got {_show(value)}")
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else t.source.parent.absolute() / path
+
+
+def _listen(metrics: _Table, example: str = "127.0.0.1:9464") -> str:
+    """``metrics.listen`` (``console.listen``): "" or HOST:PORT. The host is never implied:
+    an address without one would be every interface, and metrics leave the machine only
+    when the operator writes an address that lets them (``0.0.0.0:9464``)."""
     value = metrics.value("listen")
     if not isinstance(value, str):
         metrics.fail("listen", f'must be "HOST:PORT" or "" (off), got {_show(value)}')
@@ -590,10 +720,11 @@ def _listen(metrics: _Table) -> str:
         or not 1 <= int(port) <= 65535
     )
     if wrong:
+        every = "0.0.0.0:" + example.rpartition(":")[2]
         metrics.fail(
             "listen",
-            f'must be "HOST:PORT" with a port from 1 to 65535, such as "127.0.0.1:9464" '
-            f'(this machine only) or "0.0.0.0:9464" (every interface), got {_show(value)}',
+            f'must be "HOST:PORT" with a port from 1 to 65535, such as "{example}" '
+            f'(this machine only) or "{every}" (every interface), got {_show(value)}',
         )
     return value
 
@@ -676,6 +807,7 @@ def config_document(config: Config) -> dict[str, Any]:
         doc[name] = {f.name: getattr(section, f.name) for f in fields(section)}
     doc["tools"] = {
         "modules": list(config.tools.modules),
+        "default": list(config.tools.default),
         "sandbox": config.tools.sandbox.value,
         "network": config.tools.network,
         "max_processes": config.tools.max_processes,
@@ -684,6 +816,15 @@ def config_document(config: Config) -> dict[str, Any]:
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
+    console = config.console
+    doc["console"] = {"listen": console.listen}
+    doc["console"] |= {
+        k: str(getattr(console, k)) for k in ("tls_cert", "tls_key") if getattr(console, k)
+    }
+    doc["console"] |= {
+        "hostnames": list(console.hostnames),
+        "session_timeout": console.session_timeout,
+    }
     doc["cluster"] = {"lease": config.cluster.lease}
     doc["context"] = {  # window only when it is set: left out, each model has its own
         f.name: getattr(config.context, f.name)
@@ -748,9 +889,14 @@ task). Keep TimeoutStopSec= of the systemd unit comfortably above it.""",
     "tools.modules": """\
 Python modules that define extra tools, imported by every worker, for example
 ["mycompany.agent_tools"]. They must be importable in agentd's environment.""",
+    "tools.default": """\
+The tools a task gets when `agentd submit --tools` is not given: names and globs. "*"
+is every built-in tool and every tool of the modules above; an MCP server's tools are
+offered only where a name or glob that begins with "mcp__" names them, such as
+"mcp__git__*" (docs/guides/mcp.md).""",
     "tools.sandbox": """\
-Containment of run_command on bubblewrap (bwrap, Debian package `bubblewrap`): its
-own PID, IPC and mount namespaces, the workspace as the only writable place, the
+Containment of run_command and of MCP servers on bubblewrap (bwrap, Debian package
+`bubblewrap`): its own PID, IPC and mount namespaces, the workspace as the only writable place, the
 spool and this file's folder invisible, /proc showing its own processes only, and
 every process it starts killed when the call ends. "auto" uses bwrap when it works
 here and runs commands bare otherwise, saying so at start (sandbox_unavailable, the
@@ -789,6 +935,20 @@ Prometheus metrics, served by the daemon at http://LISTEN/metrics (docs/referenc
     "metrics.listen": """\
 "HOST:PORT" to serve them on, "" for none. The host is required: "127.0.0.1:9464" keeps
 them on this machine, "0.0.0.0:9464" (or an interface's address) offers them to others.""",
+    "console": """\
+The console (docs/guides/console.md): a web page and a JSON API, served by the daemon at
+LISTEN, that show every task and its transcript and act on them (decide held calls,
+cancel, retry, rewind, fork) as the CLI does. `agentd console` prints the URL to log in
+with, `agentd console --token` mints an API token for scripts.""",
+    "console.listen": """\
+"HOST:PORT" to serve it on, "" for none. A loopback address ("127.0.0.1:8770") keeps it
+on this machine (reach it through an SSH tunnel or a reverse proxy); any other address
+is served only over TLS (tls_cert and tls_key), else the config is refused.""",
+    "console.hostnames": """\
+The names browsers reach it by besides the listen address and localhost: the name in a
+TLS certificate, or a reverse proxy's ("agentd.example.com"). A request for any other
+Host is refused (403), as is a cross-site one (its Origin).""",
+    "console.session_timeout": "Seconds a login lasts; then `agentd console` prints a new one.",
     "context": """\
 Long tasks (docs/guides/long-tasks.md, "Compaction"). When the context the model saw at
 its last call plus what it wrote reaches compact_at of the window, the worker asks the
@@ -825,6 +985,17 @@ a node that dies, hangs or loses the database for longer loses its tasks to the 
 nodes, and a worker that could not renew in time stops itself before it ends. At
 least twice heartbeat.interval.""",
     "context.instructions": "Appended to the summary instruction, e.g. what must never be dropped.",
+    "mcp": """\
+MCP tool servers (docs/guides/mcp.md): each [mcp.servers.NAME] (NAME: lower-case words
+joined by _, at most 32 characters) is a server whose tools a task may be offered as
+mcp__NAME__TOOL. A stdio server (command) runs in the task's sandbox, cwd the workspace,
+with a scrubbed environment plus env; a Streamable HTTP server (url) gets headers.
+${cred:NAME} in env and headers is read from $CREDENTIALS_DIRECTORY/NAME, else from the
+file $AGENTD_CRED_NAME_FILE (NAME upper-cased) names: never write a secret here.
+trust = true uses the server's annotations for effect classes (readOnlyHint: read_only,
+else idempotentHint: idempotent, else unsafe); effects always wins; untrusted tools are
+unsafe. timeout (at most deadlines.tool_call, its default) bounds a call; network
+defaults to [tools] network. Needs the SDK: pip install 'agentd[mcp]'.""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
@@ -832,7 +1003,23 @@ _EXAMPLES: dict[str, str] = {
     "tools.policy": 'append_file = "rerun"\nrun_command = "hold"',
     "hooks": 'on_held = ["sh", "-c", "curl -fsS -d @- https://hooks.example.com/agentd"]',
     "metrics": 'listen = "127.0.0.1:9464"',
+    "console": (
+        'listen = "127.0.0.1:8770"\n'
+        'tls_cert = "/etc/agentd/console.crt"   # PEM files, both or neither: served over TLS\n'
+        'tls_key = "/etc/agentd/console.key"    # (paths relative to this file\'s folder)'
+    ),
     "context": "window = 200000",
+    "mcp": """\
+[mcp.servers.git]
+command = ["mcp-server-git", "--repository", "."]
+env = {GIT_AUTHOR_NAME = "agent", GIT_AUTHOR_EMAIL = "agent@example.com"}
+trust = true
+effects = {git_commit = "unsafe"}
+timeout = 60
+
+[mcp.servers.tracker]
+url = "https://mcp.example.com/mcp"
+headers = {Authorization = "Bearer ${cred:tracker_token}"}""",
 }
 
 
@@ -849,6 +1036,11 @@ def _render_table(name: str, table: Mapping[str, Any]) -> str:
         dotted = f"{name}.{key}"
         if isinstance(value, dict):
             subtables.append(_render_table(dotted, value))
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            # on one line (tomli_w writes an array an item a line): a JSON string is a
+            # TOML basic string
+            items = ", ".join(json.dumps(v, ensure_ascii=False) for v in value)
+            keys.append(_comment(dotted) + f"{key} = [{items}]\n")
         else:
             keys.append(_comment(dotted) + tomli_w.dumps({key: value}))
     if keys and name in _EXAMPLES:
@@ -865,6 +1057,7 @@ def _render_default() -> str:
             blocks.append(_render_table(key, value))
         else:
             blocks.append(_comment(key) + tomli_w.dumps({key: value}))
+    blocks.append(_comment("mcp") + _comment("mcp", _EXAMPLES))  # no server by default
     return "\n".join(blocks)
 
 

@@ -31,6 +31,12 @@ has started (docs/design.md section 5):
 
 The worker passes the key to the SDK explicitly, and its redactor (``worker.events``)
 replaces every held secret in logs, events and tool results.
+
+The ``${cred:NAME}`` values of ``[mcp.servers]`` (docs/design.md section 11) are read where
+a server starts (``credential``): from ``$CREDENTIALS_DIRECTORY/NAME``, else from the file
+``$AGENTD_CRED_NAME_FILE`` names (NAME upper-cased). Those pointers travel like the
+secrets (``Credentials.pointers``: out of every environment, their files hidden from
+tools), and a value read joins the secrets this process holds, so it is redacted too.
 """
 
 from __future__ import annotations
@@ -70,6 +76,12 @@ FILE_SUFFIX = "_FILE"
 #: Where a secret was read from (``Credentials.origins``), besides the path of its file.
 FROM_ENVIRONMENT = "environment"
 FROM_SYSTEMD = "systemd"
+#: The systemd credentials folder, as ``Credentials.pointers`` keeps it.
+CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
+#: ``$AGENTD_CRED_NAME_FILE``: the file that holds the credential ``${cred:NAME}``.
+CRED_FILE_PREFIX = "AGENTD_CRED_"
+#: The key of a ``${cred:NAME}`` value among the values held.
+CRED_KEY = "cred:"
 #: A secret longer than this is refused: the handover pipe must hold all of them at once
 #: (a pipe holds 64 KiB before a write blocks), and no key is anywhere near it.
 MAX_SECRET = 16 * 1024
@@ -87,6 +99,9 @@ class Credentials:
     #: Where each value was read from: ``FROM_ENVIRONMENT``, ``FROM_SYSTEMD`` or the
     #: absolute path of the file ``NAME_FILE`` named (which ``reread`` reads again).
     origins: Mapping[str, str] = field(default_factory=dict)
+    #: Where ``${cred:NAME}`` values can be read (``credential``): ``CREDENTIALS_DIRECTORY``
+    #: and each ``AGENTD_CRED_NAME_FILE``, by variable, as absolute paths.
+    pointers: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, name: str) -> str | None:
         return self.values.get(name)
@@ -94,7 +109,7 @@ class Credentials:
     def with_value(self, name: str, value: str) -> Credentials:
         """These credentials with ``name`` set to ``value`` (given on the command line)."""
         origins = {**self.origins, name: FROM_ENVIRONMENT}
-        return Credentials({**self.values, name: value}, self.files, origins)
+        return Credentials({**self.values, name: value}, self.files, origins, self.pointers)
 
     def secrets(self) -> frozenset[str]:
         """The secret values, for redaction: the store URL's password on its own too (a
@@ -114,7 +129,8 @@ class Credentials:
 
     def encode(self) -> bytes:
         document = {"values": dict(self.values), "files": list(self.files)}
-        return json.dumps({**document, "origins": dict(self.origins)}).encode()
+        document |= {"origins": dict(self.origins), "pointers": dict(self.pointers)}
+        return json.dumps(document).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Credentials:
@@ -125,6 +141,7 @@ class Credentials:
         values = document.get("values") if isinstance(document, dict) else None
         files = document.get("files") if isinstance(document, dict) else None
         origins = document.get("origins", {}) if isinstance(document, dict) else None
+        pointers = document.get("pointers", {}) if isinstance(document, dict) else None
         if (
             not isinstance(values, dict)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items())
@@ -132,12 +149,14 @@ class Credentials:
             or not all(isinstance(f, str) for f in files)
             or not isinstance(origins, dict)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in origins.items())
+            or not isinstance(pointers, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in pointers.items())
         ):
             raise ConfigError(
                 f"the credentials handed over through ${HANDOVER} are not agentd's; "
                 f"unset {HANDOVER} and start agentd again."
             )
-        return cls(values, tuple(files), origins)
+        return cls(values, tuple(files), origins, pointers)
 
 
 # -- the sources ---------------------------------------------------------------------------
@@ -165,7 +184,51 @@ def gather(environ: Mapping[str, str], names: Iterable[str] = CREDENTIAL_NAMES) 
                 origins[name] = FROM_SYSTEMD
     if directory := environ.get("CREDENTIALS_DIRECTORY"):  # whatever else it holds
         files.append(os.path.abspath(directory))
-    return Credentials(found, tuple(dict.fromkeys(files)), origins)
+    pointers = {
+        name: os.path.abspath(value)
+        for name, value in environ.items()
+        if value and (name == CREDENTIALS_DIRECTORY or is_cred_file_variable(name))
+    }
+    files += [path for name, path in pointers.items() if name != CREDENTIALS_DIRECTORY]
+    return Credentials(found, tuple(dict.fromkeys(files)), origins, pointers)
+
+
+def is_cred_file_variable(name: str) -> bool:
+    """Whether ``name`` is an ``AGENTD_CRED_NAME_FILE`` variable."""
+    return (
+        name.startswith(CRED_FILE_PREFIX)
+        and name.endswith(FILE_SUFFIX)
+        and len(name) > len(CRED_FILE_PREFIX) + len(FILE_SUFFIX)
+    )
+
+
+def credential(name: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The value of ``${cred:NAME}``: ``$CREDENTIALS_DIRECTORY/NAME``, else the file
+    ``$AGENTD_CRED_NAME_FILE`` names (as this process was handed them, or its own
+    environment's). Once read it is held, so the redactor replaces it everywhere; a
+    ``ConfigError`` says where to put it when it is in neither."""
+    holder = held()
+    if (value := holder.get(CRED_KEY + name)) is not None:
+        return value
+    variable = f"{CRED_FILE_PREFIX}{name.upper()}{FILE_SUFFIX}"
+    directory = holder.pointers.get(CREDENTIALS_DIRECTORY) or environ.get(CREDENTIALS_DIRECTORY)
+    file = holder.pointers.get(variable) or environ.get(variable)
+    if directory and Path(directory, name).is_file():
+        value = _read_secret(Path(directory, name), f"the systemd credential {name}")
+    elif file:
+        value = _read_secret(Path(file), f"{variable}={file}")
+    else:
+        raise ConfigError(
+            f"${{cred:{name}}}: no such credential; give it with systemd's "
+            f"LoadCredential={name}:PATH ($CREDENTIALS_DIRECTORY/{name}) or name the file "
+            f"that holds it in ${variable}, and start agentd again."
+        )
+    hold(
+        Credentials(
+            {**holder.values, CRED_KEY + name: value}, holder.files, holder.origins, holder.pointers
+        )
+    )
+    return value
 
 
 def reread(credentials: Credentials) -> Credentials:
@@ -175,7 +238,7 @@ def reread(credentials: Credentials) -> Credentials:
     for name, origin in credentials.origins.items():
         if origin not in (FROM_ENVIRONMENT, FROM_SYSTEMD):
             values[name] = _read_secret(Path(origin), f"{name}{FILE_SUFFIX}={origin}")
-    return Credentials(values, credentials.files, credentials.origins)
+    return Credentials(values, credentials.files, credentials.origins, credentials.pointers)
 
 
 def how_to_change(name: str, environ: Mapping[str, str]) -> str:
@@ -225,10 +288,16 @@ HIDDEN = frozenset(
 )
 
 
+def hidden(name: str) -> bool:
+    """Whether no process environment keeps the variable ``name`` (``HIDDEN``, and each
+    ``AGENTD_CRED_NAME_FILE``)."""
+    return name in HIDDEN or is_cred_file_variable(name)
+
+
 def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without secrets, pointers to them or a handover: what a child process
     may be executed with."""
-    return {k: v for k, v in environ.items() if k not in HIDDEN and k != HANDOVER}
+    return {k: v for k, v in environ.items() if not hidden(k) and k != HANDOVER}
 
 
 #: What every variable libpq reads starts with (``PGPASSWORD``, ``PGPASSFILE``,
@@ -305,7 +374,7 @@ def take_over(environ: MutableMapping[str, str] | None = None) -> Credentials:
     handed = receive(environ)
     if handed is None:
         handed = gather(environ)
-        if HIDDEN & environ.keys():
+        if any(hidden(name) for name in environ):
             _execute_again(handed, environ)
     hold(handed)
     return handed

@@ -5,7 +5,8 @@ every message is one full sentence that says what is wrong and what to do next::
 
     AgentdError                      exit 1  operational error
     ├── UsageError                   exit 2  bad arguments or input from the user
-    │   └── InvalidIdError                   a task id or call id that is not allowed
+    │   ├── InvalidIdError                   a task id or call id that is not allowed
+    │   └── IrreversibleError                a rewind past calls it cannot undo, unconfirmed
     ├── NotFoundError                exit 3  no such task or call
     ├── StateConflictError           exit 3  the task is not in a state that allows it
     ├── ConfigError                  exit 78 a bad configuration file or value
@@ -77,6 +78,15 @@ class UsageError(AgentdError):
 
 class InvalidIdError(UsageError):
     pass
+
+
+class IrreversibleError(UsageError):
+    """A rewind would go back past calls whose effects it cannot undo, and was not
+    confirmed (``--yes``); ``calls`` lists them (turn, call_id, tool, effect)."""
+
+    def __init__(self, message: str, calls: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.calls = calls
 
 
 class NotFoundError(AgentdError):

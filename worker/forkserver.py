@@ -41,16 +41,28 @@ from worker.credentials import take_over
 from worker.output import LOG_FILE_LIMIT, BoundedOutput
 from worker.store.durable import open_private
 
+#: The argument that has the server preload the ``mcp`` SDK too: given by a daemon whose
+#: config has ``[mcp.servers]``. Its import costs a worker that starts a server about
+#: 0.65 s and the server 26 MB (docs/results/performance.md): worth it only where servers
+#: are configured, so it is not preloaded otherwise.
+PRELOAD_MCP = "--preload-mcp"
 
-def preload() -> None:
-    """Import everything a worker needs, then keep it out of the collector's way."""
+
+def preload(*, mcp: bool = False) -> None:
+    """Import everything a worker needs (with ``mcp``, the MCP SDK too), then keep it out
+    of the collector's way."""
     import anthropic  # noqa: F401, PLC0415  (imported to be in memory before the forks)
     import psutil  # noqa: F401, PLC0415  (the same)
 
     import worker.__main__  # noqa: PLC0415  (preloaded here, not at the module's import)
     import worker.models.messages_api  # noqa: PLC0415  (the same)
     import worker.models.scripted  # noqa: PLC0415  (the same)
-    import worker.tools.builtin  # noqa: F401, PLC0415  (the same: it registers the tools)
+    import worker.tools.builtin  # noqa: PLC0415  (the same: it registers the tools)
+
+    if mcp:
+        import worker.mcp.session  # noqa: F401, PLC0415  (the SDK: imports only, no thread)
+
+        print("agentd fork server: the mcp SDK preloaded", file=sys.stderr, flush=True)
 
     warm_sdk()
     gc.collect()
@@ -206,7 +218,7 @@ def serve() -> int:
     proctitle.fork_server()
     if len(sys.argv) > 1:  # its log: bounded as a worker's output is (``worker.output``)
         BoundedOutput.install(Path(sys.argv[1]), LOG_FILE_LIMIT, fds=(2,))
-    preload()
+    preload(mcp=PRELOAD_MCP in sys.argv[2:])
     os.write(1, b'{"ready": true}\n')
     middles: list[int] = []  # intermediate children not reaped yet: off the reply's path
     for line in sys.stdin.buffer:

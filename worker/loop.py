@@ -23,6 +23,14 @@ strategy = "server"`` on a backend that offers it, the API compacts instead, in 
 request itself: its compaction block comes back as a turn (``stop_reason``
 ``compaction``), recorded like any other, and the loop goes on from it.
 
+A task's tools are decided once, at its first start (``_offer_tools``): the built-in and
+module tools and the MCP tools its ``--tools`` (or ``[tools] default``) names, each MCP
+server it may reach started and listed, the list recorded (a ``tools`` record) before the
+first model call. Every later start, rewind and fork offers that list. An MCP call whose
+outcome is unknown (its server died during it, or it ran past its timeout: the tool raises
+``OutcomeUnknown``) gets no result: it is a dangling call, and goes through the same
+reconciliation as after a crash, on a fresh server.
+
 Stopping on SIGTERM is only immediate while the worker waits on the model (nothing is
 recorded then); during a tool call it takes effect once the result is recorded.
 """
@@ -57,6 +65,9 @@ from worker.errors import (
 )
 from worker.events import event_line, utc_now
 from worker.heartbeat import Heartbeat
+from worker.mcp import catalog
+from worker.mcp import tools as mcp_tools
+from worker.mcp.servers import Backoff, Placement, ServerFailed, ToolServers
 from worker.metrics import StepMetrics
 from worker.models.base import (
     JSON,
@@ -76,7 +87,13 @@ from worker.store import replay
 from worker.store.base import START, Cursor, JournalWriter, Owner, Snapshot, TaskStore, Unreadable
 from worker.store.snapshots import SnapshotWriter
 from worker.tools.beneath import Root
-from worker.tools.registry import ToolContext, ToolError, ToolRegistry
+from worker.tools.registry import (
+    OutcomeUnknown,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+    ToolResult,
+)
 from worker.tools.sandbox import mode_for, sandbox_for
 
 SNAPSHOT_EVERY = 100  # turns between snapshots, at least
@@ -86,6 +103,9 @@ SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 SNAPSHOT_GROWTH = 3
 #: Seconds between two tries of a call's result while the database refuses it.
 RESULT_RETRY = 0.5
+#: Unknown outcomes of one call in a row (its server died in it, or it ran past its
+#: timeout) after which a call that is safe to re-run gets an error result instead.
+UNKNOWN_OUTCOMES = 3
 
 CONTINUE_PROMPT = "Your reply was cut off by the max_tokens limit. Please continue."
 _TOOL_ENV = (
@@ -187,12 +207,23 @@ class OtherWorkspaces:
 
 def without_secrets(record: JSON) -> JSON:
     """``record`` as it may be recorded and sent to the model: a result's content (a tool's
-    output, a reconcile answer, an operator's) with every secret the worker knows of
-    replaced, so a tool that found the key cannot hand it on (docs/design.md section 5)."""
+    output, a reconcile answer, an operator's; its text, or the text of each of its text
+    blocks) with every secret the worker knows of replaced, so a tool that found the key
+    cannot hand it on (docs/design.md section 5)."""
     content = record.get("content")
-    if record.get("k") != "result" or not isinstance(content, str):
+    if record.get("k") != "result":
         return record
-    return {**record, "content": redact.clean_secrets(content)}
+    if isinstance(content, str):
+        return {**record, "content": redact.clean_secrets(content)}
+    if isinstance(content, list):
+        blocks = [
+            {**b, "text": redact.clean_secrets(b["text"])}
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else b
+            for b in content
+        ]
+        return {**record, "content": blocks}
+    return record
 
 
 class AgentLoop:
@@ -237,7 +268,8 @@ class AgentLoop:
         self.spec = spec
         self.config = config
         self.model = model
-        self.tools = tools
+        self.local_tools = tools  # the built-in and module tools this worker has
+        self.tools = tools  # the task's own, once _offer_tools decided them
         self.heartbeat = heartbeat
         self.snapshot_every = snapshot_every
         self.sleep = sleep
@@ -256,6 +288,18 @@ class AgentLoop:
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
             others=self._others,
         )
+        #: the MCP servers this worker may start ([mcp.servers]), none until a call needs one
+        self.servers = (
+            ToolServers(
+                config.mcp.servers,
+                Placement(self.workspace, self.tool_env, self.sandbox, config.restart.stop_grace),
+                backoff=Backoff(config.restart.backoff_initial, config.restart.backoff_max),
+                on_event=lambda event, level, fields: self._event(event, level, **fields),
+            )
+            if config.mcp.servers
+            else None
+        )
+        self._unknown: dict[str, int] = {}  # unknown outcomes in a row, by call
         self.stop_requested = False
         self._interruptible = False
         self.journal: JournalWriter | None = None
@@ -389,6 +433,9 @@ class AgentLoop:
             if self.state.records > 1:
                 self._event("task_resumed")
             self._reopen_if_retried()
+            waiting = self._offer_tools()
+            if waiting is not None:
+                return waiting
             if self.config.context.strategy == "server" and not self._server_compacts:
                 self._event(
                     "context_strategy_fallback",
@@ -454,6 +501,30 @@ class AgentLoop:
         used = self.state.usage_total.input_tokens + self.state.usage_total.output_tokens
         if budget is not None and used >= budget:
             return "done", "token_budget"
+        return None
+
+    def _offer_tools(self) -> Outcome | None:
+        """Decide the task's tools from its patterns (``--tools``, else ``[tools]
+        default``). With MCP servers configured, the first start lists every server the
+        patterns may reach and records the list (a ``tools`` record), which every later
+        start offers; a server that cannot list its tools gives an Outcome instead (the
+        task waits: exit ``TOOLS``, reason ``mcp: NAME: WHY``). Without servers nothing is
+        recorded: the built-in and module tools the patterns name, as before tool lists
+        existed (and a task begun before them keeps its local tools alone)."""
+        recorded = self.state.tools
+        patterns = self.spec.tools if self.spec.tools is not None else self.config.tools.default
+        if recorded is None and (self.servers is None or self.state.turn > 0):
+            chosen = catalog.offered(patterns, self.local_tools.names(), [])
+            self.tools = mcp_tools.registry(chosen, self.local_tools, None)
+            return None
+        if recorded is None:
+            try:
+                chosen = mcp_tools.offer(patterns, self.local_tools, self.servers)
+            except ServerFailed as exc:
+                return Outcome("stopped", str(exc), ExitCode.TOOLS)
+            self._record({"k": catalog.RECORD_KIND, **chosen}, sync=False)
+            recorded = self.state.tools or {}
+        self.tools = mcp_tools.registry(catalog.tool_list(recorded), self.local_tools, self.servers)
         return None
 
     def _reopen_if_retried(self) -> None:
@@ -713,12 +784,23 @@ class AgentLoop:
             self.fence()  # (FencedError: the worker stops, the intent dangling for the next owner)
         self._phase(f"tool:{tool.name}")
         started = time.perf_counter()
+        content: str | list[JSON]
         try:
-            content, is_error = tool.run(self._context(call, key), data), False
+            output = tool.result(self._context(call, key), data)
+            if isinstance(output, ToolResult):
+                content, is_error = output.content, output.is_error
+            else:
+                content, is_error = output, False
+        except OutcomeUnknown as exc:
+            self.metrics.tool_called(tool.name, time.perf_counter() - started)
+            self._phase("idle")
+            self._outcome_unknown(call, str(exc))
+            return
         except ToolError as exc:
             content, is_error = str(exc), True
         except Exception as exc:
             content, is_error = f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+        self._unknown.pop(call.call_id, None)
         self.metrics.tool_called(tool.name, time.perf_counter() - started)
         self._phase("idle")
         self._keep_result(
@@ -730,6 +812,23 @@ class AgentLoop:
                 "outcome": outcome,
             }
         )
+
+    def _outcome_unknown(self, call: Call, why: str) -> None:
+        """A call that may or may not have taken effect (an MCP server died during it, or
+        it ran past its timeout and its server was killed): no result is recorded, so the
+        loop finds it dangling and settles it as after a crash (re-run on a fresh server
+        when safe, held when unsafe). One that stays unknown ``UNKNOWN_OUTCOMES`` times in
+        a row gets an error result instead of another re-run."""
+        count = self._unknown.get(call.call_id, 0) + 1
+        self._unknown[call.call_id] = count
+        self._event("mcp_server_failed", level="warning", call_id=call.call_id, error=why)
+        if count >= UNKNOWN_OUTCOMES:
+            self._unknown.pop(call.call_id, None)
+            self._error_result(
+                call,
+                f"{why}; its outcome was unknown {count} times in a row, so it was not tried "
+                "again: it may or may not have taken effect",
+            )
 
     def _keep_result(self, result: JSON) -> None:
         """Record the result of a call that ran. Deferred: the next intent's sync, or the
@@ -872,7 +971,9 @@ class AgentLoop:
             **decision,
         }
         self._record(record)
-        self._event("dangling_decided", call_id=call.call_id, action=action)
+        # who decided (docs/design.md section 15), as the decision names them
+        who = {k: decision[k] for k in ("by", "via") if k in decision}
+        self._event("dangling_decided", call_id=call.call_id, action=action, **who)
 
     # -- signals ------------------------------------------------------------------------
 
@@ -887,6 +988,8 @@ class AgentLoop:
         signal.signal(signal.SIGINT, on_term)
 
     def close(self) -> None:
+        if self.servers is not None:
+            self.servers.close()  # (before the worker's exit kills what is left)
         self._snapshots.close()
         if "workspace_root" in self.__dict__:
             self.workspace_root.close()

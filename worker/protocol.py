@@ -34,6 +34,7 @@ class ExitCode(IntEnum):
     LOCKED = 6
     STORAGE = 7  # a storage fault: a wait, never counted as a crash
     RESOURCES = 8  # no process, thread or memory to be had: a wait, never counted as a crash
+    TOOLS = 9  # an MCP server could not list its tools at the task's first start: a wait
     CONFIG = 78
 
 

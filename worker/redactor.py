@@ -67,6 +67,12 @@ class Redactor:
         """A copy of ``mapping`` without secrets."""
         return self._mapping(mapping, self._literals(), 0)
 
+    def clean_prose(self, mapping: Mapping[str, Any]) -> dict[str, Any]:
+        """``clean_mapping`` for what people and models wrote (a transcript, shown by
+        ``agentd show`` and the console): the same, except that the word after "Basic"
+        or "Bearer" stays, which in prose is rarely a credential ("Basic idea")."""
+        return self._mapping(mapping, self._literals(), 0, prose=True)
+
     def clean_text(self, text: str) -> str:
         """``text`` with every secret-shaped substring replaced."""
         return self._text(text, self._literals())
@@ -102,41 +108,41 @@ class Redactor:
         return sorted(found, key=len, reverse=True)
 
     def _mapping(
-        self, mapping: Mapping[Any, Any], literals: list[str], depth: int
+        self, mapping: Mapping[Any, Any], literals: list[str], depth: int, *, prose: bool = False
     ) -> dict[Any, Any]:
         clean: dict[Any, Any] = {}
         for key, value in mapping.items():
             if isinstance(key, str) and _is_secret_key(key):
                 clean[key] = REDACTED if value is not None else None
             else:
-                clean[key] = self._value(value, literals, depth + 1)
+                clean[key] = self._value(value, literals, depth + 1, prose=prose)
         return clean
 
-    def _value(self, value: Any, literals: list[str], depth: int) -> Any:
+    def _value(self, value: Any, literals: list[str], depth: int, *, prose: bool = False) -> Any:
         if value is None or isinstance(value, bool | int | float):
             return value
         if isinstance(value, str):
-            return self._text(value, literals)
+            return self._text(value, literals, prose=prose)
         if depth > _MAX_DEPTH:
-            return self._text(_safe_repr(value), literals)
+            return self._text(_safe_repr(value), literals, prose=prose)
         if isinstance(value, Mapping):
-            return self._mapping(value, literals, depth)
+            return self._mapping(value, literals, depth, prose=prose)
         if isinstance(value, list | tuple):
-            items = [self._value(v, literals, depth + 1) for v in value]
+            items = [self._value(v, literals, depth + 1, prose=prose) for v in value]
             return items if isinstance(value, list) else tuple(items)
         # Any other object is rendered through its repr later: if that would show a
         # secret (an exception quoting a header, say), log the cleaned text instead.
         text = _safe_repr(value)
-        clean = self._text(text, literals)
+        clean = self._text(text, literals, prose=prose)
         return value if clean == text else clean
 
-    def _text(self, text: str, literals: list[str]) -> str:
+    def _text(self, text: str, literals: list[str], *, prose: bool = False) -> str:
         text = _replace_literals(text, literals)
         if "://" in text:
             text = without_password(text)
         if "sk-ant-" in text:
             text = _ANTHROPIC_KEY.sub(REDACTED, text)
-        return _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
+        return text if prose else _AUTH_SCHEME.sub(rf"\1 {REDACTED}", text)
 
 
 #: The redaction processor, with the secrets this process holds and those of its environment.

@@ -22,6 +22,8 @@ Records (see worker/store/journal.py for the frame format)::
     vcs       {"turn", "commit", "snapshot"}              workspace version-control state
     compaction {"summary", "keep", "first", "last", "usage", "tokens_before",
                 "tokens_after", "trigger", "at"}
+    tools     {"local", "mcp", "listed", "at"}                the tools the task is offered,
+              recorded at its first start (worker.mcp.catalog); kept by rewinds and forks
               the transcript becomes the prompt, the summary and its last ``keep``
               messages (worker.compaction); ``first``..``last``: the turns it replaces
 
@@ -154,6 +156,7 @@ class TaskState:
     boundaries: dict[int, Boundary] | None = field(default_factory=dict)  # None: unknown
     vcs: dict[int, JSON] = field(default_factory=dict)  # turn -> workspace VCS state
     compactions: list[CompactionInfo] = field(default_factory=list)  # every branch's
+    tools: JSON | None = None  # the tools record (worker.mcp.catalog); None: not recorded
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -346,6 +349,11 @@ class TaskState:
     def _apply_end(self, record: JSON) -> None:
         self.ended = {"state": record["state"], "reason": record["reason"]}
 
+    def _apply_tools(self, record: JSON) -> None:
+        """The task's tool list: once, at its first start (a second one is ignored)."""
+        if self.tools is None:
+            self.tools = {k: v for k, v in record.items() if k not in ("k", "at")}
+
     def _apply_retry(self, record: JSON) -> None:
         """An operator retried the task after it ended failed: it goes on from here."""
         self.retries = int(record["n"])
@@ -401,7 +409,7 @@ class TaskState:
             ],
             "vcs": {str(t): v for t, v in self.vcs.items()},
             "compactions": [{**vars(c), "usage": c.usage.to_json()} for c in self.compactions],
-        }
+        } | ({"tools": self.tools} if self.tools is not None else {})
 
     @classmethod
     def from_snapshot(cls, data: JSON) -> tuple[TaskState, int]:
@@ -430,6 +438,7 @@ class TaskState:
                 CompactionInfo(**{**c, "usage": Usage.from_json(c["usage"])})
                 for c in data.get("compactions", [])
             ],
+            tools=data.get("tools"),  # (a scene of a release before tool lists: none)
         )
         offset = int(data["offset"])
         if offset < 0:

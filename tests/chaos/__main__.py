@@ -39,6 +39,7 @@ CAMPAIGN = (
     ("20", "tests.chaos.compaction"),
     ("21", "tests.chaos.nodes"),
     ("22", "tests.chaos.trust"),
+    ("23", "tests.chaos.mcp"),
     ("24", "tests.chaos.run"),
 )
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)

@@ -352,11 +352,15 @@ def test_a_decision_is_recorded_exactly_once(store: TaskStore, writers: int) -> 
 def test_a_cancel_is_recorded_exactly_once(store: TaskStore, writers: int) -> None:
     task = new_task(store)
     assert not store.cancel_requested(task)
-    won = race(writers, lambda i: store.request_cancel(task, {"by": i}))
+    assert store.read_cancel(task) is None
+    won = race(writers, lambda i: store.request_cancel(task, {"by": f"user{i}", "via": "cli"}))
     assert won.count(True) == 1 and won.count(False) == writers - 1
     assert store.cancel_requested(task)
+    # the record read back is the winner's: who asked (docs/design.md section 15)
+    assert store.read_cancel(task) == {"by": f"user{won.index(True)}", "via": "cli"}
     store.withdraw_cancel(task)
     assert not store.cancel_requested(task)
+    assert store.read_cancel(task) is None
 
 
 def test_compare_and_set_refuses_a_stale_version(store: TaskStore) -> None:
@@ -470,6 +474,7 @@ def test_an_id_no_store_accepts_is_refused_before_anything(store: TaskStore, bad
         store.get_snapshot,
         store.read_heartbeat,
         store.cancel_requested,
+        store.read_cancel,
         store.owner_pid,
         store.record_name,
         lambda task_id: store.create(TaskSpec(id=task_id, prompt="p"), {}),

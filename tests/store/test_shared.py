@@ -10,13 +10,22 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from supervisor.console.tokens import SpoolTokens, TokenStore, bearer, listed, mint, revoke
 from tests.store.conftest import new_task
 from tests.support import poll_for
-from worker.errors import ConfigError, FencedError, LockBusyError, SupersededError
-from worker.spool import TaskSpec
+from worker.errors import (
+    ConfigError,
+    FencedError,
+    LockBusyError,
+    NotFoundError,
+    RecordConflictError,
+    SupersededError,
+)
+from worker.spool import Spool, TaskSpec
 from worker.store.postgres import PostgresStore
 
 
@@ -200,3 +209,27 @@ def test_a_wake_reaches_every_listener(two: tuple[PostgresStore, PostgresStore])
         assert woken.wait(5)
     finally:
         stop()
+
+
+def test_console_tokens_are_shared_by_every_node_and_kept_as_digests(
+    two: tuple[PostgresStore, PostgresStore], tmp_path: Path
+) -> None:
+    """An API token minted through one node's store is found through another's (its
+    digest, never the token, in the table); revoked through either, it is gone for both.
+    The spool's file keeps the same promises (``SpoolTokens``)."""
+    a, b = two
+    spool = SpoolTokens(Spool(tmp_path))
+    pairs: list[tuple[TokenStore, TokenStore]] = [(a, b), (spool, spool)]
+    for minting, reading in pairs:
+        token, secret = mint(minting, "erin")
+        found = bearer(reading, secret)
+        assert found == token and found is not None and found.by == "erin"
+        assert secret not in str(reading.tokens())
+        with pytest.raises(RecordConflictError):
+            minting.add_token(token.to_json())
+        assert bearer(reading, secret + "x") is None and bearer(reading, "nope") is None
+        assert [t.id for t in listed(reading)] == [token.id]
+        revoke(reading, token.id)
+        assert bearer(minting, secret) is None
+        with pytest.raises(NotFoundError):
+            revoke(minting, token.id)

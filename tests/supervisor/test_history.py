@@ -41,7 +41,7 @@ from worker.models.messages_api import MessagesAPIModel
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.store.files import FileStore
-from worker.store.journal import Journal
+from worker.testing.journals import long_journal
 from worker.testing.messages_api import MessagesAPIServer, Reply
 
 CONFIG = Config()
@@ -349,25 +349,7 @@ def test_rewind_and_fork_of_a_1000_turn_task(
     spool: Spool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     task = scripted_task(spool, [reply(text("x"))], name="big")
-    journal, _ = Journal.open(task.journal, task=task.id)
-    body = "y" * 900
-    with journal:
-        for turn in range(1, 1001):
-            cid = f"toolu_{turn:05d}"
-            message = {
-                "role": "assistant",
-                "content": [text(body), tool_use("read_file", cid, path="a")],
-            }
-            journal.append(
-                [
-                    {"k": "turn", "turn": turn, "message": message, "stop_reason": "tool_use",
-                     "usage": {"input_tokens": 10, "output_tokens": 5}, "at": "t"},
-                    {"k": "intent", "call_id": cid, "tool": "read_file", "effect": "read_only",
-                     "key": f"agentd-{turn:032x}", "attempt": 1, "at": "t"},
-                    {"k": "result", "call_id": cid, "content": body, "is_error": False, "at": "t"},
-                ],
-                sync=False,
-            )  # fmt: skip
+    long_journal(task.journal, task.id, 1000)
     started = time.perf_counter()
     rewind(spool, CONFIG, "big", 500, yes=True)
     rewind_s = time.perf_counter() - started

@@ -202,3 +202,25 @@ def test_held_calls_of_a_long_task_read_from_its_snapshot_match_the_full_fold(
     held = held_calls(task)
     assert [row["tool"] for row in held] == ["charge"]
     assert held == held_calls(task, load_state(task))
+
+
+def test_show_redacts_what_looks_like_a_secret(
+    spool: Spool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The journal keeps what the model wrote; ``show`` (and the console, on the same
+    lines) never prints a secret of it: a key-shaped string, a secret-named field."""
+    key = "sk-ant-api03-written-by-the-model-0123456789"
+    task = scripted_task(
+        spool,
+        [
+            reply(text(f"My key is {key}."), tool_use("write_file", path="k.txt", content=key)),
+            reply(text("Basic idea: done.")),
+        ],
+        name="leaky",
+    )
+    assert run_to_end(task) == "done"
+    code, out, _ = show(spool, "leaky", "--json", capsys=capsys)
+    assert code == 0 and key not in out and "[redacted]" in out
+    assert "Basic idea: done." in out  # prose stays prose
+    code, out, _ = show(spool, "leaky", capsys=capsys)
+    assert key not in out

@@ -523,7 +523,7 @@ def test_held_call_resumes_with_the_operators_decision(
     spool: Spool, action: str, fields: dict[str, str], log: str, outcome: str, content: str
 ) -> None:
     task = held_task(spool, f"decide-{action}")
-    decide(task, CALL, action=action, **fields)
+    decide(task, CALL, action=action, reason=fields.get("reason"), result=fields.get("result"))
     done, loop = run(task)
     assert done == Outcome("done", "end_turn", ExitCode.DONE)
     assert (task.path / "workspace" / "log.txt").read_text() == log

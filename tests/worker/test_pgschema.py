@@ -14,7 +14,7 @@ from worker.protocol import TaskStatus
 from worker.store.pgschema import MIGRATIONS, SCHEMA_VERSION, check, migrate, stored_version
 
 TABLES = {"agentd_schema", "nodes", "tasks", "journal", "snapshots", "decisions", "events",
-          "heartbeats", "exits"}  # fmt: skip
+          "heartbeats", "exits", "console_tokens"}  # fmt: skip
 
 
 def tables(conn: psycopg.Connection[tuple[object, ...]]) -> set[str]:

@@ -29,10 +29,11 @@ def test_exit_codes_are_the_public_numbers() -> None:
         "LOCKED": 6,
         "STORAGE": 7,
         "RESOURCES": 8,
+        "TOOLS": 9,
         "CONFIG": 78,
     }
     assert 1 not in VERDICT_EXITS and 2 not in VERDICT_EXITS  # a crash, not a verdict
-    assert {0, 3, 4, 5, 6, 7, 8, 78} == set(VERDICT_EXITS)
+    assert {0, 3, 4, 5, 6, 7, 8, 9, 78} == set(VERDICT_EXITS)
 
 
 def test_task_status_is_its_text_in_json() -> None:

@@ -406,6 +406,11 @@ class TaskStore(Protocol):
 
     def cancel_requested(self, task_id: str) -> bool: ...
 
+    def read_cancel(self, task_id: str) -> JSON | None:
+        """The cancel's record (``request_cancel``'s stamp: when, and who asked), or None
+        when no cancel is recorded; ``ValueError`` when it cannot be read."""
+        ...
+
     def withdraw_cancel(self, task_id: str) -> None:
         """Drop a cancel that came too late to apply (the task had ended by itself)."""
         ...
@@ -588,6 +593,26 @@ class SharedStore(TaskStore, Protocol):
 
     def wake(self, task_id: str) -> None:
         """Wake every node (a submit, a decision, a cancel): advisory, never the truth."""
+        ...
+
+    # -- the console's API tokens (docs/design.md section 12) ---------------------------
+
+    def add_token(self, token: JSON) -> None:
+        """Keep an API token (``id``, ``digest``: its SHA-256, never the token; ``by``:
+        who minted it; ``created_at``); ``RecordConflictError`` when its id or digest is
+        taken."""
+        ...
+
+    def tokens(self) -> list[JSON]:
+        """Every API token kept, oldest first (without the tokens themselves: digests)."""
+        ...
+
+    def token(self, digest: str) -> JSON | None:
+        """The API token whose SHA-256 is ``digest``, or None (never minted, or revoked)."""
+        ...
+
+    def revoke_token(self, token_id: str) -> bool:
+        """Forget the API token ``token_id``: False when there is none of that id."""
         ...
 
     def listen(self, on_wake: Callable[[], None]) -> Callable[[], None]:

@@ -316,6 +316,15 @@ class FileStore:
     def cancel_requested(self, task_id: str) -> bool:
         return self.task(task_id).cancellation.exists()
 
+    def read_cancel(self, task_id: str) -> JSON | None:
+        try:
+            data = read_json(self.task(task_id).cancellation)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ValueError(f"{self.task(task_id).cancellation}: {exc}") from None
+        return data if isinstance(data, dict) else {}
+
     def withdraw_cancel(self, task_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.task(task_id).cancellation.unlink()

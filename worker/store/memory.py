@@ -308,6 +308,11 @@ class MemoryStore:
         with self.guard:
             return self.get(task_id).cancel is not None
 
+    def read_cancel(self, task_id: str) -> JSON | None:
+        with self.guard:
+            data = self.get(task_id).cancel
+        return None if data is None else dict(load_json(data))
+
     def withdraw_cancel(self, task_id: str) -> None:
         with self.guard:
             self.get(task_id).cancel = None

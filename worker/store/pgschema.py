@@ -26,6 +26,8 @@ The tables, one row per what the ``TaskStore`` Protocol keeps::
                    order of n is the order of commits (a follower never skips one)
     heartbeats     task -> the latest beat, with the epoch and node that sent it
     exits          task -> the worker's exit record
+    console_tokens the console's API tokens (id, SHA-256 digest, who minted them, when):
+                   every node's console accepts them (docs/design.md section 12)
 
 Positions are sequence numbers: a journal cursor is a ``seq``, an events cursor an ``n``.
 The lease and the fence live on the task row (``worker.store.pglease``), so a step is
@@ -143,14 +145,25 @@ ALTER TABLE tasks ADD COLUMN renewals bigint NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
 """
 
-#: Version 4: each lease's length as its holder counts it (``lease_seconds``), so that a
+#: Version 4: the console's API tokens (``agentd console --token``), stored as the SHA-256
+#: of the token, never the token: any node's console accepts a token minted on any node.
+_CONSOLE_TOKENS = """
+CREATE TABLE console_tokens (
+    id            text PRIMARY KEY,
+    digest        text NOT NULL UNIQUE,
+    by_user       text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+#: Version 5: each lease's length as its holder counts it (``lease_seconds``), so that a
 #: taker waits out the holder's lease, not its own, whatever each node's ``[cluster] lease``.
 _LEASE_LENGTH = """
 ALTER TABLE tasks ADD COLUMN lease_seconds double precision;
 """
 
 #: ``MIGRATIONS[n]`` takes the schema from version n to n + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER, _LEASE_LENGTH)
+MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER, _CONSOLE_TOKENS, _LEASE_LENGTH)
 
 #: The schema version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -190,6 +190,18 @@ def database_fault(exc: BaseException) -> DatabaseFault | None:
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
+#: The API tokens, each with its columns in the order ``_token`` reads them.
+_SELECT_TOKENS = (
+    "SELECT id, digest, by_user, to_char(created_at AT TIME ZONE 'UTC', "
+    '\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\') FROM console_tokens'
+)
+
+
+def _token(row: tuple[Any, ...]) -> JSON:
+    token_id, digest, by, created_at = row
+    return {"id": token_id, "digest": digest, "by": by, "created_at": created_at}
+
+
 def _jsonb(value: Mapping[str, Any]) -> str:
     """``value`` as the text of a jsonb parameter (the statements cast it)."""
     return _without_nul(dump_json(value).decode())
@@ -925,6 +937,37 @@ class PostgresStore:
     def relogin(self, url: str) -> None:
         self.db.relogin(url)
 
+    # -- the console's API tokens ------------------------------------------------------
+
+    def add_token(self, token: JSON) -> None:
+        try:
+            with self.db.step() as conn:
+                conn.execute(
+                    "INSERT INTO console_tokens (id, digest, by_user, created_at) "
+                    "VALUES (%(id)s, %(digest)s, %(by)s, %(created_at)s)",
+                    {k: token[k] for k in ("id", "digest", "by", "created_at")},
+                )
+        except pgerrors.UniqueViolation:
+            raise RecordConflictError(f"an API token {token['id']} exists already") from None
+
+    def tokens(self) -> list[JSON]:
+        with self.db.step() as conn:
+            rows = conn.execute(_SELECT_TOKENS + " ORDER BY created_at, id").fetchall()
+        return [_token(row) for row in rows]
+
+    def token(self, digest: str) -> JSON | None:
+        row = self._one(
+            _SELECT_TOKENS + " WHERE digest = %(digest)s",
+            {"digest": digest},
+        )
+        return _token(row) if row is not None else None
+
+    def revoke_token(self, token_id: str) -> bool:
+        row = self._one(
+            "DELETE FROM console_tokens WHERE id = %(id)s RETURNING 1", {"id": token_id}
+        )
+        return row is not None
+
     def nodes(self) -> list[NodeInfo]:
         with self.db.step() as conn:
             rows = conn.execute(
@@ -1146,6 +1189,10 @@ class PostgresStore:
     def cancel_requested(self, task_id: str) -> bool:
         (asked,) = self._row("SELECT cancel IS NOT NULL FROM tasks WHERE id = %(task)s", task_id)
         return bool(asked)
+
+    def read_cancel(self, task_id: str) -> JSON | None:
+        (stamp,) = self._row("SELECT cancel FROM tasks WHERE id = %(task)s", task_id)
+        return stamp if isinstance(stamp, dict) or stamp is None else {}
 
     def withdraw_cancel(self, task_id: str) -> None:
         self._done(

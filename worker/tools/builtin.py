@@ -150,6 +150,17 @@ class _Bounded:
         return f"{head}\n[... {left_out} more bytes]\n{self.tail.decode(errors='replace')}"
 
 
+def bounded_text(text: str) -> str:
+    """``text`` kept as a command's output is: whole up to ``MAX_OUTPUT`` bytes, else its
+    first and last ``MAX_OUTPUT // 2`` bytes and how many were left out between (the cap
+    of an MCP tool's result too: ``worker.mcp.results``)."""
+    if len(text) <= MAX_OUTPUT // 4:  # (a character is at most 4 bytes: within it as is)
+        return text
+    kept = _Bounded()
+    kept.add(text.encode())
+    return kept.text()
+
+
 #: Bytes read from a command's pipes after its shell exited: what was written before the
 #: exit is in the pipe's buffer (64 KiB by default); a background process that writes on
 #: for ever cannot keep the tool reading.

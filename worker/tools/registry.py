@@ -17,15 +17,26 @@ from pathlib import Path
 
 from worker.errors import ConfigError, TaskSpecError
 from worker.tools import builtin
-from worker.tools.tool import Effect, Reconcile, Tool, ToolContext, ToolError, tool
+from worker.tools.tool import (
+    Effect,
+    OutcomeUnknown,
+    Reconcile,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    tool,
+)
 
 __all__ = [
     "Effect",
+    "OutcomeUnknown",
     "Reconcile",
     "Tool",
     "ToolContext",
     "ToolError",
     "ToolRegistry",
+    "ToolResult",
     "find_tool_modules",
     "tool",
 ]

@@ -12,6 +12,13 @@ finished) on resume (docs/design.md section 5). A tool may add a reconcile check
 ``reconcile(ctx, input) -> str | None``: it returns the call's result when it can tell
 that the call already took effect, and None when it cannot tell.
 
+A tool returns its result's text; one with more to say (content blocks, an error flag: an
+MCP server's result, ``worker.mcp.tools``) overrides ``Tool.result`` to return a
+``ToolResult``. A tool that cannot tell whether its call took
+effect (an MCP server that died mid-call, a call past its timeout) raises
+``OutcomeUnknown``: the loop records no result, and the call is settled as a dangling one,
+by the rules of docs/design.md section 5, as after a crash.
+
 The tools of a task are gathered by ``worker.tools.registry`` (the built-in ones of
 ``worker.tools.builtin`` and the user modules of ``[tools] modules``); both import this
 module, which imports neither.
@@ -46,6 +53,24 @@ class Effect(StrEnum):
 
 class ToolError(Exception):
     """Raised by a tool to give the model an error result with this message."""
+
+
+class OutcomeUnknown(Exception):
+    """Raised by a tool whose call may or may not have taken effect: the call is left
+    dangling, for the dangling-call rules (re-run when safe, held when unsafe)."""
+
+
+#: A tool_result's content: its text, or content blocks (text and image blocks).
+Content = str | list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool returns besides plain text: content blocks, and whether the tool itself
+    reported an error (``is_error`` of the tool_result)."""
+
+    content: Content
+    is_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +157,11 @@ class Tool:
 
     def run(self, ctx: ToolContext, data: dict[str, Any]) -> str:
         return str(self.func(ctx, **data))
+
+    def result(self, ctx: ToolContext, data: dict[str, Any]) -> str | ToolResult:
+        """What the loop records of a call: ``run``'s text, unless the tool has more to
+        say (content blocks, an error of its own: an MCP tool)."""
+        return self.run(ctx, data)
 
 
 def _matches(value: Any, expected: str) -> bool:

@@ -1,0 +1,114 @@
+"""What an operator reads of the whole system, shared by the CLI and the console: the
+status document (``agentd status --json``, docs/design.md section 3), the held calls
+(``agentd dangling --json``) and the inbox of everything that waits for a person (the
+console's ``GET /api/held``, section 12).
+
+On a shared store (section 10) every one of them is the whole cluster's: the tasks are
+read in one statement (``TaskStore.read_all``), each with the node that runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from supervisor.control import running_pid, supervisor_info
+from supervisor.record import TaskRecord
+from supervisor.status import held_calls, status_row
+from supervisor.stores import shared, store_for
+from supervisor.submit import existing_task, listed_tasks
+from worker import __version__
+from worker.config import node_name as local_node
+from worker.protocol import TaskStatus
+from worker.spool import Spool, TaskDir
+
+#: How the reason of a task held on its budget begins (docs/design.md section 13):
+#: ``budget: $1.35 of $1.00``. Such a task waits for ``agentd budget``, not a decision.
+BUDGET_REASON = "budget:"
+
+
+class HeldTask(TypedDict):
+    """A task that waits for a person without a held call (``GET /api/held``)."""
+
+    task: str
+    reason: str
+
+
+def supervisor_json(spool: Spool) -> dict[str, Any]:
+    """The ``supervisor`` object of the status document: the daemon on ``spool``."""
+    pid = running_pid(spool)
+    info = supervisor_info(spool) or {}
+    return {
+        "running": pid is not None,
+        "pid": pid,
+        "started_at": info.get("started_at") if pid else None,
+        "cgroups": info.get("cgroups") if pid else None,
+        "version": __version__,
+        "spool": str(spool.root),
+        "node": info.get("node") if pid else None,
+        # how run_command runs, as the daemon probed it at start (docs/design.md section 3)
+        "sandbox": info.get("sandbox") if pid else None,
+    }
+
+
+def task_row(task: TaskDir, leases: dict[str, str] | None, node: str | None) -> dict[str, Any]:
+    """One task's row of the status document: ``status_row`` with its ``node`` (from
+    ``leases`` on a shared store; else ``node``, this machine's, while its worker runs)."""
+    row = status_row(task)
+    if leases is not None:
+        row["node"] = leases.get(task.id)
+    else:
+        row["node"] = (node or local_node()) if row["state"] == TaskStatus.RUNNING else None
+    return row
+
+
+def status_document(spool: Spool, task_id: str | None = None) -> dict[str, Any]:
+    """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``);
+    on a shared store every task of the cluster, each with the node that runs it, and
+    ``nodes``."""
+    store = store_for(spool.root)
+    cluster = shared()
+    leases = cluster.leases() if cluster is not None else None
+    rows = []
+    sup = supervisor_json(spool)
+    with store.read_all():
+        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
+        for task in task_dirs:
+            if store.exists(task.id):
+                rows.append(task_row(task, leases, sup["node"]))
+    doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
+    if cluster is not None:  # the node of this spool's daemon, else the one asking
+        sup["node"] = sup["node"] or cluster.node
+        doc["nodes"] = [n.to_json() for n in cluster.nodes()]
+    return doc
+
+
+def dangling_rows(spool: Spool, task_id: str | None = None) -> list[dict[str, Any]]:
+    """``agentd dangling --json``: the held calls of every held task (or of ``task_id``)."""
+    store = store_for(spool.root)
+    rows: list[dict[str, Any]] = []
+    with store.read_all():
+        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
+        for task in task_dirs:
+            if TaskRecord.load(task).state == TaskStatus.HELD:
+                rows += held_calls(task)
+    return rows
+
+
+def held_document(spool: Spool) -> dict[str, Any]:
+    """The inbox of what waits for a person, across every task (``GET /api/held``): the
+    held calls, as ``agentd dangling --json`` lists them, and the tasks held on their
+    budget (held with no held call, their reason ``budget: ...``)."""
+    store = store_for(spool.root)
+    calls: list[dict[str, Any]] = []
+    tasks: list[HeldTask] = []
+    with store.read_all():
+        for task in listed_tasks(spool):
+            record = TaskRecord.load(task)
+            if record.state != TaskStatus.HELD:
+                continue
+            held = held_calls(task)
+            calls += held
+            reason = record.reason or ""
+            if not held and reason.startswith(BUDGET_REASON):
+                tasks.append({"task": task.id, "reason": reason})
+    return {"calls": calls, "tasks": tasks}
