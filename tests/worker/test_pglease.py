@@ -373,3 +373,24 @@ def test_a_watch_counts_no_pause_in_its_reads_past_its_gap() -> None:
     clock.now += 0.5
     watch.observe([held])
     assert watch.expired(lease=2.0) == [held]
+
+
+def test_a_dead_holder_s_task_is_taken_over_whatever_the_server_s_clock_said_before(
+    db: str,
+) -> None:
+    """A task claimed while the database host's clock ran two minutes ahead keeps that
+    time in its row (``runnable_at``, ``lease_expires``); stepped back, the clock must
+    keep neither a queued task nor a dead holder's from the other nodes. (Only a
+    backoff waits for its time.)"""
+    with connect(db) as conn, connect(db) as taker:
+        add_tasks(conn, "t1", "t2", after="2 minutes")  # (written while ahead)
+        add_tasks(conn, "b1", state="backoff", after="2 minutes")
+        (held,) = claim(conn, "a", 1, 1.0)  # t1 or t2: queued, whatever runnable_at says
+        watch = LeaseWatch()
+        rest = claim(taker, "b", 1, 30, watch=watch)
+        assert {held.task_id, *(r.task_id for r in rest)} == {"t1", "t2"}
+        (taken,) = poll_for(  # a's holder renews no more: b takes its lease, running
+            lambda: claim(taker, "b", 5, 30, watch=watch), 10, interval=0.05, what="takeover"
+        )
+        assert (taken.task_id, taken.epoch) == (held.task_id, held.epoch + 1)
+        assert claim(taker, "b", 5, 30, watch=watch) == []  # the backoff waits its time

@@ -78,9 +78,10 @@ SELECT epoch, seq, ARRAY(
 #: still for long enough (``expired``: as it was seen, by epoch and renewal count), oldest
 #: first, up to ``limit``; rows another node is claiming right now are skipped, not waited
 #: for. The same statement reads every lease held, for the node's ``LeaseWatch``: the
-#: claimed rows come first (``claimed`` true), with what lease each was taken from. A
-#: queued task is runnable whatever its ``runnable_at`` says (only a backoff's is a wait):
-#: the server's clock stepped back must not hold the queue up.
+#: claimed rows come first (``claimed`` true), with what lease each was taken from. Only a
+#: backoff waits for its ``runnable_at``: a queued task, or a running one whose lease
+#: stood still, is runnable whatever it says (the server's clock stepped back since it
+#: was written must neither hold the queue up nor keep a dead node's task from the others).
 CLAIM = """
 WITH held AS (
     SELECT id, node, epoch, renewals, lease_seconds FROM tasks
@@ -92,7 +93,7 @@ WITH held AS (
     SELECT t.id, t.lease_expires IS NOT NULL AS taken, t.node AS was_node, t.epoch AS was_epoch
     FROM tasks t
     WHERE t.state IN ('queued', 'backoff', 'running')
-      AND (t.state = 'queued' OR t.runnable_at <= now())
+      AND (t.state <> 'backoff' OR t.runnable_at <= now())
       AND (t.lease_expires IS NULL OR EXISTS (SELECT 1 FROM expired e
           WHERE e.id = t.id AND e.epoch = t.epoch AND e.renewals = t.renewals))
       AND (t.paused_until IS NULL OR t.paused_until <= now())
