@@ -400,21 +400,21 @@ def measure_scale(url: str, n: int, workdir: Path) -> tuple[float, float]:
     """Seconds for ``n`` one-turn tasks through two nodes on the database, and through
     one node on the file store (``bench.throughput``: from the first task moved into the
     spool to the last task_done). The database's tasks are created beforehand and held
-    back (``runnable_at`` in the future) until both nodes serve; the clock runs from
+    back (an operator's pause, ``paused_until``) until both nodes serve; the clock runs from
     their release, in one statement, to the last one done."""
     import psycopg
 
     ids = [f"t{k:05d}" for k in range(n)]
     stage(url, ids, one_turn_script(), workdir)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE tasks SET runnable_at = 'infinity'")
+        conn.execute("UPDATE tasks SET paused_until = 'infinity'")
         a, b = node(workdir, "a", url, 10.0), node(workdir, "b", url, 10.0)
         with a, b:
             a.start()
             b.start()
             ended = "SELECT count(*) FROM tasks WHERE state IN ('done', 'failed')"
             t0 = time.monotonic()
-            conn.execute("UPDATE tasks SET runnable_at = now()")
+            conn.execute("UPDATE tasks SET paused_until = NULL")
             conn.execute("SELECT pg_notify(%s, %s)", (WAKE_CHANNEL, ids[0]))  # as submit does
             wait_until(lambda: (r := conn.execute(ended).fetchone()) and r[0] >= n,
                        60 + n, 0.01, f"{n} tasks to finish on two nodes")  # fmt: skip

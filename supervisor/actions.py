@@ -95,9 +95,13 @@ def approve(
     return calls
 
 
-def cancel(spool: Spool, task_id: str, wait: float, *, operator: Operator | None = None) -> bool:
+def cancel(
+    spool: Spool, task_id: str, wait: float, *, operator: Operator | None = None
+) -> bool | control.Fenced:
     """Cancel the task for good: True once it is cancelled, False while the running daemon
-    has not applied the cancel within ``wait`` seconds (it will: it is durable)."""
+    has not applied the cancel within ``wait`` seconds (it will: it is durable); on a
+    shared store, a ``Fenced`` when it was taken from a node that stopped renewing its
+    lease (``control.cancel``)."""
     task = existing_task(spool, task_id)
     return control.cancel(spool, task, wait, operator=operator)
 

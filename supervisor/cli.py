@@ -25,6 +25,7 @@ from typing import Any
 
 from supervisor.actions import EVERY_CALL, approve, cancel, retry
 from supervisor.control import (
+    Fenced,
     already_running,
     ring,
     running_pid,
@@ -681,6 +682,10 @@ FOLLOW_POLL = 0.25
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     done = cancel(spool, args.task, config.restart.stop_grace + 5, operator=Operator.here())
+    if isinstance(done, Fenced):  # (its node stopped renewing the lease: frozen, cut off)
+        running = f"; its running call {done.call} may still complete until then"
+        print(f"agentd: {args.task} cancelled; {done.told()}{running if done.call else ''}")
+        return 0
     print(f"{args.task}: cancelled" if done else f"{args.task}: cancel requested")
     return 0
 
@@ -811,10 +816,16 @@ def cmd_rewind(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             f"not undone: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
         )
     for call in report.cut_off:
+        cut = f"cut off: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']}"
+        if report.fenced is not None:  # (its node stopped renewing the lease: frozen, cut off)
+            print(
+                f"{cut}: {report.fenced.told()}; it may still complete until then, and its "
+                "outcome is unknown"
+            )
+            continue
         print(
-            f"cut off: turn {call['turn']} {call['tool']} ({call['effect']}) {call['call_id']} "
-            f"was still running after restart.stop_grace ({config.restart.stop_grace:g} s) "
-            "and was killed; its outcome is unknown"
+            f"{cut} was still running after restart.stop_grace ({config.restart.stop_grace:g} "
+            "s) and was killed; its outcome is unknown"
         )
     print(f"{report.task}: rewound to turn {report.to}; later turns kept in the history")
     print(f"workspace: {report.workspace}")

@@ -11,7 +11,10 @@
   record that stays (``TaskDir.cancellation``, ``supervisor.decisions.record_cancel``).
   On a shared store (docs/design.md section 10) there is no one daemon to ask: a command
   moves the record itself by compare-and-set, and a task a node runs is cancelled by
-  that node, woken by ``ring`` (NOTIFY) or its next poll.
+  that node, woken by ``ring`` (NOTIFY) or its next poll. A node that has stopped
+  renewing the task's lease (frozen, cut off) cannot: the command takes the lease from
+  it (``SharedStore.seize``: the new epoch fences its worker) and says how long a call
+  that worker was running may still complete (``Fenced``).
 * ``paused``: stops a task's worker at a safe point and holds its lock for the length of
   an operation (rewind), so no worker writes the journal meanwhile. The daemon waits
   ``restart.stop_grace`` for the safe point (a model call is abandoned at once, a running
@@ -34,8 +37,10 @@ from typing import Any
 from supervisor.decisions import OPERATOR_WAIT, drop_moot_cancel, operator_lock, record_cancel
 from supervisor.operator import Operator, fields_of
 from supervisor.record import Move, TaskRecord
+from supervisor.status import load_state
 from supervisor.stores import shared, store_of
 from worker.errors import (
+    AgentdError,
     LockBusyError,
     RecordConflictError,
     StateConflictError,
@@ -46,7 +51,7 @@ from worker.events import record_event, utc_now
 from worker.lock import is_locked
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
-from worker.store.base import Owner
+from worker.store.base import Owner, Seized, SharedStore
 from worker.store.durable import (
     atomic_write,
     dump_json,
@@ -64,6 +69,8 @@ MOVE_ATTEMPTS = 20
 #: Seconds a pause on a shared store outlasts the wait for the safe point: the operation
 #: done under it (a rewind) is quick, and a pause whose command died ends by itself.
 PAUSE_SLACK = 60.0
+#: Seconds between two looks of a command at a lease it waits for (``SharedStore.seize``).
+SEIZE_POLL = 0.1
 
 
 class SupervisorLock:
@@ -220,7 +227,9 @@ def change_record(
     return False
 
 
-def cancel(spool: Spool, task: TaskDir, wait: float, *, operator: Operator | None = None) -> bool:
+def cancel(
+    spool: Spool, task: TaskDir, wait: float, *, operator: Operator | None = None
+) -> bool | Fenced:
     """Cancel ``task`` for good: True once it is cancelled, False while a running daemon
     has not applied it within ``wait`` seconds (it will: the record is durable).
     ``operator``: who cancels, kept in the cancel record and its event.
@@ -228,19 +237,26 @@ def cancel(spool: Spool, task: TaskDir, wait: float, *, operator: Operator | Non
     Under the task's operator lock, held until the outcome is known: of a cancel and a
     decision, the first wins (``record_cancel``), and no rewind or retry slips in
     between. A task that ended ``done`` or ``failed`` before the daemon could apply the
-    cancel was not cancelled: the record is withdrawn and StateConflictError says so."""
+    cancel was not cancelled: the record is withdrawn and StateConflictError says so.
+
+    On a shared store, a task whose node has stopped renewing its lease (for half of it,
+    as this command watched: ``SharedStore.seize``) is cancelled here and now, its worker
+    fenced: a ``Fenced`` says which node, and which of its calls may still complete
+    within what is left of that node's lease."""
+    cluster = shared()
     with operator_lock(task, wait=max(OPERATOR_WAIT, wait)):
         record_cancel(task, operator)
         with offline(spool) as alone:
             # (on a shared store, a task a node runs is that node's to cancel)
-            if alone and not (shared() is not None and store_of(task).owned(task.id)):
+            if alone and not (cluster is not None and store_of(task).owned(task.id)):
                 move_record(task, TaskRecord.cancel)
                 record_event(
                     store_of(task), task.id, "task_cancelled", task=task.id, **fields_of(operator)
                 )
                 return True
         ring(spool, task.id)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + (max(wait, cluster.lease) if cluster else wait)
+        watched = 0.0  # (the lease is looked at every SEIZE_POLL: each look is a write)
         while True:
             record = TaskRecord.load(task)
             if record.state == TaskStatus.CANCELLED:
@@ -251,9 +267,36 @@ def cancel(spool: Spool, task: TaskDir, wait: float, *, operator: Operator | Non
                     f"task {task.id} ended {record.state} ({record.reason}) before the cancel "
                     "took effect; nothing was cancelled."
                 )
-            if time.monotonic() >= deadline or (shared() is None and running_pid(spool) is None):
+            if cluster is not None and time.monotonic() >= watched:
+                watched = time.monotonic() + SEIZE_POLL
+                if (seized := cluster.seize(task.id)) is not None:
+                    done = _cancel_seized(task, seized, operator)
+                    if done is not None:
+                        return done
+                    continue  # (it ended meanwhile: the next look says how)
+            if time.monotonic() >= deadline or (cluster is None and running_pid(spool) is None):
                 return False
             time.sleep(0.02)
+
+
+def _cancel_seized(
+    task: TaskDir, seized: Seized, operator: Operator | None
+) -> bool | Fenced | None:
+    """Cancel ``task`` under the lease a cancel seized, then let the lease go; None when
+    the task ended meanwhile (it was not cancelled)."""
+    store = store_of(task)
+    try:
+        if TaskRecord.load(task).state in FINAL_STATES:
+            return None
+        told = seized_from(task, seized)  # (the journal as the fenced worker left it)
+        move_record(task, TaskRecord.cancel)
+    finally:
+        store.release(seized.owner)
+    fields: dict[str, Any] = {"task": task.id, **fields_of(operator)}
+    if told is not None:  # (taken from a node that stopped renewing: what may still run)
+        fields |= {"fenced_node": told.node, "running_call": told.call}
+    record_event(store, task.id, "task_cancelled", **fields)
+    return told or True
 
 
 def pause_holder_alive(task: TaskDir) -> bool:
@@ -278,6 +321,35 @@ def pause_holder_alive(task: TaskDir) -> bool:
 
 
 @dataclass(frozen=True)
+class Fenced:
+    """A task an operator's command took from a node that has stopped renewing its lease
+    (``SharedStore.seize``): the node, how long its lease may still last (at the latest:
+    its worker is killed by then, ``worker.killtimer``), and the call its worker was
+    running, which may still complete until then (its outcome unknown)."""
+
+    node: str
+    ends_in: float
+    call: str | None
+
+    def told(self) -> str:
+        return f"node {self.node} has not renewed its lease (ends in {self.ends_in:.1f} s)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ends_in": round(self.ends_in, 1), "running_call": self.call}
+
+
+def seized_from(task: TaskDir, seized: Seized) -> Fenced | None:
+    """What a command tells of the lease it seized (None: no node held it)."""
+    if seized.holder is None:
+        return None
+    try:
+        running = [c.call_id for c in load_state(task).dangling()]
+    except (AgentdError, OSError, ValueError):
+        running = []
+    return Fenced(seized.holder, seized.ends_in, running[-1] if running else None)
+
+
+@dataclass(frozen=True)
 class Pause:
     """How a pause began: ``cut_off`` when the worker did not reach a safe point within
     ``restart.stop_grace`` and the daemon killed it (its running call has no result).
@@ -285,6 +357,7 @@ class Pause:
 
     cut_off: bool
     owner: Owner
+    fenced: Fenced | None = None  # taken from a node that stopped renewing its lease
 
 
 @contextlib.contextmanager
@@ -305,7 +378,10 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
     owner = None
     try:
         try:
-            owner = store.acquire(task.id, wait=patience)
+            if cluster is not None:
+                owner, fenced = _seize(cluster, task, patience)
+            else:
+                owner, fenced = store.acquire(task.id, wait=patience), None
         except LockBusyError as exc:
             where = f"worker pid {exc.holder_pid}" if exc.holder_pid else "on another node"
             advice = (
@@ -318,7 +394,8 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
                 f"within {wait:g} s; nothing was changed. {advice}"
             ) from None
         events, _ = store.read_events(task.id, seen)
-        yield Pause(any(e.get("event") == "worker_killed" for e in events), owner)
+        killed = any(e.get("event") == "worker_killed" for e in events)
+        yield Pause(killed or fenced is not None, owner, fenced)
     finally:
         if owner is not None:
             store.release(owner)
@@ -327,3 +404,15 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
         else:
             take_request(task, PAUSE_REQUEST)
         ring(spool, task.id)
+
+
+def _seize(cluster: SharedStore, task: TaskDir, wait: float) -> tuple[Owner, Fenced | None]:
+    """The task's lease for a pause on a shared store: once its node let it go at a safe
+    point, or taken from a node that stopped renewing it (``SharedStore.seize``); else
+    ``LockBusyError`` after ``wait`` seconds."""
+    deadline = time.monotonic() + max(wait, cluster.lease)
+    while (seized := cluster.seize(task.id)) is None:
+        if time.monotonic() >= deadline:
+            raise LockBusyError(f"task {task.id}'s lease is held by a node that renews it")
+        time.sleep(SEIZE_POLL)
+    return seized.owner, seized_from(task, seized)

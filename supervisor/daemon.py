@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import random
 import signal
@@ -94,6 +95,7 @@ from supervisor.watch import Watch
 from supervisor.workers import (
     WorkerProcess,
     adopt,
+    adopt_claimed,
     journal_end,
     process_started,
     spawn,
@@ -118,6 +120,7 @@ from worker.protocol import (
     LEASE_ENV,
     NODE_ENV,
     RETRIES_ENV,
+    TAKEN_OVER_ENV,
     VERDICT_EXITS,
     TaskStatus,
 )
@@ -515,6 +518,8 @@ class Supervisor:
         self.emit("cgroups", verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
+        if self.shared is not None:
+            self._adopt_claimed(self.shared)
         self.rescan()
         self._info = {
             "pid": os.getpid(),
@@ -763,6 +768,32 @@ class Supervisor:
         elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
             self._save(slot, TaskStatus.QUEUED)
 
+    def _adopt_claimed(self, shared: SharedStore) -> None:
+        """A node started again on a shared store (its last daemon killed, its workers
+        not): adopt each worker that still runs one of its claims, as ``_recover`` does on
+        a spool (``workers.adopt_claimed`` says how one is told); a claim whose worker is
+        gone runs out, and the task is claimed again."""
+        try:
+            orphans = shared.orphans()
+        except StorageError:
+            return  # the database is away: those claims run out, as a dead node's do
+        for owner, beat in orphans:
+            task = self.spool.task(owner.task_id)
+            worker = adopt_claimed(task, owner, beat)
+            if worker is None:
+                continue
+            try:
+                record = TaskRecord.load(task)
+            except StorageError:
+                worker.close()
+                continue
+            slot = self.slots[task.id] = TaskSlot(task, record, owner=owner)
+            self.relay.track(task.id, from_end=True)
+            self._attach(slot, worker)
+            pid_started = process_started(worker.pid)
+            self._save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=pid_started)
+            self.emit("worker_adopted", slot, pid=worker.pid, epoch=owner.epoch)
+
     def _apply_requests(self, slot: TaskSlot) -> None:
         if (
             (slot.record.state not in FINAL_STATES or slot.worker is not None)
@@ -861,7 +892,10 @@ class Supervisor:
                 continue
             slot = self.slots[task.id] = TaskSlot(task, record, owner=owner)
             self.relay.track(task.id, from_end=True)
-            self.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch)
+            taken: dict[str, Any] = {}
+            if owner.previous is not None:  # (from a node that let its lease stand still)
+                taken["taken_over"] = owner.previous.to_json()
+            self.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch, **taken)
             unseen = self._unseen_workspace(slot, shared.node)
             if unseen is not None:
                 self._unseen[task.id] = now + UNSEEN_PATIENCE
@@ -911,6 +945,8 @@ class Supervisor:
             env = {**env, RETRIES_ENV: str(slot.record.retries)}
         if slot.owner is not None:
             env = {**env, EPOCH_ENV: str(slot.owner.epoch)}
+            if slot.owner.previous is not None:
+                env[TAKEN_OVER_ENV] = json.dumps(slot.owner.previous.to_json())
         tools = self.config.tools
         try:
             return {

@@ -20,24 +20,26 @@ Both cut only at turn boundaries, so every tool_use keeps its one tool_result.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import REQUEUE_REQUEST, change_record, paused, ring
+from supervisor.control import REQUEUE_REQUEST, Fenced, change_record, paused, ring
 from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
-from supervisor.stores import store_of
+from supervisor.stores import shared, store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget
 from worker.config import Config
-from worker.errors import IrreversibleError, StateConflictError, UsageError
+from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
 from worker.events import record_event, utc_now
 from worker.models.base import Usage
 from worker.spool import Spool, TaskDir, validate_task_id
@@ -213,6 +215,9 @@ class RewindReport:
     irreversible: list[dict[str, Any]]
     workspace: str
     cut_off: list[dict[str, Any]]  # calls killed mid-way by the pause: outcome unknown
+    # on a shared store: taken from a node that stopped renewing its lease, whose cut-off
+    # call may still complete until that lease ends
+    fenced: Fenced | None = None
 
 
 def _call_row(call: Call) -> dict[str, Any]:
@@ -291,7 +296,7 @@ def rewind(
         **fields_of(operator),
     )
     ring(spool, task.id)
-    return RewindReport(task.id, from_turn, to, undo, workspace, cut_off)
+    return RewindReport(task.id, from_turn, to, undo, workspace, cut_off, pause.fenced)
 
 
 def _rewind_workspace(
@@ -371,12 +376,22 @@ def fork(
     note = "files were not restored (the workspace is not under git)"
     worktree = None
     git = _git_of(config, parent, spec.git) if snapshot else None
+    # on a shared store a workspace given at submit is on a mount every node sees: the
+    # fork's own goes beside it there (``_beside``), never in this node's spool
+    beside = shared() is not None and spec.workspace is not None
     if snapshot and git is not None:
         worktree = spool.task(new_id).path / "worktree"
+        if beside:
+            worktree = _beside(git.repo.work_tree, new_id)
         inside = parent_ws.resolve().relative_to(git.repo.work_tree.resolve())
         child = vcs.Repository(worktree, None, git.repo.common_dir)
         new_spec = replace(new_spec, workspace=str(worktree / inside), git=child.to_json())
         note = f"own work tree at the files after turn {at} (git {snapshot[:12]})"
+        note += f" at {worktree}" if beside else ""
+    elif beside:
+        worktree = _beside(parent_ws, new_id)
+        new_spec = replace(new_spec, workspace=str(worktree))
+        note += f"; the fork has its own copy of the parent's files, in {worktree}"
     elif spec.workspace is not None:
         note += f"; the fork shares the workspace {spec.workspace}"
     else:
@@ -385,7 +400,10 @@ def fork(
     def prepare(folder: Path | None) -> None:
         made = folder or spool.task(new_id).path  # (the folder being made, or the task's)
         if git is not None and worktree is not None and snapshot:
-            git.fork(snapshot, made / worktree.name, made / spool.task(new_id).git.name)
+            work_tree = worktree if beside else made / worktree.name
+            git.fork(snapshot, work_tree, made / spool.task(new_id).git.name)
+        elif beside and worktree is not None:
+            _copy_beside(parent_ws, worktree)
         elif spec.workspace is None and parent_ws.is_dir():
             shutil.copytree(parent_ws, made / "workspace", symlinks=True)
 
@@ -393,9 +411,50 @@ def fork(
         script: bytes | None = store.load_script(parent_id)
     except FileNotFoundError:
         script = None
-    create_task(spool, new_spec, script, journal=stamped, prepare=prepare)
+    try:
+        create_task(spool, new_spec, script, journal=stamped, prepare=prepare)
+    except BaseException:
+        if beside and worktree is not None:  # a refused fork leaves nothing beside
+            shutil.rmtree(worktree, ignore_errors=True)
+        raise
     record_event(
         store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at, **fields_of(operator)
     )
     ring(spool, new_id)
     return ForkReport(new_id, parent_id, at, note)
+
+
+def _beside(workspace: Path, fork_id: str) -> Path:
+    """Where a fork's own workspace goes on a shared store: ``WORKSPACE.fork-ID``, beside
+    its parent's on the same mount (so every node that sees the parent's sees it). Refused
+    in one line, before anything is written, when that folder cannot be made there."""
+    target = workspace.with_name(f"{workspace.name}.fork-{fork_id}")
+    folder = target.parent
+    if not workspace.is_dir():
+        raise SpoolError(
+            f"the workspace {workspace} is not a folder on this node, so the fork cannot copy "
+            "it; fork the task on a node that mounts it."
+        )
+    if target.exists() or target.is_symlink():
+        raise StateConflictError(
+            f"{target} exists already; give the fork another --name, or remove that folder."
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpoolError(
+            f"the fork's workspace {target} cannot be made: {folder} is not writable here; "
+            "make it writable for agentd's user (or read-write), or fork on a node where it is."
+        )
+    return target
+
+
+def _copy_beside(workspace: Path, target: Path) -> None:
+    """A copy of ``workspace`` at ``target``, built under a temporary name beside it and
+    renamed into place: a copy cut short leaves no half folder under the fork's name."""
+    build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        shutil.copytree(workspace, build, symlinks=True, dirs_exist_ok=True)
+        build.chmod(0o700)
+        os.rename(build, target)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise

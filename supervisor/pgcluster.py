@@ -155,6 +155,8 @@ class ThrowawayCluster:
         self.user = user
         self.port = port
         self.password = password
+        # more environment for the server from its next start (a test's clock shim)
+        self.server_env: dict[str, str] = {}
 
     @property
     def data(self) -> Path:
@@ -219,6 +221,7 @@ class ThrowawayCluster:
                 self._run(
                     "pg_ctl", "start", "--pgdata", str(self.data), "--log", str(self.log),
                     "--wait", "--timeout", str(int(START_TIMEOUT)), "--options", options,
+                    env=self.server_env,
                 )  # fmt: skip
             except ClusterError:
                 if "could not bind" not in self._log_tail():
@@ -260,9 +263,10 @@ class ThrowawayCluster:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _run(self, tool: str, *args: str) -> None:
-        """Run one server tool as the server's user; a failure is one ClusterError line."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    def _run(self, tool: str, *args: str, env: dict[str, str] | None = None) -> None:
+        """Run one server tool as the server's user (with ``env`` added to what it
+        inherits, but for libpq's variables); a failure is one ClusterError line."""
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PG")}, **(env or {})}
         env["LC_ALL"] = "C"
         handed = not self.user.is_caller
         done = subprocess.run(

@@ -14,7 +14,9 @@ imported: supervisor/forkserver.py) and from a fresh interpreter otherwise. Eith
 the daemon, a child subreaper, is their parent and reaps them, so it reads their exit
 status directly. A worker is found again after a daemon restart through its task lock,
 whose holder wrote its pid there: that is the one proof of "this is the task's worker"
-that does not depend on how the worker was started.
+that does not depend on how the worker was started. On a shared store no lock file
+holds it: a claim's worker is found by its heartbeat, which names its process
+(``adopt_claimed``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
 from worker.descendants import dies_with
 from worker.errors import AgentdError, JournalCorruptError, SpoolError, StorageError
+from worker.identity import ProcessId
 from worker.protocol import VERDICT_EXITS, ExitCode, exit_record_reason
 from worker.spool import TaskDir
-from worker.store.base import START, Cursor
+from worker.store.base import JSON, START, Cursor, Owner
 from worker.store.durable import open_private
 
 SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
@@ -266,3 +269,37 @@ def adopt(task: TaskDir) -> WorkerProcess | None:
         os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_at=journal_end(task))
+
+
+def adopt_claimed(task: TaskDir, owner: Owner, beat: JSON) -> WorkerProcess | None:
+    """Re-attach to the worker that runs ``task`` under ``owner``, a claim of this node
+    that an earlier daemon made on a shared store (it was killed, its workers were not),
+    or None when no such worker runs on this machine. No lock file proves it there: its
+    latest heartbeat names it (``worker.identity``), and each part must hold: the beat is
+    of ``owner``'s epoch (the lease is still the worker's), its process is of this boot
+    of this machine and started at the clock tick the beat says (a pid reused since
+    started at another), and its title names this task in this spool (a worker of
+    another node on this machine has another spool). Checked again once the pidfd pins
+    the process."""
+    process = ProcessId.from_json(beat.get("process"))
+    if beat.get("epoch") != owner.epoch or process is None or process.pid == os.getpid():
+        return None
+    if not (process.alive_here() and _titled(process.pid, task)):
+        return None
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:
+        return None
+    if not (process.alive_here() and _titled(process.pid, task)):
+        os.close(pidfd)
+        return None
+    return WorkerProcess(task, process.pid, pidfd, None, journal_at=journal_end(task))
+
+
+def _titled(pid: int, task: TaskDir) -> bool:
+    """Whether process ``pid``'s title is the one a worker of ``task`` gives itself
+    (``worker.proctitle``: the task and its spool)."""
+    with contextlib.suppress(psutil.Error, OSError):
+        title = " ".join(psutil.Process(pid).cmdline())
+        return title.startswith(f"agentd: worker {task.id} in {task.root}")
+    return False

@@ -16,24 +16,23 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.chaos.nodes import (
-    KILL,
-    STOP,
+from tests.chaos.nodeaudit import (
     Audit,
+    Cancel,
     Fault,
     Row,
     audit,
     claims_of,
+    effects_after,
+    event_marks,
     events_named,
-    freeze_tree,
     journal_rows,
-    kill_tree,
     leases_of,
-    run,
-    serving,
-    task_script,
-    thaw,
+    moved_since,
+    stamped,
 )
+from tests.chaos.nodes import KILL, STOP, run, serving, task_script
+from tests.chaos.trees import freeze_tree, kill_tree, thaw
 from tests.daemon import Daemon, parse_time, subreaper
 from tests.faults.report import format_figures, violations
 from tests.postgres import server_binaries
@@ -179,6 +178,7 @@ def _effects(script: list[dict[str, object]]) -> list[dict[str, object]]:
 def _audit(rows: list[Row], effects: list[dict[str, object]], **extra: object) -> Audit:
     faults = extra.pop("faults", [])
     claimed = extra.pop("claimed", {})
+    skewed = extra.pop("skewed", [])
     return audit(
         {"t000": 6},
         {"t000": {"id": "t000", "state": "done", "reason": "end_turn"}},
@@ -187,6 +187,7 @@ def _audit(rows: list[Row], effects: list[dict[str, object]], **extra: object) -
         [],
         effects,
         faults,  # type: ignore[arg-type]
+        skewed=skewed,  # type: ignore[arg-type]
     )
 
 
@@ -247,6 +248,50 @@ def test_a_task_not_ended_is_lost_and_its_missing_effects_are_not_counted() -> N
     assert STOP not in found.failover  # never taken over
 
 
+def _hold(seq: int, epoch: int, call_id: str, why: str) -> Row:
+    return _row(seq, epoch, {"k": "hold", "calls": [{"call_id": call_id, "why": why}]})
+
+
+def test_a_hold_of_a_call_that_had_run_counts_unless_its_task_was_taken_over() -> None:
+    """ "Tasks held for a call that ran once": a hold after the call's effect was logged,
+    on a task no node took over (its hold names no node); one whose call had not run yet,
+    or whose hold names the node it was taken from, is the rule (invariant 2)."""
+    rows = _journal(SCRIPT, [1])
+    call = next(r.record["call_id"] for r in rows if r.record.get("k") == "intent")
+    at = stamped(rows[3])
+    assert at is not None
+    ran = [{"kind": "effect", "call_id": call, "tag": "x", "at": at - 1.0}]
+    held = [*rows, _hold(len(rows) + 1, 1, call, "unsafe: its outcome is unknown")]
+    assert _audit(held, ran).held_ran == 1
+    taken = "unsafe: its outcome is unknown; it was running on node n1 (epoch 1), whose ..."
+    assert _audit([*rows, _hold(len(rows) + 1, 2, call, taken)], ran).held_ran == 0
+    after = [{**ran[0], "at": at + 3600.0}]  # (it ran once the operator decided)
+    assert _audit(held, after).held_ran == 0
+
+
+def test_effects_after_a_cancel_count_but_the_call_it_named_within_its_time() -> None:
+    cancel = Cancel("f00", 100.0, "toolu_f00_1", 2.0)
+    line = {"kind": "effect", "tag": "f00.1", "call_id": "toolu_f00_1"}
+    assert effects_after([{**line, "at": 99.0}, {**line, "at": 101.5}], [cancel]) == []
+    late = [{**line, "at": 102.5}, {**line, "tag": "f00.2", "call_id": "other", "at": 100.5}]
+    assert effects_after(late, [cancel]) == late
+    assert effects_after([{**line, "tag": "f001.1", "at": 150.0}], [cancel]) == []
+
+
+def test_a_row_of_a_node_whose_clock_was_stepped_is_judged_by_its_epoch_alone() -> None:
+    rows = _journal(SCRIPT, [1])
+    claim_at = 1767225603.5  # between rows 3 and 4, all of epoch 1
+    claimed = {"t000": [(1, "n1", 1767225600.0), (2, "n2", claim_at)]}
+    found = _audit(rows, _effects(SCRIPT), claimed=claimed)
+    assert found.fenced_records == len(rows) - 3
+    skewed = [("n1", 1767225600.0, 1767225700.0)]  # n1 stepped: its stamps say nothing
+    found = _audit(rows, _effects(SCRIPT), claimed=claimed, skewed=skewed)
+    assert found.fenced_records == 0
+    behind = _journal(SCRIPT, [1, 1, 2, 2, 1, 2])  # row 5 by epoch 1 after epoch 2 wrote
+    found = _audit(behind, _effects(SCRIPT), claimed=claimed, skewed=skewed)
+    assert found.fenced_records == 1  # (the epochs' order needs no clock)
+
+
 # -- the readers of the database, against what the store writes --------------------------------
 
 
@@ -279,12 +324,13 @@ def test_the_readers_see_what_the_postgres_store_wrote(postgres_schema: str) -> 
 # -- the quick mode, in make test -----------------------------------------------------------
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_nodes_campaign(capsys: pytest.CaptureFixture[str]) -> None:
-    """The quick mode of class 21 (about a minute): every violation must be 0. It needs the
-    PostgreSQL server binaries, for a server of its own that it restarts: it fails in CI
-    without them and skips elsewhere (tests/postgres.py). ``AGENTD_CHAOS_SEED`` replays a
-    run's choices."""
+    """The quick mode of class 21 (two and a half minutes: one of each of its ten faults):
+    every violation must be 0. It needs the PostgreSQL server binaries, for a server of its
+    own that it restarts, and libfaketime (.ci/system-tools): it fails in CI without them
+    and skips elsewhere (tests/postgres.py). ``AGENTD_CHAOS_SEED`` replays a run's
+    choices."""
     server_binaries()
     seed = os.environ.get("AGENTD_CHAOS_SEED")
     figures = run(quick=True, seed=int(seed) if seed else None)
@@ -292,3 +338,25 @@ def test_nodes_campaign(capsys: pytest.CaptureFixture[str]) -> None:
         print("\n" + format_figures(figures), flush=True)
     bad = violations(figures)
     assert not bad, "; ".join(f"{f.fault}/{f.name}: {f.value}" for f in bad)
+
+
+def test_leases_moved_are_the_takeovers_and_fenced_workers_after_the_marks(
+    postgres_schema: str,
+) -> None:
+    """ "Leases moved by a clock step", from the events table by number (no clock)."""
+    store = PostgresStore(postgres_schema, node="n1", lease=30.0, migrate=True)
+    try:
+        store.create(TaskSpec(id="t1", prompt="Go."), {"state": "queued"})
+        store.append_event("t1", {"event": "lease_lost", "node": "n1"})  # before: not counted
+        marks = event_marks(postgres_schema)
+        store.append_event("t1", {"event": "task_claimed", "node": "n1", "epoch": 2})
+        assert moved_since(postgres_schema, marks) == []  # a claim of a free task
+        taken = {"node": "n1", "epoch": 2, "ended_at": "2026-01-01T00:00:00.000Z"}
+        store.append_event(
+            "t1", {"event": "task_claimed", "node": "n2", "epoch": 3, "taken_over": taken}
+        )
+        store.append_event("t1", {"event": "lease_lost", "node": "n1"})
+        moved = moved_since(postgres_schema, marks)
+        assert [m["event"] for m in moved] == ["task_claimed", "lease_lost"]
+    finally:
+        store.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import socket
 import sys
@@ -45,6 +46,7 @@ from worker.errors import (
 )
 from worker.events import record_event
 from worker.heartbeat import Heartbeat
+from worker.identity import ProcessId, clock_id
 from worker.killtimer import KillTimer
 from worker.lease import LeaseKeeper
 from worker.loop import (
@@ -57,10 +59,18 @@ from worker.mcp.catalog import check_patterns
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.output import BoundedOutput
-from worker.protocol import CGROUP_ENV, EPOCH_ENV, LEASE_ENV, NODE_ENV, RETRIES_ENV, ExitCode
+from worker.protocol import (
+    CGROUP_ENV,
+    EPOCH_ENV,
+    LEASE_ENV,
+    NODE_ENV,
+    RETRIES_ENV,
+    TAKEN_OVER_ENV,
+    ExitCode,
+)
 from worker.spans import PROVIDER, SCRIPTED_PROVIDER, RunSpans, identity, telemetry_on
 from worker.spool import Spool, TaskDir, TaskSpec
-from worker.store.base import JSON, Owner, TaskStore
+from worker.store.base import JSON, Owner, Previous, TaskStore
 from worker.store.files import FileStore
 from worker.tools.registry import ToolRegistry
 
@@ -112,7 +122,12 @@ def handed_over(store: TaskStore, task_id: str) -> Owner | None:
     epoch = os.environ.get(EPOCH_ENV, "")
     if not epoch.isdigit() or credentials.held().get(credentials.STORE) is None:
         return None
-    return Owner(task_id, os.environ.get(NODE_ENV) or socket.gethostname(), int(epoch))
+    try:
+        previous = Previous.from_json(json.loads(os.environ.get(TAKEN_OVER_ENV) or "null"))
+    except ValueError:
+        previous = None
+    node = os.environ.get(NODE_ENV) or socket.gethostname()
+    return Owner(task_id, node, int(epoch), previous=previous)
 
 
 def run(
@@ -231,6 +246,8 @@ def run_owned(
             usage=state.usage_total.to_json(),
             spend=spend_json(state.spend_total),
         )
+        if lease is not None:  # (read on other machines, and by a daemon started later)
+            heartbeat.update(**claim_fields(owner))
         heartbeat.start()
         outcome = loop.run()
     finally:
@@ -326,6 +343,18 @@ def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -
     if timer is None:  # the worker's own deadline still stops it (unless it is frozen)
         say(f"agentd worker: {made}; a tool of a frozen worker may outlive its lease")
     return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output), timer=timer)
+
+
+def claim_fields(owner: Owner) -> JSON:
+    """What a handed-over worker's beats say of it on a shared store: its epoch and its
+    process (a daemon started again on this node adopts the worker by them), and the
+    monotonic clock its instants are on (``worker.identity``)."""
+    process = ProcessId.mine()
+    return {
+        "epoch": owner.epoch,
+        "process": process.to_json() if process is not None else None,
+        "clock": clock_id(),
+    }
 
 
 def beat(store: TaskStore, task_id: str, lease: LeaseKeeper | None, data: JSON) -> None:

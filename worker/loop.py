@@ -187,14 +187,21 @@ class OtherWorkspaces:
     """The workspace of every other task of ``store`` that names one (``--workspace``, or
     a shared store's default): what the sandbox hides at each call (docs/design.md section 5).
     A spec never changes, so each is read once; after that a call costs a listing of the
-    ids. A spec that cannot be read yet (a task being made) is tried again next call."""
+    ids. A spec that cannot be read yet (a task being made) is tried again next call.
+
+    The store is read by ``refresh``, which the loop calls before it records a call's
+    intent: a storage fault there is a wait with nothing recorded, never the call's
+    failure (a fault met as the command was being wrapped would have been recorded as
+    its result, though it never ran). Asked for the list (by the sandbox, at each call),
+    it answers from the last refresh."""
 
     def __init__(self, store: TaskStore, task_id: str) -> None:
         self._store = store
         self._task_id = task_id
         self._known: dict[str, Path | None] = {task_id: None}
+        self._refreshed = False
 
-    def __call__(self) -> list[Path]:
+    def refresh(self) -> None:
         new = [i for i in self._store.task_ids() if i not in self._known]
         if new:
             with self._store.read_all():
@@ -202,6 +209,11 @@ class OtherWorkspaces:
                     with contextlib.suppress(NotFoundError, TaskSpecError):
                         folder = self._store.load_spec(task_id).workspace
                         self._known[task_id] = Path(folder) if folder else None
+        self._refreshed = True
+
+    def __call__(self) -> list[Path]:
+        if not self._refreshed:  # (a command run outside a call: git's, at a boundary)
+            self.refresh()
         return [path for path in self._known.values() if path is not None]
 
 
@@ -278,6 +290,7 @@ class AgentLoop:
         self.metrics = metrics if metrics is not None else StepMetrics()
         self.workspace = workspace
         self.tool_env = tool_environment(os.environ, self.task_id, str(self.workspace))
+        self._others = OtherWorkspaces(store, self.task_id)
         self.sandbox = sandbox_for(
             mode_for(
                 config.tools.sandbox, store=credentials.held().get(credentials.STORE) is not None
@@ -287,7 +300,7 @@ class AgentLoop:
             config=config.source,
             secret_files=tool_secret_files(os.environ),
             on_verdict=(lambda verdict: heartbeat.update(sandbox=verdict)) if heartbeat else None,
-            others=OtherWorkspaces(store, self.task_id),
+            others=self._others,
         )
         #: the MCP servers this worker may start ([mcp.servers]), none until a call needs one
         self.servers = (
@@ -862,6 +875,8 @@ class AgentLoop:
             self._tool_span(call, begun, tool.effect.value, "error", "invalid_input", exc, attempt)
             return
         key = call.key or idempotency_key(self.task_id, self.state.epoch, call.call_id)
+        if self.sandbox.verdict() == "bwrap":  # what it hides, read before anything is recorded
+            self._others.refresh()
         self._record(
             {
                 "k": "intent",
@@ -1053,12 +1068,15 @@ class AgentLoop:
                 }
             )
         else:
+            why = step.why
+            taken = self.owner.previous if self.owner is not None else None
+            if taken is not None:  # (a claim took the task from a node that stopped renewing)
+                why = f"{why}; {taken.told()}"
             hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
-            self._record({"k": "hold", "calls": [{**hold, "why": step.why}]})
-            self._event("dangling_held", level="warning", why=step.why, **fields)
-            return Outcome(
-                "held", f"dangling {call.tool} call {call.call_id}: {step.why}", ExitCode.HELD
-            )
+            self._record({"k": "hold", "calls": [{**hold, "why": why}]})
+            self._event("dangling_held", level="warning", why=why, **fields)
+            told = f"dangling {call.tool} call {call.call_id}: {why}"
+            return Outcome("held", told, ExitCode.HELD)
         return None
 
     def _load_decision(self, call: Call) -> None:

@@ -49,6 +49,10 @@ VERDICT_EXITS = frozenset(code for code in ExitCode if code is not ExitCode.ERRO
 NODE_ENV = "AGENTD_NODE"
 LEASE_ENV = "AGENTD_LEASE"
 EPOCH_ENV = "AGENTD_EPOCH"
+#: The lease the claim took over, when it took one from a holder that let it stand still
+#: (JSON: ``worker.store.base.Previous``): the hold of the call that holder was running
+#: names it.
+TAKEN_OVER_ENV = "AGENTD_TAKEN_OVER"
 #: How many times an operator retried the task (``agentd retry``): a worker whose journal
 #: ended ``failed`` reopens it (a ``retry`` record) when fewer retries are recorded there.
 RETRIES_ENV = "AGENTD_RETRIES"

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from supervisor import actions, history, overview, transcript
 from supervisor.budgets import KEEP, Unchanged, change_budget, parse_tokens, parse_usd
+from supervisor.control import Fenced
 from supervisor.operator import Operator
 from supervisor.stores import store_for
 from supervisor.submit import checked_text, existing_task
@@ -133,9 +134,11 @@ def decide(call: Call) -> JSON:
 
 
 def cancel(call: Call) -> JSON:
-    actions.cancel(
+    done = actions.cancel(
         call.spool, call.task, call.config.restart.stop_grace + 5, operator=call.operator
     )
+    if isinstance(done, Fenced):  # taken from a frozen node: what may still complete
+        return {"task": _row(call, call.task), "fenced": done.to_json()}
     return {"task": _row(call, call.task)}
 
 

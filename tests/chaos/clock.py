@@ -79,6 +79,18 @@ def faketime_library() -> Path | None:
     return None
 
 
+def faketime_env(library: Path, offset_file: Path) -> dict[str, str]:
+    """The environment that puts a process under libfaketime: its wall clock at the
+    offset in ``offset_file``, read at every call, its monotonic clock left alone."""
+    return {
+        "LD_PRELOAD": str(library),
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_NO_CACHE": "1",
+        "DONT_FAKE_MONOTONIC": "1",  # libfaketime 0.9.7 to 0.9.10
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # and later
+    }
+
+
 WALL_SHIM = """\
 \"\"\"Clock chaos: this process's wall clock runs at the offset in $CHAOS_WALL_OFFSET_FILE.\"\"\"
 import os
@@ -115,13 +127,7 @@ class FakeClock:
             "PYTHONPATH": os.pathsep.join((str(shim), str(REPO))),
             "CHAOS_WALL_OFFSET_FILE": str(self.file),
         }
-        self.faketime_env = {
-            "LD_PRELOAD": str(library),
-            "FAKETIME_TIMESTAMP_FILE": str(self.file),
-            "FAKETIME_NO_CACHE": "1",
-            "DONT_FAKE_MONOTONIC": "1",  # libfaketime 0.9.7 to 0.9.10
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # and later
-        }
+        self.faketime_env = faketime_env(library, self.file)
         self.set(0)
 
     def set(self, offset: int) -> None:

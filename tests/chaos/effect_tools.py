@@ -254,4 +254,17 @@ def chaos_charge(ctx: ToolContext, tag: str, amount: int) -> str:
     return _acted(ctx, "effect", "chaos_charge", Effect.UNSAFE, tag, f"charged {amount} ({ref})")
 
 
+@tool(effect=Effect.UNSAFE)
+def chaos_slow_charge(ctx: ToolContext, tag: str, amount: int, seconds: float) -> str:
+    """Charge an amount on the outside ledger once ``seconds`` have passed (a long call,
+    for a freeze to catch in flight). Not idempotent: a second run charges again."""
+    _before(ctx, "chaos_slow_charge", Effect.UNSAFE, tag)
+    time.sleep(max(0.0, min(float(seconds), 60.0)))
+    ref = f"ch-{ctx.call_id[-8:]}-{os.getpid()}"
+    return _acted(
+        ctx, "effect", "chaos_slow_charge", Effect.UNSAFE, tag, f"charged {amount} ({ref})"
+    )
+
+
+#: The tools of the kill -9 and compaction campaigns (the slow charge is class 21's).
 CHAOS_TOOLS = ("chaos_lookup", "chaos_set", "chaos_send", "chaos_enqueue", "chaos_charge")

@@ -28,7 +28,17 @@ Then, at random instants while tasks run, one fault at a time:
   first must find itself superseded (``node_superseded``) and serve nothing: while both
   run, each sample counts the daemons that serve the name, the one ``agentd nodes
   --json`` lists for it and each that a running task's worker of that node descends
-  from (``serving``). Then the second stops, and the first must register the name again.
+  from (``serving``). Then the second stops, and the first must register the name again;
+* the faults of ``tests.chaos.nodefaults``: a frozen node's tool (its tree stopped past
+  the lease mid unsafe call, then an approve, a cancel or a rewind from another node,
+  then SIGCONT), the database read-only past the lease (half the time as a failover,
+  every session cut), a node's link cut mid-commit, and wall-clock steps of ±2 minutes
+  on the database host (libfaketime under PostgreSQL) and on a node (``nodeclock``).
+
+Throughout, node ``n3`` runs in a time namespace whose monotonic and boot-time clocks are
+a day ahead of the others' (``nodeclock.TimeNamespace``): no lease, kill timer or
+heartbeat age may compare two nodes' monotonic clocks. Every status read samples the
+heartbeat ages of running tasks, and an age a day off (or below 0) counts.
 
 Each fault falls on a node that holds leases (drawn by how many), when one does.
 
@@ -54,12 +64,19 @@ the effects log:
   unsafe and keyed effects missing, transcripts not paired (the scripted model's
   transcript, folded from the rows, checked as the Messages API would);
 * two live daemons under one name: samples of a thawed duplicate in which two served it;
+* effects done twice (unsafe or keyed, the frozen tool's included), effects after a
+  successful cancel (but the call the cancel named, within the time it named), node
+  deaths by a database fault, leases moved by a clock step (a claim that took a lease
+  over, or a worker fenced, between a step and a lease after the step back: counted by
+  event number, not by any clock), tasks held for a call that ran (a hold of a call
+  whose effect was logged before it, on a task no node took over: the worker had its
+  result in hand), and what the frozen tool's commands said;
 * tasks completed (100 %), and failover: from a node's death (or stop, or cut) to the
   claim of each of its tasks by another node (its ``task_claimed`` event), bounded by the
-  lease plus ``FAILOVER_SLACK``, and to the task's next step under the new lease (the first
-  journal row of a higher epoch), p50 and max against the lease. The next step is shown,
-  not bounded: it may wait on the outside world, as a keyed call does on the keyed
-  service's lock while a frozen worker holds it until its SIGCONT.
+  lease plus the taker's margin and ``FAILOVER_SLACK``, and to the task's next step under
+  the new lease (the first journal row of a higher epoch), p50 and max against the lease.
+  The next step is shown, not bounded: it may wait on the outside world, as a keyed call
+  does on the keyed service's lock while a frozen worker holds it until its SIGCONT.
 
 ``python -m tests.chaos.nodes [--full] [--seed N]`` prints the table and exits 1 on any
 violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
@@ -68,41 +85,63 @@ violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import random
-import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg
 
 from supervisor.pgcluster import ThrowawayCluster
 from supervisor.stores import forget_shared
+from tests.chaos import nodefaults
 from tests.chaos.effect_tools import EFFECTS_ENV, JITTER_ENV, read_log
-from tests.chaos.kill9 import EFFECT_OF
-from tests.daemon import Daemon, parse_time, reap_orphans, subreaper
+from tests.chaos.nodeaudit import (
+    FINAL,
+    Audit,
+    Fault,
+    Row,
+    Takeover,
+    audit,
+    claims_of,
+    effects_after,
+    events_named,
+    journal_rows,
+    leases_of,
+)
+from tests.chaos.nodeclock import DAY, DatabaseClock, NodeClocks, TimeNamespace
+from tests.chaos.nodefaults import (
+    DATABASE_FAULTS,
+    DB_CLOCK,
+    FROZEN,
+    MIDCOMMIT,
+    NODE_CLOCK,
+    READ_ONLY,
+)
+from tests.chaos.trees import freeze_tree, kill_frozen, kill_tree, thaw
+from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.postgres import SeverableProxy, fresh_schema
-from tests.support import assert_paired, poll_for, reply, text
-from worker.state import fold
+from tests.support import poll_for, reply, text
+from worker.store.pglease import TAKEOVER_MARGIN
 
 JSON = dict[str, Any]
 FAULT = "21 nodes"
 NODES = ("n1", "n2", "n3")
 KILL, STOP, RESTART_DB, CUT, TWIN = "kill", "stop", "db restart", "cut", "twin"
-FINAL = frozenset({"done", "failed", "cancelled"})
-#: Seconds past the lease another node may take to claim a dead node's task ("the lease
-#: plus a second or two", docs/design.md section 10): the claiming node's poll
-#: (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
+#: The node whose monotonic clocks run a day ahead (a time namespace of its own).
+AHEAD = "n3"
+#: Seconds past the lease and a taker's margin (``TAKEOVER_MARGIN``) another node may take
+#: to claim a dead node's task ("the lease plus a second or two", docs/design.md section
+#: 10): the claiming node's poll (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
 FAILOVER_SLACK = 2.0
 
 
@@ -123,7 +162,7 @@ class Plan:
     @property
     def takeover_bound(self) -> float:
         """The longest a node's death may leave one of its tasks unclaimed."""
-        return self.lease + FAILOVER_SLACK
+        return self.lease + TAKEOVER_MARGIN + FAILOVER_SLACK
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
@@ -131,83 +170,29 @@ class Plan:
             return cls(
                 tasks=12,
                 level=12,
-                turns=(30, 38),
+                turns=(95, 110),
                 delay=0.8,
-                faults={KILL: 2, STOP: 1, RESTART_DB: 1, CUT: 1, TWIN: 1},
-            )
+                faults={
+                    KILL: 1, STOP: 1, RESTART_DB: 1, CUT: 1, TWIN: 1, FROZEN: 1,
+                    READ_ONLY: 1, MIDCOMMIT: 1, DB_CLOCK: 1, NODE_CLOCK: 1,
+                },
+                finish=180.0,
+            )  # fmt: skip
         return cls(
-            tasks=60,
+            tasks=100,
             level=24,
-            turns=(80, 140),
+            turns=(120, 180),
             delay=1.0,
-            faults={KILL: 20, STOP: 10, RESTART_DB: 5, CUT: 5, TWIN: 5},
-            finish=300.0,
-        )
+            faults={
+                KILL: 20, STOP: 10, RESTART_DB: 5, CUT: 5, TWIN: 5, FROZEN: 6,
+                READ_ONLY: 4, MIDCOMMIT: 6, DB_CLOCK: 4, NODE_CLOCK: 4,
+            },
+            finish=900.0,
+        )  # fmt: skip
 
 
 def say(message: str) -> None:
     print(f"nodes: {message}", file=sys.stderr, flush=True)
-
-
-# -- process trees ----------------------------------------------------------------------------
-
-
-def freeze_tree(root: int) -> list[psutil.Process]:
-    """SIGSTOP process ``root`` and every descendant, walking the tree again until no new
-    one appears (a process that forked just before its parent stopped is found on the next
-    walk; a stopped one forks no more). The frozen processes, root first."""
-    frozen: dict[int, psutil.Process] = {}
-    while True:
-        try:
-            top = psutil.Process(root)
-            found = [top, *top.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            found = []
-        new = [p for p in found if p.pid not in frozen]
-        if not new:
-            return list(frozen.values())
-        for proc in new:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGSTOP)  # (psutil checks it is still that process)
-                frozen[proc.pid] = proc
-        # A signal is delivered when its process is next scheduled: walk again only once
-        # each has stopped, so that no fork of theirs can come after the walk.
-        poll_for(functools.partial(_halted, new), 5.0, what="SIGSTOP to land")
-
-
-def _halted(procs: list[psutil.Process]) -> bool:
-    """Each stopped, or gone (a zombie, or reaped)."""
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
-                return False
-    return True
-
-
-def thaw(frozen: list[psutil.Process]) -> None:
-    """SIGCONT every process ``freeze_tree`` stopped (those still there)."""
-    for proc in frozen:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGCONT)
-
-
-def kill_tree(root: int) -> int:
-    """``kill -9`` of ``root``'s whole tree, frozen first so that none escapes by forking;
-    returns once every one has died, with how many there were."""
-    return kill_frozen(freeze_tree(root))
-
-
-def kill_frozen(frozen: list[psutil.Process], timeout: float = 10.0) -> int:
-    """SIGKILL every process ``freeze_tree`` stopped; returns once all have died (orphans
-    reaped: this process is their subreaper), with how many there were."""
-    for proc in frozen:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGKILL)
-    _, alive = psutil.wait_procs(frozen, timeout=timeout)
-    reap_orphans()
-    if alive:
-        raise RuntimeError(f"processes outlived SIGKILL: {[p.pid for p in alive]}")
-    return len(frozen)
 
 
 # -- the nodes ----------------------------------------------------------------------------------
@@ -227,10 +212,33 @@ class Node(Daemon):
     """One node: a ``Daemon`` on its own spool whose every command carries ``--store`` and
     ``--node``."""
 
-    def __init__(self, root: Path, config: str, name: str, url: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        config: str,
+        name: str,
+        url: str,
+        *,
+        env: dict[str, str] | None = None,
+        namespace: TimeNamespace | None = None,
+    ) -> None:
         super().__init__(root, config)
         self.name = name
         self.url = url
+        self.env = env or {}  # its own: the clock it reads (``nodeclock.NodeClocks``)
+        self.namespace = namespace  # a time namespace it runs in
+
+    def here(self, argv: list[str]) -> list[str]:
+        return self.namespace.enter_argv(argv) if self.namespace is not None else argv
+
+    def start(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        timeout: float = 60.0,
+        args: tuple[str, ...] = (),
+    ) -> subprocess.Popen[bytes]:
+        return super().start({**(env or {}), **self.env}, timeout=timeout, args=args)
 
     def command(self, *args: str) -> list[str]:
         return super().command("--store", self.url, "--node", self.name, *args)
@@ -256,67 +264,6 @@ def cli_json(node: Node, *args: str) -> Any:
     if code != 0:
         raise RuntimeError(f"agentd {' '.join(args)} exited {code}: {err.strip()[:300]}")
     return json.loads(out)
-
-
-# -- the database, read directly ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    """One journal row: the record, and the epoch of the lease that wrote it."""
-
-    seq: int
-    epoch: int
-    record: JSON
-
-
-def journal_rows(url: str) -> dict[str, list[Row]]:
-    """Every task's journal rows in order, straight from the journal table."""
-    rows: dict[str, list[Row]] = {}
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        for task, seq, epoch, record in conn.execute(
-            "SELECT task, seq, epoch, record FROM journal ORDER BY task, seq"
-        ):
-            rows.setdefault(task, []).append(Row(int(seq), int(epoch), json.loads(bytes(record))))
-    return rows
-
-
-def events_named(url: str, name: str) -> dict[str, list[JSON]]:
-    """Every task's lifecycle events called ``name``, in order, from the events table."""
-    found: dict[str, list[JSON]] = {}
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        for task, event in conn.execute(
-            "SELECT task, event FROM events WHERE event->>'event' = %s ORDER BY task, n", (name,)
-        ):
-            found.setdefault(task, []).append(event)
-    return found
-
-
-#: A claim: the epoch it took, the node, and when (Unix time).
-Claim = tuple[int, str, float]
-
-
-def claims_of(events: dict[str, list[JSON]]) -> dict[str, list[Claim]]:
-    """The ``task_claimed`` events of each task as claims (malformed ones left out)."""
-    found: dict[str, list[Claim]] = {}
-    for task, named in events.items():
-        for event in named:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                claim = (int(event["epoch"]), str(event["node"]), parse_time(event["timestamp"]))
-                found.setdefault(task, []).append(claim)
-    return found
-
-
-def leases_of(url: str, node: str) -> dict[str, int]:
-    """The tasks whose live lease ``node`` holds, and its epoch of each."""
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        return {
-            task: int(epoch)
-            for task, epoch in conn.execute(
-                "SELECT id, epoch FROM tasks WHERE node = %s AND lease_expires > now()",
-                (node,),
-            )
-        }
 
 
 def registered(listed: list[JSON], name: str) -> set[int]:
@@ -376,17 +323,6 @@ def task_script(task: str, turns: int, delay: float, offset: int) -> list[JSON]:
     return responses
 
 
-@dataclass
-class Fault:
-    """One fault delivered: what, to whom, when (Unix time), and the leases its victim held."""
-
-    kind: str
-    node: str | None
-    at: float
-    held: dict[str, int] = field(default_factory=dict)  # task -> epoch
-    processes: int = 0
-
-
 class Cluster:
     """The database, the three nodes and their proxies, the tasks and the operator."""
 
@@ -398,31 +334,51 @@ class Cluster:
         self.proxies = {name: SeverableProxy.in_front_of(url) for name in NODES}
         self.effects = root / "effects.jsonl"
         self.env = {EFFECTS_ENV: str(self.effects), JITTER_ENV: "0.05"}
-        self.nodes = {
-            name: Node(
-                root / name,
-                config_text(plan),
-                name,
-                self.proxies[name].url_for(url),
-            )
-            for name in NODES
-        }
+        self.dbclock = DatabaseClock(db)
+        self.clocks = NodeClocks(root)
+        self.ahead = TimeNamespace(DAY)
+        self.nodes = {name: self.node(name, root / name) for name in NODES}
         self.operator = Node(root / "operator", config_text(plan), "operator", url)
         self.turns: dict[str, int] = {}  # task -> its script's length
+        self.extra: set[str] = set()  # tasks of a fate of their own (the frozen tool's)
         self.ended: set[str] = set()
         self.seen: list[dict[str, list[Row]]] = []  # the journal as read at each fault
         self.faults: list[Fault] = []
         self.holds_decided = 0
         self.deaths: list[str] = []  # daemons that ended though no fault killed them
+        self.deaths_by_db = 0  # ... after a fault of the database (the last one delivered)
         self.twins: list[Node] = []  # the second daemons of a name (``twin``)
         self.twin_samples = 0  # samples taken while two daemons of a name ran
         self.two_serving = 0  # ... in which two of them served the name
         self.superseded = 0  # thawed daemons that said ``node_superseded``
         self.registered_again = 0  # ... and took their name back once it was free
+        self.frozen: list[nodefaults.Frozen] = []  # the frozen tool's runs
+        self.first_action = 0  # which operator action the first frozen tool gets
+        self.cuts_at_reply = 0  # statements whose reply a mid-commit cut took
+        self.leases_moved: list[JSON] = []  # moved during a clock step
+        self.skewed: list[tuple[str, float, float, int]] = []  # node, from, to, offset
+        self.age_samples = 0  # running tasks' heartbeat ages read in status
+        self.ages_off: list[str] = []  # ... below 0 or a day off
+        self.last_kind = ""  # the fault delivered last (what a death is put down to)
+        self.status: dict[str, JSON] = {}  # the status rows once every task ended
+        self.notes: list[str] = []  # what the figures' examples tell
+
+    def node(self, name: str, root: Path) -> Node:
+        """Node ``name`` (or a second daemon of it) on a spool at ``root``, through its
+        proxy, on its wall clock; ``AHEAD`` in its time namespace."""
+        return Node(
+            root,
+            config_text(self.plan),
+            name,
+            self.proxies[name].url_for(self.url),
+            env=self.clocks.env(name),
+            namespace=self.ahead if name == AHEAD else None,
+        )
 
     # -- life cycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        self.dbclock.install()  # (the server restarted under libfaketime, at offset 0)
         for node in self.nodes.values():
             node.start(self.env, timeout=60)
 
@@ -437,35 +393,48 @@ class Cluster:
         self.operator.cleanup()
         for proxy in self.proxies.values():
             proxy.close()
+        self.ahead.close()
 
     # -- tasks ----------------------------------------------------------------------------
 
     def submit(self, rng: random.Random) -> str:
         name = f"t{len(self.turns):03d}"
         turns = rng.randint(*self.plan.turns)
+        self.submit_script(name, task_script(name, turns, self.plan.delay, rng.randrange(5)), turns)
+        self.turns[name] = turns
+        return name
+
+    def submit_script(self, name: str, responses: list[JSON], turns: int) -> None:
         script = self.root / f"{name}.json"
-        script.write_text(
-            json.dumps({"responses": task_script(name, turns, self.plan.delay, rng.randrange(5))})
-        )
+        script.write_text(json.dumps({"responses": responses}))
         code, _, err = self.operator.cli(
             "submit", "--name", name, "--script", str(script), "--prompt", f"Task {name}.",
             "--max-turns", str(turns + 10),  # (a full-mode script is longer than the default)
         )  # fmt: skip
         if code != 0:
             raise RuntimeError(f"submit {name} exited {code}: {err.strip()[:300]}")
-        self.turns[name] = turns
-        return name
 
     def rows(self) -> dict[str, JSON]:
-        """The cluster's status rows, by task."""
-        return {row["id"]: row for row in cli_json(self.operator, "status")["tasks"]}
+        """The cluster's status rows, by task; each running task's heartbeat age sampled
+        (one below 0 or a day off compared two nodes' monotonic clocks)."""
+        rows = {row["id"]: row for row in cli_json(self.operator, "status")["tasks"]}
+        for row in rows.values():
+            age = row.get("heartbeat_age")
+            if row["state"] == "running" and isinstance(age, int | float):
+                self.age_samples += 1
+                if not 0.0 <= age < DAY / 2:
+                    self.ages_off.append(f"{row['id']} on {row.get('node')}: {age:.1f} s")
+        return rows
+
+    def dangling(self) -> list[JSON]:
+        return list(cli_json(self.operator, "dangling"))
 
     def unfinished(self) -> list[str]:
         with contextlib.suppress(Exception):  # (the database may be away: ask again later)
             for task, row in self.rows().items():
                 if row["state"] in FINAL:
                     self.ended.add(task)
-        return sorted(self.turns.keys() - self.ended)
+        return sorted((self.turns.keys() | self.extra) - self.ended)
 
     def top_up(self, rng: random.Random) -> None:
         room = self.plan.level - len(self.unfinished())
@@ -477,7 +446,7 @@ class Cluster:
         effects log): its effect is there, so record that outcome; else re-run it. Only
         between faults (see the module docstring)."""
         try:
-            held = cli_json(self.operator, "dangling")
+            held = self.dangling()
         except Exception:  # (the database may be away, or a node mid-claim: next time)
             return
         lines = read_log(self.effects)
@@ -537,12 +506,7 @@ class Cluster:
         frozen = freeze_tree(node.proc.pid)
         fault = Fault(TWIN, name, time.time(), leases_of(self.url, name), len(frozen))
         time.sleep(self.plan.lease + rng.uniform(1.0, 2.0))  # its node row goes stale too
-        twin = Node(
-            self.root / f"{name}-twin{len(self.twins)}",
-            config_text(self.plan),
-            name,
-            self.proxies[name].url_for(self.url),
-        )
+        twin = self.node(name, self.root / f"{name}-twin{len(self.twins)}")
         self.twins.append(twin)
         twin.start(self.env, timeout=60)  # (refused, exit 78, if the name were still live)
         thaw(frozen)
@@ -601,13 +565,20 @@ class Cluster:
             RESTART_DB: self.restart_db,
             CUT: self.cut,
             TWIN: self.twin,
+            FROZEN: lambda rng: nodefaults.frozen_tool(self, rng),
+            READ_ONLY: lambda rng: nodefaults.read_only(self, rng),
+            MIDCOMMIT: lambda rng: nodefaults.midcommit(self, rng),
+            DB_CLOCK: lambda rng: nodefaults.db_clock(self, rng),
+            NODE_CLOCK: lambda rng: nodefaults.node_clock(self, rng),
         }
+        self.first_action = rng.randrange(len(nodefaults.ACTIONS))
         for kind in schedule:
             self.chores(rng, rng.uniform(*self.plan.gap))
             if not self.unfinished():
                 say(f"every task ended before the {kind} fault: {len(self.faults)} delivered")
                 return
             self.observe()
+            self.last_kind = kind
             fault = deliver[kind](rng)
             self.faults.append(fault)
             say(
@@ -634,7 +605,8 @@ class Cluster:
         """Note that ``node``'s daemon ended though no fault killed it, and how."""
         code = node.proc.returncode if node.proc is not None else None
         last = node.log().strip().splitlines()[-1:] or ["(no log)"]
-        self.deaths.append(f"{node.name} exited {code}: {last[0][:200]}")
+        self.deaths.append(f"{node.name} exited {code} after a {self.last_kind}: {last[0][:200]}")
+        self.deaths_by_db += self.last_kind in DATABASE_FAULTS
 
     def finish(self, rng: random.Random) -> bool:
         """Wait for every task to end, submitting the rest and deciding holds meanwhile."""
@@ -645,164 +617,6 @@ class Cluster:
                 return True
             time.sleep(0.5)
         return False
-
-
-# -- the audit ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """One task of a node that died: seconds from the fault to another node's claim of it
-    (None: no claim event) and to its next step under the new lease; what that step was."""
-
-    claim: float | None
-    step: float
-    what: str
-
-
-@dataclass
-class Audit:
-    tasks: int = 0
-    lost: int = 0
-    completed: int = 0
-    steps_lost: int = 0
-    doubled: int = 0
-    fenced_records: int = 0
-    runs_without_intent: int = 0
-    unsafe_repeated: int = 0
-    keyed_repeated: int = 0
-    effects_missing: int = 0
-    unpaired: int = 0
-    failover: dict[str, list[Takeover]] = field(default_factory=dict)  # by fault kind
-    examples: list[str] = field(default_factory=list)
-
-    def note(self, what: str) -> None:
-        if len(self.examples) < 4:
-            self.examples.append(what)
-
-
-def audit(
-    turns: dict[str, int],
-    status: dict[str, JSON],
-    rows: dict[str, list[Row]],
-    claimed: dict[str, list[Claim]],
-    seen: list[dict[str, list[Row]]],
-    effects: list[JSON],
-    faults: list[Fault],
-) -> Audit:
-    """The figures of one run, from what the cluster left: the status rows, the journal
-    rows, the ``task_claimed`` events, the journals read at each fault and the effects log.
-    A function of its inputs alone, so that it can be checked on made-up ones."""
-    out = Audit(tasks=len(turns))
-    intents: Counter[str] = Counter()
-    completed: set[str] = set()
-    for task, n in sorted(turns.items()):
-        row = status.get(task)
-        mine = rows.get(task, [])
-        if row is None or row["state"] not in FINAL:
-            out.lost += 1
-            out.note(f"{task}: {'missing from status' if row is None else row['state']}")
-        state = fold("", [r.record for r in mine])
-        live = [t.turn for t in state.turns if not t.rewound]
-        out.doubled += len(live) - len(set(live))
-        done = row is not None and (row["state"], row.get("reason")) == ("done", "end_turn")
-        if done and sorted(live) == list(range(1, n + 1)):
-            completed.add(task)
-        elif row is not None and row["state"] in FINAL:
-            out.note(f"{task}: {row['state']} ({row.get('reason')}), turns {live}")
-        try:
-            assert_paired(state.messages)
-        except AssertionError as exc:
-            out.unpaired += 1
-            out.note(f"{task}: {exc}")
-        out.fenced_records += fenced(task, mine, claimed.get(task, []), out)
-        final = {(r.seq, r.epoch, json.dumps(r.record, sort_keys=True)) for r in mine}
-        for earlier in seen:
-            gone = [
-                r
-                for r in earlier.get(task, [])
-                if (r.seq, r.epoch, json.dumps(r.record, sort_keys=True)) not in final
-            ]
-            out.steps_lost += len(gone)
-            if gone:
-                out.note(f"{task}: row {gone[0].seq} seen at a fault is gone or changed")
-        intents.update(r.record["call_id"] for r in mine if r.record.get("k") == "intent")
-
-    out.completed = len(completed)
-    effects_of: Counter[str] = Counter()
-    runs: Counter[str] = Counter()
-    for line in effects:
-        if line.get("kind") == "effect":
-            effects_of[str(line.get("tag"))] += 1
-        if line.get("kind") in ("exec", "effect", "dup"):
-            runs[str(line.get("call_id"))] += 1
-    for call_id, count in runs.items():
-        if count > intents[call_id]:
-            out.runs_without_intent += count - intents[call_id]
-            out.note(f"call {call_id} ran {count} times with {intents[call_id]} intents")
-    for task in turns:
-        for block in _uses(rows.get(task, [])):
-            kind = EFFECT_OF.get(block["name"], "")
-            tag = str(block["input"].get("tag"))
-            if kind in ("unsafe", "keyed") and effects_of[tag] > 1:
-                setattr(out, f"{kind}_repeated", getattr(out, f"{kind}_repeated") + 1)
-                out.note(f"{kind} operation {tag} took effect {effects_of[tag]} times")
-            elif kind in ("unsafe", "keyed") and effects_of[tag] == 0 and task in completed:
-                out.effects_missing += 1
-                out.note(f"{kind} operation {tag} never took effect")
-
-    for fault in faults:
-        for task, epoch in fault.held.items():
-            later = [(s, r) for r in rows.get(task, []) if r.epoch > epoch and (s := stamped(r))]
-            if not later:
-                continue
-            took = [(node, at) for e, node, at in claimed.get(task, []) if e > epoch][:1]
-            claim = took[0][1] - fault.at if took else None
-            by = "".join(f", claimed by {n} at {at - fault.at:.1f} s" for n, at in took)
-            seconds, first = later[0][0] - fault.at, later[0][1]
-            step = " ".join(str(first.record.get(k, "")) for k in ("k", "tool", "call_id")).strip()
-            what = f"{task} of {fault.node}{by}, next step ({step}) at {seconds:.1f} s"
-            out.failover.setdefault(fault.kind, []).append(Takeover(claim, seconds, what))
-    return out
-
-
-def _uses(rows: list[Row]) -> list[JSON]:
-    """The tool_use blocks of a task's recorded turns (what its transcript asked for)."""
-    return [
-        block
-        for r in rows
-        if r.record.get("k") == "turn"
-        for block in r.record["message"]["content"]
-        if block.get("type") == "tool_use"
-    ]
-
-
-def fenced(task: str, rows: list[Row], claimed: list[Claim], out: Audit) -> int:
-    """Rows written by an owner whose lease had already moved on: an epoch below an earlier
-    row's (the old owner wrote after its successor did), or a row stamped after the claim of
-    a later epoch (the old owner wrote after its successor took the task)."""
-    bad = 0
-    highest = 0
-    for r in rows:
-        stamp = stamped(r)
-        later = [e for e, _, at in claimed if e > r.epoch and stamp is not None and at < stamp]
-        if r.epoch < highest:
-            out.note(f"{task}: row {r.seq} of epoch {r.epoch} after one of epoch {highest}")
-        elif later:
-            out.note(
-                f"{task}: row {r.seq} of epoch {r.epoch} stamped after epoch {later[0]}'s claim"
-            )
-        bad += r.epoch < highest or bool(later)
-        highest = max(highest, r.epoch)
-    return bad
-
-
-def stamped(row: Row) -> float | None:
-    """When the worker stamped a record (Unix time); None for one without a stamp."""
-    try:
-        return parse_time(str(row.record["at"]))
-    except (KeyError, ValueError):
-        return None
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -837,7 +651,14 @@ def failover_figures(what: str, found: list[Takeover], plan: Plan) -> list[Figur
     ]
 
 
-def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[Figure]:
+def figures(
+    plan: Plan,
+    cluster: Cluster,
+    found: Audit,
+    finished: bool,
+    effects: list[JSON],
+    late: list[JSON],
+) -> list[Figure]:
     delivered = Counter(f.kind for f in cluster.faults)
     pct = round(100.0 * found.completed / found.tasks, 1) if found.tasks else 0.0
     out = [
@@ -852,6 +673,17 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         Figure(FAULT, "PostgreSQL restarts", delivered[RESTART_DB]),
         Figure(FAULT, "network cuts past the lease", delivered[CUT]),
         Figure(FAULT, "thawed duplicates of a node name", delivered[TWIN]),
+        *frozen_figures(cluster, effects),
+        Figure(FAULT, "read-only database phases past the lease", delivered[READ_ONLY]),
+        Figure(
+            FAULT,
+            "mid-commit cuts (replies lost)",
+            cluster.cuts_at_reply,
+            cluster.cuts_at_reply < delivered[MIDCOMMIT],
+        ),
+        Figure(FAULT, "wall-clock steps of ±2 min on the database host", 2 * delivered[DB_CLOCK]),
+        Figure(FAULT, "wall-clock steps of ±2 min on a node", 2 * delivered[NODE_CLOCK]),
+        Figure(FAULT, f"monotonic clocks of {AHEAD} ahead (time namespace), s", DAY),
         Figure(
             FAULT,
             "faults not delivered (tasks ended first)",
@@ -860,6 +692,11 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         ),
         Figure(FAULT, "holds decided", cluster.holds_decided),
         zero("daemon deaths no fault caused", len(cluster.deaths)),
+        zero("node deaths by a database fault", cluster.deaths_by_db),
+        zero("effects done twice", found.unsafe_repeated + found.keyed_repeated),
+        zero("effects after a successful cancel", len(late)),
+        zero("leases moved by a clock step", len(cluster.leases_moved)),
+        zero("tasks held for a call that ran once", found.held_ran),
         zero("two live daemons under one name (samples)", cluster.two_serving),
         Figure(FAULT, "duplicates: samples with both daemons running", cluster.twin_samples),
         Figure(
@@ -883,6 +720,8 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         zero("keyed effects repeated", found.keyed_repeated),
         zero("unsafe or keyed effects missing", found.effects_missing),
         zero("transcripts not paired", found.unpaired),
+        Figure(FAULT, "heartbeat ages read in status", cluster.age_samples),
+        zero("heartbeat ages below 0 or a day off", len(cluster.ages_off)),
         Figure(FAULT, "tasks completed %", pct, pct != 100.0),
         Figure(FAULT, "all tasks ended in time", str(finished), not finished),
         *failover_figures("kill -9", found.failover.get(KILL, []), plan),
@@ -890,9 +729,52 @@ def figures(plan: Plan, cluster: Cluster, found: Audit, finished: bool) -> list[
         *failover_figures("a cut", found.failover.get(CUT, []), plan),
         *failover_figures("a thawed duplicate", found.failover.get(TWIN, []), plan),
     ]
-    if found.examples or cluster.deaths:
-        out.append(Figure(FAULT, "examples", "; ".join([*cluster.deaths, *found.examples])))
+    told = [*cluster.deaths, *cluster.notes, *found.examples, *cluster.ages_off[:2]]
+    told += [f"{m['task']}: {m.get('event')} in a clock step" for m in cluster.leases_moved[:2]]
+    told += [f"{e['tag']} took effect after its cancel" for e in late[:2]]
+    if told:
+        out.append(Figure(FAULT, "examples", "; ".join(told)))
     return out
+
+
+def frozen_figures(cluster: Cluster, effects: list[JSON]) -> list[Figure]:
+    """The frozen tool: how often each action came, whether each command said what it
+    must, and whether each task ended as decided (approved or rewound: done, charged
+    once; cancelled: cancelled, charged never)."""
+    runs = cluster.frozen
+    by = Counter(run.action for run in runs)
+    rows = cluster.status
+    charges = Counter(str(line.get("tag")) for line in effects if line.get("kind") == "effect")
+    ended = 0
+    for run in runs:
+        row = rows.get(run.task) or {}
+        want = ("cancelled", 0) if run.action == nodefaults.CANCEL else ("done", 1)
+        got = (row.get("state"), charges[f"{run.task}.1"])
+        ended += got == want
+        if got != want:
+            cluster.notes.append(f"{run.task} ({run.action} on {run.node}): {got[0]} "
+                                  f"({row.get('reason')}), charged {got[1]}")  # fmt: skip
+    told = sum(run.told for run in runs)
+    return [
+        Figure(
+            FAULT,
+            "frozen tool: a node stopped past its lease mid unsafe call, then "
+            + ", ".join(f"{a} {by[a]}" for a in nodefaults.ACTIONS),
+            len(runs),
+        ),
+        Figure(
+            FAULT,
+            "frozen tool: hold, cancel or cut off line naming the node and its lease's end",
+            told,
+            told != len(runs),
+        ),
+        Figure(
+            FAULT,
+            "frozen tool: tasks ended as decided, charged once or never",
+            ended,
+            ended != len(runs),
+        ),
+    ]
 
 
 # -- the class --------------------------------------------------------------------------------
@@ -912,30 +794,52 @@ def run(quick: bool, *, seed: int | None = None) -> list[Figure]:
         subreaper(),
     ):
         cluster = Cluster(Path(folder), db, url, plan)
-        try:
+        try:  # (a harness error says what the server logged last)
             cluster.start()
             cluster.top_up(rng)
             cluster.run_faults(rng)
             finished = cluster.finish(rng)
-            status = cluster.rows()
+            cluster.status = status = cluster.rows()
+            effects = read_log(cluster.effects)
+            skewed = [
+                (node, start + min(0, offset) - 1.0, end + max(0, offset) + 1.0)
+                for node, start, end, offset in cluster.skewed
+            ]
             found = audit(
                 cluster.turns,
                 status,
                 journal_rows(url),
                 claims_of(events_named(url, "task_claimed")),
                 cluster.seen,
-                read_log(cluster.effects),
+                effects,
                 cluster.faults,
+                others=cluster.extra,
+                skewed=skewed,
             )
+            cancels = [run.cancel for run in cluster.frozen if run.cancel is not None]
+            late = effects_after(effects, cancels)
             fenced_workers = sum(map(len, events_named(url, "lease_lost").values()))
+            crashes = server_crashes(db)
+        except BaseException:
+            say(f"PostgreSQL's log ends: {db.log.read_text()[-3000:] if db.log.exists() else ''}")
+            raise
         finally:
             cluster.cleanup()
     return [
         *head,
-        *figures(plan, cluster, found, finished),
+        *figures(plan, cluster, found, finished, effects, late),
         Figure(FAULT, "workers fenced (lease_lost events)", fenced_workers),
+        Figure(FAULT, "PostgreSQL server processes that crashed (its log)", len(crashes)),
+        *([Figure(FAULT, "PostgreSQL crashes", "; ".join(crashes[:3]))] if crashes else []),
         Figure(FAULT, "runtime s", time.monotonic() - started),
     ]
+
+
+def server_crashes(db: ThrowawayCluster) -> list[str]:
+    """The lines where PostgreSQL says one of its processes died (and so every session
+    was cut): none of the class's faults makes one, so each is told."""
+    text = db.log.read_text(errors="replace") if db.log.exists() else ""
+    return [line.strip()[:200] for line in text.splitlines() if "terminated by signal" in line]
 
 
 def main(argv: list[str] | None = None) -> int:

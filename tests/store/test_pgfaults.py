@@ -7,6 +7,7 @@ written once, reported as written."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -20,6 +21,7 @@ from tests.store.conftest import new_task
 from tests.store.test_postgres import _reachable
 from tests.support import poll_for
 from worker.errors import ConfigError, StorageError, storage_fault
+from worker.store.pglease import TAKEOVER_MARGIN
 from worker.store.postgres import DatabaseFault, PostgresStore, database_fault
 
 
@@ -238,21 +240,33 @@ def test_a_handover_whose_reply_was_cut_is_read_back(
         store.close()
 
 
-def test_a_claim_after_a_fault_leaves_the_leases_that_ran_out_meanwhile(
-    postgres_schema: str,
+def test_time_a_node_could_not_read_the_leases_does_not_count(
+    postgres_schema: str, proxy: SeverableProxy
 ) -> None:
-    """What a node claims for a lease after the database was at fault: queued tasks, not
-    those whose holder could not renew either (``expired=False``); later, those too."""
-    holder = PostgresStore(postgres_schema, node="a", lease=0.2, migrate=True)
-    taker = PostgresStore(postgres_schema, node="b", lease=30.0)
+    """While the database was away from a node, it cannot tell whether a holder could
+    renew: that time does not count toward a lease standing still. A holder that waited
+    out the same fault (with a call's result in hand) renews once the database is back,
+    before the node may take its lease; one that does not is taken over a lease after."""
+    holder = PostgresStore(postgres_schema, node="a", lease=0.5, migrate=True)
+    taker = PostgresStore(proxy.url_for(postgres_schema), node="b", lease=30.0)
     try:
         new_task(holder, "t1")
         (held,) = holder.claim(1)
         new_task(holder, "t2")
-        poll_for(lambda: not holder.owned("t1"), what="a's lease to run out")
-        assert [o.task_id for o in taker.claim(2, expired=False)] == ["t2"]
-        (taken,) = taker.claim(2)
+        assert [o.task_id for o in taker.claim(1, expired=False)] == ["t2"]  # t1 watched
+        proxy.sever()  # the database away (for the holder too: it renews nothing)
+        fault_of(lambda: taker.claim(1))
+        time.sleep(0.5 + TAKEOVER_MARGIN + 0.5)  # longer than the lease and the margin
+        proxy.restore()
+        poll_for(lambda: _reachable(taker), what="the store to reconnect")
+        assert taker.claim(1) == []  # (the first read after a fault judges nothing)
+        holder.renew(held)  # the holder, back too, renews: its lease was never over
+        stopped = time.monotonic()  # (and renews no more)
+        assert taker.claim(1) == []
+        (taken,) = poll_for(lambda: taker.claim(1), 10, interval=0.05, what="t1 taken")
+        assert time.monotonic() - stopped >= 0.5 + TAKEOVER_MARGIN
         assert (taken.task_id, taken.epoch) == ("t1", held.epoch + 1)
+        assert taken.previous is not None and taken.previous.node == "a"
     finally:
         holder.close()
         taker.close()

@@ -18,7 +18,7 @@ import pytest
 from tests.postgres import SeverableProxy
 from tests.store.test_loop_on_store import SCRIPT
 from tests.store.test_postgres import _reachable
-from tests.support import poll_for
+from tests.support import poll_for, reply, text, tool_use
 from worker.config import Config
 from worker.lease import LeaseKeeper
 from worker.loop import AgentLoop, Outcome
@@ -152,3 +152,56 @@ def test_a_lease_taken_over_meanwhile_stops_the_worker_with_nothing_written(
     finally:
         store.close()
         other.close()
+
+
+def test_a_fault_met_as_a_command_is_wrapped_is_a_wait_never_the_command_s_result(
+    postgres_schema: str, proxy: SeverableProxy, tmp_path: Path
+) -> None:
+    """The link is cut right as run_command is to start (its intent recorded). The
+    sandbox hides every other task's workspace, whose list is read from the store before
+    the intent, not as the command is wrapped: so the command runs, once, and its result
+    waits for the database. (Read as it was wrapped, the fault was recorded as the
+    command's failed result, and the task went on though the command never ran.)"""
+    store = PostgresStore(proxy.url_for(postgres_schema), node="a", lease=30.0, migrate=True)
+    try:
+        store.create(TaskSpec(id="t1", prompt="Run it."), {"state": "queued"})
+        other = TaskSpec(id="t2", prompt="Another.", workspace=str(tmp_path / "other"))
+        store.create(other, {"state": "queued"})  # (a workspace the sandbox hides)
+        workspace = tmp_path / "workspace"
+        workspace.mkdir()
+        (owner,) = store.claim(1)
+        assert owner.task_id == "t1"
+        lease = LeaseKeeper(store, owner, store.lease, on_lost=lambda exc: None)
+        severed = threading.Event()
+
+        def fence() -> None:  # right before the tool runs, once
+            lease.check()
+            if not severed.is_set():
+                proxy.sever()
+                severed.set()
+
+        script = [
+            reply(tool_use("run_command", "c1", command="echo ran >> ran.txt")),
+            reply(text("Done.")),
+        ]
+        loop = AgentLoop(
+            store,
+            store.load_spec("t1"),
+            Config(),
+            ScriptedModel(script),
+            ToolRegistry.standard(),
+            workspace=workspace,
+            owner=owner,
+            fence=fence,
+            result_wait=lease.waiting,
+        )
+        assert loop.sandbox.verdict() == "bwrap"  # (CI runs it: bwrap is in .ci/system-tools)
+        restore_once_cut(proxy, severed.is_set)
+        outcome = loop.run()
+        loop.close()
+        assert outcome == Outcome("done", "end_turn", ExitCode.DONE)
+        assert (workspace / "ran.txt").read_text() == "ran\n"  # the command ran, once
+        (result,) = [r for r in store.replay("t1") if r["k"] == "result"]
+        assert not result["is_error"] and result["content"].startswith("exit code 0"), result
+    finally:
+        store.close()

@@ -23,7 +23,7 @@ import pytest
 from supervisor.daemon import Supervisor, TaskSlot
 from supervisor.pgcluster import free_port
 from supervisor.record import TaskRecord
-from tests.chaos.nodes import freeze_tree, thaw
+from tests.chaos.trees import freeze_tree, thaw
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
 from tests.supervisor.test_metrics import readme_metrics

@@ -123,7 +123,8 @@ def test_a_read_only_database_past_the_lease_is_waited_out_by_the_node(
                     assert held["call_id"] == f"c{len(lines)}", (held, lines)
                 else:
                     assert (row["state"], row["reason"]) == ("done", "end_turn")
-                    assert lines == [str(i) for i in range(10)]  # each unsafe call ran once
+                    # each unsafe call ran once (else: what the journal says of each call)
+                    assert lines == [str(i) for i in range(10)], calls_told(node, f"t{n}")
             assert node.daemon.proc.poll() is None
             events = [e["event"] for e in node.daemon.log_events()]
             assert "storage_recovered" in events and "crash_loop" not in events
@@ -135,3 +136,12 @@ def test_a_read_only_database_past_the_lease_is_waited_out_by_the_node(
 def ended(node: Node, task_id: str) -> dict[str, Any] | None:
     row = node.row(task_id)
     return row if row["state"] in ("done", "held", "failed") else None
+
+
+def calls_told(node: Node, task_id: str) -> str:
+    """What the task's journal says of each tool call (``agentd show --json``): for a
+    failure's message."""
+    done = node.agentd("show", task_id, "--json")
+    return "\n".join(
+        line for line in done.stdout.splitlines() if '"tool_use"' in line or '"tool_result"' in line
+    )[:6000]

@@ -7,14 +7,18 @@ stopped (``worker.killtimer``), its sandbox with it, so the thaw charges nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from tests.chaos.nodes import freeze_tree, thaw
+from tests.chaos.trees import freeze_tree, thaw
 from tests.daemon import subreaper
 from tests.supervisor.test_cluster import LEASE, Node
 from tests.supervisor.test_cluster_faults import CONFIG
@@ -59,7 +63,14 @@ def test_a_frozen_node_s_tool_dies_at_its_lease_and_charges_nothing_after_the_th
                     f"(lease {LEASE:g} s; the kill comes 0.9 of it after the last renewal)"
                 )
             poll_for(lambda: b.row("t1")["state"] == "held", LEASE * 10, what="t1 held on b")
-            assert [d["call_id"] for d in b.row("t1")["dangling"]] == ["c1"]
+            held = b.row("t1")
+            assert [d["call_id"] for d in held["dangling"]] == ["c1"]
+            # the hold names the frozen owner and when its lease ended
+            assert re.search(
+                r"it was running on node a \(epoch \d+\), whose lease ended at "
+                r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z without a renewal",
+                held["reason"],
+            ), held["reason"]
             approved = b.agentd("approve-dangling", "t1", "c1")
             assert approved.returncode == 0, approved.stderr
             poll_for(lambda: b.row("t1")["state"] == "done", 40, what="t1 done after the re-run")
@@ -101,3 +112,100 @@ def _is_tool(proc: psutil.Process) -> bool:
     return bool(cmdline) and (
         "bwrap" in cmdline[0] or any("charged" in part for part in cmdline) or cmdline[0] == "sleep"
     )
+
+
+@dataclass
+class Frozen:
+    """Nodes a and b, and node a's tree frozen mid-charge (``frozen_mid_charge``)."""
+
+    a: Node
+    b: Node
+    frozen: list[psutil.Process]
+    ledger: Path
+
+
+@contextlib.contextmanager
+def frozen_mid_charge(tmp_path: Path, url: str, before: list[dict[str, Any]]) -> Iterator[Frozen]:
+    """Nodes a and b, a task t1 whose unsafe CHARGE (call c9) runs on node a after the
+    calls ``before``, and node a's whole tree frozen mid-call (SIGSTOP); thawed and
+    cleaned up after the block."""
+    workspace = tmp_path / "shared-workspace"  # (a shared mount: both nodes see it)
+    workspace.mkdir()
+    a, b = (Node(tmp_path, name, url, CONFIG) for name in ("a", "b"))
+    frozen: list[psutil.Process] = []
+    with subreaper():
+        try:
+            a.start()
+            script = tmp_path / "charge.json"
+            charge = reply(tool_use("run_command", "c9", command=CHARGE))
+            script.write_text(json.dumps({"responses": [*before, charge, reply(text("ok"))]}))
+            done = a.agentd(
+                "submit", "--name", "t1", "--prompt", "go", "--script", str(script),
+                "--workspace", str(workspace),
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            turn = len(before) + 1
+            poll_for(
+                lambda: (row := a.row("t1"))["phase"] == "tool:run_command" and row["turn"] == turn,
+                30,
+                what="t1's charge running on a",
+            )
+            b.start()
+            assert a.daemon.proc is not None
+            frozen = freeze_tree(a.daemon.proc.pid)
+            yield Frozen(a, b, frozen, workspace / "ledger.txt")
+        finally:
+            thaw(frozen)
+            for node in (a, b):
+                node.daemon.cleanup()
+
+
+def test_a_cancel_of_a_task_on_a_frozen_node_is_made_at_once_and_says_what_may_still_run(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    with frozen_mid_charge(tmp_path, postgres_schema, []) as it:
+        done = it.b.agentd("cancel", "t1")
+        assert done.returncode == 0, done.stderr
+        said = re.fullmatch(
+            r"agentd: t1 cancelled; node a has not renewed its lease \(ends in "
+            r"(\d+\.\d) s\); its running call c9 may still complete until then\n",
+            done.stdout,
+        )
+        assert said is not None, done.stdout
+        assert float(said.group(1)) <= LEASE
+        assert it.b.row("t1")["state"] == "cancelled"  # made, while node a is still frozen
+        assert all(p.status() == psutil.STATUS_STOPPED for p in it.frozen if not _dead(p))
+        time.sleep(LEASE)  # past the lease: the kernel killed the frozen worker
+        thaw(it.frozen)
+        time.sleep(6.0)  # longer than the frozen call had left to run
+        assert not it.ledger.exists()  # nothing charged after the cancel
+        row = it.b.row("t1")
+        assert (row["state"], row["node"]) == ("cancelled", None)  # and it stays so
+        assert it.a.daemon.proc is not None and it.a.daemon.proc.poll() is None
+
+
+def test_a_rewind_of_a_task_on_a_frozen_node_says_its_call_may_still_complete(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    first = reply(tool_use("run_command", "c1", command="echo one >> log.txt"))
+    with frozen_mid_charge(tmp_path, postgres_schema, [first]) as it:
+        done = it.b.agentd("rewind", "t1", "--to", "1", "--yes")
+        assert done.returncode == 0, done.stderr
+        assert re.search(
+            r"^cut off: turn 2 run_command \(unsafe\) c9: node a has not renewed its lease "
+            r"\(ends in \d+\.\d s\); it may still complete until then, and its outcome "
+            r"is unknown$",
+            done.stdout,
+            re.MULTILINE,
+        ), done.stdout
+        assert "t1: rewound to turn 1" in done.stdout
+        row = poll_for(
+            lambda: (r := it.b.row("t1"))["state"] == "done" and r, 60, what="t1 done on b"
+        )
+        assert row["reason"] == "end_turn"
+        charged = it.ledger.read_text() if it.ledger.exists() else ""
+        time.sleep(LEASE)
+        thaw(it.frozen)
+        time.sleep(6.0)  # longer than the frozen call had left to run
+        assert (it.ledger.read_text() if it.ledger.exists() else "") == charged  # none after
+        assert it.a.daemon.proc is not None and it.a.daemon.proc.poll() is None

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from supervisor.workers import Progress, WorkerProcess, journal_progress, process_started
+from supervisor.workers import (
+    Progress,
+    WorkerProcess,
+    adopt_claimed,
+    journal_progress,
+    process_started,
+)
 from tests.support import make_spool, reply, scripted_task, text
+from worker.identity import boot_id, start_ticks
 from worker.spool import TaskDir
-from worker.store.base import Cursor
+from worker.store.base import Cursor, Owner
 from worker.store.journal import Journal
 
 
@@ -70,3 +81,65 @@ def test_a_process_that_cannot_be_read_has_no_start_time(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(psutil, "Process", hidden)
     assert process_started(os.getpid()) is None
+
+
+# -- a claim's worker, found again by its heartbeat (a shared store) ---------------------------
+
+#: A process that titles itself as ``worker.proctitle`` titles a worker, then waits.
+TITLED = (
+    "import sys, time, setproctitle\n"
+    "setproctitle.setproctitle(sys.argv[1])\n"
+    "print('titled', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@contextlib.contextmanager
+def _titled(title: str) -> Iterator[subprocess.Popen[str]]:
+    with subprocess.Popen(
+        [sys.executable, "-c", TITLED, title], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "titled\n"
+            yield proc
+        finally:
+            proc.kill()
+
+
+def _beat(pid: int, epoch: int = 7, **changed: object) -> dict[str, object]:
+    ticks = start_ticks(pid)
+    assert ticks is not None
+    process = {"boot": boot_id(), "pid": pid, "started": ticks, **changed}
+    return {"pid": pid, "epoch": epoch, "process": process}
+
+
+def test_a_claim_s_worker_is_adopted_only_when_its_beat_names_this_very_process(
+    tmp_path: Path,
+) -> None:
+    """The beat must carry the claim's epoch, this machine's boot, the pid and the tick
+    it started at, and the process must be titled as this task's worker in this spool:
+    a reused pid, another boot (machine), another epoch, or a worker of another node's
+    spool on this machine is never adopted."""
+    task = _task(tmp_path)
+    owner = Owner(task.id, "a", 7)
+    with _titled(f"agentd: worker {task.id} in {task.root}") as proc:
+        ticks = start_ticks(proc.pid)
+        assert ticks is not None
+        for beat in (
+            _beat(proc.pid, epoch=6),  # the lease moved on since it beat
+            _beat(proc.pid, started=ticks + 1),  # a pid reused since
+            _beat(proc.pid, boot="0b7f16e0-0000-4000-8000-000000000000"),  # another machine
+            {"pid": proc.pid, "epoch": 7},  # a beat that names no process
+        ):
+            assert adopt_claimed(task, owner, beat) is None, beat
+        adopted = adopt_claimed(task, owner, _beat(proc.pid))
+        assert adopted is not None and adopted.pid == proc.pid
+        proc.kill()
+        proc.wait()
+        assert adopted.exited()  # (its pidfd tells the exit, as a child's would)
+        adopted.close()
+    elsewhere = TaskDir(tmp_path / "other-spool", task.id)
+    with _titled(f"agentd: worker {task.id} in {elsewhere.root}") as proc:
+        assert adopt_claimed(task, owner, _beat(proc.pid)) is None  # another node's spool
+    with _titled("sleeping") as proc:
+        assert adopt_claimed(task, owner, _beat(proc.pid)) is None  # no worker at all

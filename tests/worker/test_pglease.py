@@ -4,6 +4,7 @@ PostgreSQL: fencing, SKIP LOCKED races between real connections, round trips cou
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from tests.postgres import SeverableProxy
 from tests.support import poll_for
 from worker.errors import FencedError, NotFoundError
 from worker.store import pgschema
-from worker.store.pglease import Lease, append, claim, renew
+from worker.store.pglease import TAKEOVER_MARGIN, Held, Lease, LeaseWatch, append, claim, renew
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -72,7 +73,8 @@ def test_an_append_after_a_takeover_records_nothing(db: str) -> None:
         add_tasks(conn, "t1")
         old = only(claim(conn, "a", 1, 0.2))
         append(conn, "t1", old.epoch, 0, [b"one"])
-        new = only(poll_for(lambda: claim(conn, "b", 1, 30), what="the lease to expire"))
+        watch = LeaseWatch()  # node b's
+        new = only(poll_for(lambda: claim(conn, "b", 1, 30, watch=watch), what="the lease's end"))
         assert (new.epoch, new.seq, new.node) == (old.epoch + 1, 1, "b")
 
         with pytest.raises(FencedError, match="lease moved to epoch 2") as caught:
@@ -219,9 +221,15 @@ def test_a_renewal_extends_the_lease_while_the_epoch_holds(db: str) -> None:
     with connect(db) as conn:
         add_tasks(conn, "t1")
         lease = only(claim(conn, "a", 1, 0.5))
+        counted = conn.execute("SELECT renewals FROM tasks WHERE id = 't1'").fetchone()
         renewed = renew(conn, lease, 60)
-        assert renewed.expires > lease.expires
+        assert renewed.expires is not None
         assert (renewed.task_id, renewed.epoch) == ("t1", lease.epoch)
+        assert counted is not None
+        assert conn.execute("SELECT renewals, lease_seconds FROM tasks").fetchone() == (
+            counted[0] + 1,
+            60.0,
+        )  # the count a taker watches moved, and the holder's length is the new one
         assert claim(conn, "b", 1, 30) == []  # still held: the renewal kept it
 
 
@@ -229,7 +237,8 @@ def test_a_renewal_after_a_takeover_is_refused(db: str) -> None:
     with connect(db) as conn:
         add_tasks(conn, "t1")
         old = only(claim(conn, "a", 1, 0.2))
-        new = only(poll_for(lambda: claim(conn, "b", 1, 30), what="the lease to expire"))
+        watch = LeaseWatch()  # node b's
+        new = only(poll_for(lambda: claim(conn, "b", 1, 30, watch=watch), what="the lease's end"))
         with pytest.raises(FencedError, match="taken over"):
             renew(conn, old, 30)
         assert renew(conn, new, 30).epoch == new.epoch
@@ -241,15 +250,12 @@ def test_an_append_racing_a_takeover_waits_for_it_and_then_records_nothing(db: s
     with connect(db) as conn, connect(db) as taker, connect(db) as watcher:
         add_tasks(conn, "t1")
         old = only(claim(conn, "a", 1, 0.2))
-        poll_for(
-            lambda: (
-                watcher.execute("SELECT lease_expires < now() FROM tasks").fetchone() == (True,)
-            ),
-            what="the lease to expire",
-        )
+        watch = LeaseWatch()  # node b's: it sees the lease stand still for its length
+        assert claim(watcher, "b", 0, 30, watch=watch) == []
+        poll_for(lambda: watch.expired(30), what="the lease's end, as node b sees it")
         outcome: list[BaseException | int] = []
         with taker.transaction():
-            new = only(claim(taker, "b", 1, 30))  # the row stays locked until COMMIT
+            new = only(claim(taker, "b", 1, 30, watch=watch))  # locked until COMMIT
 
             def step() -> None:
                 try:
@@ -270,3 +276,121 @@ def test_an_append_racing_a_takeover_waits_for_it_and_then_records_nothing(db: s
         assert len(outcome) == 1 and isinstance(outcome[0], FencedError), outcome
         assert journal(conn, "t1") == []
         assert append(conn, "t1", new.epoch, 0, [b"first"]) == 1
+
+
+# -- the lease's end: how long a taker saw it stand still ----------------------------------
+
+
+class Clock:
+    """A monotonic clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_watch_judges_a_lease_over_only_after_it_stood_still_for_its_length_and_the_margin() -> (
+    None
+):
+    clock = Clock()
+    watch = LeaseWatch(clock)
+    a = Held("t1", "a", 1, 5, lease=2.0)
+    b = Held("t2", "b", 1, 9, lease=None)  # (a row of an older release: the reader's lease)
+    watch.observe([a, b])
+    clock.now += 2.0 + TAKEOVER_MARGIN - 0.01
+    watch.observe([a, b])
+    assert watch.expired(lease=10.0) == []
+    clock.now += 0.01
+    assert watch.expired(lease=10.0) == [a]  # b is judged by the reader's 10 s
+    watch.observe([Held("t1", "a", 1, 6, lease=2.0), b])  # renewed: it starts over
+    assert watch.expired(lease=10.0) == []
+    clock.now += 10.0
+    watch.observe([b])  # t1 is held no more (released)
+    assert watch.expired(lease=10.0) == [b] and watch.still("t1") is None
+    assert watch.still("t2") == (b, 2.0 + TAKEOVER_MARGIN + 10.0)
+    watch.blind()  # a read failed: the time until the next read does not count
+    assert watch.expired(lease=10.0) == []
+    clock.now += 5.0
+    watch.observe([b])
+    assert watch.still("t2") == (b, 2.0 + TAKEOVER_MARGIN + 10.0)
+
+
+def test_a_lease_taken_over_under_a_new_holder_is_watched_anew() -> None:
+    clock = Clock()
+    watch = LeaseWatch(clock)
+    watch.observe([Held("t1", "a", 1, 5, lease=1.0)])
+    clock.now += 1.0
+    watch.note(Held("t1", "b", 2, 6, lease=1.0), "t1")  # another node claimed it
+    clock.now += 1.0
+    assert watch.expired(lease=1.0) == []
+    assert watch.still("t1") == (Held("t1", "b", 2, 6, lease=1.0), 1.0)
+
+
+def test_no_wall_clock_ends_a_lease_that_its_holder_renews(db: str) -> None:
+    """The server's clock stepped two minutes on (every lease_expires in the past, as a
+    step of the database host's clock leaves it): a taker that watches the leases takes
+    none while their holder renews them, and takes one its holder stopped renewing only
+    after it saw it stand still for the lease and the margin, on its own clock."""
+    with connect(db) as conn, connect(db) as taker:
+        add_tasks(conn, "t1", "t2")
+        mine = claim(conn, "a", 2, 1.0)
+        watch = LeaseWatch()  # node b's
+        deadline = time.monotonic() + 3 * (1.0 + TAKEOVER_MARGIN)
+        while time.monotonic() < deadline:
+            mine = [renew(conn, lease, 1.0) for lease in mine]
+            stopped = time.monotonic()  # (a's worker of t1 renews no more after the loop)
+            conn.execute("UPDATE tasks SET lease_expires = now() - interval '2 minutes'")
+            assert claim(taker, "b", 2, 30, watch=watch) == []
+            time.sleep(0.2)
+        while not (taken := claim(taker, "b", 2, 30, watch=watch)):
+            renew(conn, mine[1], 1.0)
+            time.sleep(0.05)
+        assert [lease.task_id for lease in taken] == ["t1"]
+        assert time.monotonic() - stopped >= 1.0 + TAKEOVER_MARGIN
+        (lease,) = taken
+        assert lease.previous is not None
+        assert (lease.previous.node, lease.previous.epoch) == ("a", mine[0].epoch)
+
+
+def test_a_watch_counts_no_pause_in_its_reads_past_its_gap() -> None:
+    """A node too busy to claim for a while (or stopped) did not see whether the database
+    was away meanwhile: the pause past the gap does not count toward a lease standing
+    still, and no lease is judged over until the next read."""
+    clock = Clock()
+    watch = LeaseWatch(clock, gap=1.0)
+    held = Held("t1", "a", 1, 5, lease=2.0)
+    watch.observe([held])
+    for _ in range(3):  # reads every second: one watch
+        clock.now += 1.0
+        watch.observe([held])
+    assert watch.expired(lease=2.0) == [held]
+    clock.now += 1.5  # no read for longer than the gap
+    assert watch.expired(lease=2.0) == []
+    watch.observe([held])
+    assert watch.still("t1") == (held, 4.0)  # (the 0.5 s past the gap left out)
+    clock.now += 0.5
+    watch.observe([held])
+    assert watch.expired(lease=2.0) == [held]
+
+
+def test_a_dead_holder_s_task_is_taken_over_whatever_the_server_s_clock_said_before(
+    db: str,
+) -> None:
+    """A task claimed while the database host's clock ran two minutes ahead keeps that
+    time in its row (``runnable_at``, ``lease_expires``); stepped back, the clock must
+    keep neither a queued task nor a dead holder's from the other nodes. (Only a
+    backoff waits for its time.)"""
+    with connect(db) as conn, connect(db) as taker:
+        add_tasks(conn, "t1", "t2", after="2 minutes")  # (written while ahead)
+        add_tasks(conn, "b1", state="backoff", after="2 minutes")
+        (held,) = claim(conn, "a", 1, 1.0)  # t1 or t2: queued, whatever runnable_at says
+        watch = LeaseWatch()
+        rest = claim(taker, "b", 1, 30, watch=watch)
+        assert {held.task_id, *(r.task_id for r in rest)} == {"t1", "t2"}
+        (taken,) = poll_for(  # a's holder renews no more: b takes its lease, running
+            lambda: claim(taker, "b", 5, 30, watch=watch), 10, interval=0.05, what="takeover"
+        )
+        assert (taken.task_id, taken.epoch) == (held.task_id, held.epoch + 1)
+        assert claim(taker, "b", 5, 30, watch=watch) == []  # the backoff waits its time

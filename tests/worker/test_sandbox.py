@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.status import status_row
 from tests.support import (
+    finish,
     journal_records,
     kill_processes_with,
     make_spool,
@@ -293,6 +294,33 @@ def outside_tmp() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_a_workspace_of_a_task_made_while_the_worker_runs_is_hidden_from_its_next_call(
+    outside_tmp: Path,
+) -> None:
+    """The worker reads the other tasks' workspaces again before each call's intent (so
+    that a storage fault there is a wait, nothing recorded): a task made during one call
+    has its workspace hidden from the next."""
+    spool = make_spool(outside_tmp)
+    mine, later = outside_tmp / "mine", outside_tmp / "later"
+    for folder in (mine, later):
+        folder.mkdir()
+    (later / "secret").write_text(SECRET)
+    wait = "while [ ! -e go ]; do sleep 0.05; done"  # (the test lets it go on)
+    first = tool_use("run_command", "c1", command=f"{wait}; cat {later}/secret")
+    second = tool_use("run_command", "c2", command=f"cat {later}/secret; true")
+    task = scripted_task(
+        spool, [reply(first), reply(second), reply(text("done"))], name="t1", workspace=mine
+    )
+    worker = start_worker(task)
+    poll_for(lambda: of_kind(journal_records(task), "intent"), 30, what="the first call")
+    scripted_task(spool, [reply(text("done"))], name="t2", workspace=later)
+    (mine / "go").touch()  # the first call goes on (t2 was made after its intent: shown)
+    assert finish(worker)[0] == ExitCode.DONE
+    results = {r["call_id"]: r["content"] for r in of_kind(journal_records(task), "result")}
+    assert SECRET in results["c1"]  # (the control: made after the first call's intent)
+    assert SECRET not in results["c2"]
+
+
 def test_with_a_store_what_libpq_could_log_in_with_is_hidden(outside_tmp: Path) -> None:
     home, elsewhere, sockets, workspace = (outside_tmp / n for n in ("home", "etc", "run", "ws"))
     for folder in (home, elsewhere, sockets, workspace, home / ".postgresql"):
@@ -362,6 +390,7 @@ def test_another_tasks_workspace_is_hidden_and_a_shared_one_stays_writable(
     out = sh(sandbox, mine, command.format(theirs))
     assert SECRET not in out and not (theirs / "planted").exists()
     scripted_task(spool, done, name="t4", workspace=later)  # after the worker started
+    others.refresh()  # (the loop reads them again before each call: the test below)
     out = sh(sandbox, mine, command.format(later))
     assert SECRET not in out and not (later / "planted").exists()
     assert SECRET in sh(sandbox, mine, command.format(mine))  # its own, shared with t3

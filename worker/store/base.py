@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +103,52 @@ class Owner:
     task_id: str
     holder: str  # who holds it, for messages ("pid 1234", a node's name)
     epoch: int
+    # on a shared store, the lease a claim took over from a holder that let it stand
+    # still (the hold of the call that holder was running names it)
+    previous: Previous | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The lease a claim took over, its holder having let it stand still for its length
+    and a margin: whose it was, its epoch, and when it ended, as the taker's wall clock
+    reads the instant the lease ran out (for people; docs/design.md section 10)."""
+
+    node: str
+    epoch: int
+    ended_at: str
+
+    def to_json(self) -> JSON:
+        return {"node": self.node, "epoch": self.epoch, "ended_at": self.ended_at}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Previous | None:
+        """The lease a worker's environment names (``TAKEN_OVER_ENV``), or None."""
+        if not isinstance(data, dict):
+            return None
+        node, epoch, ended = data.get("node"), data.get("epoch"), data.get("ended_at")
+        if not isinstance(node, str) or type(epoch) is not int or not isinstance(ended, str):
+            return None
+        return cls(node, epoch, ended)
+
+    def told(self) -> str:
+        """What a hold says of it: the call ran on that node, under that lease."""
+        return (
+            f"it was running on node {self.node} (epoch {self.epoch}), whose lease ended at "
+            f"{self.ended_at} without a renewal"
+        )
+
+
+@dataclass(frozen=True)
+class Seized:
+    """A lease an operator's command took (``SharedStore.seize``): ``owner`` is the
+    command's; ``holder`` the node that had let it stand still (None: none held it),
+    under ``epoch``, whose tool may still run for at most ``ends_in`` seconds."""
+
+    owner: Owner
+    holder: str | None
+    epoch: int
+    ends_in: float
 
 
 @dataclass(frozen=True)
@@ -472,9 +518,10 @@ class SharedStore(TaskStore, Protocol):
     def claim(
         self, limit: int, *, exclude: Sequence[str] = (), expired: bool = True
     ) -> list[Owner]:
-        """Take up to ``limit`` runnable tasks no live lease holds (never waiting for
-        another node's claim), oldest first, each with a new epoch; without ``expired``,
-        only tasks no lease holds at all (none whose lease ran out)."""
+        """Take up to ``limit`` runnable tasks no lease holds, or whose holder let its lease
+        stand still for its length as this node watched it (never waiting for another
+        node's claim), oldest first, each with a new epoch (``Owner.previous`` names a
+        lease taken over); without ``expired``, only tasks no lease holds."""
         ...
 
     def handover(self, owner: Owner) -> Owner:
@@ -497,7 +544,20 @@ class SharedStore(TaskStore, Protocol):
         ...
 
     def leases(self) -> dict[str, str]:
-        """The node holding a live lease on each task that has one."""
+        """The node holding the lease of each task whose lease is held (until its holder
+        releases it or another node takes it over)."""
+        ...
+
+    def seize(self, task_id: str) -> Seized | None:
+        """For an operator's command (a cancel, a rewind): the task's lease, taken when none
+        is held or when its holder has not renewed it for half of it as this process
+        watched it (a frozen node), fencing the holder at once; None while the holder
+        renews it, or until this process has watched that long (call it again)."""
+        ...
+
+    def orphans(self) -> list[tuple[Owner, JSON]]:
+        """The leases held under this node's name on running tasks, each with its worker's
+        latest beat (which names the worker's process: ``worker.identity``)."""
         ...
 
     def join(self, max_workers: int) -> int:

@@ -15,7 +15,8 @@ The tables, one row per what the ``TaskStore`` Protocol keeps::
     nodes          one row per node: name, host, pid, max_workers, seen_at, epoch (its
                    registrations)
     tasks          spec, script, record (+ version: compare-and-set), state, the lease
-                   (node, epoch, lease_expires, renewals), seq (the last journal record's),
+                   (node, epoch, renewals, lease_seconds; lease_expires: held while set),
+                   seq (the last journal record's),
                    runnable_at (backoff), cancel, events (the last event's number),
                    paused_until (an operator's pause: no claim before it)
     journal        (task, seq) -> record bytes, and the epoch of the lease that wrote it
@@ -155,8 +156,14 @@ CREATE TABLE console_tokens (
 );
 """
 
+#: Version 5: each lease's length as its holder counts it (``lease_seconds``), so that a
+#: taker waits out the holder's lease, not its own, whatever each node's ``[cluster] lease``.
+_LEASE_LENGTH = """
+ALTER TABLE tasks ADD COLUMN lease_seconds double precision;
+"""
+
 #: ``MIGRATIONS[n]`` takes the schema from version n to n + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER, _CONSOLE_TOKENS)
+MIGRATIONS: tuple[str, ...] = (_CREATE, _PAUSE, _CLUSTER, _CONSOLE_TOKENS, _LEASE_LENGTH)
 
 #: The schema version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,9 +7,10 @@ one transaction, one round trip, one WAL flush (``synchronous_commit`` is set on
 every connection, whatever the server's or role's default, so a returned append is on
 the server's disk). How each promise of the Protocol is kept:
 
-- ownership is the lease on the task row: ``acquire`` takes it only when no live lease
-  is there and bumps the epoch, ``renew`` extends ``lease_expires`` on the server's
-  clock while the epoch is still the owner's, ``release`` clears it;
+- ownership is the lease on the task row: ``acquire`` takes it when no lease is held, or
+  one this process saw stand still for its length (``pglease.LeaseWatch``: no wall clock
+  decides), and bumps the epoch; ``renew`` bumps its renewal count while the epoch is
+  still the owner's, ``release`` clears it;
 - an append checks the owner's epoch and the journal's seq in the statement that writes
   the records, so a moved fence writes nothing and raises ``FencedError``; snapshots are
   fenced the same way;
@@ -62,6 +63,7 @@ from worker.errors import (
     StorageError,
     SupersededError,
 )
+from worker.identity import clock_id
 from worker.redactor import REDACTED, redact, without_password
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState, scene_json
@@ -73,6 +75,7 @@ from worker.store.base import (
     HeldInMemory,
     NodeInfo,
     Owner,
+    Seized,
     Snapshot,
     Unreadable,
     Version,
@@ -416,6 +419,10 @@ class PostgresStore:
         # this process's registration as the node (``join``): (epoch, pid, host, workers)
         self._registration: tuple[int, int, str, int] | None = None
         self._reading = threading.local()  # a view of every task, while ``read_all`` lasts
+        # how long each held lease has stood still, as this process has seen it: the
+        # one judge of a lease's end (claims, acquisitions, an operator's seizure)
+        self._watch = pglease.LeaseWatch(gap=lease / 2)
+        self._watch_guard = threading.Lock()
         self._lost_replies: set[tuple[str, str, int]] = set()  # (``_unsure``)
         try:
             with self.db.step() as conn:
@@ -579,33 +586,91 @@ class PostgresStore:
     # -- ownership --------------------------------------------------------------------
 
     def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
-        """Take the lease when no live one is on the task, bumping the epoch (which
-        fences every earlier owner); poll until ``wait`` runs out."""
+        """Take the lease when none is held, or when its holder let it stand still for its
+        length and the margin as this process watched it (so a wait shorter than that never
+        takes a held one), bumping the epoch (which fences every earlier owner); poll until
+        ``wait`` runs out."""
         deadline = time.monotonic() + wait
         while True:
-            row = self._row(
-                """
-                WITH done AS (
-                    UPDATE tasks SET epoch = epoch + 1, node = %(node)s, updated_at = now(),
-                        lease_expires = now() + make_interval(secs => %(lease)s)
-                    WHERE id = %(task)s AND (lease_expires IS NULL OR lease_expires <= now())
-                    RETURNING epoch
-                )
-                SELECT (SELECT epoch FROM done), node FROM tasks WHERE id = %(task)s
-                """,
-                task_id,
-                node=self.node,
-                lease=self.lease,
-            )
-            epoch, holder = row
-            if epoch is not None:
-                return Owner(task_id, self.node, int(epoch))
+            owner, held = self._take(task_id, self._expired_one(task_id))
+            if owner is not None:
+                return owner
             if time.monotonic() >= deadline:
                 raise LockBusyError(
-                    f"task {task_id} is owned by {holder}; another worker is running this "
-                    "task. Wait for it to exit or stop it first."
+                    f"task {task_id} is owned by {held.node if held else None}; another "
+                    "worker is running this task. Wait for it to exit or stop it first."
                 )
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _expired_one(self, task_id: str, after: float | None = None) -> pglease.Held | None:
+        """The task's lease as this process last saw it, if it has stood still for
+        ``after`` seconds (default: its holder's lease and the margin)."""
+        with self._watch_guard:
+            still = self._watch.still(task_id)
+        if still is None:
+            return None
+        held, seconds = still
+        limit = after if after is not None else (held.lease or self.lease) + pglease.TAKEOVER_MARGIN
+        return held if seconds >= limit else None
+
+    def _take(
+        self, task_id: str, stale: pglease.Held | None
+    ) -> tuple[Owner | None, pglease.Held | None]:
+        """One try at the task's lease: taken when free, or when it still stands as
+        ``stale`` (a compare-and-set on the epoch and the count). Else the lease as it is
+        now, watched (``_watch``)."""
+        row = self._row(
+            """
+            WITH done AS (
+                UPDATE tasks SET epoch = epoch + 1, node = %(node)s, updated_at = now(),
+                    renewals = renewals + 1, lease_seconds = %(lease)s,
+                    lease_expires = now() + make_interval(secs => %(lease)s)
+                WHERE id = %(task)s AND (lease_expires IS NULL
+                    OR (epoch = %(epoch)s AND renewals = %(renewals)s))
+                RETURNING epoch
+            )
+            SELECT (SELECT epoch FROM done), node, epoch, renewals, lease_seconds,
+                lease_expires IS NOT NULL FROM tasks WHERE id = %(task)s
+            """,
+            task_id,
+            node=self.node,
+            lease=self.lease,
+            epoch=stale.epoch if stale is not None else -1,
+            renewals=stale.renewals if stale is not None else -1,
+        )
+        taken, node, epoch, renewals, length, held = row
+        if taken is not None:
+            with self._watch_guard:
+                self._watch.note(None, task_id)
+            return Owner(task_id, self.node, int(taken)), None
+        lease = None
+        if held:
+            lease = pglease.Held(task_id, str(node), int(epoch), int(renewals), length)
+        with self._watch_guard:
+            self._watch.note(lease, task_id)
+        return None, lease
+
+    def seize(self, task_id: str) -> Seized | None:
+        """For an operator's command: take the task's lease when none is held, or from a
+        holder that has not renewed it for ``pglease.STALLED`` of its length as this
+        process watched it (a frozen or cut-off node); None while it is renewed, or
+        watched for less. The new epoch fences the holder at once; a tool of its may
+        still run until the holder's own lease ends, at the latest ``ends_in`` seconds
+        from now (the renewal it last saw was sent before it saw it)."""
+        with self._watch_guard:
+            still = self._watch.still(task_id)
+        stale, seconds = None, 0.0
+        if still is not None:
+            length = still[0].lease or self.lease
+            if still[1] >= pglease.STALLED * length:
+                stale, seconds = still
+        owner, _ = self._take(task_id, stale)
+        if owner is None:
+            return None
+        if stale is None:
+            return Seized(owner, None, 0, 0.0)
+        ends_in = max(0.0, (stale.lease or self.lease) - seconds)
+        return Seized(owner, stale.node, stale.epoch, ends_in)
 
     def renew(self, owner: Owner) -> None:
         lease = pglease.Lease(owner.task_id, self.node, owner.epoch, 0, _NEVER)
@@ -625,10 +690,12 @@ class PostgresStore:
         )
 
     def owned(self, task_id: str) -> bool:
-        (live,) = self._row(
-            "SELECT coalesce(lease_expires > now(), false) FROM tasks WHERE id = %(task)s", task_id
+        """Whether a lease is held: until its holder releases it or another takes it over
+        (no clock says it ended: ``pglease``)."""
+        (held,) = self._row(
+            "SELECT lease_expires IS NOT NULL FROM tasks WHERE id = %(task)s", task_id
         )
-        return bool(live)
+        return bool(held)
 
     def owner_pid(self, task_id: str) -> int | None:
         """None: a lease names the node that holds it, not a process."""
@@ -642,11 +709,23 @@ class PostgresStore:
     ) -> list[Owner]:
         mine = self._registration
         registered = (mine[0], mine[1]) if mine is not None else None
-        with self.db.step() as conn:
-            leases = pglease.claim(
-                conn, self.node, limit, self.lease, exclude, expired=expired, registered=registered
-            )
-        return [Owner(lease.task_id, self.node, lease.epoch) for lease in leases]
+        try:
+            with self._watch_guard, self.db.step() as conn:
+                leases = pglease.claim(
+                    conn,
+                    self.node,
+                    limit,
+                    self.lease,
+                    exclude,
+                    watch=self._watch,
+                    expired=expired,
+                    registered=registered,
+                )
+        except StorageError:
+            with self._watch_guard:  # nobody could renew meanwhile: that time does not count
+                self._watch.blind()
+            raise
+        return [Owner(x.task_id, self.node, x.epoch, previous=x.previous) for x in leases]
 
     @contextlib.contextmanager
     def _unsure(self, what: str, owner: Owner) -> Iterator[bool]:
@@ -671,6 +750,7 @@ class PostgresStore:
         with self._unsure("handover", owner) as unsure:
             row = self._one(
                 "UPDATE tasks SET epoch = epoch + 1, updated_at = now(), "
+                "renewals = renewals + 1, lease_seconds = %(lease)s, "
                 "lease_expires = now() + make_interval(secs => %(lease)s) "
                 "WHERE id = %(task)s AND epoch = %(epoch)s AND (%(registered)s::bigint IS NULL "
                 "OR EXISTS (SELECT 1 FROM nodes WHERE name = %(node)s AND epoch = %(registered)s "
@@ -703,7 +783,8 @@ class PostgresStore:
             kept = {
                 (task, epoch)
                 for task, epoch in conn.execute(
-                    "UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %s) "
+                    "UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %s), "
+                    "renewals = t.renewals + 1 "
                     "FROM unnest(%s::text[], %s::bigint[]) AS o (id, epoch) "
                     "WHERE t.id = o.id AND t.epoch = o.epoch RETURNING t.id, t.epoch",
                     (self.lease, [o.task_id for o in owners], [o.epoch for o in owners]),
@@ -792,9 +873,21 @@ class PostgresStore:
             )
         )
 
+    def orphans(self) -> list[tuple[Owner, JSON]]:
+        """The leases held under this node's name on running tasks, each with its
+        worker's latest beat: what a daemon started again on this node may adopt."""
+        with self.db.step() as conn:
+            rows = conn.execute(
+                "SELECT t.id, t.epoch, h.beat FROM tasks t JOIN heartbeats h ON h.task = t.id "
+                "WHERE t.node = %s AND t.lease_expires IS NOT NULL AND t.state = 'running' "
+                "ORDER BY t.id",
+                (self.node,),
+            ).fetchall()
+        return [(Owner(task, self.node, int(epoch)), dict(beat)) for task, epoch, beat in rows]
+
     def leases(self) -> dict[str, str]:
         with self.db.step() as conn:
-            rows = conn.execute("SELECT id, node FROM tasks WHERE lease_expires > now()")
+            rows = conn.execute("SELECT id, node FROM tasks WHERE lease_expires IS NOT NULL")
             return {task: node for task, node in rows}
 
     def join(self, max_workers: int) -> int:
@@ -880,7 +973,8 @@ class PostgresStore:
             rows = conn.execute(
                 "SELECT n.name, n.host, n.pid, n.max_workers, "
                 "extract(epoch FROM now() - n.seen_at)::float8, "
-                "(SELECT count(*) FROM tasks t WHERE t.node = n.name AND t.lease_expires > now()), "
+                "(SELECT count(*) FROM tasks t "
+                "WHERE t.node = n.name AND t.lease_expires IS NOT NULL), "
                 "n.epoch FROM nodes n WHERE n.pid > 0 ORDER BY n.name"
             ).fetchall()
         return [
@@ -1220,10 +1314,16 @@ class PostgresStore:
         )
 
     def read_heartbeat(self, task_id: str) -> JSON | None:
+        """The beat, its monotonic instants on this process's clock (``_beat_here``)."""
         seen = self._seen(task_id)
         if seen is not None:
-            return None if seen.beat is None else dict(seen.beat)
-        return self._latest("heartbeats", "beat", task_id)
+            return None if seen.beat is None else _beat_here(dict(seen.beat), seen.beat_age)
+        (beat, age) = self._row(
+            "SELECT h.beat, extract(epoch FROM now() - h.at)::float8 FROM tasks t "
+            "LEFT JOIN heartbeats h ON h.task = t.id WHERE t.id = %(task)s",
+            task_id,
+        )
+        return None if beat is None else _beat_here(dict(beat), age)
 
     def publish_exit(self, task_id: str, outcome: JSON) -> None:
         self._done(
@@ -1249,6 +1349,25 @@ class PostgresStore:
             task_id,
         )
         return None if value is None else dict(value)
+
+
+def _beat_here(beat: JSON, age: float | None) -> JSON:
+    """A worker's beat as this process can judge it: its monotonic instants (``at_mono``,
+    ``phase_started_mono``) are kept when the worker read this very clock (same boot, same
+    time namespace: ``worker.identity.clock_id``); else they are put on this process's
+    clock from the database's own age of the beat (its ``now()`` less when it took the
+    beat: one clock's difference), never from two machines' clocks."""
+    here = clock_id()
+    written, started = beat.get("at_mono"), beat.get("phase_started_mono")
+    if not isinstance(written, int | float) or age is None:
+        return beat  # no monotonic instant to put right
+    if here and beat.get("clock") == here:
+        return beat
+    at_mono = time.monotonic() - max(0.0, float(age))
+    told = {**beat, "at_mono": at_mono}
+    if isinstance(started, int | float):
+        told["phase_started_mono"] = at_mono - max(0.0, float(written) - float(started))
+    return told
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1281,6 +1400,7 @@ class _Seen:
     record: Any
     version: int
     beat: Any
+    beat_age: float | None  # the database's: now() less when it took the beat
     snapshot: bytes | None
     after: int
     records: list[bytes] | None
@@ -1289,7 +1409,8 @@ class _Seen:
 
 #: What ``read_all`` reads: every task, in one statement.
 _READ_ALL = """
-SELECT t.id, t.spec, t.record, t.version, h.beat, s.state, coalesce(s.seq, 0),
+SELECT t.id, t.spec, t.record, t.version, h.beat, extract(epoch FROM now() - h.at)::float8,
+    s.state, coalesce(s.seq, 0),
     CASE WHEN t.state = 'running' AND h.beat IS NOT NULL THEN NULL ELSE ARRAY(
         SELECT j.record FROM journal j
         WHERE j.task = t.id AND j.seq > coalesce(s.seq, 0) ORDER BY j.seq
@@ -1338,7 +1459,8 @@ WITH node AS (
     WHERE name = %(node)s AND epoch = %(epoch)s AND pid = %(pid)s AND host = %(host)s
     RETURNING 1
 ), kept AS (
-    UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %(lease)s)
+    UPDATE tasks AS t SET lease_expires = now() + make_interval(secs => %(lease)s),
+        renewals = t.renewals + 1
     FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS o (id, epoch)
     WHERE t.id = o.id AND t.epoch = o.epoch AND EXISTS (SELECT 1 FROM node)
     RETURNING t.id, t.epoch
