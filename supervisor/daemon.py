@@ -5,7 +5,8 @@ What drives it:
 * a doorbell: CLI commands that change a task (submit, decide, cancel, retry) and workers
   that append an event drop a file named for the task in ``SPOOL/inbox``, which inotify
   reports at once (``supervisor.inbox``), and the daemon looks at that task; a rescan
-  every ``RESCAN_INTERVAL`` seconds makes sure a missed one can never strand a task;
+  every ``placement.RESCAN_INTERVAL`` seconds makes sure a missed one can never strand a
+  task (on a shared store, claims every ``placement.CLAIM_POLL``: ``supervisor.placement``);
 * worker exits, seen through each worker's pidfd the moment they happen, and settled by
   ``exits.settle``; each is followed by a sweep that kills whatever the worker's tools left
   that outlived it (``supervisor.strays``);
@@ -56,7 +57,6 @@ import random
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,9 +84,11 @@ from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.operator import Operator, fields_of
+from supervisor.placement import ClusterPlacement, LocalPlacement, Placement
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.reload import Settings
+from supervisor.slot import TaskSlot
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
@@ -94,72 +96,63 @@ from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from supervisor.watch import Watch
 from supervisor.workers import (
     WorkerProcess,
-    adopt,
-    adopt_claimed,
     journal_end,
     process_started,
     spawn,
     worker_exit,
 )
 from worker import __version__, credentials
-from worker.config import Config, node_name
+from worker.config import Config
 from worker.descendants import become_subreaper
 from worker.errors import (
     AgentdError,
     ConfigError,
-    FencedError,
     SpoolError,
     StateConflictError,
     StorageError,
-    SupersededError,
 )
 from worker.events import event_line, utc_now
 from worker.protocol import (
     EPOCH_ENV,
     FINAL_STATES,
-    LEASE_ENV,
-    NODE_ENV,
     RETRIES_ENV,
     TAKEN_OVER_ENV,
     VERDICT_EXITS,
     TaskStatus,
 )
 from worker.spool import Spool, TaskDir
-from worker.store.base import Owner, SharedStore
 from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
 
 if TYPE_CHECKING:
     from supervisor.console.process import ConsoleProcess
 
-RESCAN_INTERVAL = 5.0
-#: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
-#: wakes it at once; polling is the truth), and how long a task whose workspace this node
-#: cannot see is left to the other nodes before it is tried here again.
-CLAIM_POLL = 0.25
-UNSEEN_PATIENCE = 30.0
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
 RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 
 
-@dataclass
-class TaskSlot:
-    """The daemon's view of one task between reads of its record."""
-
-    task: TaskDir
-    record: TaskRecord
-    worker: WorkerProcess | None = None
-    due: float = 0.0  # monotonic time a backoff ends
-    waiting_lock: bool = False  # an unknown process holds the task lock: wait for it
-    paused: bool = False  # an operator command holds the task for a moment (rewind)
-    starting: bool = False  # a worker was asked of the fork server; its pid is to come
-    resource_waits: int = 0  # starts refused for want of processes or memory, in a row
-    storage_waits: int = 0  # storage faults in a row (exit 7 without progress): the backoff
-    owner: Owner | None = None  # on a shared store: this node's claim of the task
-
-
 class Supervisor:
+    """The daemon's loop and its wiring. The parts, each a role of one concept:
+
+    * ``placement`` (``supervisor.placement``): where tasks come from (the spool's
+      folders, or a shared store's queue under leases) and whose record is whose to
+      write;
+    * ``exits.settle``, pure: what a worker's exit means; ``_settle_exit`` carries it
+      out, through the one transition (``save``, ``move``: ``TaskRecord.move_to``, its
+      event and hook derived from the old and new state);
+    * ``watch`` (``supervisor.watch``): one liveness timer per worker, ``_check`` its
+      verdict (``liveness.judge``, pure);
+    * ``strays`` (``supervisor.strays``): the sweep of what dead workers' tools left;
+    * ``settings`` (``supervisor.reload``): the config in use and SIGHUP's reload;
+    * ``forks`` (``supervisor.forkserver``): workers forked warm; ``backlog``
+      (``supervisor.backlog``): writes a storage fault refused; ``relay``
+      (``supervisor.relay``): other processes' events into this log; ``hooks``,
+      ``metrics``, the console and traces.
+
+    Everything runs on one asyncio loop: a worker's exit (its pidfd), a doorbell
+    (``_doorbell``), a timer of the watch, the tick, a signal."""
+
     def __init__(
         self,
         spool: Spool,
@@ -173,17 +166,12 @@ class Supervisor:
     ) -> None:
         self.spool = spool
         self.store = store_for(spool.root)  # every byte of a task goes through it
-        # on a shared store: the queue, the leases and the nodes; None on the spool's files
-        self.shared = shared()
-        self._unseen: dict[str, float] = {}  # task -> when this node tries its workspace again
-        self._renewed = 0.0  # when this node last renewed its leases (and said it is alive)
-        self._away = False  # the shared store could not be reached by the last claim or renewal
-        self._away_at = -float("inf")  # (monotonic) when the shared store was last at fault
-        self._claim_expired_at = 0.0  # (monotonic) no claim of a lease that ran out before
-        # another daemon registered this node's name (``_superseded``): this one runs
-        # nothing and claims nothing until it can register the name again
-        self._superseded_by: SupersededError | None = None
-        self._stop_listening: Callable[[], None] | None = None
+        # where the tasks come from, and whose record is whose to write: this spool's
+        # folders, or a shared store's queue (``supervisor.placement``)
+        store = shared()
+        self.placement: Placement = (
+            LocalPlacement(self) if store is None else ClusterPlacement(self, store)
+        )
         # the config in use and the secrets held, and what SIGHUP does to them
         self.settings = Settings(spool.root, config, config_path, self.emit)
         self.notifier = notifier or Notifier()
@@ -202,9 +190,8 @@ class Supervisor:
                 {k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT}
             ),
             "PYTHONUNBUFFERED": "1",
+            **self.placement.worker_env(),
         }
-        if self.shared is not None:  # (the store's URL travels with the other secrets)
-            self._worker_env |= {NODE_ENV: self.shared.node, LEASE_ENV: f"{self.shared.lease}"}
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
             ForkServer(
@@ -241,8 +228,6 @@ class Supervisor:
         self.relay = EventRelay(
             self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
         )
-        self._scanned = False  # the first rescan is done: tasks found later are new
-        self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         # the last operator's action on each task since its last hook: what the next
@@ -259,7 +244,7 @@ class Supervisor:
         (ConfigError: exit 78); under ``auto`` it is said loudly (``sandbox_unavailable``,
         the gauge, ``supervisor.sandbox`` in status), never in silence."""
         tools = self.config.tools
-        mode = mode_for(tools.sandbox, store=self.shared is not None)
+        mode = mode_for(tools.sandbox, store=self.placement.clustered)
         verdict = Sandbox(mode, tools.network).verdict()
         if verdict.startswith("refused: "):
             why = "a store is configured, so" if mode is not tools.sandbox else "the config says"
@@ -317,7 +302,7 @@ class Supervisor:
             "event": event,
             "task": slot.task.id,
             "reason": slot.record.reason,
-            "node": self.shared.node if self.shared is not None else node_name(),
+            "node": self.placement.node,
             "timestamp": utc_now(),
             **self._acted.pop(slot.task.id, {}),  # the operator's action that led here
         }
@@ -341,7 +326,7 @@ class Supervisor:
         slot = self.slots.get(task_id)
         self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
 
-    def _save(
+    def save(
         self,
         slot: TaskSlot,
         state: TaskStatus | None = None,
@@ -366,11 +351,9 @@ class Supervisor:
 
     def _write_record(self, slot: TaskSlot, *, durable: bool = True) -> None:
         record, task = slot.record, slot.task
-        write = lambda: record.save(task, durable=durable)  # noqa: E731  (the one write, kept if refused)
-        if self.shared is not None:
-            if slot.owner is None:  # not this node's to write (the claim was lost)
-                return
-            write = self._shared_write(self.shared, slot, slot.owner)
+        write = self.placement.writer(slot, lambda: record.save(task, durable=durable))
+        if write is None:  # not this daemon's to write (a cluster's claim was lost)
+            return
         try:  # refused by a storage fault: kept, and rewritten as it is then (``backlog``)
             self.backlog.replace(("record", task.id), write)
         except SpoolError as exc:
@@ -389,53 +372,7 @@ class Supervisor:
         if record.state != before and record.state in HOOK_STATES:
             self._hook(slot)
 
-    def _shared_write(
-        self, shared: SharedStore, slot: TaskSlot, owner: Owner
-    ) -> Callable[[], None]:
-        """The write of ``slot``'s record on a shared store, fenced by this node's claim: a
-        task this node no longer runs is released with it (claimable again when its
-        backoff ends) and leaves this node's view. A write the fence refuses (the lease
-        was taken over) is the new owner's to make: ``lease_lost``, nothing written."""
-        record = slot.record
-        release = slot.worker is None and not slot.starting and record.state != TaskStatus.RUNNING
-        delay = max(0.0, slot.due - self.clock()) if record.state == TaskStatus.BACKOFF else 0.0
-        data = record.stamped()
-        if release:
-            self._forget(slot)
-
-        def write() -> None:
-            try:
-                shared.put_record(owner, data, release=release, runnable_in=delay)
-            except FencedError as exc:
-                self._lease_lost(owner, str(exc))
-
-        return write
-
-    def _forget(self, slot: TaskSlot) -> None:
-        """A task this node no longer runs leaves its view (a shared store)."""
-        if self.slots.get(slot.task.id) is slot:
-            del self.slots[slot.task.id]
-            self.relay.forget(slot.task.id)
-            self.metrics.forget(slot.task.id)
-        slot.owner = None
-
-    def _lease_lost(self, owner: Owner, why: str) -> None:
-        """The claim ``owner`` was taken over: whatever of it runs here stops at once (its
-        appends are refused anyway), and the task leaves this node's view. Only that
-        claim's: a write kept from an earlier claim (refused once the database is back)
-        must not stop a worker this node runs under a later claim of the same task."""
-        self.metrics.lease_lost += 1
-        slot = self.slots.get(owner.task_id)
-        if slot is None or slot.owner != owner:
-            self.log.warning("lease_lost", task=owner.task_id, epoch=owner.epoch, why=why)
-            return
-        self.emit("lease_lost", slot, level="warning", why=why)
-        if slot.worker is not None:
-            slot.worker.kill_reason = KillReason.LEASE_LOST
-            slot.worker.signal_group(signal.SIGKILL)
-        self._forget(slot)
-
-    def _move(self, slot: TaskSlot, move: Move) -> bool:
+    def move(self, slot: TaskSlot, move: Move) -> bool:
         """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
         save it; False, with nothing changed, when the record refuses it (a request that
         the task's state made moot: a retry of a task that no longer failed)."""
@@ -495,17 +432,11 @@ class Supervisor:
         self._serve_console()
         self._export_traces()
         sandbox = self._probe_sandbox()
-        registration = None
-        if self.shared is not None:
-            registration = self.shared.join(self.config.max_workers)  # (ConfigError: taken)
 
-            def wake() -> None:  # (on the listener's thread)
-                loop.call_soon_threadsafe(self._doorbell)
+        def wake() -> None:  # (on any thread: a shared store's listener)
+            loop.call_soon_threadsafe(self._doorbell)
 
-            self._stop_listening = self.shared.listen(wake)
-        where: dict[str, Any] = {"spool": str(self.spool.root)}
-        if self.shared is not None:
-            where |= {"node": self.shared.node, "epoch": registration, "store": repr(self.shared)}
+        where = {"spool": str(self.spool.root), **self.placement.join(wake)}
         self.emit("supervisor_started", pid=os.getpid(), **where)
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
@@ -518,15 +449,14 @@ class Supervisor:
         self.emit("cgroups", verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
-        if self.shared is not None:
-            self._adopt_claimed(self.shared)
+        self.placement.adopt()
         self.rescan()
         self._info = {
             "pid": os.getpid(),
             "started_at": started,
             "version": __version__,
             "spool": str(self.spool.root),
-            "node": self.shared.node if self.shared is not None else node_name(),
+            "node": self.placement.node,
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
@@ -537,16 +467,13 @@ class Supervisor:
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
         try:
-            # (on a shared store the loop also comes round every CLAIM_POLL to claim: a
-            # dead node's lease ends unannounced)
-            wait = CLAIM_POLL if self.shared is not None else RESCAN_INTERVAL
             rescanned = self.clock()
             while not self.stopping:
                 self._schedule()
                 self._publish_status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
-                due = self.shared is None or self.clock() - rescanned >= RESCAN_INTERVAL
+                    await asyncio.wait_for(self._wake.wait(), self.placement.poll)
+                due = self.placement.rescan_due(self.clock() - rescanned)
                 if not self._wake.is_set() and due:
                     rescanned = self.clock()
                     self.rescan()
@@ -559,11 +486,7 @@ class Supervisor:
                 self._console.stop()
             if self.traces is not None:
                 self.traces.close()
-            if self._stop_listening is not None:
-                self._stop_listening()
-            if self.shared is not None:
-                with contextlib.suppress(StorageError):
-                    self.shared.leave()
+            self.placement.leave()
             watcher.cancel()
             ticker.cancel()
             with contextlib.suppress(BaseException):
@@ -640,9 +563,9 @@ class Supervisor:
         renewed = self.settings.reread_credentials()
         if renewed:
             held = self.settings.credentials
-            if credentials.STORE in renewed and self.shared is not None:
+            if credentials.STORE in renewed:
                 try:  # a password that stopped working is a wait, until this new one
-                    self.shared.relogin(held.values[credentials.STORE])
+                    self.placement.relogin(held.values[credentials.STORE])
                 except ConfigError as exc:
                     self.emit("config_reload_failed", level="warning", reason=str(exc))
             if self.forks is not None:
@@ -683,138 +606,39 @@ class Supervisor:
     def _doorbell(self, tasks: set[str] | None = None) -> None:
         """Something changed: the tasks a command or a worker named (``Spool.ring``), or
         every task (None: a name it could not read, or a wake-up from the shared store)."""
-        if tasks is None or self.shared is not None:
-            self.rescan()
-        else:
-            for task_id in sorted(tasks):
-                self._look_at(task_id)
+        self.placement.ring(tasks)
         self._wake.set()
 
     def rescan(self) -> None:
-        """Bring every task folder into the daemon's view, relay the events other
-        processes wrote (``supervisor.relay``) and apply pending requests. On a shared
-        store the view is the tasks this node claimed (``_claim``): the others are other
-        nodes' or the queue's, and operators' moves on them are the CLI's (compare-and-set
-        in the database)."""
-        if self.shared is not None:
-            for mine in list(self.slots.values()):
-                self.relay.pull(mine.task.id)
-                with contextlib.suppress(StorageError):  # the database is away: next time
-                    self._apply_requests(mine)
-            return
-        for task_id in self.store.task_ids():
-            self._look_at(task_id)
-        self._scanned = True
+        """Bring every task into the daemon's view, relay the events other processes
+        wrote (``supervisor.relay``) and apply pending requests (``Placement.rescan``)."""
+        self.placement.rescan()
 
-    def _look_at(self, task_id: str) -> None:
-        """``_scan`` one task of the spool; a folder it cannot read (another user's) is
-        warned about once, and the rest go on."""
-        try:
-            self._scan(task_id)
-        except OSError as exc:
-            if task_id not in self._unreadable:
-                self._unreadable.add(task_id)
-                where = exc.filename or self.spool.task(task_id).path
-                self.log.warning(
-                    "task_unreadable",
-                    task=task_id,
-                    reason=f"{where}: {exc.strerror or exc}",
-                    hint="give the task folder to the user agentd runs as, or remove it",
-                )
-        else:
-            self._unreadable.discard(task_id)
+    def wake(self) -> None:
+        """Have the loop come round now (to schedule what changed)."""
+        self._wake.set()
 
-    def _scan(self, task_id: str) -> None:
-        slot = self.slots.get(task_id)
-        task = slot.task if slot is not None else self.spool.task(task_id)
-        if not self.store.exists(task_id):
-            return
-        if slot is None:
-            slot = self.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
-            self.relay.track(task.id, from_end=not self._scanned)
-            self._recover(slot)
-        elif slot.record.foreground and slot.worker is None:
-            slot.record = TaskRecord.load(task)  # `agentd run` writes it, not this daemon
-        self.relay.pull(task.id)
-        self._apply_requests(slot)
-        if slot.record.foreground:
-            return  # its `agentd run` carries out its decisions
-        if slot.record.state == TaskStatus.HELD and pending_decisions(task):
-            self._move(slot, TaskRecord.release_hold)
-
-    def _recover(self, slot: TaskSlot) -> None:
-        """A task seen for the first time by this daemon: adopt the worker that holds its
-        lock (one an earlier daemon started, recorded or not), or resume it. A worker that
-        outlived a killed daemon and whose task was cancelled meanwhile is adopted too, to be
-        stopped (``_apply_requests``): a cancelled task runs nothing more. A foreground
-        task is left alone: ``agentd run`` runs its worker (docs/design.md section 16)."""
-        if slot.record.foreground:
-            return
-        final = slot.record.state in FINAL_STATES
-        if final and not self.store.cancel_requested(slot.task.id):
-            return
-        worker = adopt(slot.task)
-        if worker is not None:
-            self._attach(slot, worker)
-            if not final:  # (a cancelled task's worker is adopted only to be stopped)
-                started = process_started(worker.pid)
-                self._save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
-            self.emit("worker_adopted", slot, pid=worker.pid)
-        elif final:
-            return
-        elif self.store.owned(slot.task.id):
-            slot.waiting_lock = True
-            self.emit("worker_lock_wait", slot, level="warning")
-        elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
-            self._save(slot, TaskStatus.QUEUED)
-
-    def _adopt_claimed(self, shared: SharedStore) -> None:
-        """A node started again on a shared store (its last daemon killed, its workers
-        not): adopt each worker that still runs one of its claims, as ``_recover`` does on
-        a spool (``workers.adopt_claimed`` says how one is told); a claim whose worker is
-        gone runs out, and the task is claimed again."""
-        try:
-            orphans = shared.orphans()
-        except StorageError:
-            return  # the database is away: those claims run out, as a dead node's do
-        for owner, beat in orphans:
-            task = self.spool.task(owner.task_id)
-            worker = adopt_claimed(task, owner, beat)
-            if worker is None:
-                continue
-            try:
-                record = TaskRecord.load(task)
-            except StorageError:
-                worker.close()
-                continue
-            slot = self.slots[task.id] = TaskSlot(task, record, owner=owner)
-            self.relay.track(task.id, from_end=True)
-            self._attach(slot, worker)
-            pid_started = process_started(worker.pid)
-            self._save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=pid_started)
-            self.emit("worker_adopted", slot, pid=worker.pid, epoch=owner.epoch)
-
-    def _apply_requests(self, slot: TaskSlot) -> None:
+    def apply_requests(self, slot: TaskSlot) -> None:
         if (
             (slot.record.state not in FINAL_STATES or slot.worker is not None)
             and self.store.cancel_requested(slot.task.id)
             and not (slot.record.foreground and self.store.owned(slot.task.id))
         ):  # (a foreground task's running `agentd run` applies its cancel itself)
-            self._cancel(slot)
+            self.cancel(slot)
         asked = taken_request(slot.task, RETRY_REQUEST)
-        if asked is not None and self._move(slot, TaskRecord.retry):
+        if asked is not None and self.move(slot, TaskRecord.retry):
             self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
-            self._move(slot, TaskRecord.requeue)
+            self.move(slot, TaskRecord.requeue)
         if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
-            self._move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
+            self.move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
         slot.paused = pause_holder_alive(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
             slot.worker.signal_worker(signal.SIGTERM)
             self._stop_in_grace(slot, slot.worker, self.clock())
 
-    def _cancel(self, slot: TaskSlot) -> None:
+    def cancel(self, slot: TaskSlot) -> None:
         """Apply an operator's cancel: a worker gets TERM (its group: the running tool
         too), then KILL after the grace; a task without one is cancelled at once."""
         worker = slot.worker
@@ -824,117 +648,19 @@ class Supervisor:
                 worker.signal_group(signal.SIGTERM)
                 self._stop_in_grace(slot, worker, self.clock())
         elif not slot.starting:  # (one being started is cancelled as it arrives: ``_started``)
-            self._move(slot, TaskRecord.cancel)
+            self.move(slot, TaskRecord.cancel)
 
     # -- scheduling ---------------------------------------------------------------------
 
     def _schedule(self) -> None:
+        """Start what may run in the places free now (``Placement.schedule``)."""
         if self.stopping:
             return
         now = self.clock()
         free = self.config.max_workers - self.running_count()
         if free <= 0:
             return
-        if self.shared is not None:
-            if self._superseded_by is None:
-                self._claim(self.shared, free)
-            return
-        # Only the tasks that could start, oldest first (a spool keeps every finished task).
-        waiting = [
-            slot
-            for slot in self.slots.values()
-            if slot.worker is None
-            and not slot.starting
-            and not slot.paused
-            and not slot.record.foreground  # `agentd run` starts it, or `retry` hands it over
-            and (slot.waiting_lock or slot.record.state in (TaskStatus.BACKOFF, TaskStatus.QUEUED))
-        ]
-        for slot in sorted(waiting, key=lambda s: s.record.updated_at):
-            if free <= 0:
-                break
-            state = slot.record.state
-            if slot.waiting_lock:
-                if self.store.owned(slot.task.id):
-                    continue
-                slot.waiting_lock = False
-            elif state == TaskStatus.BACKOFF:
-                if now < slot.due:
-                    continue
-            elif state != TaskStatus.QUEUED:
-                continue
-            self._start(slot)
-            free -= 1
-
-    def _claim(self, shared: SharedStore, free: int) -> None:
-        """Take up to ``free`` runnable tasks from the shared queue and start a worker for
-        each, under the claim (its epoch goes to the worker: ``EPOCH_ENV``). A task whose
-        workspace this node cannot see is given back, saying why, and left to the other
-        nodes for ``UNSEEN_PATIENCE`` seconds."""
-        now = self.clock()
-        self._unseen = {t: until for t, until in self._unseen.items() if until > now}
-        try:
-            # (not this node's own tasks: a lease that ran out while the database was away
-            # is renewed by their running workers, not claimed a second time)
-            # (nor, for a lease after the store was at fault, a task whose lease ran out
-            # meanwhile: its holder could not renew it either, and renews it now)
-            owners = shared.claim(
-                free, exclude=[*self._unseen, *self.slots], expired=now >= self._claim_expired_at
-            )
-        except StorageError as exc:
-            self._store_away(shared, exc)
-            return
-        self._store_back(shared)
-        for owner in owners:
-            task = self.spool.task(owner.task_id)
-            try:
-                record = TaskRecord.load(task)
-            except StorageError:  # the database went away after the claim: the lease ends
-                continue
-            slot = self.slots[task.id] = TaskSlot(task, record, owner=owner)
-            self.relay.track(task.id, from_end=True)
-            taken: dict[str, Any] = {}
-            if owner.previous is not None:  # (from a node that let its lease stand still)
-                taken["taken_over"] = owner.previous.to_json()
-            self.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch, **taken)
-            unseen = self._unseen_workspace(slot, shared.node)
-            if unseen is not None:
-                self._unseen[task.id] = now + UNSEEN_PATIENCE
-                self.emit("workspace_unseen", slot, level="warning", why=unseen)
-                self._save(slot, TaskStatus.QUEUED, reason=unseen)
-            elif self._cancel_requested(slot):
-                self._cancel(slot)
-            else:
-                self._start(slot)
-
-    def _store_away(self, shared: SharedStore, exc: StorageError) -> None:
-        """A claim or a renewal met a shared store at fault (away, read-only, refusing the
-        login...): logged once per outage (``storage_fault``, naming the cause), not at
-        every tick; the tasks wait (invariant 8)."""
-        self._away_at = self.clock()
-        if not self._away:
-            self._away = True
-            self.metrics.storage_faults += 1
-            self.log.warning("storage_fault", error=str(exc), cause=exc.cause, store=repr(shared))
-
-    def _store_back(self, shared: SharedStore) -> None:
-        if self._away:
-            self._away = False
-            self._claim_expired_at = self.clock() + shared.lease
-            self.log.info("storage_recovered", store=repr(shared))
-
-    def _unseen_workspace(self, slot: TaskSlot, node: str) -> str | None:
-        """Why this node cannot run ``slot``'s task here (its workspace is not a folder
-        it can see: a shared mount missing on this node), or None."""
-        try:
-            spec = self.store.load_spec(slot.task.id)
-        except (AgentdError, OSError):
-            return None  # the worker says what is wrong with the spec, as on one machine
-        if spec.workspace is None or Path(spec.workspace).is_dir():
-            return None
-        return (
-            f"waiting: its workspace {spec.workspace} is not a folder on node "
-            f"{node}; mount it there or let another node run the task"
-        )
+        self.placement.schedule(free, now)
 
     def _env_for(self, slot: TaskSlot) -> dict[str, str]:
         """The worker's environment: with the claim it runs under, on a shared store, the
@@ -957,7 +683,7 @@ class Supervisor:
             self.emit("cgroup_failed", slot, level="warning", why=f"{exc}")
             return env
 
-    def _start(self, slot: TaskSlot) -> None:
+    def start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot``: asked of the fork server when it is ready (the
         answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
         fresh interpreter at once. A start waits for a server still warming up
@@ -1002,14 +728,14 @@ class Supervisor:
             if exc.errno in RESOURCE_ERRNOS:
                 self._resource_wait(slot, f"cannot start a worker: {exc}")
                 return
-            self._save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
+            self.save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
             return
         self._started(slot, worker)
 
     def _resource_wait(self, slot: TaskSlot, why: str) -> None:
         """The machine refused a worker a process at its start (the fork): a wait."""
         if self.stopping:
-            self._save(slot, TaskStatus.QUEUED)
+            self.save(slot, TaskStatus.QUEUED)
             return
         waits = slot.resource_waits + 1
         self._wait(
@@ -1017,16 +743,17 @@ class Supervisor:
         )
 
     def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
-        self._attach(slot, worker)
+        self.attach(slot, worker)
         if self.stopping:  # asked before the stop, answered after it
             worker.kill_reason = KillReason.STOP
             worker.signal_worker(signal.SIGTERM)
-        elif self._cancel_requested(slot):  # cancelled while being started
-            self._cancel(slot)
+        elif self.cancel_requested(slot):  # cancelled while being started
+            self.cancel(slot)
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
-        # lock (`_recover`), never trusts; every task start would otherwise wait on 2 fsyncs.
+        # lock (`LocalPlacement._recover`), never trusts; every task start would otherwise
+        # wait on 2 fsyncs.
         pid_started = process_started(worker.pid)
-        self._save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
+        self.save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
         self.emit("worker_spawned", slot, pid=worker.pid)
 
     def _forked(self, asked: Asked[TaskSlot], pid: int | None) -> None:
@@ -1056,7 +783,7 @@ class Supervisor:
         self.strays.sweep_if_due()
         self._wake.set()
 
-    def _attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
+    def attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
         slot.worker = worker
         asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, slot)
         self.watch.arm(slot.task.id, self.clock())
@@ -1108,7 +835,7 @@ class Supervisor:
         except StorageError:
             return False
 
-    def _cancel_requested(self, slot: TaskSlot) -> bool:
+    def cancel_requested(self, slot: TaskSlot) -> bool:
         try:
             return self.store.cancel_requested(slot.task.id)
         except StorageError:
@@ -1123,52 +850,37 @@ class Supervisor:
             slot.storage_waits,
             slot.resource_waits,
             stopping=self.stopping,
-            shared=self.shared is not None,
+            shared=self.placement.clustered,
         )
         verdict = exits.settle(ended, view, self.config.restart, self.rng)
         if not isinstance(verdict, exits.Wait):
             slot.storage_waits = slot.resource_waits = 0
         match verdict:
             case exits.Cancelled():
-                self._move(slot, TaskRecord.cancel)  # (a worker ran: it had not ended)
+                self.move(slot, TaskRecord.cancel)  # (a worker ran: it had not ended)
             case exits.Ended(state=state, reason=reason):
-                self._save(slot, state, reason=reason)
+                self.save(slot, state, reason=reason)
             case exits.Held(reason=reason):
                 if self._decided(slot):  # decided already: nobody to call
-                    self._save(slot, TaskStatus.QUEUED, reason=None)
+                    self.save(slot, TaskStatus.QUEUED, reason=None)
                 else:
-                    self._save(slot, TaskStatus.HELD, reason=reason)
+                    self.save(slot, TaskStatus.HELD, reason=reason)
             case exits.Requeued():
-                self._save(slot, TaskStatus.QUEUED, reason=None)
+                self.save(slot, TaskStatus.QUEUED, reason=None)
             case exits.Fenced():
-                if self.shared is not None and slot.owner is not None:
-                    self._worker_fenced(self.shared, slot, slot.owner)
+                self.placement.fenced(slot)
             case exits.LockWait():
                 slot.waiting_lock = True
-                self._save(slot, TaskStatus.QUEUED)
+                self.save(slot, TaskStatus.QUEUED)
             case exits.Wait():
                 self._wait(slot, verdict)
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
                 record.crashes = crashes
                 self.metrics.crash_loops += 1
                 self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(crashes))
-                self._save(slot, TaskStatus.FAILED, reason=reason)
+                self.save(slot, TaskStatus.FAILED, reason=reason)
             case exits.Restart():
                 self._restart(slot, verdict)
-
-    def _worker_fenced(self, shared: SharedStore, slot: TaskSlot, owner: Owner) -> None:
-        """A worker on a shared store stopped by itself: its lease moved, or it could not
-        renew it in time (``worker.lease``). If another claim took the task, it is that
-        node's; if the lease merely ran out (the database was away), the task is given
-        back to the queue, the same as a stop: no crash, nothing run twice."""
-        try:
-            shared.check_fence(owner)
-        except FencedError as exc:
-            self._lease_lost(owner, str(exc))
-            return
-        except StorageError:
-            pass  # the database is away: the write below waits for it
-        self._save(slot, TaskStatus.QUEUED, reason=None)
 
     def _wait(self, slot: TaskSlot, wait: exits.Wait) -> None:
         """A wait, not a crash: a storage fault (exit 7: a full, failing or read-only disk),
@@ -1183,7 +895,7 @@ class Supervisor:
         else:
             slot.storage_waits, slot.resource_waits = 0, wait.waits
         slot.due = self.clock() + wait.delay
-        self._save(slot, TaskStatus.BACKOFF, reason=wait.reason)
+        self.save(slot, TaskStatus.BACKOFF, reason=wait.reason)
         if wait.waits == 1 and wait.kind is exits.WaitKind.STORAGE:
             self.metrics.storage_faults += 1
             self.emit("storage_fault", slot, level="warning", error=wait.why)
@@ -1201,18 +913,18 @@ class Supervisor:
         self.metrics.restarts += 1
         slot.due = self.clock() + restart.delay
         if restart.delay == 0 and self._restart_now(slot):
-            if not self._new_epoch(slot):
+            if not self.placement.new_epoch(slot):
                 return  # the task is another node's now
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
             slot.record.reason = None
             self.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=restart.turn)
-            self._start(slot)
+            self.start(slot)
             return
         # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
         # operator's pause, behind the tasks that were queued before it
         queued = restart.delay == 0
-        self._save(slot, TaskStatus.QUEUED if queued else TaskStatus.BACKOFF, reason=None)
+        self.save(slot, TaskStatus.QUEUED if queued else TaskStatus.BACKOFF, reason=None)
         self.emit(
             "restart_scheduled",
             slot,
@@ -1222,22 +934,6 @@ class Supervisor:
         )
         if not queued:
             asyncio.get_running_loop().call_later(restart.delay, self._wake.set)
-
-    def _new_epoch(self, slot: TaskSlot) -> bool:
-        """Before this node restarts a task of a shared store at once: a new epoch for the
-        new worker (``SharedStore.handover``), so nothing of the last one can append
-        again; False when the claim was lost meanwhile. (The database away: the last
-        epoch serves, its worker is dead and its group killed.)"""
-        if self.shared is None or slot.owner is None:
-            return True
-        try:
-            slot.owner = self.shared.handover(slot.owner)
-        except FencedError as exc:
-            self._lease_lost(slot.owner, str(exc))
-            return False
-        except StorageError:
-            pass
-        return True
 
     def _restart_now(self, slot: TaskSlot) -> bool:
         """Whether ``slot`` may take its freed place at once: nothing holds it back and no
@@ -1262,12 +958,7 @@ class Supervisor:
         while True:
             await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
             now = self.clock()
-            if self.shared is not None:
-                self._tend_leases(self.shared, now)
-                # the workers' events (on the spool a worker rings for its own: Spool.ring)
-                for slot in self.slots.values():
-                    if slot.worker is not None:
-                        self.relay.pull(slot.task.id)
+            self.placement.tick(now)
             if watchdog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + watchdog
@@ -1279,63 +970,6 @@ class Supervisor:
                 self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):
                 self._wake.set()
-
-    def _tend_leases(self, shared: SharedStore, now: float) -> None:
-        """A shared store, each tick: every third of a lease, renew this node's leases in
-        one step (a worker renews its own as well: ``worker.lease``) and say the node is
-        alive; a lease that moved meanwhile is lost."""
-        if now - self._renewed >= shared.lease / 3:
-            sent = now
-            owners = [s.owner for s in self.slots.values() if s.owner is not None]
-            try:
-                if self._superseded_by is not None:
-                    self._register_again(shared)
-                    lost = []
-                else:
-                    lost = shared.renew_all(owners)  # (and says the node is alive)
-            except SupersededError as exc:
-                self._superseded(shared, exc)
-                lost = []
-            except StorageError as exc:
-                self._store_away(shared, exc)
-            else:
-                self._store_back(shared)
-                self._renewed = sent
-                for owner in lost:
-                    self._lease_lost(owner, f"epoch {owner.epoch} was taken over")
-
-    def _superseded(self, shared: SharedStore, exc: SupersededError) -> None:
-        """Another daemon registered this node's name while this one could not renew it
-        (frozen, cut off past its lease): this one's workers stop at once (their claims
-        are the name's, which is the other's now), and it registers the name again only
-        once the other lets it go (``_register_again``). The live daemon that registered
-        last keeps the name, so two daemons never take it from each other in turn."""
-        other = exc.now
-        self.log.error(
-            "node_superseded",
-            node=shared.node,
-            epoch=exc.epoch,
-            new_epoch=other[0] if other is not None else None,
-            other_pid=other[1] if other is not None else None,
-            other_host=other[2] if other is not None else None,
-            tasks=sorted(s.task.id for s in self.slots.values() if s.owner is not None),
-        )
-        for slot in list(self.slots.values()):
-            if slot.owner is not None:
-                self._lease_lost(slot.owner, f"node {shared.node} was registered by another daemon")
-        self._superseded_by = exc
-        self._register_again(shared)
-
-    def _register_again(self, shared: SharedStore) -> None:
-        """A superseded daemon registers its name under a fresh epoch as soon as no other
-        live daemon holds it (``ConfigError`` meanwhile: it waits, and says nothing more)."""
-        try:
-            epoch = shared.join(self.config.max_workers)
-        except ConfigError:
-            return
-        self._superseded_by = None
-        self.log.warning("node_registered", node=shared.node, epoch=epoch, pid=os.getpid())
-        self._wake.set()
 
     def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):
@@ -1390,14 +1024,14 @@ class Supervisor:
         try:
             data = read_heartbeat(slot.task)
         except StorageError:  # a shared store away: no verdict on a beat unread
-            self._away_at = mono
+            self.placement.away_at = mono
             return mono + limits.interval
         fresh = data is not None and data.get("pid") == worker.pid
         beat = Beat.of(data, wall, mono) if fresh and data is not None else None
         verdict = judge(beat, worker.started, mono, limits)
         if isinstance(verdict, Alive):
             return verdict.until
-        if isinstance(verdict, Hung) and mono - self._away_at < limits.timeout:
+        if isinstance(verdict, Hung) and mono - self.placement.away_at < limits.timeout:
             # the shared store was at fault within a timeout: its worker could not beat
             # (a read-only or lost database), which is no hang; its lease bounds it
             return mono + limits.interval
@@ -1456,7 +1090,7 @@ class Supervisor:
             self.spool,
             self.config.console,
             config_file,
-            node=self.shared.node if self.shared is not None else None,
+            node=self.placement.node if self.placement.clustered else None,
             store_url=self.settings.credentials.get(credentials.STORE),
             environ=self._worker_env,
             emit=self.emit,
@@ -1515,11 +1149,7 @@ class Supervisor:
                 beat = self._heartbeat(slot)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
-        nodes = None
-        if self.shared is not None:
-            with contextlib.suppress(StorageError):  # the database is away: not exposed
-                nodes = sum(1 for node in self.shared.nodes() if node.alive)
-        return self.metrics.sample(states, held, nodes=nodes)
+        return self.metrics.sample(states, held, nodes=self.placement.nodes_alive())
 
     # -- status -------------------------------------------------------------------------
 

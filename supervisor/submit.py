@@ -166,7 +166,7 @@ def submit(
     # reaches: the one in the submitting node's spool, named in the spec (a task folder
     # of another spool is not the same folder); nodes elsewhere need --workspace on a
     # shared mount (docs/guides/cluster.md). It is made now, so that a node that
-    # cannot see it can tell (``Supervisor._unseen_workspace``).
+    # cannot see it can tell (``ClusterPlacement._unseen_workspace``).
     folder = Path(spec.workspace) if spec.workspace else spool.task(task_id).path / "workspace"
     spec = dataclasses.replace(spec, workspace=str(folder))
 

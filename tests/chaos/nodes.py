@@ -141,7 +141,7 @@ KILL, STOP, RESTART_DB, CUT, TWIN = "kill", "stop", "db restart", "cut", "twin"
 AHEAD = "n3"
 #: Seconds past the lease and a taker's margin (``TAKEOVER_MARGIN``) another node may take
 #: to claim a dead node's task ("the lease plus a second or two", docs/design.md section
-#: 10): the claiming node's poll (``supervisor.daemon.CLAIM_POLL``) on two busy cores.
+#: 10): the claiming node's poll (``supervisor.placement.CLAIM_POLL``) on two busy cores.
 FAILOVER_SLACK = 2.0
 
 

@@ -14,15 +14,17 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import psycopg
 import pytest
 
-from supervisor.daemon import Supervisor, TaskSlot
+from supervisor.daemon import Supervisor
 from supervisor.pgcluster import free_port
+from supervisor.placement import ClusterPlacement
 from supervisor.record import TaskRecord
+from supervisor.slot import TaskSlot
 from tests.chaos.trees import freeze_tree, thaw
 from tests.daemon import Daemon, subreaper
 from tests.postgres import SeverableProxy
@@ -31,7 +33,7 @@ from tests.support import poll_for, reply, scripted_task, text, tool_use
 from worker.config import Config
 from worker.errors import StorageError
 from worker.spool import Spool
-from worker.store.base import Owner
+from worker.store.base import Owner, SharedStore
 from worker.store.postgres import PostgresStore
 
 LEASE = 2.0
@@ -491,12 +493,14 @@ def test_a_lost_lease_stops_only_the_claim_it_belongs_to(tmp_path: Path) -> None
     spool = Spool(tmp_path / "spool")
     task = scripted_task(spool, steps(1, pause=0.0), name="t12")
     daemon = Supervisor(spool, Config(), preload=False)
+    # (a lost lease reads nothing of the store: none is needed to lose one)
+    node = ClusterPlacement(daemon, cast(SharedStore, None))
     earlier, later = Owner("t12", "a", 1), Owner("t12", "a", 2)
     slot = daemon.slots["t12"] = TaskSlot(task, TaskRecord.load(task), owner=later)
-    daemon._lease_lost(earlier, "a write of epoch 1 refused")
+    node.lease_lost(earlier, "a write of epoch 1 refused")
     assert daemon.slots.get("t12") is slot and slot.owner == later
     assert daemon.metrics.lease_lost == 1
-    daemon._lease_lost(later, "epoch 2 was taken over")
+    node.lease_lost(later, "epoch 2 was taken over")
     assert "t12" not in daemon.slots and slot.owner is None
 
 

@@ -141,7 +141,7 @@ def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Pat
         slot = supervisor.slots[task.id]
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         worker = WorkerProcess(task, proc.pid, os.pidfd_open(proc.pid), proc)
-        supervisor._attach(slot, worker)
+        supervisor.attach(slot, worker)
         poll_for(worker.exited, 10, what="the stand-in worker to exit")
         (task.exit).write_text(json.dumps({"pid": proc.pid, "code": 0, "reason": "end_turn"}))
         supervisor.check_liveness(time.time(), time.monotonic() + 60.0)  # long past due
