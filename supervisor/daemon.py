@@ -81,7 +81,7 @@ from supervisor.forkserver import Asked, ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from supervisor.logging import dropped_lines
-from supervisor.metrics import Metrics, MetricsServer, Sample, listen_error
+from supervisor.metrics import Metrics, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.operator import Operator, fields_of
 from supervisor.placement import ClusterPlacement, LocalPlacement, Placement
@@ -92,7 +92,7 @@ from supervisor.slot import TaskSlot
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
-from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
+from supervisor.surfaces import Surfaces
 from supervisor.watch import Watch
 from supervisor.workers import (
     WorkerProcess,
@@ -125,7 +125,7 @@ from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
 
 if TYPE_CHECKING:
-    from supervisor.console.process import ConsoleProcess
+    pass
 
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
@@ -147,8 +147,9 @@ class Supervisor:
     * ``settings`` (``supervisor.reload``): the config in use and SIGHUP's reload;
     * ``forks`` (``supervisor.forkserver``): workers forked warm; ``backlog``
       (``supervisor.backlog``): writes a storage fault refused; ``relay``
-      (``supervisor.relay``): other processes' events into this log; ``hooks``,
-      ``metrics``, the console and traces.
+      (``supervisor.relay``): other processes' events into this log; ``hooks``;
+      ``metrics``, the counters; ``surfaces`` (``supervisor.surfaces``): ``/metrics``,
+      the console and traces.
 
     Everything runs on one asyncio loop: a worker's exit (its pidfd), a doorbell
     (``_doorbell``), a timer of the watch, the tick, a signal."""
@@ -233,9 +234,14 @@ class Supervisor:
         # the last operator's action on each task since its last hook: what the next
         # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
         self._acted: dict[str, dict[str, str]] = {}
-        self._metrics_server: MetricsServer | None = None
-        self._console: ConsoleProcess | None = None  # [console] listen: its process
-        self.traces: TraceExporter | None = None  # ``[telemetry]``: ``_export_traces``
+        # /metrics, the console and traces (``supervisor.surfaces``)
+        self.surfaces = Surfaces(
+            spool,
+            self.settings,
+            self.emit,
+            node=self.placement.node if self.placement.clustered else None,
+            environ=self._worker_env,
+        )
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
     def _probe_sandbox(self) -> str:
@@ -428,9 +434,7 @@ class Supervisor:
         self.settings.accept_file(at_start=True)
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
-        self._serve_metrics()
-        self._serve_console()
-        self._export_traces()
+        self.surfaces.start(self._metrics_sample, self.relay)
         sandbox = self._probe_sandbox()
 
         def wake() -> None:  # (on any thread: a shared store's listener)
@@ -460,7 +464,7 @@ class Supervisor:
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
-            "console": self._console.url if self._console is not None else None,
+            "console": self.surfaces.console_url,
         }
         self._publish_info()
         self.notifier.ready()
@@ -480,12 +484,7 @@ class Supervisor:
                 self._wake.clear()
             await self._shutdown()
         finally:
-            if self._metrics_server is not None:
-                self._metrics_server.stop()
-            if self._console is not None:
-                self._console.stop()
-            if self.traces is not None:
-                self.traces.close()
+            self.surfaces.stop()
             self.placement.leave()
             watcher.cancel()
             ticker.cancel()
@@ -575,7 +574,9 @@ class Supervisor:
         if self.settings.reload(renewed) is None:
             return
         self.watch.rearm_all(self.clock())  # every worker judged by the new limits now
-        self._reload_console(before)
+        if self.surfaces.reload(before) and self._info:  # the console moved
+            self._info["console"] = self.surfaces.console_url
+            self._publish_info()
         self._wake.set()
 
     def log_status(self) -> None:
@@ -986,8 +987,7 @@ class Supervisor:
         here."""
         own = {s.worker.pid for s in self.slots.values() if s.worker is not None}
         own |= self.hooks.pids()
-        if self._console is not None and self._console.pid is not None:
-            own.add(self._console.pid)
+        own |= self.surfaces.pids()
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
@@ -1056,84 +1056,6 @@ class Supervisor:
         return limits_of(self.config)
 
     # -- metrics ------------------------------------------------------------------------
-
-    def _serve_metrics(self) -> None:
-        """Serve ``/metrics`` when ``[metrics] listen`` asks for it. An address that cannot
-        be bound stops the start (``metrics_failed``, then the one line ``listen_error``
-        raises: exit 1 when it is in use, 78 when it is not this machine's)."""
-        address = self.config.metrics.address
-        if address is None:
-            return
-        server = MetricsServer(address, asyncio.get_running_loop(), self._metrics_sample)
-        listen = self.config.metrics.listen
-        try:
-            server.start()
-        except OSError as exc:
-            self.emit("metrics_failed", level="error", listen=listen, error=str(exc))
-            raise listen_error("[metrics] listen", listen, exc) from None
-        self._metrics_server = server
-        self.emit("metrics_serving", listen=listen)
-
-    # -- the console ----------------------------------------------------------------------
-
-    def _serve_console(self, *, wait: bool = True) -> None:
-        """Serve the console (``[console] listen``, docs/design.md section 12) from a
-        process of its own (``supervisor.console.process``). At the start (``wait``), an
-        address that cannot be bound, or a console that cannot serve, stops the start in
-        one line (``console_failed``, as ``metrics_failed``)."""
-        config_file = self.settings.worker_config or self.settings.file
-        if self.config.console.address is None or config_file is None:
-            return
-        from supervisor.console.process import ConsoleProcess  # noqa: PLC0415  (only with a console)
-
-        console = ConsoleProcess(
-            self.spool,
-            self.config.console,
-            config_file,
-            node=self.placement.node if self.placement.clustered else None,
-            store_url=self.settings.credentials.get(credentials.STORE),
-            environ=self._worker_env,
-            emit=self.emit,
-        )
-        try:
-            console.start(wait=wait)
-        except AgentdError as exc:
-            self.emit(
-                "console_failed", level="error", listen=self.config.console.listen, error=str(exc)
-            )
-            raise
-        self._console = console
-
-    def _reload_console(self, before: Config) -> None:
-        """A reload's ``[console]``: read again by the running console, or a console
-        started, stopped or moved to its new address (one that cannot bind it is said
-        in ``console_failed``, and the daemon serves on without)."""
-        from supervisor.console.process import differs  # noqa: PLC0415  (the same)
-
-        console = self.config.console
-        if self._console is not None and not differs(before.console, console):
-            self._console.reload()
-            return
-        if self._console is None and console.address is None:
-            return
-        if self._console is not None:
-            self._console.stop()
-            self._console = None
-        with contextlib.suppress(AgentdError):  # (said: ``console_failed``)
-            self._serve_console(wait=False)
-        if self._info:
-            self._info["console"] = self._console.url if self._console is not None else None
-            self._publish_info()
-
-    def _export_traces(self) -> None:
-        """Traces on (docs/design.md section 14): every line the relay reads also goes to
-        the assembler, whose finished spans the exporter sends (``supervisor.traces``); the
-        SDK missing stops the start (ConfigError: exit 78)."""
-        self.traces = exporter_for(self.config.telemetry)
-        if self.traces is not None:
-            self.relay.spans = TraceAssembler(self.traces.export)
-            settings = self.traces.settings
-            self.emit("traces_exporting", endpoint=settings.endpoint, protocol=settings.protocol)
 
     def _metrics_sample(self) -> Sample:
         """A scrape's values (on the loop): the running workers' beats folded first, so the
