@@ -23,6 +23,7 @@ import contextlib
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,7 @@ from supervisor.workers import adopt, adopt_claimed, process_started
 from worker.config import node_name
 from worker.errors import AgentdError, ConfigError, FencedError, StorageError, SupersededError
 from worker.protocol import FINAL_STATES, LEASE_ENV, NODE_ENV, TaskStatus
+from worker.spool import TaskDir
 from worker.store.base import Owner, SharedStore
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ RESCAN_INTERVAL = 5.0
 #: cannot see is left to the other nodes before it is tried here again.
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
+#: Nanoseconds within which a file's change time may hide another change (``held_mark``).
+RACY_NS = 2_000_000_000
 
 
 class Placement(Protocol):
@@ -142,6 +146,8 @@ class LocalPlacement:
         self.away_at = -math.inf
         self._scanned = False  # the first rescan is done: tasks found later are new
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
+        # held tasks last found undecided, and the mark of their files then (``held_mark``)
+        self._undecided: dict[str, tuple[int, ...]] = {}
 
     @property
     def node(self) -> str:
@@ -162,7 +168,7 @@ class LocalPlacement:
 
     def rescan(self) -> None:
         for task_id in self.daemon.store.task_ids():
-            self._look_at(task_id)
+            self._look_at(task_id, rung=False)
         self._scanned = True
 
     def rescan_due(self, elapsed: float) -> bool:
@@ -173,13 +179,13 @@ class LocalPlacement:
             self.rescan()
             return
         for task_id in sorted(tasks):
-            self._look_at(task_id)
+            self._look_at(task_id, rung=True)
 
-    def _look_at(self, task_id: str) -> None:
-        """``_scan`` one task of the spool; a folder it cannot read (another user's) is
-        warned about once, and the rest go on."""
+    def _look_at(self, task_id: str, *, rung: bool) -> None:
+        """``_scan`` one task of the spool (``rung``: its doorbell rang); a folder it
+        cannot read (another user's) is warned about once, and the rest go on."""
         try:
-            self._scan(task_id)
+            self._scan(task_id, rung=rung)
         except OSError as exc:
             if task_id not in self._unreadable:
                 self._unreadable.add(task_id)
@@ -193,7 +199,7 @@ class LocalPlacement:
         else:
             self._unreadable.discard(task_id)
 
-    def _scan(self, task_id: str) -> None:
+    def _scan(self, task_id: str, *, rung: bool) -> None:
         daemon = self.daemon
         slot = daemon.slots.get(task_id)
         task = slot.task if slot is not None else daemon.spool.task(task_id)
@@ -209,8 +215,26 @@ class LocalPlacement:
         daemon.apply_requests(slot)
         if slot.record.foreground:
             return  # its `agentd run` carries out its decisions
-        if slot.record.state == TaskStatus.HELD and pending_decisions(task):
+        if slot.record.state != TaskStatus.HELD:
+            self._undecided.pop(task_id, None)
+        elif self._decided(task, rung=rung):
             daemon.move(slot, TaskRecord.release_hold)
+
+    def _decided(self, task: TaskDir, *, rung: bool) -> bool:
+        """Whether every held call of ``task`` has its decision (``pending_decisions``),
+        read when its doorbell rang or when its decisions folder or its journal changed
+        since it was last found undecided (``held_mark``): the rescan of a spool with many
+        held tasks of long journals reads none of them, and a decision whose doorbell was
+        lost is still found by the next one."""
+        mark = held_mark(task)  # (taken first: a change while it reads moves it)
+        if not rung and mark is not None and self._undecided.get(task.id) == mark:
+            return False
+        decided = pending_decisions(task)
+        if decided or mark is None:
+            self._undecided.pop(task.id, None)
+        else:
+            self._undecided[task.id] = mark
+        return decided
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
@@ -285,6 +309,28 @@ class LocalPlacement:
 
     def nodes_alive(self) -> int | None:
         return None
+
+
+def held_mark(task: TaskDir, now_ns: int | None = None) -> tuple[int, ...] | None:
+    """What a held task's decisions folder and journal are now (inode, size, change time:
+    a decision written or a journal appended, cut or replaced moves it), or None when it
+    cannot be trusted: a file changed within ``RACY_NS`` of ``now_ns`` (a change in the
+    same tick of the file system's clock would leave its time as it was), or one that
+    cannot be read."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    mark: list[int] = []
+    for path in (task.decisions, task.journal):
+        try:
+            found = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            mark += (0, 0, 0)
+            continue
+        except OSError:
+            return None
+        if now_ns - found.st_ctime_ns < RACY_NS:
+            return None
+        mark += (found.st_ino, found.st_size, found.st_ctime_ns)
+    return tuple(mark)
 
 
 class ClusterPlacement:

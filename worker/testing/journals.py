@@ -40,3 +40,34 @@ def long_journal(store: TaskStore, task: str, turns: int, body: str = "y" * 900)
     finally:
         journal.close()
         store.release(owner)
+
+
+#: The call ``held_call`` leaves dangling.
+HELD_CALL = "toolu_held"
+
+
+def held_call(store: TaskStore, task: str, turn: int) -> None:
+    """Append turn ``turn`` to ``task``'s journal: one unsafe ``append_file`` call whose
+    intent was recorded and whose result never was, held for an operator (as a worker
+    that resumed after a crash inside the call leaves it)."""
+    owner = store.acquire(task)
+    journal, _ = store.open_journal(owner)
+    message = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": HELD_CALL, "name": "append_file", "input": {}}],
+    }
+    try:
+        journal.append(
+            [
+                {"k": "turn", "turn": turn, "message": message, "stop_reason": "tool_use",
+                 "usage": {"input_tokens": 1, "output_tokens": 1}, "at": "t"},
+                {"k": "intent", "call_id": HELD_CALL, "tool": "append_file", "effect": "unsafe",
+                 "key": "agentd-" + "f" * 32, "attempt": 1, "at": "t"},
+                {"k": "hold", "calls": [{"call_id": HELD_CALL, "attempt": 1,
+                 "tool": "append_file", "why": "unsafe: its outcome is unknown"}], "at": "t"},
+            ],
+            sync=True,
+        )  # fmt: skip
+    finally:
+        journal.close()
+        store.release(owner)

@@ -1,0 +1,105 @@
+"""The daemon's placement on one machine (``supervisor.placement.LocalPlacement``): a held
+task's decisions are read when its doorbell rings or its files changed, not at every
+rescan, and a decision whose doorbell was lost is still found by the next rescan."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor import placement
+from supervisor.daemon import Supervisor
+from supervisor.decisions import decide, pending_decisions
+from supervisor.record import TaskRecord
+from supervisor.stores import store_of
+from tests.support import scripted_task, text
+from worker.config import Config
+from worker.protocol import TaskStatus
+from worker.spool import Spool, TaskDir
+from worker.testing.journals import HELD_CALL as CALL
+from worker.testing.journals import held_call, long_journal
+
+#: Seconds past any file system's clock tick: a change made after it has another time.
+TICK = 0.05
+
+
+def held_task(spool: Spool, name: str, turns: int = 20) -> TaskDir:
+    """A task of ``turns`` turns whose last call, unsafe, was held (as a worker leaves it)."""
+    task = scripted_task(spool, [{"content": [text("hi")]}], name=name)
+    long_journal(store_of(task), task.id, turns)
+    held_call(store_of(task), task.id, turns + 1)
+    record = TaskRecord.load(task)
+    record.state = TaskStatus.HELD
+    record.save(task)
+    return task
+
+
+def state_of(daemon: Supervisor, task_id: str) -> TaskStatus:
+    return daemon.slots[task_id].record.state
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tasks whose decisions the placement read, in order; the files' change times
+    taken as settled at once (a change is then made a clock tick or more after the last
+    look: ``TICK``)."""
+    seen: list[str] = []
+
+    def counted(task: TaskDir) -> bool:
+        seen.append(task.id)
+        return pending_decisions(task)
+
+    monkeypatch.setattr("supervisor.placement.pending_decisions", counted)
+    monkeypatch.setattr(placement, "RACY_NS", -(10**10))
+    return seen
+
+
+def test_a_rescan_reads_a_held_task_again_only_once_its_files_changed(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    task = held_task(spool, "h1")
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    assert reads == ["h1"] and state_of(daemon, "h1") == TaskStatus.HELD
+    for _ in range(3):
+        daemon.rescan()
+    assert reads == ["h1"]  # nothing changed: not read again
+    daemon.placement.ring({"h1"})
+    assert reads == ["h1", "h1"]  # a doorbell reads it whatever the mark says
+    time.sleep(TICK)
+    decide(task, CALL, action="skip", reason="checked by hand")  # its doorbell lost
+    daemon.rescan()
+    assert reads == ["h1", "h1", "h1"]
+    assert state_of(daemon, "h1") == TaskStatus.QUEUED  # released by the rescan
+
+
+def test_a_journal_changed_under_a_held_task_is_read_again(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    task = held_task(spool, "h2")
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    time.sleep(TICK)
+    with task.journal.open("ab") as journal:  # (a rewind cuts it; here it grows: the same)
+        journal.write(b"\n")
+    daemon.rescan()
+    assert reads == ["h2", "h2"]
+
+
+def test_a_mark_is_not_trusted_while_a_change_could_hide_in_the_clock_tick(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    task = held_task(spool, "h3")
+    changed = task.journal.stat().st_ctime_ns
+    assert placement.held_mark(task, now_ns=changed + placement.RACY_NS - 1) is None
+    settled = placement.held_mark(task, now_ns=changed + placement.RACY_NS + 1)
+    assert settled is not None and settled[3:] == (
+        task.journal.stat().st_ino,
+        task.journal.stat().st_size,
+        changed,
+    )
