@@ -11,7 +11,8 @@ Records (see worker/store/journal.py for the frame format)::
 
     turn      {"turn", "message", "stop_reason", "usage", "model", "tokens_used"?, "at"}
               ``tokens_used``: when the usage's own sum is not it (a server compaction)
-    intent    {"call_id", "tool", "input", "effect", "key", "attempt", "at"}
+    intent    {"call_id", "tool", "effect", "key", "attempt", "at"}   (its input: the
+              turn's ``tool_use`` block, recorded once)
     result    {"call_id", "content", "is_error", "outcome", "at"}
     user      {"content": [blocks], "at"}                 an extra user message
     hold      {"calls": [{"call_id", "attempt"}], "at"}   awaiting an operator
