@@ -5,6 +5,7 @@ not those only a type checker reads (``if TYPE_CHECKING:``)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,3 +158,32 @@ def test_no_class_grows_past_its_bound() -> None:
     }
     assert over == {}, f"classes past their bound (lines): {over}"
     assert set(OVERSIZE) <= set(sizes), "a class of OVERSIZE was renamed or split: update it"
+
+
+#: A state the PostgreSQL store's SQL names: ``state = 'x'``, ``state <> 'x'``,
+#: ``state IN ('x', 'y')``, ``DEFAULT 'x'`` of the state column, ``coalesce(%s, 'x')`` of
+#: the record's state.
+SQL_STATE = re.compile(
+    r"state\s*(?:=|<>|IN\s*\(|text NOT NULL DEFAULT)\s*((?:'[a-z_]+'(?:,\s*)?)+)"
+    r"|coalesce\(%s, ('[a-z_]+')\)"
+)
+
+
+def sql_states() -> list[str]:
+    """Every task state written in the store's SQL (``worker/store/*.py``)."""
+    found: list[str] = []
+    for path in sorted((REPO / "worker" / "store").glob("*.py")):
+        for match in SQL_STATE.finditer(path.read_text()):
+            quoted = match.group(1) or match.group(2)
+            found += re.findall(r"'([a-z_]+)'", quoted)
+    return found
+
+
+def test_the_states_the_sql_names_are_the_task_states() -> None:
+    from worker.protocol import TaskStatus
+
+    named = sql_states()
+    assert {"queued", "backoff", "running"} <= set(named)  # the walk reads them
+    assert set(named) <= {str(state) for state in TaskStatus}
+    sample = SQL_STATE.search("WHERE state IN ('done', 'x')")  # (a state it would refuse)
+    assert sample is not None and re.findall(r"'([a-z_]+)'", sample[1]) == ["done", "x"]
