@@ -56,13 +56,19 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def scanned(tmp_path: Path, name: str) -> tuple[TaskDir, Supervisor]:
+    """A held task, and a daemon (not serving) that has scanned its spool once."""
+    spool = Spool(tmp_path / "spool")
+    task = held_task(spool, name)
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    return task, daemon
+
+
 def test_a_rescan_reads_a_held_task_again_only_once_its_files_changed(
     tmp_path: Path, reads: list[str]
 ) -> None:
-    spool = Spool(tmp_path / "spool")
-    task = held_task(spool, "h1")
-    daemon = Supervisor(spool, Config(), preload=False)
-    daemon.rescan()
+    task, daemon = scanned(tmp_path, "h1")
     assert reads == ["h1"] and state_of(daemon, "h1") == TaskStatus.HELD
     for _ in range(3):
         daemon.rescan()
@@ -79,10 +85,7 @@ def test_a_rescan_reads_a_held_task_again_only_once_its_files_changed(
 def test_a_journal_changed_under_a_held_task_is_read_again(
     tmp_path: Path, reads: list[str]
 ) -> None:
-    spool = Spool(tmp_path / "spool")
-    task = held_task(spool, "h2")
-    daemon = Supervisor(spool, Config(), preload=False)
-    daemon.rescan()
+    task, daemon = scanned(tmp_path, "h2")
     time.sleep(TICK)
     with task.journal.open("ab") as journal:  # (a rewind cuts it; here it grows: the same)
         journal.write(b"\n")
