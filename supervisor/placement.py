@@ -50,7 +50,7 @@ RESCAN_INTERVAL = 5.0
 #: cannot see is left to the other nodes before it is tried here again.
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
-#: Nanoseconds within which a file's change time may hide another change (``held_mark``).
+#: Nanoseconds within which a file's change time may hide another change (``rest_mark``).
 RACY_NS = 2_000_000_000
 
 
@@ -146,8 +146,8 @@ class LocalPlacement:
         self.away_at = -math.inf
         self._scanned = False  # the first rescan is done: tasks found later are new
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
-        # held tasks last found undecided, and the mark of their files then (``held_mark``)
-        self._undecided: dict[str, tuple[int, ...]] = {}
+        # tasks at rest when last scanned, and the mark of their files then (``rest_mark``)
+        self._resting: dict[str, tuple[int, ...]] = {}
 
     @property
     def node(self) -> str:
@@ -200,9 +200,19 @@ class LocalPlacement:
             self._unreadable.discard(task_id)
 
     def _scan(self, task_id: str, *, rung: bool) -> None:
+        """Bring one task into the view: its record the first time (``_recover``), the
+        events other processes wrote, the requests and decisions waiting for it. A task at
+        rest (no worker, none starting, no pause) is skipped by a rescan while nothing in
+        its folder changed since its last scan (``rest_mark``): the rescan of a spool that
+        keeps thousands of finished or held tasks reads none of them, and a change whose
+        doorbell was lost is still found by the next rescan."""
         daemon = self.daemon
         slot = daemon.slots.get(task_id)
         task = slot.task if slot is not None else daemon.spool.task(task_id)
+        mark = rest_mark(task) if slot is None or at_rest(slot) else None  # (taken first)
+        if mark is not None and not rung and self._resting.get(task_id) == mark:
+            return
+        self._resting.pop(task_id, None)
         if not daemon.store.exists(task_id):
             return
         if slot is None:
@@ -214,27 +224,11 @@ class LocalPlacement:
         daemon.relay.pull(task.id)
         daemon.apply_requests(slot)
         if slot.record.foreground:
-            return  # its `agentd run` carries out its decisions
-        if slot.record.state != TaskStatus.HELD:
-            self._undecided.pop(task_id, None)
-        elif self._decided(task, rung=rung):
+            pass  # its `agentd run` carries out its decisions
+        elif slot.record.state == TaskStatus.HELD and pending_decisions(task):
             daemon.move(slot, TaskRecord.release_hold)
-
-    def _decided(self, task: TaskDir, *, rung: bool) -> bool:
-        """Whether every held call of ``task`` has its decision (``pending_decisions``),
-        read when its doorbell rang or when its decisions folder or its journal changed
-        since it was last found undecided (``held_mark``): the rescan of a spool with many
-        held tasks of long journals reads none of them, and a decision whose doorbell was
-        lost is still found by the next one."""
-        mark = held_mark(task)  # (taken first: a change while it reads moves it)
-        if not rung and mark is not None and self._undecided.get(task.id) == mark:
-            return False
-        decided = pending_decisions(task)
-        if decided or mark is None:
-            self._undecided.pop(task.id, None)
-        else:
-            self._undecided[task.id] = mark
-        return decided
+        if mark is not None and at_rest(slot):
+            self._resting[task_id] = mark
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
@@ -311,15 +305,22 @@ class LocalPlacement:
         return None
 
 
-def held_mark(task: TaskDir, now_ns: int | None = None) -> tuple[int, ...] | None:
-    """What a held task's decisions folder and journal are now (inode, size, change time:
-    a decision written or a journal appended, cut or replaced moves it), or None when it
-    cannot be trusted: a file changed within ``RACY_NS`` of ``now_ns`` (a change in the
-    same tick of the file system's clock would leave its time as it was), or one that
-    cannot be read."""
+def at_rest(slot: TaskSlot) -> bool:
+    """Whether nothing but a change in its folder can move ``slot``'s task: no worker,
+    none being started, no pause (whose holder may die: looked at each rescan)."""
+    return slot.worker is None and not slot.starting and not slot.paused
+
+
+def rest_mark(task: TaskDir, now_ns: int | None = None) -> tuple[int, ...] | None:
+    """What a task's files are now, as far as a rescan cares: its folder (a request, a
+    cancel, a pause or a record written there moves it), its events, its decisions folder
+    and its journal (inode, size and change time of each), or None when the mark cannot
+    be trusted: a file changed within ``RACY_NS`` of ``now_ns`` (a change in the same tick
+    of the file system's clock would leave its time as it was), or one that cannot be
+    read."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     mark: list[int] = []
-    for path in (task.decisions, task.journal):
+    for path in (task.path, task.events, task.decisions, task.journal):
         try:
             found = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:

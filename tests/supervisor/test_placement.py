@@ -1,6 +1,7 @@
-"""The daemon's placement on one machine (``supervisor.placement.LocalPlacement``): a held
-task's decisions are read when its doorbell rings or its files changed, not at every
-rescan, and a decision whose doorbell was lost is still found by the next rescan."""
+"""The daemon's placement on one machine (``supervisor.placement.LocalPlacement``): a task
+at rest (held, finished) is read again when its doorbell rings or its files changed, not
+at every rescan, and a decision or a request whose doorbell was lost is still found by
+the next rescan."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import placement
+from supervisor.control import RETRY_REQUEST, request
 from supervisor.daemon import Supervisor
 from supervisor.decisions import decide, pending_decisions
 from supervisor.record import TaskRecord
@@ -93,16 +95,35 @@ def test_a_journal_changed_under_a_held_task_is_read_again(
     assert reads == ["h2", "h2"]
 
 
+def test_a_finished_task_at_rest_is_skipped_until_a_request_lands_in_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(placement, "RACY_NS", -(10**10))
+    spool = Spool(tmp_path / "spool")
+    task = scripted_task(spool, [{"content": [text("hi")]}], name="f1")
+    record = TaskRecord.load(task)
+    record.state = TaskStatus.FAILED
+    record.save(task)
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    looked: list[str] = []
+    monkeypatch.setattr(daemon, "apply_requests", lambda slot: looked.append(slot.task.id))
+    daemon.rescan()
+    assert looked == []  # at rest, nothing changed: skipped
+    time.sleep(TICK)
+    request(task, RETRY_REQUEST)  # `agentd retry`, its doorbell lost
+    daemon.rescan()
+    assert looked == ["f1"]
+
+
 def test_a_mark_is_not_trusted_while_a_change_could_hide_in_the_clock_tick(
     tmp_path: Path,
 ) -> None:
     spool = Spool(tmp_path / "spool")
     task = held_task(spool, "h3")
-    changed = task.journal.stat().st_ctime_ns
-    assert placement.held_mark(task, now_ns=changed + placement.RACY_NS - 1) is None
-    settled = placement.held_mark(task, now_ns=changed + placement.RACY_NS + 1)
-    assert settled is not None and settled[3:] == (
-        task.journal.stat().st_ino,
-        task.journal.stat().st_size,
-        changed,
-    )
+    journal = task.journal.stat()
+    changed = max(journal.st_ctime_ns, task.path.stat().st_ctime_ns)  # (the latest change)
+    assert placement.rest_mark(task, now_ns=changed + placement.RACY_NS - 1) is None
+    settled = placement.rest_mark(task, now_ns=changed + placement.RACY_NS + 1)
+    assert settled is not None
+    assert settled[9:] == (journal.st_ino, journal.st_size, journal.st_ctime_ns)
