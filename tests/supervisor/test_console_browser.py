@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.views import human_cost
 from tests.console import console_table, free_port, login_url
 from tests.daemon import Daemon, subreaper
 from tests.supervisor.test_daemon import CHARGE, config_text
@@ -42,6 +43,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+#: What each of the report task's model calls costs (its row's Cost: $0.18 in all at the default model's price).
+USAGE = {"input_tokens": 20_000, "output_tokens": 2_000}
 REPORT = "Q3 revenue: 4.2M EUR, up 12% on Q2 (ACME-REPORT-OUTPUT)"
 
 
@@ -68,9 +71,10 @@ def seed(daemon: Daemon) -> None:
     daemon.submit(
         [
             reply(text("Writing the quarterly report."),
-                  tool_use("write_file", path="report.txt", content=REPORT)),
-            reply(text("Reading it back to check it."), tool_use("read_file", path="report.txt")),
-            reply(text("The report is written and checked.")),
+                  tool_use("write_file", path="report.txt", content=REPORT), usage=USAGE),
+            reply(text("Reading it back to check it."), tool_use("read_file", path="report.txt"),
+                  usage=USAGE),
+            reply(text("The report is written and checked."), usage=USAGE),
         ],
         name="nightly-report",
         prompt="Write the quarterly revenue report to report.txt and check it.",
@@ -160,6 +164,10 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
             expect(page.locator('tr[data-task="invoice-run"] .badge')).to_have_text("held")
             expect(page.locator("#live")).to_have_text("live")
             expect(page.locator("#inbox-count")).to_have_text("1")
+            done = daemon.wait_state("nightly-report", "done")  # its cost, as status says
+            assert isinstance(done["cost_usd"], float) and done["cost_usd"] > 0.01
+            cost = page.locator('tr[data-task="nightly-report"] td.cost')
+            expect(cost).to_have_text(human_cost(done["cost_usd"], None))
             page.screenshot(path=str(shots / "console-tasks.png"))
 
             # a task's timeline: what the tool returned, as recorded

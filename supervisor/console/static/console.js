@@ -124,7 +124,7 @@ function later(fn, wait) {
 // Whether a task's page has something new to show (a heartbeat's age is nothing new).
 function moved(before, row) {
   if (!before) return true;
-  const keys = ["state", "turn", "reason", "compactions", "restarts"];
+  const keys = ["state", "turn", "reason", "compactions", "restarts", "cost_usd"];
   return keys.some((k) => before[k] !== row[k]) || (before.dangling || []).length !== (row.dangling || []).length;
 }
 
@@ -138,7 +138,16 @@ function countHeld() {
 
 // -- the tasks ------------------------------------------------------------------------
 
-const COLUMNS = ["Task", "State", "Turn", "Tokens", "Context", "Restarts", "Node", "Heartbeat", "Phase", "Reason"];
+const COLUMNS = ["Task", "State", "Turn", "Tokens", "Cost", "Context", "Restarts", "Node", "Heartbeat", "Phase", "Reason"];
+
+// The spend in dollars to the cent (a smaller one to four places), "-" when a model has no
+// price, and "/" the USD budget when there is one: as `agentd status` shows it.
+function cost(row) {
+  const spent = row.cost_usd;
+  const shown = typeof spent !== "number" ? "-" : spent >= 0.01 || spent === 0 ? `$${spent.toFixed(2)}` : `$${spent.toFixed(4)}`;
+  const budget = row.budget?.usd;
+  return typeof budget === "number" ? `${shown}/${budget.toFixed(2)}` : shown;
+}
 
 function taskCells(row) {
   const beat = row.heartbeat_age;
@@ -148,6 +157,7 @@ function taskCells(row) {
     el("td", {}, badge(row.state)),
     el("td", { class: "num" }, row.turn),
     el("td", { class: "num" }, tokens(row.usage)),
+    el("td", { class: "num cost" }, cost(row)),
     el("td", { class: "num" }, row.tokens_used ?? "-"),
     el("td", { class: "num" }, row.restarts),
     el("td", {}, row.node || "-"),
@@ -193,6 +203,7 @@ function facts(row) {
   const pairs = [
     ["turn", row.turn],
     ["tokens", `${row.usage?.input_tokens || 0} in / ${row.usage?.output_tokens || 0} out`],
+    ["cost", cost(row)],
     ["context", row.tokens_used ?? "-"],
     ["compactions", row.compactions],
     ["restarts", row.restarts],
