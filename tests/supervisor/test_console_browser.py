@@ -43,7 +43,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-#: What each of the report task's model calls costs (its row's Cost: $0.18 in all at the default model's price).
+#: What each of the report task's model calls uses: its row's Cost is $0.18 in all, at
+#: the default model's price.
 USAGE = {"input_tokens": 20_000, "output_tokens": 2_000}
 REPORT = "Q3 revenue: 4.2M EUR, up 12% on Q2 (ACME-REPORT-OUTPUT)"
 
