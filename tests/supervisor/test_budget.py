@@ -2,7 +2,9 @@
 $0.45 a turn, its worker killed with kill -9 on the way, is held at turn 3 ($1.35) with
 the hook, the event, the status and the metrics saying so; ``approve-dangling`` points at
 ``agentd budget``, a budget below the spend is refused, and a raise resumes the task,
-whose ``cost_usd`` is exact at the end (every call counted once across the kill)."""
+whose ``cost_usd`` is exact at the end (every call counted once across the kill), and
+whose trace, in a real OTLP receiver, is one across the kill, the hold and the raise
+(section 14)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from supervisor.budgets import change_budget
 from supervisor.history import fork, rewind
 from supervisor.status import status_row
 from tests.daemon import Daemon, subreaper
+from tests.otlp import OTLPReceiver, Received
 from tests.supervisor.test_daemon import config_text
 from tests.supervisor.test_metrics import free_port
 from tests.support import (
@@ -37,12 +40,15 @@ from tests.support import (
 )
 from worker.budget import Budget, cost
 from worker.config import Config, load_config
+from worker.spans import identity, trace_id
 from worker.spool import TaskDir
 from worker.state import fold
 
 #: $3 in, $15 out per million (the Sonnet 4 family): 100,000 in and 10,000 out is $0.45.
 MODEL = "claude-sonnet-4-6"
 TURN_USAGE = {"input_tokens": 100_000, "output_tokens": 10_000}
+#: The receiver is on this machine: never through a proxy the environment names.
+LOCAL = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 RECORD_HOOK = "import json, sys; json.dump(json.load(sys.stdin), open(sys.argv[1], 'w'))"
 
 
@@ -53,12 +59,19 @@ def _subreaper() -> Iterator[None]:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def receiver() -> Iterator[OTLPReceiver]:
+    with OTLPReceiver() as collector:
+        yield collector
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, receiver: OTLPReceiver) -> Iterator[Daemon]:
     port = free_port()
     hook = json.dumps([sys.executable, "-c", RECORD_HOOK, str(tmp_path / "held.json")])
     extra = (
         f'[model]\nname = "{MODEL}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
         f"[hooks]\non_held = {hook}\n"
+        f'[telemetry]\notlp_endpoint = "{receiver.endpoint}"\n'
     )
     made = Daemon(tmp_path / "d", config_text(extra=extra))
     try:
@@ -83,9 +96,9 @@ def metrics(daemon: Daemon) -> str:
 
 
 def test_a_dollar_budget_holds_at_turn_3_across_a_kill_and_a_raise_resumes_it(
-    daemon: Daemon, tmp_path: Path
+    daemon: Daemon, receiver: OTLPReceiver, tmp_path: Path
 ) -> None:
-    daemon.start()
+    daemon.start(LOCAL)
     daemon.submit(turns(), name="paid", budget=Budget(usd=1.0))
     row = daemon.wait_row("paid", lambda r: r["phase"] == "tool:stall", what="the stall")
     os.kill(row["pid"], signal.SIGKILL)  # turn 2 recorded, its (idempotent) call dangling
@@ -139,6 +152,25 @@ def test_a_dollar_budget_holds_at_turn_3_across_a_kill_and_a_raise_resumes_it(
     ]
     code, out, _ = daemon.cli("status", "paid")
     assert "$2.25" in out
+
+    # one trace across the kill, the hold and the raise: a run killed in turn 2's tool
+    # (ended in error), the run that held at turn 3, the run the raise resumed; five calls
+    spec = daemon.task("paid").load_spec()
+    trace = trace_id(identity("paid", spec.created_at))
+
+    def whole() -> list[Received] | None:
+        spans = [s for s in receiver.received() if s.trace_id == trace]
+        chats = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
+        runs = [s for s in spans if s.name == "invoke_agent paid"]
+        return spans if len(chats) >= 5 and len(runs) >= 3 else None
+
+    spans = poll_for(whole, 60, what="the task's spans in the receiver")
+    runs = sorted((s for s in spans if s.name == "invoke_agent paid"), key=lambda s: s.start)
+    assert len(runs) == 3 and runs[0].status == 2 and "SIGKILL" in runs[0].description
+    assert runs[0].end <= runs[1].start and runs[1].end <= runs[2].start
+    assert runs[2].attributes["agentd.outcome"] == "done"
+    chats = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
+    assert len(chats) == 5 and {c.parent for c in chats} <= {r.span_id for r in runs}
 
 
 def test_budget_options_at_submit_and_their_refusals(daemon: Daemon) -> None:
