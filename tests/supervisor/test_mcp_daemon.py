@@ -5,16 +5,23 @@ them; then the task runs its MCP calls to the end."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon import Daemon, subreaper
-from tests.mcp.servers import fault_server, write_config
+from tests.mcp.servers import fault_server, npm_server, write_config
 from tests.support import poll_for, reply, text, tool_use
 from worker.config import load_config
+
+#: A folder a sandboxed tool sees as the host has it (unlike /tmp, which is its own).
+OUTSIDE_TMP = "/var/tmp"
 
 
 @pytest.fixture(autouse=True)
@@ -101,3 +108,68 @@ def test_agentd_run_waits_for_a_server_that_cannot_list_its_tools(tmp_path: Path
         assert here.row("w")["state"] == "done"
     finally:
         here.cleanup()
+
+
+def test_a_filesystem_server_on_a_cluster_node_reaches_no_store_credential(
+    tmp_path: Path, postgres_schema: str
+) -> None:
+    """On a node of a shared store (docs/design.md sections 10 and 11),
+    ``@modelcontextprotocol/server-filesystem`` allowed ``/`` (which keeps to the roots
+    agentd answers: the workspace) and the fault server's ``read`` (which checks nothing)
+    ask for every file libpq could log in with (``PGPASSFILE``, ``~/.pgpass``,
+    ``~/.pg_service.conf``): none of them reaches the task, and a file of its own
+    workspace does (the control)."""
+    canary = "canary-" + os.urandom(8).hex()
+    # (outside /tmp: a sandboxed tool has a /tmp of its own, which would hide them anyway)
+    home = Path(tempfile.mkdtemp(prefix="agentd-home-", dir=OUTSIDE_TMP))
+    secrets = [home / "pgpass", home / ".pgpass", home / ".pg_service.conf"]
+    for path in secrets:
+        path.write_text(f"# {canary}\n")
+        path.chmod(0o600)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "mine.txt").write_text("the task's own file")
+    node = Daemon(tmp_path / "a", "")
+    servers = {"fs": {"command": npm_server("filesystem", "/")}, "f": {"command": fault_server()}}
+    write_config(node.config_path, servers)
+    env = {
+        "AGENTD_STORE": postgres_schema,
+        "AGENTD_NODE": "a",
+        "PGPASSFILE": str(secrets[0]),
+        "HOME": str(home),
+    }
+    targets = [*secrets, workspace / "mine.txt"]
+    reads = [
+        tool_use(tool, f"{server}{i}", path=str(path))
+        for server, tool in (("fs", "mcp__fs__read_text_file"), ("f", "mcp__f__read"))
+        for i, path in enumerate(targets)
+    ]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [reply(*reads), reply(text("Done."))]}))
+    try:
+        node.start(env)
+        submitted = node.run_cli(
+            "submit", "--name", "peek", "--prompt", "Read.", "--script", str(script),
+            "--workspace", str(workspace), "--tools", "mcp__fs__*,mcp__f__read", env=env,
+            timeout=60,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+
+        def done() -> bool:
+            shown = node.run_cli("status", "--json", env=env, timeout=60)
+            assert shown.returncode == 0, shown.stderr
+            (row,) = json.loads(shown.stdout)["tasks"]
+            assert row["state"] not in ("failed", "held"), row
+            return bool(row["state"] == "done")
+
+        poll_for(done, 120, what="the task done")
+        shown = node.run_cli("show", "peek", "--json", env=env, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+    finally:
+        node.cleanup()
+        shutil.rmtree(home, ignore_errors=True)
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    results = {line["call_id"]: line for line in lines if line["kind"] == "tool_result"}
+    for server in ("fs", "f"):  # the control: the task's own file is read
+        assert "the task's own file" in str(results[f"{server}3"]["content"]), results
+    assert canary not in shown.stdout, results
