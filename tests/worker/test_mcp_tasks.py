@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ from worker.spool import TaskDir
 from worker.state import fold
 from worker.store.files import FileStore
 
+#: A folder a sandboxed server sees as the host has it (unlike /tmp, which is its own).
+OUTSIDE_TMP = "/var/tmp"
 DONE = reply(text("Done."))
 
 
@@ -354,14 +358,25 @@ def test_a_credential_a_server_hands_back_is_redacted(tmp_path: Path) -> None:
 # -- containment ---------------------------------------------------------------------------------
 
 
-def test_a_filesystem_server_allowed_root_reaches_nothing_it_must_not(tmp_path: Path) -> None:
+def test_a_filesystem_server_allowed_root_reaches_nothing_it_must_not() -> None:
     """``@modelcontextprotocol/server-filesystem`` allowed ``/`` (and the fault server's
     ``read``, which checks nothing) ask for the spool, the config, the API key's file, the
     systemd credentials and another task's workspace: every answer is a refusal, and no
     canary reaches the journal; a file of the task's own workspace is read (the control)."""
+    canary = "canary-" + os.urandom(8).hex()
+    # (outside /tmp: a sandboxed server has a /tmp of its own, which would hide it all)
+    root = Path(tempfile.mkdtemp(prefix="agentd-mcp-", dir=OUTSIDE_TMP))
+    try:
+        attack(root, canary)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def attack(tmp_path: Path, canary: str) -> None:
+    """The attack of ``test_a_filesystem_server_allowed_root_reaches_nothing_it_must_not``
+    in ``tmp_path``."""
     from tests.mcp.servers import npm_server
 
-    canary = "canary-" + os.urandom(8).hex()
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "anthropic").write_text(f"sk-ant-{canary}\n")
