@@ -73,6 +73,8 @@ MODEL = "claude-chaos-mcp"
 JSON = dict[str, Any]
 WAIT = 120.0  # seconds any one worker may take, on two busy cores
 SLOW = 2.0  # seconds a call the campaign kills in sleeps (its re-runs sleep as long)
+#: Where the trials run: a folder a sandboxed server sees as the host has it (not /tmp).
+OUTSIDE_TMP = "/var/tmp"
 
 
 #: A kill aimed at a call: run while a worker works; False when the call was not reached.
@@ -496,7 +498,9 @@ def run(quick: bool = True, *, seed: int | None = None) -> list[Figure]:
     rng = random.Random(seed)
     tally = Tally()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="chaos-mcp-") as folder:
+    # (outside /tmp: a sandboxed server has a /tmp of its own, which would hide any secret
+    # there whatever the sandbox did: the attack must meet only the sandbox's hiding)
+    with tempfile.TemporaryDirectory(prefix="chaos-mcp-", dir=OUTSIDE_TMP) as folder:
         for round_ in range(1 if quick else 3):
             for trial in TRIALS:
                 where = Path(folder) / f"r{round_}-{trial.__name__}"

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from supervisor.control import running_pid
-from supervisor.metrics import HANDLER_THREADS, Metrics, families
+from supervisor.metrics import HANDLER_THREADS, Metrics, Sample, families
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use
 from worker.budget import Price
@@ -261,6 +261,18 @@ def test_a_heartbeat_of_another_shape_folds_nothing(metrics: Any) -> None:
     assert folded.tokens["output"].sum == 3
 
 
+def exposition_of(sample: Sample) -> str:
+    """What a scrape of ``sample`` serves, as prometheus_client writes it."""
+    registry = CollectorRegistry()
+
+    class One(Collector):
+        def collect(self) -> Iterator[Any]:
+            return families(sample)
+
+    registry.register(One())
+    return generate_latest(registry).decode()
+
+
 def test_cost_is_priced_from_the_replies_workers_received_once_each_by_model() -> None:
     """``agentd_cost_usd_total{model}``: what each worker's replies grew by, priced when
     folded; a restart's worker starts from nothing, the same beat twice adds nothing, a
@@ -280,18 +292,30 @@ def test_cost_is_priced_from_the_replies_workers_received_once_each_by_model() -
     folded.fold("t", beat(11, again))
     folded.fold("u", {"pid": 12, "at": 0.0, "metrics": {"v": METRICS_VERSION, "spend": "x"}})
     assert folded.cost == {"m-1": Decimal(7), "m-2": Decimal("3.25")}  # 1 + 1 + 5; .75*3 + .25*4
-    registry = CollectorRegistry()
-    sample = folded.sample({}, [])
-
-    class One(Collector):
-        def collect(self) -> Iterator[Any]:
-            return families(sample)
-
-    registry.register(One())
-    exposition = generate_latest(registry).decode()
+    exposition = exposition_of(folded.sample({}, []))
     assert 'agentd_cost_usd_total{model="m-1"} 7.0' in exposition
     assert 'agentd_cost_usd_total{model="m-2"} 3.25' in exposition
     assert "unpriced" not in exposition and 'task="' not in exposition
+
+
+def test_a_compaction_the_server_made_counts_as_one_the_worker_made(tmp_path: Path) -> None:
+    """``agentd_compactions_total`` counts each ``compaction`` event the daemon relays,
+    whoever compacted (``strategy``: ``client`` or ``server``, docs/design.md section 4),
+    read by prometheus_client's own parser; other events count nothing."""
+    from supervisor.daemon import Supervisor
+    from worker.spool import Spool
+
+    daemon = Supervisor(Spool(tmp_path / "spool"), Config(), preload=False)
+    for strategy in ("server", "client", "server"):
+        daemon._relayed("t", {"event": "compaction", "strategy": strategy, "task": "t"})
+    daemon._relayed("t", {"event": "turn_recorded", "task": "t"})
+    exposition = exposition_of(daemon.metrics.sample({}, []))
+    counted = {
+        s.name: s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+    }
+    assert counted["agentd_compactions_total"] == 3
 
 
 # -- config --------------------------------------------------------------------------------
