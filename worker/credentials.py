@@ -210,6 +210,9 @@ def gather(environ: Mapping[str, str], names: Iterable[str] = CREDENTIAL_NAMES) 
                 found[name] = _read_secret(path, f"the systemd credential {credential}")
                 files.append(os.path.abspath(directory))
                 origins[name] = FROM_SYSTEMD
+    for name in names:  # a key file the variable took precedence over is a secret too
+        if environ.get(name) and (file := environ.get(name + FILE_SUFFIX)):
+            files.append(os.path.abspath(file))
     if directory := environ.get("CREDENTIALS_DIRECTORY"):  # whatever else it holds
         files.append(os.path.abspath(directory))
     pointers = {

@@ -161,7 +161,7 @@ class Trial:
         self.procs = Processes()
         tally.tasks += 1
 
-    def submit(self, spool: Spool) -> TaskDir:
+    def submit(self, spool: Spool, workspace: Path | None = None) -> TaskDir:
         return submit(
             spool,
             load_config(self.config),
@@ -169,6 +169,7 @@ class Trial:
             model=MODEL,
             tools=["mcp__*"],
             max_turns=100,
+            workspace=workspace,
         )
 
     @property
@@ -444,7 +445,7 @@ def filesystem_attack(root: Path, tally: Tally, rng: random.Random) -> None:
         "CREDENTIALS_DIRECTORY": str(creds),
     }
     trial = Trial(root, tally, "attack", servers, [], env=secrets)
-    other = trial.submit(trial.spool)
+    other = trial.submit(trial.spool, workspace=elsewhere)  # another task's workspace
     (other.path / "notes").write_text(canary)
     (other.path.parent.parent / "planted").write_text(canary)
     with trial.config.open("a") as config:

@@ -119,6 +119,9 @@ def test_the_files_secrets_came_from_travel_with_them(tmp_path: Path) -> None:
     (creds / "anthropic_api_key").write_text("from-credential")
     assert credentials.gather({API_KEY: "from-env"}).files == ()
     assert credentials.gather({f"{API_KEY}_FILE": str(key_file)}).files == (str(key_file),)
+    # a key file the variable took precedence over is hidden as well (it holds a key)
+    shadowed = credentials.gather({API_KEY: "from-env", f"{API_KEY}_FILE": str(key_file)})
+    assert shadowed.get(API_KEY) == "from-env" and shadowed.files == (str(key_file),)
     found = credentials.gather({"CREDENTIALS_DIRECTORY": str(creds)})
     assert found.files == (str(creds),)
     assert Credentials.decode(found.encode()) == found
