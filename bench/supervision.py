@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import psutil
 
 from bench.report import Row
-from supervisor.control import ring, running_pid, supervisor_info
+from supervisor.control import running_pid, supervisor_info
 from supervisor.status import read_heartbeat
 from supervisor.submit import submit
 from worker.config import Config, load_config
@@ -565,9 +565,11 @@ class Daemon:
         return [e for e in self._events if e.get("event") == name]
 
     def launch(self, found: Sequence[TaskDir]) -> None:
-        """Ring the doorbell for the submitted tasks (the running daemon starts them)."""
-        if found:
-            ring(self.spool, found[-1].id)
+        """Ring the doorbell for each submitted task, as ``agentd submit`` does (the running
+        daemon looks at the tasks named, and starts them). Through the spool itself: this
+        daemon serves a spool, whatever store the benchmark's own process was given."""
+        for task in found:
+            self.spool.ring(task.id)
 
     def forkserver_pid(self) -> int | None:
         with contextlib.suppress(psutil.Error):

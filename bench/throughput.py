@@ -3,7 +3,7 @@ cost of starting as many bare processes.
 
 ``TASKS`` one-turn scripted tasks (the model answers with text at once, the task is done)
 are made with ``supervisor.submit.submit`` in a staging spool beforehand, then moved into
-the spool of a running daemon (one ``rename`` each, then one doorbell): the clock runs
+the spool of a running daemon (one ``rename`` and one doorbell each): the clock runs
 from the first move to the daemon's last ``task_done``, so it holds the daemon's work
 (scheduling, records, events, forks) and the workers' (lock, journal, exit record), not
 the submission's.
@@ -113,7 +113,7 @@ def run_agentd(workdir: Path, n: int, template: Spool | None = None) -> tuple[fl
         t0 = time.monotonic()
         for task_id in ids:
             os.rename(staging.tasks_dir / task_id, target / task_id)
-        daemon.launch([daemon.spool.task(ids[-1])])
+        daemon.launch([daemon.spool.task(task_id) for task_id in ids])
 
         def finished() -> int:
             return len(daemon.events("task_done")) + len(daemon.events("task_failed"))
