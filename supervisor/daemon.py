@@ -58,7 +58,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -123,9 +123,6 @@ from worker.protocol import (
 from worker.spool import Spool, TaskDir
 from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
-
-if TYPE_CHECKING:
-    pass
 
 #: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
 #: waits for the resources to come back (``_resource_wait``), it does not fail.
