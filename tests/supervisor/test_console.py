@@ -33,7 +33,7 @@ from tests.console import (
     login_url,
 )
 from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import Held, config_text
+from tests.supervisor.test_daemon import CHARGE, Held, config_text
 from tests.support import poll_for, reply, text, tool_use
 from worker.budget import Budget
 
@@ -91,6 +91,10 @@ def test_the_login_url_opens_once_sets_a_session_cookie_and_drops_its_token(
     attributes = {a.strip() for a in cookie.split(";")[1:]}
     assert {"HttpOnly", "SameSite=Lax", "Path=/"} <= attributes
     assert "Secure" not in attributes  # (plain HTTP: a Secure cookie would never come back)
+    # the login lasts [console] session_timeout (the cookie's Max-Age: what is left of it)
+    max_age = next(int(a.split("=", 1)[1]) for a in attributes if a.startswith("Max-Age="))
+    configured = console.daemon.config.console.session_timeout
+    assert configured - 60 <= max_age <= configured, (max_age, configured)
     page = browser.get("/")
     assert page.status == 200
     # the page carries its session's CSRF token (a meta tag and the logout form's field)
@@ -436,22 +440,41 @@ def test_reads_are_the_clis_json(console: Console, held: Held) -> None:
 
 
 def test_no_answer_carries_a_secret(console: Console) -> None:
+    """A key the model wrote in its text (``show``'s lines redact it) and one in a held
+    call's input (the inbox, the task's row and its page: only the console's own pass
+    redacts those), the API key, an API token and the session cookie: in no answer."""
     daemon = console.daemon
     leaked = "sk-ant-api03-leaked-by-the-model-0123456789"
     daemon.submit(
         [reply(text(f"I will use {leaked}."), tool_use("list_dir", path=".")),
          reply(text("Done."))], name="secretive",
     )  # fmt: skip
+    held_input = "sk-ant-api03-leaked-in-a-held-call-98765"
+    daemon.submit(
+        [reply(text("Charging."),
+               tool_use("run_command", command=f"{CHARGE} # {held_input}", timeout=60)),
+         reply(text("Charged."))], name="secret-held",
+    )  # fmt: skip
+    charged = daemon.task("secret-held").path / "workspace" / "charged"
+    row = daemon.wait_row(
+        "secret-held",
+        lambda r: r["phase"] == "tool:run_command" and charged.exists(),
+        what="the charge under way",
+    )
+    os.kill(row["pid"], signal.SIGKILL)  # its unsafe call dangling: held
     daemon.wait_state("secretive", "done")
+    daemon.wait_state("secret-held", "held")
     browser = console.client()
     token = api_token(daemon, console.env)
     seen = b""
     for path in ("/", "/api/tasks", "/api/held", "/api/session", "/api/tasks/secretive",
-                 "/api/tasks/secretive/messages", "/static/console.js"):  # fmt: skip
+                 "/api/tasks/secretive/messages", "/api/tasks/secret-held",
+                 "/static/console.js"):  # fmt: skip
         answer = browser.get(path)
         assert answer.status == 200, path
         seen += answer.body + str(answer.headers).encode()
-    for secret in (API_KEY, leaked, token, browser.cookies[f"agentd-session-{console.port}"]):
+    cookie = browser.cookies[f"agentd-session-{console.port}"]
+    for secret in (API_KEY, leaked, held_input, token, cookie):
         assert secret.encode() not in seen, secret
     assert b"[redacted]" in seen
 
