@@ -6,7 +6,7 @@ process): held tasks, each a journal of many turns whose last call, unsafe, is h
 (``worker.testing.journals``; these journals have no snapshot, the worst case: a
 worker's latest is at most ``SNAPSHOT_EVERY`` turns back), and finished tasks, as a spool
 that keeps every task it ran. A rescan skips a task at rest whose folder, events,
-decisions and journal stand still since its last scan (``placement.rest_mark``: a few
+decisions and journal stand still since its last scan (``TaskStore.rest_mark``: a few
 ``stat`` calls); before, it read each one's requests, and each held task's holds and
 decisions, at every rescan: that is the floor here, timed as a doorbell for every task
 (which reads each whatever its mark). The daemon rescans every ``RESCAN_INTERVAL``
@@ -26,13 +26,14 @@ from pathlib import Path
 from bench.report import Row
 from bench.supervision import bench_run, say
 from supervisor.daemon import Supervisor
-from supervisor.placement import RACY_NS, RESCAN_INTERVAL
+from supervisor.placement import RESCAN_INTERVAL
 from supervisor.record import TaskRecord
 from supervisor.stores import store_of
 from supervisor.submit import submit
 from worker.config import Config
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
+from worker.store.files import RACY_NS
 from worker.testing.journals import held_call, long_journal
 
 NAME = "rest"

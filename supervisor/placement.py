@@ -23,7 +23,6 @@ import contextlib
 import math
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,7 +35,6 @@ from supervisor.workers import adopt, adopt_claimed, process_started
 from worker.config import node_name
 from worker.errors import AgentdError, ConfigError, FencedError, StorageError, SupersededError
 from worker.protocol import FINAL_STATES, LEASE_ENV, NODE_ENV, TaskStatus
-from worker.spool import TaskDir
 from worker.store.base import Owner, SharedStore
 
 if TYPE_CHECKING:
@@ -50,8 +48,6 @@ RESCAN_INTERVAL = 5.0
 #: cannot see is left to the other nodes before it is tried here again.
 CLAIM_POLL = 0.25
 UNSEEN_PATIENCE = 30.0
-#: Nanoseconds within which a file's change time may hide another change (``rest_mark``).
-RACY_NS = 2_000_000_000
 
 
 class Placement(Protocol):
@@ -146,7 +142,7 @@ class LocalPlacement:
         self.away_at = -math.inf
         self._scanned = False  # the first rescan is done: tasks found later are new
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
-        # tasks at rest when last scanned, and the mark of their files then (``rest_mark``)
+        # tasks at rest when last scanned, and their mark then (``TaskStore.rest_mark``)
         self._resting: dict[str, tuple[int, ...]] = {}
 
     @property
@@ -202,14 +198,14 @@ class LocalPlacement:
     def _scan(self, task_id: str, *, rung: bool) -> None:
         """Bring one task into the view: its record the first time (``_recover``), the
         events other processes wrote, the requests and decisions waiting for it. A task at
-        rest (no worker, none starting, no pause) is skipped by a rescan while nothing in
-        its folder changed since its last scan (``rest_mark``): the rescan of a spool that
-        keeps thousands of finished or held tasks reads none of them, and a change whose
-        doorbell was lost is still found by the next rescan."""
+        rest (no worker, none starting, no pause) is skipped by a rescan while nothing of it
+        changed since its last scan (``TaskStore.rest_mark``, taken first): the rescan of a
+        spool that keeps thousands of finished or held tasks reads none of them, and a
+        change whose doorbell was lost is still found by the next rescan."""
         daemon = self.daemon
         slot = daemon.slots.get(task_id)
         task = slot.task if slot is not None else daemon.spool.task(task_id)
-        mark = rest_mark(task) if slot is None or at_rest(slot) else None  # (taken first)
+        mark = daemon.store.rest_mark(task_id) if slot is None or at_rest(slot) else None
         if mark is not None and not rung and self._resting.get(task_id) == mark:
             return
         self._resting.pop(task_id, None)
@@ -309,29 +305,6 @@ def at_rest(slot: TaskSlot) -> bool:
     """Whether nothing but a change in its folder can move ``slot``'s task: no worker,
     none being started, no pause (whose holder may die: looked at each rescan)."""
     return slot.worker is None and not slot.starting and not slot.paused
-
-
-def rest_mark(task: TaskDir, now_ns: int | None = None) -> tuple[int, ...] | None:
-    """What a task's files are now, as far as a rescan cares: its folder (a request, a
-    cancel, a pause or a record written there moves it), its events, its decisions folder
-    and its journal (inode, size and change time of each), or None when the mark cannot
-    be trusted: a file changed within ``RACY_NS`` of ``now_ns`` (a change in the same tick
-    of the file system's clock would leave its time as it was), or one that cannot be
-    read."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    mark: list[int] = []
-    for path in (task.path, task.events, task.decisions, task.journal):
-        try:
-            found = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            mark += (0, 0, 0)
-            continue
-        except OSError:
-            return None
-        if now_ns - found.st_ctime_ns < RACY_NS:
-            return None
-        mark += (found.st_ino, found.st_size, found.st_ctime_ns)
-    return tuple(mark)
 
 
 class ClusterPlacement:

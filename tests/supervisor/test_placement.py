@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import placement
 from supervisor.control import RETRY_REQUEST, request
 from supervisor.daemon import Supervisor
 from supervisor.decisions import decide, pending_decisions
@@ -20,6 +19,7 @@ from tests.support import scripted_task, text
 from worker.config import Config
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
+from worker.store import files
 from worker.testing.journals import HELD_CALL as CALL
 from worker.testing.journals import held_call, long_journal
 
@@ -54,7 +54,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return pending_decisions(task)
 
     monkeypatch.setattr("supervisor.placement.pending_decisions", counted)
-    monkeypatch.setattr(placement, "RACY_NS", -(10**10))
+    monkeypatch.setattr(files, "RACY_NS", -(10**10))
     return seen
 
 
@@ -98,7 +98,7 @@ def test_a_journal_changed_under_a_held_task_is_read_again(
 def test_a_finished_task_at_rest_is_skipped_until_a_request_lands_in_its_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(placement, "RACY_NS", -(10**10))
+    monkeypatch.setattr(files, "RACY_NS", -(10**10))
     spool = Spool(tmp_path / "spool")
     task = scripted_task(spool, [{"content": [text("hi")]}], name="f1")
     record = TaskRecord.load(task)
@@ -123,7 +123,8 @@ def test_a_mark_is_not_trusted_while_a_change_could_hide_in_the_clock_tick(
     task = held_task(spool, "h3")
     journal = task.journal.stat()
     changed = max(journal.st_ctime_ns, task.path.stat().st_ctime_ns)  # (the latest change)
-    assert placement.rest_mark(task, now_ns=changed + placement.RACY_NS - 1) is None
-    settled = placement.rest_mark(task, now_ns=changed + placement.RACY_NS + 1)
+    store = store_of(task)
+    assert store.rest_mark(task.id, now_ns=changed + files.RACY_NS - 1) is None
+    settled = store.rest_mark(task.id, now_ns=changed + files.RACY_NS + 1)
     assert settled is not None
     assert settled[9:] == (journal.st_ino, journal.st_size, journal.st_ctime_ns)

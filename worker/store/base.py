@@ -321,6 +321,14 @@ class TaskStore(Protocol):
 
     def exists(self, task_id: str) -> bool: ...
 
+    def rest_mark(self, task_id: str, now_ns: int | None = None) -> tuple[int, ...] | None:
+        """A mark of what a daemon's rescan reads of the task (its record, requests,
+        cancel and pause, decisions, events and journal) that moves whenever any of it
+        changes, or None when no mark can be trusted now (at ``now_ns``, wall-clock
+        nanoseconds): the rescan then reads the task. A backend with no cheap mark gives
+        None always."""
+        ...
+
     def read_all(self) -> contextlib.AbstractContextManager[None]:
         """For the block, a backend may answer this thread's reads of what status shows
         (specs, records, heartbeats, snapshots, journals) from one read of every task made

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ from worker.store.durable import (
     write_exclusive,
 )
 from worker.store.journal import Journal, read_file, refuse_shorter
+
+#: Nanoseconds within which a file's change time may hide another change (``rest_mark``).
+RACY_NS = 2_000_000_000
 
 
 class FileJournal:
@@ -173,6 +177,28 @@ class FileStore:
 
     def exists(self, task_id: str) -> bool:
         return self.task(task_id).exists()
+
+    def rest_mark(self, task_id: str, now_ns: int | None = None) -> tuple[int, ...] | None:
+        """The inode, size and change time of the task's folder (a request, a cancel, a
+        pause or a record written there moves it), its events, its decisions folder and
+        its journal; None when one of them changed within ``RACY_NS`` of ``now_ns`` (a
+        change in the same tick of the file system's clock would leave its time as it
+        was), or cannot be read."""
+        task = self.task(task_id)
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        mark: list[int] = []
+        for path in (task.path, task.events, task.decisions, task.journal):
+            try:
+                found = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                mark += (0, 0, 0)
+                continue
+            except OSError:
+                return None
+            if now_ns - found.st_ctime_ns < RACY_NS:
+                return None
+            mark += (found.st_ino, found.st_size, found.st_ctime_ns)
+        return tuple(mark)
 
     def load_spec(self, task_id: str) -> TaskSpec:
         return self.task(task_id).load_spec()

@@ -171,6 +171,9 @@ class MemoryStore:
         with self.guard:
             return sorted(self._tasks)
 
+    def rest_mark(self, task_id: str, now_ns: int | None = None) -> tuple[int, ...] | None:
+        return None  # (no cheap mark: a rescan reads the task)
+
     def exists(self, task_id: str) -> bool:
         with self.guard:
             return validate_task_id(task_id) in self._tasks

@@ -560,6 +560,9 @@ class PostgresStore:
         with self.db.step() as conn:
             return sorted(row[0] for row in conn.execute("SELECT id FROM tasks"))
 
+    def rest_mark(self, task_id: str, now_ns: int | None = None) -> tuple[int, ...] | None:
+        return None  # (no cheap mark: a rescan reads the task)
+
     def exists(self, task_id: str) -> bool:
         if self._seen(task_id) is not None:
             return True
