@@ -71,8 +71,8 @@ from worker.config import Config
 from worker.errors import ClusterError
 from worker.spool import Spool
 from worker.store import pgschema
+from worker.store.pgcoordination import WAKE_CHANNEL
 from worker.store.pglease import append, claim
-from worker.store.postgres import WAKE_CHANNEL
 
 if TYPE_CHECKING:
     from worker.store.pgschema import Connection

@@ -188,7 +188,23 @@ def test_the_scan_finds_a_planted_violation() -> None:
 
 
 #: The modules of the backends: the supervisor names one only where it chooses its store.
-BACKEND_MODULES = frozenset({"worker.store.files", "worker.store.memory", "worker.store.postgres"})
+#: PostgreSQL's are the store and its parts (its schema, ``pgschema``, is no backend: its
+#: version is what ``agentd store init`` prints, and psycopg is not imported with it).
+BACKEND_MODULES = frozenset(
+    {
+        "worker.store.files",
+        "worker.store.memory",
+        "worker.store.postgres",
+        "worker.store.pgcoordination",
+        "worker.store.pgdatabase",
+        "worker.store.pgjournal",
+        "worker.store.pgnodes",
+        "worker.store.pgownership",
+        "worker.store.pgtasks",
+        "worker.store.pgtokens",
+        "worker.store.pgview",
+    }
+)
 #: What supervisor/ may import from a backend, each with its reason.
 BACKEND_IMPORTS = {
     ("supervisor/stores.py", "spool_store"): "the one place the supervisor's store is chosen",

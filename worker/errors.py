@@ -111,7 +111,7 @@ class JournalCorruptError(SpoolError):
 
 class StorageError(SpoolError):
     """A write or sync failed; ``errno`` is the OSError's (None when no syscall failed).
-    ``cause`` names a database's fault (``worker.store.postgres.DatabaseFault``: ``login``,
+    ``cause`` names a database's fault (``worker.store.pgdatabase.DatabaseFault``: ``login``,
     ``read_only``...), None for a disk's."""
 
     def __init__(self, message: str, errno: int | None = None, *, cause: str | None = None) -> None:

@@ -21,8 +21,9 @@ from tests.store.conftest import new_task
 from tests.store.test_postgres import _reachable
 from tests.support import poll_for
 from worker.errors import ConfigError, StorageError, storage_fault
+from worker.store.pgdatabase import DatabaseFault, database_fault
 from worker.store.pglease import TAKEOVER_MARGIN
-from worker.store.postgres import DatabaseFault, PostgresStore, database_fault
+from worker.store.postgres import PostgresStore
 
 
 @pytest.fixture

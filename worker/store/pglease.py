@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import FencedError, NotFoundError
-from worker.store.base import Previous
+from worker.store.base import Owner, Previous
 
 if TYPE_CHECKING:
     from worker.store.pgschema import Connection
@@ -135,6 +135,14 @@ TAKEOVER_MARGIN = 0.5
 #: takes it from it (``PostgresStore.seize``): renewals come every third of a lease, so
 #: a holder that let half of it pass without one is frozen, or cut off from the database.
 STALLED = 0.5
+
+
+def fenced(owner: Owner) -> FencedError:
+    """What a write of ``owner``'s says once the task's epoch moved past it."""
+    return FencedError(
+        f"task {owner.task_id} is no longer owned by {owner.holder} (epoch "
+        f"{owner.epoch}); its worker stops, and the task's new owner carries on."
+    )
 
 
 @dataclass(frozen=True)

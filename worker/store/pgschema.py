@@ -36,8 +36,8 @@ one statement that checks the writer's epoch and writes its record together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from worker.errors import SchemaVersionError
 from worker.protocol import TaskStatus
@@ -50,6 +50,13 @@ if TYPE_CHECKING:
 
 #: The states a task row may hold (docs/design.md section 3): ``TaskStatus``, the one list.
 STATES = tuple(TaskStatus)
+
+
+def state_of(record: Mapping[str, Any]) -> str | None:
+    """The record's state when it is one the task row's ``state`` column takes, else None."""
+    state = record.get("state")
+    return state if isinstance(state, str) and state in STATES else None
+
 
 _CREATE = f"""
 CREATE TABLE nodes (
