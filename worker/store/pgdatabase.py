@@ -263,7 +263,7 @@ class Database:
         for conn in idle:
             conn.close()
 
-    # -- one statement, one step ------------------------------------------------------
+    # -- one statement, one step -------------------------------------------------------
 
     def one(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The first row ``sql`` returns, or None."""

@@ -48,6 +48,8 @@ class TaskLeases:
         self._watch_guard = threading.Lock()
         self._lost_replies = LostReplies()
 
+    # -- one task's lease --------------------------------------------------------------
+
     def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
         """Take the lease when none is held, or when its holder let it stand still for its
         length and the margin as this process watched it (so a wait shorter than that never

@@ -44,7 +44,7 @@ class TaskRows:
         self._view = view
         self._node = node
 
-    # -- creation ---------------------------------------------------------------------
+    # -- creation ----------------------------------------------------------------------
 
     def create(
         self,
@@ -118,7 +118,7 @@ class TaskRows:
             raise FileNotFoundError(f"task {task_id} has no script")
         return bytes(script)
 
-    # -- operator decisions and the cancel ----------------------------------------------
+    # -- operator decisions and the cancel ---------------------------------------------
 
     def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
         """One winner by the primary key (task, key, attempt): the losers' inserts find
@@ -188,7 +188,7 @@ class TaskRows:
             task_id,
         )
 
-    # -- the task record --------------------------------------------------------------
+    # -- the task record ---------------------------------------------------------------
 
     def get_record(self, task_id: str) -> tuple[JSON | None, Version]:
         seen = self._view.seen(task_id)
@@ -244,7 +244,7 @@ class TaskRows:
             )
         return Version(str(row[0]))
 
-    # -- events, heartbeats and exits -------------------------------------------------
+    # -- events, heartbeats and exits --------------------------------------------------
 
     def append_event(self, task_id: str, event: Mapping[str, Any]) -> None:
         """The event's number is taken by the UPDATE of the task row, whose lock lasts

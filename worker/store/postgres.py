@@ -137,7 +137,7 @@ class PostgresStore:
     def relogin(self, url: str) -> None:
         self.db.relogin(url)
 
-    # -- tasks (``TaskRows``) -----------------------------------------------------------
+    # -- tasks (``TaskRows``) ----------------------------------------------------------
 
     def create(
         self,
@@ -226,7 +226,7 @@ class PostgresStore:
     def read_exit(self, task_id: str) -> JSON | None:
         return self._tasks.read_exit(task_id)
 
-    # -- the journal and the snapshot (``JournalRows``) ------------------------------------
+    # -- the journal and the snapshot (``JournalRows``) --------------------------------
 
     def check_fence(self, owner: Owner) -> None:
         self._journals.check_fence(owner)
@@ -251,7 +251,7 @@ class PostgresStore:
     def put_snapshot(self, owner: Owner, snapshot: Snapshot) -> int:
         return self._journals.put_snapshot(owner, snapshot)
 
-    # -- ownership and the cluster's leases (``TaskLeases``) ------------------------------
+    # -- ownership and the cluster's leases (``TaskLeases``) ---------------------------
 
     def acquire(self, task_id: str, *, wait: float = 0.0) -> Owner:
         return self._leases.acquire(task_id, wait=wait)
@@ -293,7 +293,7 @@ class PostgresStore:
     def leases(self) -> dict[str, str]:
         return self._leases.leases()
 
-    # -- the nodes (``NodeRegistry``) ---------------------------------------------------
+    # -- the nodes (``NodeRegistry``) --------------------------------------------------
 
     def join(self, max_workers: int) -> int:
         return self._nodes.join(max_workers)
@@ -304,7 +304,7 @@ class PostgresStore:
     def nodes(self) -> list[NodeInfo]:
         return self._nodes.nodes()
 
-    # -- coordination (``Coordination``) ------------------------------------------------
+    # -- coordination (``Coordination``) -----------------------------------------------
 
     def operator_lock(self, task_id: str, wait: float) -> contextlib.AbstractContextManager[None]:
         return self._coordination.operator_lock(task_id, wait)
@@ -324,7 +324,7 @@ class PostgresStore:
     def listen(self, on_wake: Callable[[], None]) -> Callable[[], None]:
         return self._coordination.listen(on_wake)
 
-    # -- the console's API tokens (``ConsoleTokens``) -----------------------------------
+    # -- the console's API tokens (``ConsoleTokens``) ----------------------------------
 
     def add_token(self, token: JSON) -> None:
         self._tokens.add_token(token)
