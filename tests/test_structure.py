@@ -133,7 +133,6 @@ MAX_CLASS_LINES = 400
 OVERSIZE = {
     "supervisor.daemon.Supervisor": 960,
     "worker.store.postgres.PostgresStore": 960,
-    "supervisor.foreground.ForegroundRun": 460,
 }
 
 
