@@ -7,9 +7,9 @@ reply of ~1 KB of text plus one ``tool_use``, then a ~1 KB tool result.
 * **agentd** runs the real worker path: a task made by ``supervisor.submit.create_task``,
   ``AgentLoop`` with the ``ScriptedModel`` reading the task's script, a trivial read-only
   tool and a ``Heartbeat``, exactly as ``python -m worker`` sets them up; the model
-  answers after 2 ms. A subclass only adds clocks around ``_record`` (stamp,
+  answers after 2 ms. A subclass only adds clocks around ``Recorder.record`` (stamp,
   ``Journal.append`` with its write, fdatasync or wait for a background sync, fold,
-  heartbeat), ``Journal.sync_in_background`` and ``_maybe_snapshot`` (journal sync and
+  heartbeat), ``Journal.sync_in_background`` and ``Recorder.maybe_snapshot`` (journal sync and
   ``atomic_write_json`` of the folded state). A turn's cost is the time the loop spent
   on its records (``turn``, ``intent``, ``result``), and on the snapshot when one falls
   on that turn; a sync running in the background while the model thinks is not waited
@@ -59,7 +59,7 @@ from bench.report import Row, ensure_peers, percentile
 from supervisor.submit import create_task
 from worker.config import Config, ContextConfig
 from worker.heartbeat import Heartbeat
-from worker.loop import AgentLoop, StopRequested
+from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.spool import Spool, TaskDir, TaskSpec
@@ -68,6 +68,7 @@ from worker.store.durable import dump_json, load_json
 from worker.store.files import FileStore
 from worker.store.journal import Journal, Record
 from worker.tools.registry import Effect, ToolContext, ToolRegistry, tool
+from worker.turns import StopRequested
 
 NAME = "checkpoint"
 PEER = "LangGraph"
@@ -208,8 +209,9 @@ class Clocks:
 class TimedLoop(AgentLoop):
     """``AgentLoop`` with clocks around its durable-record path; nothing else changes.
 
-    Timed: ``_record`` (stamp, ``Journal.append`` with any wait for a background sync,
-    fold, heartbeat), ``_maybe_snapshot`` (its journal sync and the snapshot write) and
+    Timed: ``Recorder.record`` (stamp, ``Journal.append`` with any wait for a background
+    sync, fold, heartbeat), ``Recorder.maybe_snapshot`` (its journal sync and the snapshot
+    write) and
     ``Journal.sync_in_background`` (starting the sync that overlaps the model call). A
     journal without deferred syncs simply never calls the last one."""
 
@@ -233,10 +235,35 @@ class TimedLoop(AgentLoop):
         self._in_append = 0
         self._in_heartbeat = 0
         self._syncs = 0
+        recorder = self.recorder
+        plain_record, plain_snapshot = recorder.record, recorder.maybe_snapshot
+        plain_call, plain_run = self.turns.call, self.tool_calls.run
+
+        def record(*records: JSON, **kw: Any) -> None:
+            self._timed_record(plain_record, *records, **kw)
+
+        def maybe_snapshot() -> None:
+            self._timed_snapshot(plain_snapshot)
+
+        def call(tools: ToolRegistry) -> None:
+            turn = self.state.turn
+            if self.floor is not None and turn and turn % FLOOR_BLOCK == 0:
+                self.floor.catch_up(turn)  # while "waiting on the model": off agentd's clocks
+            plain_call(tools)
+
+        def run(call: Any, *, attempt: int, outcome: str = "ran") -> None:
+            plain_run(call, attempt=attempt, outcome=outcome)
+            if self.stop_after_tool is not None and self.state.turn >= self.stop_after_tool:
+                self.stop_requested = True  # SIGTERM during the tool call: stop at a safe point
+
+        recorder.record = record  # type: ignore[method-assign]
+        recorder.maybe_snapshot = maybe_snapshot  # type: ignore[method-assign]
+        self.turns.call = call  # type: ignore[method-assign]
+        self.tool_calls.run = run  # type: ignore[method-assign]
 
     def open(self) -> TaskState:
         state = super().open()
-        journal = self._journal
+        journal = self.recorder.writer
         self.clocks.journal_start = journal.cursor.position  # the file store's: an offset
         plain_append = journal.append
         raw = getattr(journal, "journal", journal)  # the file store's Journal under it
@@ -288,10 +315,10 @@ class TimedLoop(AgentLoop):
             self.heartbeat.update = update  # type: ignore[method-assign]
         return state
 
-    def _record(self, *records: JSON, **kw: Any) -> None:
+    def _timed_record(self, plain: Callable[..., None], *records: JSON, **kw: Any) -> None:
         self._in_append = self._in_heartbeat = self._syncs = 0
         t0 = time.perf_counter_ns()
-        super()._record(*records, **kw)
+        plain(*records, **kw)
         spent = time.perf_counter_ns() - t0
         if records[0]["k"] not in ("turn", "intent", "result", "vcs"):
             return  # the end record: not part of a turn
@@ -301,39 +328,28 @@ class TimedLoop(AgentLoop):
         clocks.append[turn] += self._in_append
         clocks.heartbeat[turn] += self._in_heartbeat
         clocks.syncs[turn] += self._syncs
-        clocks.journal_end[turn] = self._journal.cursor.position
+        clocks.journal_end[turn] = self.recorder.writer.cursor.position
 
-    def _maybe_snapshot(self) -> None:
-        before = self._snapshot_turn
+    def _timed_snapshot(self, plain: Callable[[], None]) -> None:
+        before = self.recorder.snapshot_turn
         self._syncs = 0
         t0 = time.perf_counter_ns()
-        super()._maybe_snapshot()
+        plain()
         spent = time.perf_counter_ns() - t0
         turn = self.state.turn
         if turn == 0:
             return
         self.clocks.record[turn] += spent
         self.clocks.syncs[turn] += self._syncs
-        if self._snapshot_turn != before:
+        if self.recorder.snapshot_turn != before:
             # Written on the snapshot thread, as while the model thinks: its own cost,
             # off the loop's clock, is the wait here (the model of this bench answers
             # at once, so nothing else would overlap it).
             t0 = time.perf_counter_ns()
-            size = self._snapshots.wait()
+            size = self.recorder.snapshots.wait()
             self.clocks.snapshot[turn] = spent
             self.clocks.snapshot_written[turn] = time.perf_counter_ns() - t0
             self.clocks.snapshot_size[turn] = size or self.task.snapshot.stat().st_size
-
-    def _call_model(self) -> None:
-        turn = self.state.turn
-        if self.floor is not None and turn and turn % FLOOR_BLOCK == 0:
-            self.floor.catch_up(turn)  # while "waiting on the model": off agentd's clocks
-        super()._call_model()
-
-    def _run_call(self, call: Any, *, attempt: int, outcome: str = "ran") -> None:
-        super()._run_call(call, attempt=attempt, outcome=outcome)
-        if self.stop_after_tool is not None and self.state.turn >= self.stop_after_tool:
-            self.stop_requested = True  # SIGTERM during the tool call: stop at a safe point
 
 
 def new_task(spool: Spool, name: str, turns: int) -> TaskDir:

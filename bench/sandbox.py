@@ -6,7 +6,7 @@ config folder hidden), and ``off`` (bare ``/bin/sh -c``, the floor), in alternat
 that both see the same machine load. The figure is the median wall time of a call, and
 the overhead is the difference of the medians; the target is an overhead under 10 ms.
 A second row does the same with ``network = false`` (a network namespace of its own).
-A third gives the cost of hiding the other tasks' workspaces (``worker.loop.OtherWorkspaces``)
+A third gives the cost of hiding the other tasks' workspaces (``worker.tool_calls.OtherWorkspaces``)
 when ``NEIGHBOURS`` tasks of the spool each have a ``--workspace`` of their own: one
 mount each, so it grows with them; shown, not judged.
 Where bwrap does not work the rows say why and the target is not judged.
@@ -22,9 +22,9 @@ from pathlib import Path
 from bench.report import Row
 from bench.supervision import bench_run
 from supervisor.submit import create_task
-from worker.loop import OtherWorkspaces
 from worker.spool import Spool, TaskSpec
 from worker.store.files import FileStore
+from worker.tool_calls import OtherWorkspaces
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext
 from worker.tools.sandbox import Sandbox, SandboxMode, probe, sandbox_for

@@ -443,7 +443,7 @@ ANSWERS = {"r": "rerun", "re-run": "rerun", "rerun": "rerun", "s": "skip", "skip
 def ask_at_terminal(call: dict[str, Any]) -> Any:
     """Put one held call to the person at the terminal (``agentd run``): re-run it, skip it
     with a reason, or record its result; None at the end of input (the task stays held)."""
-    from supervisor.foreground import Answer  # noqa: PLC0415  (only `run` needs it)
+    from supervisor.hold_prompt import Answer  # noqa: PLC0415  (only `run` needs it)
 
     shown = json.dumps(call.get("input"), ensure_ascii=False)
     print(
@@ -478,7 +478,7 @@ def ask_budget_at_terminal(reason: str, budget: Any, refusal: str | None) -> Any
     (``agentd run``): each limit a number, ``none``, or nothing to keep it; None at the
     end of input (the task stays held)."""
     from supervisor.budgets import KEEP, parse_tokens, parse_usd  # noqa: PLC0415  (only `run` needs it)
-    from supervisor.foreground import BudgetAnswer  # noqa: PLC0415  (the same)
+    from supervisor.hold_prompt import BudgetAnswer  # noqa: PLC0415  (the same)
 
     if refusal is not None:
         print(f"agentd: {refusal}", file=sys.stderr)

@@ -12,16 +12,16 @@ person who typed the command:
   daemon's own rules: ``crash_loop`` fails the task); a storage fault, or a machine out of
   processes, is a wait, said on the terminal;
 * the transcript is streamed as the journal grows, as ``agentd show`` renders it
-  (``supervisor.transcript``: the same lines, the same ``Renderer``);
+  (``supervisor.run_terminal``);
 * Ctrl-C, SIGHUP (a closed terminal) and SIGTERM ask the worker to stop at its next safe
   point (SIGTERM to the worker alone, as ``agentd stop`` has the daemon do: a model call
   is abandoned at once, a running tool call is waited for until its result is recorded,
   up to ``restart.stop_grace``); a second one kills the worker's group at once, and the
   call in flight follows the dangling rules when the task is resumed;
 * a hold is put to the person through ``ask`` (re-run, skip, record a result), and the
-  answer recorded as ``agentd approve-dangling`` records it (``decisions.decide``, with
-  ``by`` the user and ``via`` ``run``); without ``ask`` (no terminal) the run ends with
-  the task held, for a daemon or a later ``run --resume``.
+  answer recorded as ``agentd approve-dangling`` records it (``supervisor.hold_prompt``);
+  without ``ask`` (no terminal) the run ends with the task held, for a daemon or a later
+  ``run --resume``.
 
 The task record is this process's to write while it runs the task (it is marked
 ``foreground``: a daemon on the same spool leaves it alone, ``supervisor.daemon``); each
@@ -35,26 +35,24 @@ and ``prepare`` refuses it in one line (``agentd submit`` it instead).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from supervisor import exits, transcript
-from supervisor.budgets import KEEP, Unchanged, change_budget, task_budget
+from supervisor import exits
 from supervisor.control import move_record, running_pid
-from supervisor.decisions import cancelled_by, decide, operator_lock, pending_decisions
+from supervisor.decisions import cancelled_by, operator_lock, pending_decisions
 from supervisor.exits import KillReason
+from supervisor.hold_prompt import Ask, AskBudget, HoldPrompt, Interrupted
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
-from supervisor.operator import Operator, Via, fields_of
+from supervisor.operator import fields_of
 from supervisor.record import Move, TaskRecord, arrival
+from supervisor.run_terminal import RunTerminal
 from supervisor.status import held_calls, read_heartbeat
 from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
@@ -62,10 +60,10 @@ from supervisor.strays import sweep_until_none
 from supervisor.traces import TraceTail, exporter_for
 from supervisor.workers import WorkerProcess, process_started, spawn, worker_exit
 from worker import credentials
-from worker.budget import Budget, budget_hold
+from worker.budget import budget_hold
 from worker.config import Config
 from worker.descendants import become_subreaper
-from worker.errors import ConfigError, StateConflictError, StorageError, UsageError
+from worker.errors import StateConflictError, StorageError, UsageError
 from worker.events import record_event
 from worker.protocol import (
     RETRIES_ENV,
@@ -77,7 +75,6 @@ from worker.spool import Spool, TaskDir
 #: Seconds between two looks at the journal, the heartbeat and a cancel while a worker
 #: runs (its exit is seen at once: its pidfd).
 POLL = 0.1
-#: Seconds the sweep of what a worker's tools left may take before the run goes on.
 
 
 class RunExit(IntEnum):
@@ -87,39 +84,6 @@ class RunExit(IntEnum):
     FAILED = 1
     HELD = 3  # held for a decision, or cancelled
     INTERRUPTED = 130
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What a person decided about one held call at the prompt: ``action`` is one of
-    ``approve-dangling``'s (``rerun``, ``skip``, ``result``)."""
-
-    action: str
-    reason: str | None = None
-    result: str | None = None
-
-
-#: Asks about one held call (a row of ``status.held_calls``); None: no answer (the task
-#: stays held). KeyboardInterrupt out of it is an interruption.
-Ask = Callable[[dict[str, Any]], Answer | None]
-
-
-@dataclass(frozen=True)
-class BudgetAnswer:
-    """A new budget typed at the prompt for a task held on its budget: each limit a
-    number, None (no limit) or ``KEEP`` (``supervisor.budgets.change_budget``'s)."""
-
-    usd: float | Unchanged | None = KEEP
-    tokens: int | Unchanged | None = KEEP
-
-
-#: Asks for a new budget, given the hold's reason and the budget now; None: no answer.
-#: Asked again, with the refusal's line, while the answer is below the spend.
-AskBudget = Callable[[str, Budget, str | None], BudgetAnswer | None]
-
-
-class Interrupted(Exception):
-    """Ctrl-C (or SIGHUP, SIGTERM) while no worker runs: the run ends at once."""
 
 
 def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
@@ -174,7 +138,8 @@ class ForegroundRun:
 
     ``out`` takes the transcript (``json_lines``: one object a line, whole; else
     ``transcript.Renderer``'s text), ``err`` the run's own lines (restarts, waits, the
-    end). ``ask`` puts a held call to the person (None: no terminal)."""
+    end): ``terminal``, a ``RunTerminal``. ``ask`` puts a held call to the person (None:
+    no terminal), ``ask_budget`` a budget: ``holds``, a ``HoldPrompt``."""
 
     def __init__(
         self,
@@ -194,21 +159,23 @@ class ForegroundRun:
         self.store = store_of(task)
         self.config = config
         self.config_path = config_path
-        self.out = out
-        self.err = err
-        self.json_lines = json_lines
-        self.ask = ask
-        self.ask_budget = ask_budget
         self.resume_line = resume_line or resume_command(task.id)
-        self.renderer = transcript.Renderer(out, colour=transcript.use_colour(out))
-        self.prompt = self.store.load_spec(task.id).prompt
-        self.shown = 0 if show_from_start else len(self._lines())
-        self.seen_end: object = None
+        self.terminal = RunTerminal(
+            self.store,
+            task.id,
+            config.price_table,
+            out=out,
+            err=err,
+            json_lines=json_lines,
+            show_from_start=show_from_start,
+        )
+        self.say = self.terminal.say  # one line of the run's own on ``err``
+        self.holds = HoldPrompt(
+            task, config, self.say, ask=ask, ask_budget=ask_budget, resume_line=self.resume_line
+        )
         self.interrupts = 0  # Ctrl-C, SIGHUP, SIGTERM received
         self.acted = 0  # of them, carried out (``_interrupt``)
         self.worker: WorkerProcess | None = None
-        self.asking = False
-        self.speechless = False  # the terminal went away (SIGHUP): nothing more is printed
         self.storage_waits = 0
         self.resource_waits = 0
         self.last_exit: dict[str, Any] | None = None  # of the last worker, as the daemon keeps it
@@ -217,51 +184,17 @@ class ForegroundRun:
 
     # -- what the person sees ----------------------------------------------------------
 
-    def _lines(self) -> list[dict[str, Any]]:
-        return transcript.lines(
-            self.store.replay(self.task.id), prompt=self.prompt, prices=self.config.price_table
-        )
-
     def pump(self) -> None:
         """Print the transcript lines recorded since the last call (and hand the trace its
         new spans and events)."""
         if self.traces is not None:
             self.traces.pull()
-        try:
-            end = self.store.journal_end(self.task.id)
-            if end == self.seen_end:
-                return
-            shown = self._lines()
-        except (StorageError, OSError):
-            return  # a disk or journal that cannot be read now: the next look may
-        self.seen_end = end
-        self.shown = min(self.shown, len(shown))  # (a rewind cut the live branch)
-        for line in shown[self.shown :]:
-            self._write(self.out, line)
-        self.shown = len(shown)
-
-    def _write(self, stream: TextIO, line: dict[str, Any] | str) -> None:
-        if self.speechless:
-            return
-        try:
-            if isinstance(line, str):
-                print(line, file=stream)
-            elif self.json_lines:
-                print(json.dumps(line, ensure_ascii=False), file=stream)
-            else:
-                self.renderer.line(line)
-            stream.flush()
-        except (OSError, ValueError):  # a closed terminal (EIO) or pipe: run on, silent
-            self.speechless = True
+        self.terminal.pump()
 
     def event(self, name: str, level: str = "info", **fields: Any) -> None:
         """A lifecycle event of the task (docs/design.md section 8), into its events, as
         the daemon records its own; a daemon on the spool relays it to its log."""
         record_event(self.store, self.task.id, name, level, task=self.task.id, **fields)
-
-    def say(self, text: str) -> None:
-        """One line of the run's own on ``err``."""
-        self._write(self.err, f"agentd: {text}")
 
     # -- signals -----------------------------------------------------------------------
 
@@ -271,8 +204,8 @@ class ForegroundRun:
         prompt the run ends at once."""
         self.interrupts += 1
         if signum == signal.SIGHUP:
-            self.speechless = True
-        if self.asking:
+            self.terminal.speechless = True
+        if self.holds.asking:
             raise Interrupted
 
     def _interrupt(self, worker: WorkerProcess) -> None:
@@ -502,74 +435,13 @@ class ForegroundRun:
             return self._interrupted()
         rows = held_calls(self.task)
         if not rows and budget_hold(reason):
-            return self._budget_held(str(reason))
-        if self.ask is None or not rows:
-            self.say(
-                f"task {self.task.id} is held: {reason or 'a call waits for a decision'}; "
-                f"decide with `agentd approve-dangling {self.task.id} CALL_ID "
-                f"[--skip --reason TEXT | --result TEXT]` (`agentd dangling {self.task.id}` "
-                f"lists them), then `{self.resume_line}`."
-            )
+            decided = self.holds.budget(str(reason))
+        else:
+            decided = self.holds.calls(reason, rows)
+        if not decided:
             return RunExit.HELD
-        for row in rows:
-            with self._at_the_prompt():
-                answer = self.ask(row)
-            if answer is None:
-                self.say(f"task {self.task.id} stays held; `{self.resume_line}` asks again.")
-                return RunExit.HELD
-            decide(
-                self.task,
-                row["call_id"],
-                action=answer.action,
-                reason=answer.reason,
-                result=answer.result,
-                operator=Operator.here(Via.RUN),
-            )
         self._record(TaskStatus.QUEUED, pid=None, reason=None)
         return None
-
-    @contextlib.contextmanager
-    def _at_the_prompt(self) -> Iterator[None]:
-        """While the person is asked: an interruption (Ctrl-C, the end of input) ends the
-        run at once, the task held."""
-        self.asking = True
-        try:
-            yield
-        except (KeyboardInterrupt, EOFError):
-            raise Interrupted from None
-        finally:
-            self.asking = False
-
-    def _budget_held(self, reason: str) -> RunExit | None:
-        """Held on its budget: ask for a new one (``agentd budget``'s checks, recorded with
-        ``via: run``), else end with the hint."""
-        if self.ask_budget is None:
-            self.say(
-                f"task {self.task.id} is held: {reason}; raise the budget with `agentd budget "
-                f"{self.task.id} --usd X` (or --tokens N, or none), then `{self.resume_line}`."
-            )
-            return RunExit.HELD
-        refusal = None
-        while True:
-            with self._at_the_prompt():
-                answer = self.ask_budget(reason, task_budget(self.task), refusal)
-            if answer is None:
-                self.say(f"task {self.task.id} stays held; `{self.resume_line}` asks again.")
-                return RunExit.HELD
-            try:
-                change_budget(
-                    Spool(self.task.root),
-                    self.config,
-                    self.task.id,
-                    usd=answer.usd,
-                    tokens=answer.tokens,
-                    operator=Operator.here(Via.RUN),
-                )
-            except (StateConflictError, ConfigError, UsageError) as exc:
-                refusal = str(exc)
-                continue
-            self._record(TaskStatus.QUEUED, pid=None, reason=None)
-            return None
 
     def _cancelled(self) -> RunExit:
         with contextlib.suppress(StateConflictError):  # (cancelled already, by a command)
@@ -583,7 +455,7 @@ class ForegroundRun:
         if record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
             self._record(TaskStatus.QUEUED, pid=None, reason=None)
         self.pump()
-        self._write(self.err, self.resume_line)
+        self.terminal.write(self.terminal.err, self.resume_line)
         return RunExit.INTERRUPTED
 
     def _pause(self, delay: float) -> None:

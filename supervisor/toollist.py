@@ -29,11 +29,11 @@ from typing import TypedDict
 
 from worker.config import Config
 from worker.errors import ConfigError
-from worker.loop import tool_environment, tool_secret_files
 from worker.mcp import catalog
 from worker.mcp.catalog import EffectFrom
 from worker.mcp.servers import Placement, ServerFailed, ToolServers
 from worker.spool import Spool, TaskDir
+from worker.tool_calls import tool_environment, tool_secret_files
 from worker.tools.builtin import BUILTIN_TOOLS
 from worker.tools.effect import Effect
 from worker.tools.registry import ToolRegistry

@@ -367,7 +367,7 @@ def beat(store: TaskStore, task_id: str, lease: LeaseKeeper | None, data: JSON) 
 @contextlib.contextmanager
 def result_wait(heartbeat: Heartbeat, lease: LeaseKeeper) -> Iterator[None]:
     """While a call's result waits for the database: neither failed beats nor a passed
-    deadline end the worker; the lease's fence does (``AgentLoop._keep_result``)."""
+    deadline end the worker; the lease's fence does (``ToolCalls.keep_result``)."""
     with heartbeat.patient(), lease.waiting():
         yield
 

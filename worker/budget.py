@@ -12,7 +12,7 @@ A budget (``Budget``: USD, tokens or both) comes from ``submit --budget-usd/--bu
 or ``[budget]``, and ``agentd budget`` replaces it: each change is a numbered decision of
 the task (``BUDGET_KEY``, number 1, 2, ...), written once through the task's store, and the
 latest one is the budget. The worker checks it before every model call
-(``worker.loop``): once the spend is at or past it, the task is held, with no held call,
+(``TaskBudget``, the loop's): once the spend is at or past it, the task is held, with no held call,
 until an operator raises the budget (the overshoot is at most the one call that crossed it).
 """
 
@@ -22,9 +22,11 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from worker.errors import ConfigError
 from worker.models.base import JSON, Usage
 
 #: When the built-in prices were read off the published price lists (USD, standard
@@ -289,3 +291,77 @@ def current_budget(
     while (change := budget_change(store, task_id, count + 1)) is not None:
         budget, count = Budget.from_json(change.get("budget")), count + 1
     return budget, count
+
+
+# -- a task's budget, as its worker checks it ----------------------------------------------
+
+
+class BudgetReached(Exception):
+    """Raised before a model call when the task's spend is at or past its budget: the
+    task is held (``reason``), nothing recorded for the call it would have made."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Invalid(Protocol):
+    """Told of a budget change that cannot be read: where it is and why."""
+
+    def __call__(self, where: str, error: str) -> None: ...
+
+
+class TaskBudget:
+    """A task's budget as its worker reads it: its spec's (``initial``), or the latest
+    ``agentd budget`` change, read from where the last read ended (one look-up of the next
+    change, per model call). A change that cannot be read is told once (``on_invalid``)
+    and the last budget kept."""
+
+    def __init__(
+        self,
+        store: Decisions,
+        task_id: str,
+        initial: Budget,
+        prices: Mapping[str, Price],
+        on_invalid: Invalid,
+    ) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.initial = initial
+        self.prices = prices
+        self.on_invalid = on_invalid
+        self._known: tuple[Budget, int] | None = None  # with the number of changes made it
+        self._refused = 0  # the change that could not be read, told once
+
+    def current(self) -> Budget:
+        """The task's budget now."""
+        try:
+            self._known = current_budget(self.store, self.task_id, self.initial, self._known)
+        except ValueError as exc:
+            number = (self._known or (self.initial, 0))[1] + 1
+            if self._refused != number:
+                self._refused = number
+                self.on_invalid(getattr(exc, "where", f"budget change {number}"), str(exc))
+            if self._known is None:
+                self._known = (self.initial, 0)
+        return self._known[0]
+
+    def check_prices(self, model: str, source: Path | None) -> None:
+        """A USD budget needs the task's model to have a price (ConfigError: exit 78)."""
+        budget = self.current()
+        if budget.usd is not None and price_of(model, self.prices) is None:
+            where = source or "the config"
+            raise ConfigError(
+                f"task {self.task_id} has a USD budget, but its model {model!r} has "
+                f'no price; add [prices."{model}"] (input, output, cache_write, '
+                f"cache_write_1h, cache_read in USD per million tokens) to {where}, or "
+                f"remove the budget with `agentd budget {self.task_id} --usd none`."
+            )
+
+    def check(self, spend: Mapping[str, Usage]) -> None:
+        """``BudgetReached`` when ``spend`` (the whole life, every branch) is at or past
+        the budget: checked before every model call, so the call that crossed it is the
+        last one (a summary call's spend counts like a turn's)."""
+        reason = self.current().reached(spend, self.prices)
+        if reason is not None:
+            raise BudgetReached(reason)

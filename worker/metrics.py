@@ -78,7 +78,7 @@ class StepMetrics:
         self.spend: dict[str, Usage] = {}  # by model: every reply received
 
     def checkpointed(self, seconds: float) -> None:
-        """One durable record written (``AgentLoop._record``)."""
+        """One durable record written (``Recorder.record``)."""
         with self._lock:
             self.checkpoint.observe(seconds)
 

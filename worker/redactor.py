@@ -4,7 +4,7 @@ It keeps API keys and credentials out of every log line and event file (docs/des
 section 4: ``supervisor.logging`` puts ``redact`` in the structlog chain, and
 ``worker.events.TaskEventLog`` cleans every event with it) and, through
 ``clean_secrets``, the key out of every tool result before it is recorded or sent
-(section 5: ``AgentLoop._record``). What it replaces: the values of secret-named keys,
+(section 5: ``Recorder.record``). What it replaces: the values of secret-named keys,
 secret-shaped substrings (Anthropic keys, HTTP auth credentials), and the literal values
 of the secrets the process holds (``worker.credentials``) or finds in its environment.
 """

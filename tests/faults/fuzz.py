@@ -272,7 +272,9 @@ def fuzz_snapshot(n: int, seed: int, task: TaskDir) -> Tally:
         loop = make_loop(task)
         try:
             loaded = tally.run(  # a tuple, so that only a crash is None
-                lambda: (replay.latest_snapshot(loop.store, task.id, loop._snapshot_ignored),),
+                lambda: (
+                    replay.latest_snapshot(loop.store, task.id, loop.recorder.snapshot_ignored),
+                ),
                 example,
             )
             if loaded is None:

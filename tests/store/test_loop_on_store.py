@@ -48,7 +48,7 @@ def test_a_task_runs_holds_and_resumes_on_every_store(store: TaskStore, tmp_path
 
     loop = make_loop(store, workspace)
     loop.open()
-    writer = loop._journal
+    writer = loop.recorder.writer
     real_append = writer.append
 
     def crash_after_the_intent(records: Iterable[JSON], *, sync: bool = True) -> None:

@@ -161,7 +161,7 @@ def test_a_worker_that_loses_the_database_waits_and_then_finishes_the_task(
         workspace.mkdir()
         loop = make_loop(store, workspace)
         loop.open()
-        writer = loop._journal
+        writer = loop.recorder.writer
         real_append = writer.append
 
         def cut_after_the_first_turn(records: Iterable[JSON], *, sync: bool = True) -> None:

@@ -29,11 +29,12 @@ from worker import compaction
 from worker.config import Config, ContextConfig, ModelConfig
 from worker.errors import ContextTooLongError, TaskSpecError
 from worker.events import read_events
-from worker.loop import AgentLoop, Outcome, idempotency_key
+from worker.loop import AgentLoop, Outcome
 from worker.models.base import ModelReply, ModelRequest, SummaryOf
 from worker.models.scripted import ScriptedModel, default_summary, validate_script
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, parse_snapshot, snapshot_bytes
+from worker.tool_calls import idempotency_key
 
 JSON = dict[str, Any]
 
@@ -297,14 +298,14 @@ def test_a_crash_after_the_record_resumes_compacted_with_no_second_summary(
 ) -> None:
     task = submit_script(spool, compacting_script())
     loop = make_loop(task, config=CONFIG, model=Summaries(ScriptedModel.from_file(task.script)))
-    event = loop._event
+    event = loop.recorder.event
 
     def crash_on_compaction(name: str, level: str = "info", **fields: Any) -> None:
         event(name, level, **fields)
         if name == "compaction":
             raise SummaryCrash
 
-    monkeypatch.setattr(loop, "_event", crash_on_compaction)
+    monkeypatch.setattr(loop.recorder, "event", crash_on_compaction)
     with pytest.raises(SummaryCrash):
         loop.run()
     loop.close()

@@ -33,20 +33,16 @@ from tests.support import (
 from worker.config import Config, ToolsConfig
 from worker.errors import ModelError, RetryableModelError
 from worker.events import read_events
-from worker.loop import (
-    CONTINUE_PROMPT,
-    SNAPSHOT_GROWTH,
-    AgentLoop,
-    Outcome,
-    idempotency_key,
-)
+from worker.loop import CONTINUE_PROMPT, AgentLoop, Outcome
 from worker.models.base import ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.protocol import ExitCode
+from worker.recorder import SNAPSHOT_GROWTH
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState, fold, open_snapshot, seal_snapshot
 from worker.store import files as files_module
 from worker.store import journal as journal_module
+from worker.tool_calls import idempotency_key
 from worker.tools.registry import Tool, ToolContext, ToolRegistry
 
 CALL = "toolu_s00000_1"  # the scripted id of the tool_use after a text block in turn 1

@@ -31,10 +31,10 @@ from tests.support import (
     unique_sleep,
 )
 from worker import credentials
-from worker.loop import OtherWorkspaces, tool_environment
 from worker.protocol import ExitCode
 from worker.spool import Spool
 from worker.store.files import FileStore
+from worker.tool_calls import OtherWorkspaces, tool_environment
 from worker.tools.builtin import run_command
 from worker.tools.registry import ToolContext, ToolError
 from worker.tools.sandbox import (

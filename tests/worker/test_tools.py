@@ -25,8 +25,8 @@ from tests.support import (
     unique_sleep,
 )
 from worker.errors import ConfigError, TaskSpecError
-from worker.loop import tool_environment
 from worker.protocol import ExitCode
+from worker.tool_calls import tool_environment
 from worker.tools.builtin import (
     BUILTIN_TOOLS,
     MAX_OUTPUT,

@@ -6,7 +6,7 @@ Text blocks and images become the tool_result's content (docs/design.md section 
 a binary resource, a link to a resource), never dropped silently. The text is capped as a
 command's output is (``worker.tools.builtin.bounded_text``) and images at
 ``IMAGE_LIMIT`` bytes each and ``MAX_IMAGES`` a result; the loop redacts secrets from every
-text block before the result is recorded (``worker.loop.without_secrets``).
+text block before the result is recorded (``worker.recorder.without_secrets``).
 
 Works on the result's JSON (``model_dump(by_alias=True)``), so it is pure and needs the SDK
 only for that dump.

@@ -20,7 +20,7 @@ A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that
   at its own path, and nothing else of that folder is;
 * no capabilities (``--cap-drop ALL``: agentd may run as root), a new session (no
   terminal to inject into), and a cleared environment plus the scrubbed tool environment
-  (``worker.loop.tool_environment``).
+  (``worker.tool_calls.tool_environment``).
 
 Mounts are made in the order of their depth, so a mount always lands on top of the ones
 that contain it: the workspace shows through a hidden folder that holds it, and a hidden
