@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -147,6 +146,8 @@ class FileStore:
         self.spool.ensure()
         task = self.task(spec.id)
         refuse_symlinks(task)
+        import tempfile  # noqa: PLC0415  (only a submit stages a folder: a reader starts without it)
+
         staging = Path(tempfile.mkdtemp(prefix=".submit-", dir=private_dir(self.spool.tmp_dir)))
         try:
             if script is not None:
