@@ -525,8 +525,6 @@ REDRAW = "\033[H\033[J"
 
 
 def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    from supervisor.views import render_status  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
-
     if args.interval is not None and not args.watch:
         raise UsageError("--interval goes with --watch.")
     interval = 2.0 if args.interval is None else args.interval
@@ -541,6 +539,8 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         if args.json:
             text = json.dumps(doc, indent=2, default=str)
         else:
+            from supervisor.views import render_status  # noqa: PLC0415  (the table alone needs it: --json starts faster)
+
             text = render_status(doc, width=table_width())
         if redraw:
             text = REDRAW + text

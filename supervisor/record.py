@@ -23,6 +23,7 @@ from worker.spool import TaskDir
 from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progress
 
 CANCEL_REASON = "cancelled by operator"
+_STATES = frozenset(TaskStatus)
 
 #: The lifecycle event a task's arrival in a state is (docs/design.md section 8), with its
 #: level: whoever moves a record there logs it, from ``arrival``, never beside the move.
@@ -113,16 +114,14 @@ class TaskRecord:
             return cls(state=TaskStatus.FAILED, reason=f"{exc.where} is {exc.reason}")
         if data is None:
             return cls()
-        not_a_record = cls(
-            state=TaskStatus.FAILED, reason=f"{store.record_name(task.id)} is {NOT_A_RECORD}"
-        )
         state = data.get("state")
-        if state not in tuple(TaskStatus):
-            return not_a_record
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if not all(FIELD_SHAPES[k](v) for k, v in known.items() if k != "state"):
-            return not_a_record  # a field of the wrong type would fail in the daemon's arithmetic
-        return cls(**{**known, "state": TaskStatus(state)})
+        # (a field of the wrong type would fail in the daemon's arithmetic)
+        shaped = all(FIELD_SHAPES[k](v) for k, v in known.items() if k != "state")
+        if isinstance(state, str) and state in _STATES and shaped:
+            return cls(**{**known, "state": TaskStatus(state)})
+        reason = f"{store.record_name(task.id)} is {NOT_A_RECORD}"
+        return cls(state=TaskStatus.FAILED, reason=reason)
 
     def save(self, task: TaskDir, *, durable: bool = True) -> None:
         """Replace the record (``TaskStore.cas_record``); ``durable=False`` skips the

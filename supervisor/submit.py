@@ -18,7 +18,6 @@ from typing import Any
 
 from supervisor.record import TaskRecord
 from supervisor.stores import shared, store_for
-from worker import vcs
 from worker.budget import Budget, price_of
 from worker.config import Config
 from worker.errors import ConfigError, NotFoundError, TaskSpecError, UsageError
@@ -203,6 +202,8 @@ def _repository(workspace: Path | None) -> dict[str, Any] | None:
     """The repository of a workspace given with --workspace (``worker.vcs.discover``);
     a task's own workspace is never one (it is made empty, and what a tool puts in it
     later is the tool's)."""
+    from worker import vcs  # noqa: PLC0415  (git: only a submit with --workspace needs it)
+
     repo = vcs.discover(workspace) if workspace is not None else None
     return repo.to_json() if repo is not None else None
 

@@ -7,20 +7,19 @@ public contract (docs/design.md section 2). Durations are seconds (floats).
 ``$AGENTD_CONFIG``, else the first that exists of ``user_config_path()`` and
 ``SYSTEM_CONFIG``, else none: the defaults), parses it and validates every value.
 Anything wrong raises ``ConfigError`` (exit 78) with one line that names the file, the
-key and what is allowed. ``DEFAULT_CONFIG_TEXT`` is the commented default file that
+key and what is allowed. ``default_config_text()`` is the commented default file that
 ``agentd init`` writes; ``config/agentd.toml`` is a copy of it (a test keeps the two equal).
 """
 
 from __future__ import annotations
 
-import difflib
+import functools
 import ipaddress
 import json
 import keyword
 import math
 import os
 import re
-import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -29,8 +28,6 @@ from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn, cast
-
-import tomli_w
 
 from worker.budget import (
     PRICE_KEYS,
@@ -185,6 +182,8 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 def node_name() -> str:
     """The name this machine's daemon goes by: its hostname (docs/design.md section 10)."""
+    import socket  # noqa: PLC0415  (only a node's name needs it: most commands never ask)
+
     return socket.gethostname() or "localhost"
 
 
@@ -516,6 +515,8 @@ class _Table:
         for key in self.data:
             if key not in allowed:
                 where = f"[{self.name}]" if self.name else "the top level"
+                import difflib  # noqa: PLC0415  (only a misspelt key needs it)
+
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 shown = key if _TOOL_NAME.fullmatch(key) else _show(key)  # one line, always
@@ -952,7 +953,7 @@ def config_document(config: Config) -> dict[str, Any]:
 
 
 def default_config_document() -> dict[str, Any]:
-    """The defaults as a TOML document: what ``DEFAULT_CONFIG_TEXT`` parses to."""
+    """The defaults as a TOML document: what ``default_config_text()`` parses to."""
     return config_document(Config())
 
 
@@ -1176,6 +1177,8 @@ def _comment(key: str, table: Mapping[str, str] = _COMMENTS) -> str:
 
 
 def _render_table(name: str, table: Mapping[str, Any]) -> str:
+    import tomli_w  # noqa: PLC0415  (only `agentd init` writes TOML: loading a config reads it)
+
     head = f"{_comment(name)}[{name}]\n{_comment(name, _EXAMPLES)}"
     keys: list[str] = []
     subtables: list[str] = []
@@ -1195,8 +1198,12 @@ def _render_table(name: str, table: Mapping[str, Any]) -> str:
     return "\n".join([head + "\n".join(keys), *subtables])
 
 
+@functools.cache
 def _render_default() -> str:
-    """The default document as TOML, every table and key under its comment."""
+    """The default document as TOML, every table and key under its comment: rendered
+    when first asked for (``agentd init``), not by every command that loads a config."""
+    import tomli_w  # noqa: PLC0415  (the same)
+
     blocks = [_comment(""), _comment("spool") + _comment("spool", _EXAMPLES)]
     blocks.append(_comment("store") + "#\n" + _comment("node") + _comment("store", _EXAMPLES))
     for key, value in default_config_document().items():
@@ -1208,10 +1215,6 @@ def _render_default() -> str:
     return "\n".join(blocks)
 
 
-#: The commented default config that ``agentd init`` writes (``config/agentd.toml``).
-DEFAULT_CONFIG_TEXT: str = _render_default()
-
-
 #: What ``agentd init --system`` writes in place of the default sandbox: the service
 #: never runs a tool bare, and a unit that would leave bwrap no namespaces stops the start.
 SYSTEM_SANDBOX = """\
@@ -1221,9 +1224,10 @@ sandbox = "required"
 
 
 def default_config_text(*, system: bool = False) -> str:
-    """``DEFAULT_CONFIG_TEXT``: every key at its default, each under a comment; for the
-    machine's service (``system``), ``[tools] sandbox = "required"``."""
+    """The commented default config (``config/agentd.toml``): every key at its default,
+    each under a comment; for the machine's service (``system``), ``[tools] sandbox =
+    "required"``."""
     if not system:
-        return DEFAULT_CONFIG_TEXT
-    head, _, tail = DEFAULT_CONFIG_TEXT.partition('\nsandbox = "auto"\n')
+        return _render_default()
+    head, _, tail = _render_default().partition('\nsandbox = "auto"\n')
     return head + "\n" + SYSTEM_SANDBOX + tail

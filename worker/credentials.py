@@ -42,7 +42,6 @@ tools), and a value read joins the secrets this process holds, so it is redacted
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import pwd
@@ -415,6 +414,8 @@ def make_undumpable() -> bool:
     """``PR_SET_DUMPABLE`` 0: ``/proc/PID/environ``, ``mem`` and ptrace of this process are
     closed to everyone but root. Kept across fork, reset by exec (a tool's process is an
     ordinary one). False where the call is not available."""
+    import ctypes  # noqa: PLC0415  (only a process that holds secrets needs it: most commands never do)
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0

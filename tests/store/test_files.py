@@ -226,3 +226,36 @@ def test_a_record_of_an_earlier_release_has_unknown_progress(tmp_path: Path) -> 
     writer, records = store.open_journal(owner, header=HEADER)
     writer.close()
     assert [r["k"] for r in records] == ["header"]
+
+
+def test_read_all_reads_a_record_and_a_heartbeat_once_and_a_write_drops_the_copy(
+    tmp_path: Path,
+) -> None:
+    """Status reads a task's record and heartbeat for its row and again for its journal's
+    progress: in a ``read_all`` block the files are read once. A change made by another
+    process in the block is seen at the next block; one written through the store at once."""
+    store = FileStore(tmp_path / "spool")
+    task = new_task(store)
+    store.publish_heartbeat(task, {"turn": 1})
+    files = store.task(task)
+    with store.read_all():
+        record, version = store.get_record(task)
+        assert (record, store.read_heartbeat(task)) == ({"state": "queued"}, {"turn": 1})
+        assert record is not None
+        record["state"] = "mangled"  # each caller's copy is its own
+        files.state.write_text('{"state": "done"}')  # another process's writes
+        files.heartbeat.write_text('{"turn": 2}')
+        assert store.get_record(task) == ({"state": "queued"}, version)
+        assert store.read_heartbeat(task) == {"turn": 1}
+        with store.read_all():  # an inner block reads what the outer one read
+            assert store.get_record(task)[0] == {"state": "queued"}
+        store.publish_heartbeat(task, {"turn": 3})
+        assert store.read_heartbeat(task) == {"turn": 3}
+        store.cas_record(task, store.record_version(task), {"state": "running"})
+        assert store.get_record(task)[0] == {"state": "running"}
+    files.state.write_text('{"state": "done"}')
+    files.heartbeat.write_text('{"turn": 4}')
+    assert store.get_record(task)[0] == {"state": "done"}  # outside a block: read as ever
+    assert store.read_heartbeat(task) == {"turn": 4}
+    with store.read_all():
+        assert store.get_record(task)[0] == {"state": "done"}

@@ -10,7 +10,6 @@ import pytest
 import tomli_w
 
 from worker.config import (
-    DEFAULT_CONFIG_TEXT,
     Config,
     DeadlineConfig,
     HeartbeatConfig,
@@ -406,12 +405,12 @@ def test_long_values_are_shortened_in_messages(tmp_path: Path) -> None:
 
 
 def test_default_text_parses_to_the_default_document() -> None:
-    assert tomllib.loads(DEFAULT_CONFIG_TEXT) == default_config_document()
+    assert tomllib.loads(default_config_text()) == default_config_document()
 
 
 def test_shipped_config_is_the_default_text() -> None:
     """config/agentd.toml is what `agentd init` writes; regenerate it when defaults change."""
-    assert SHIPPED.read_text() == DEFAULT_CONFIG_TEXT
+    assert SHIPPED.read_text() == default_config_text()
 
 
 def test_shipped_config_loads_to_the_defaults() -> None:
@@ -428,14 +427,14 @@ def test_init_document_round_trips(tmp_path: Path) -> None:
 
 
 def test_every_key_of_the_default_text_is_documented() -> None:
-    lines = DEFAULT_CONFIG_TEXT.splitlines()
+    lines = default_config_text().splitlines()
     for i, line in enumerate(lines):
         if line and not line.startswith("#"):
             assert lines[i - 1].startswith("#"), f"no comment above {line!r}"
 
 
 def test_the_commented_examples_are_valid(tmp_path: Path) -> None:
-    text = DEFAULT_CONFIG_TEXT.replace('# spool = "', 'spool = "')
+    text = default_config_text().replace('# spool = "', 'spool = "')
     text = text.replace('# append_file = "rerun"', 'append_file = "rerun"')
     text = text.replace('# run_command = "hold"', 'run_command = "hold"')
 

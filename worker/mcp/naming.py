@@ -16,7 +16,6 @@ it begins with ``mcp__``, so ``*`` is every built-in and module tool and no serv
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import re
 from collections.abc import Iterable
 
@@ -45,6 +44,8 @@ def model_name(server: str, tool: str) -> str:
     name = f"{PREFIX}{server}{SEPARATOR}{tool}"
     if API_TOOL_NAME.fullmatch(name):
         return name
+    import hashlib  # noqa: PLC0415  (only a name past the API's limit needs it; OpenSSL loads slowly)
+
     head = f"{PREFIX}{server}{SEPARATOR}"
     tail = "_" + hashlib.sha256(tool.encode()).hexdigest()[:_HASH_DIGITS]
     valid = _VALID.match(tool)

@@ -332,7 +332,7 @@ class TaskStore(Protocol):
     def read_all(self) -> contextlib.AbstractContextManager[None]:
         """For the block, a backend may answer this thread's reads of what status shows
         (specs, records, heartbeats, snapshots, journals) from one read of every task made
-        first: a database in one round trip. Files read as they always do."""
+        first: a database in one round trip. Files read each record and heartbeat once."""
         ...
 
     def load_spec(self, task_id: str) -> TaskSpec: ...

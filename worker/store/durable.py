@@ -22,15 +22,13 @@ pages, so a retry could report success for data that never reached the disk).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
+import functools
 import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from worker.errors import StorageError
 
@@ -166,7 +164,14 @@ def write_exclusive_at(dir_fd: int, name: str, data: bytes, *, shown: Path) -> b
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library (for ``renameat2``), loaded once."""
+    import ctypes  # noqa: PLC0415  (only a move needs it: a reader starts without it)
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def move_exclusive(src: Path, dst: Path) -> bool:
@@ -175,7 +180,9 @@ def move_exclusive(src: Path, dst: Path) -> bool:
     racing for one ``dst`` get exactly one winner: ``renameat2(RENAME_NOREPLACE)``, or
     where the kernel or the file system lacks it, an exclusive ``mkdir`` of ``dst`` that
     the rename then replaces (``dst`` is an empty folder meanwhile)."""
-    renameat2 = getattr(_libc, "renameat2", None)
+    import ctypes  # noqa: PLC0415  (the same)
+
+    renameat2 = getattr(_libc(), "renameat2", None)
     done = -1
     if renameat2 is not None:
         done = renameat2(
@@ -211,14 +218,14 @@ def dump_json(obj: Any) -> bytes:
     standard library, as before: an integer past 64 bits, a key that is not a string, and
     what ``json.dumps`` refuses too (a dataclass, a datetime: ``TypeError``). A float
     that is not finite, which no record holds, becomes ``null`` (JSON has no NaN)."""
+    import orjson  # noqa: PLC0415  (only a writer needs it: `agentd status` reads, and starts without it)
+
+    # passed through to the standard library, which refuses them, as it always did
+    strict = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
     try:
-        return orjson.dumps(obj, option=_STRICT)
+        return orjson.dumps(obj, option=strict)
     except orjson.JSONEncodeError:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-#: orjson passes these to the standard library, which refuses them, as it always did.
-_STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def load_json(data: bytes | str) -> Any:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -228,6 +227,8 @@ def probe(bwrap: str, network: bool) -> Probe:
     the kernel lets it create them (a container or an LSM may not).
 
     Cached for the life of the process (one worker): a few milliseconds, once."""
+    import subprocess  # noqa: PLC0415  (only a probe runs bwrap: a config that names a mode needs none)
+
     path = shutil.which(bwrap)
     if path is None:
         why = f"bwrap not found ({bwrap!r} is not an executable on PATH; install bubblewrap)"
