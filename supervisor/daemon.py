@@ -119,6 +119,7 @@ from worker.protocol import (
     TAKEN_OVER_ENV,
     VERDICT_EXITS,
     TaskStatus,
+    heartbeat_shaped,
 )
 from worker.spool import Spool, TaskDir
 from worker.store.durable import atomic_write_json, private_dir
@@ -212,8 +213,9 @@ class Supervisor:
             if self.forkserver is not None
             else None
         )
-        # one timer per worker, at the instant a liveness verdict on it could fall due
+        # each worker looked at when a liveness verdict on it could fall due
         self.watch: Watch[str] = Watch(self._check)
+        self._limits = (self.config, limits_of(self.config))
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
         # what a dead worker's tools left: every child of the daemon it did not start
         self.strays = StraySweeper(
@@ -1019,11 +1021,11 @@ class Supervisor:
             return None  # being stopped: its exit settles it
         limits = self.liveness_limits()
         try:
-            data = read_heartbeat(slot.task)
+            data = self.store.read_heartbeat(task_id)
         except StorageError:  # a shared store away: no verdict on a beat unread
             self.placement.away_at = mono
             return mono + limits.interval
-        fresh = data is not None and data.get("pid") == worker.pid
+        fresh = data is not None and data.get("pid") == worker.pid and heartbeat_shaped(data)
         beat = Beat.of(data, wall, mono) if fresh and data is not None else None
         verdict = judge(beat, worker.started, mono, limits)
         if isinstance(verdict, Alive):
@@ -1050,7 +1052,12 @@ class Supervisor:
         return worker.term_deadline
 
     def liveness_limits(self) -> Limits:
-        return limits_of(self.config)
+        """The limits of the config in force (worked out again only when a reload changed
+        it: every liveness check asks)."""
+        config = self.config
+        if self._limits[0] is not config:
+            self._limits = (config, limits_of(config))
+        return self._limits[1]
 
     # -- metrics ------------------------------------------------------------------------
 

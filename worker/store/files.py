@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from worker.errors import FencedError, RecordConflictError, SpoolError, StateConflictError
 from worker.events import TaskEventLog, read_events_from
 from worker.lock import TaskLock, holder_pid, is_locked
@@ -432,7 +434,13 @@ class FileStore:
         atomic_write_json(self.task(task_id).heartbeat, beat, durable=False)
 
     def read_heartbeat(self, task_id: str) -> JSON | None:
-        return _read_object(self.task(task_id).heartbeat)
+        # read by orjson (the daemon reads one at each liveness check): a heartbeat holds
+        # no integer past 64 bits that must come back exact (``load_json``)
+        try:
+            beat = orjson.loads(read_bytes(self.task(task_id).heartbeat))
+        except (OSError, ValueError):
+            return None
+        return beat if isinstance(beat, dict) else None
 
     def publish_exit(self, task_id: str, outcome: JSON) -> None:
         atomic_write_json(self.task(task_id).exit, outcome)
