@@ -10,9 +10,9 @@ What drives it:
 * worker exits, seen through each worker's pidfd the moment they happen, and settled by
   ``exits.settle``; each is followed by a sweep that kills whatever the worker's tools left
   that outlived it (``supervisor.strays``);
-* one timer per worker (``liveness.Watch``) at the instant a verdict on it could fall due:
-  its heartbeat is read then, and only then, so an idle daemon costs next to nothing
-  however many workers it watches;
+* the liveness watch (``supervisor.watch``): a worker's heartbeat is read at the instant a
+  verdict on it could fall due, and only then, the checks due at one instant on one
+  timer, so an idle daemon costs next to nothing however many workers it watches;
 * a tick every ``min(heartbeat.interval, 0.5)`` seconds that feeds the systemd watchdog,
   retries what a storage fault refused, tends the fork server and, on a shared store, the
   leases.
@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import json
 import os
 import random
 import signal
@@ -62,7 +60,7 @@ from typing import Any
 
 import structlog
 
-from supervisor import cgroups, exits, inbox
+from supervisor import cgroups, inbox
 from supervisor import logging as agentd_logging
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
@@ -75,11 +73,11 @@ from supervisor.control import (
     take_request,
     taken_request,
 )
-from supervisor.decisions import cancelled_by, pending_decisions
+from supervisor.decisions import cancelled_by
 from supervisor.exits import KillReason
-from supervisor.forkserver import Asked, ForkQueue, ForkServer
+from supervisor.forkserver import ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
-from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.launch import Launcher
 from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics, Sample
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
@@ -88,19 +86,13 @@ from supervisor.placement import ClusterPlacement, LocalPlacement, Placement
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
 from supervisor.reload import Settings
+from supervisor.settle import ExitSettler
 from supervisor.slot import TaskSlot
-from supervisor.status import held_calls, read_heartbeat
+from supervisor.status import held_calls
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
 from supervisor.surfaces import Surfaces
-from supervisor.watch import Watch
-from supervisor.workers import (
-    WorkerProcess,
-    journal_end,
-    process_started,
-    spawn,
-    worker_exit,
-)
+from supervisor.watch import LivenessWatch
 from worker import __version__, credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
@@ -113,21 +105,12 @@ from worker.errors import (
 )
 from worker.events import event_line, utc_now
 from worker.protocol import (
-    EPOCH_ENV,
     FINAL_STATES,
-    RETRIES_ENV,
-    TAKEN_OVER_ENV,
-    VERDICT_EXITS,
     TaskStatus,
-    heartbeat_shaped,
 )
 from worker.spool import Spool, TaskDir
 from worker.store.durable import atomic_write_json, private_dir
 from worker.tools.sandbox import Sandbox, mode_for
-
-#: A worker refused by these (fork: EAGAIN, ENOMEM; no descriptor left: ENFILE, EMFILE)
-#: waits for the resources to come back (``_resource_wait``), it does not fail.
-RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 
 
 class Supervisor:
@@ -136,11 +119,13 @@ class Supervisor:
     * ``placement`` (``supervisor.placement``): where tasks come from (the spool's
       folders, or a shared store's queue under leases) and whose record is whose to
       write;
-    * ``exits.settle``, pure: what a worker's exit means; ``_settle_exit`` carries it
-      out, through the one transition (``save``, ``move``: ``TaskRecord.move_to``, its
-      event and hook derived from the old and new state);
-    * ``watch`` (``supervisor.watch``): one liveness timer per worker, ``_check`` its
-      verdict (``liveness.judge``, pure);
+    * ``launcher`` (``supervisor.launch``): how a task gets its worker, forked warm or
+      fresh, a refused fork a wait;
+    * ``settler`` (``supervisor.settle``): a worker's exit, ``exits.settle``'s verdict
+      (pure) carried out through the one transition (``save``, ``move``:
+      ``TaskRecord.move_to``, its event and hook derived from the old and new state);
+    * ``liveness`` (``supervisor.watch``): each worker judged when a verdict on it could
+      fall due (``liveness.judge``, pure), the checks due at one instant on one timer;
     * ``strays`` (``supervisor.strays``): the sweep of what dead workers' tools left;
     * ``settings`` (``supervisor.reload``): the config in use and SIGHUP's reload;
     * ``forks`` (``supervisor.forkserver``): workers forked warm; ``backlog``
@@ -184,18 +169,20 @@ class Supervisor:
         self._lock = SupervisorLock(spool)
         self._last_status = ""
         # Workers get no secret in their environment, only through a pipe (worker.credentials)
-        self._worker_env = {
+        worker_env = {
             **credentials.without_credentials(
                 {k: v for k, v in os.environ.items() if k not in NOTIFY_ENVIRONMENT}
             ),
             "PYTHONUNBUFFERED": "1",
             **self.placement.worker_env(),
         }
+        self.launcher = Launcher(self, worker_env)  # how a task gets its worker
+        self.settler = ExitSettler(self)  # what a worker's exit means for its task
         self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
         self.forkserver = (
             ForkServer(
                 spool.root / "forkserver.log",
-                self._worker_env,
+                worker_env,
                 self.settings.credentials.for_workers(),
                 preload_mcp=bool(config.mcp.servers),
             )
@@ -205,8 +192,8 @@ class Supervisor:
         self.forks: ForkQueue[TaskSlot] | None = (
             ForkQueue(
                 self.forkserver,
-                answered=self._forked,
-                settle=self._forks_settled,
+                answered=self.launcher.forked,
+                settle=self.launcher.forks_settled,
                 emit=self.emit,
                 clock=clock,
             )
@@ -214,8 +201,7 @@ class Supervisor:
             else None
         )
         # each worker looked at when a liveness verdict on it could fall due
-        self.watch: Watch[str] = Watch(self._check)
-        self._limits = (self.config, limits_of(self.config))
+        self.liveness = LivenessWatch(self)
         self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
         # what a dead worker's tools left: every child of the daemon it did not start
         self.strays = StraySweeper(
@@ -228,7 +214,7 @@ class Supervisor:
         self.relay = EventRelay(
             self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
         )
-        hook_env = {k: v for k, v in self._worker_env.items() if k != "PYTHONUNBUFFERED"}
+        hook_env = {k: v for k, v in worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self._hook_failed)
         # the last operator's action on each task since its last hook: what the next
         # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
@@ -239,7 +225,7 @@ class Supervisor:
             self.settings,
             self.emit,
             node=self.placement.node if self.placement.clustered else None,
-            environ=self._worker_env,
+            environ=worker_env,
         )
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
@@ -572,7 +558,7 @@ class Supervisor:
         before = self.config
         if self.settings.reload(renewed) is None:
             return
-        self.watch.rearm_all(self.clock())  # every worker judged by the new limits now
+        self.liveness.rejudge_all()  # every worker judged by the new limits now
         if self.surfaces.reload(before) and self._info:  # the console moved
             self._info["console"] = self.surfaces.console_url
             self._publish_info()
@@ -636,7 +622,7 @@ class Supervisor:
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
             slot.worker.signal_worker(signal.SIGTERM)
-            self._stop_in_grace(slot, slot.worker, self.clock())
+            self.liveness.stop_in_grace(slot, slot.worker, self.clock())
 
     def cancel(self, slot: TaskSlot) -> None:
         """Apply an operator's cancel: a worker gets TERM (its group: the running tool
@@ -646,9 +632,15 @@ class Supervisor:
             if worker.kill_reason != KillReason.CANCEL:
                 worker.kill_reason = KillReason.CANCEL
                 worker.signal_group(signal.SIGTERM)
-                self._stop_in_grace(slot, worker, self.clock())
+                self.liveness.stop_in_grace(slot, worker, self.clock())
         elif not slot.starting:  # (one being started is cancelled as it arrives: ``_started``)
             self.move(slot, TaskRecord.cancel)
+
+    def cancel_requested(self, slot: TaskSlot) -> bool:
+        try:
+            return self.store.cancel_requested(slot.task.id)
+        except StorageError:  # a shared store away: seen at its next look
+            return False
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -662,294 +654,7 @@ class Supervisor:
             return
         self.placement.schedule(free, now)
 
-    def _env_for(self, slot: TaskSlot) -> dict[str, str]:
-        """The worker's environment: with the claim it runs under, on a shared store, the
-        operator's retries, and the task's cgroup where cgroups are delegated (made now,
-        with the limits)."""
-        env = self._worker_env
-        if slot.record.retries:
-            env = {**env, RETRIES_ENV: str(slot.record.retries)}
-        if slot.owner is not None:
-            env = {**env, EPOCH_ENV: str(slot.owner.epoch)}
-            if slot.owner.previous is not None:
-                env[TAKEN_OVER_ENV] = json.dumps(slot.owner.previous.to_json())
-        tools = self.config.tools
-        try:
-            return {
-                **env,
-                **self.cgroups.prepare(slot.task.id, tools.max_processes, tools.max_memory),
-            }
-        except OSError as exc:  # the task runs on, bounded only as the daemon is
-            self.emit("cgroup_failed", slot, level="warning", why=f"{exc}")
-            return env
-
-    def start(self, slot: TaskSlot) -> None:
-        """Start a worker for ``slot``: asked of the fork server when it is ready (the
-        answer is handled when it arrives, ``_forked``: the loop goes on meanwhile), else a
-        fresh interpreter at once. A start waits for a server still warming up
-        (``forkserver.WARMUP_WAIT`` at most) when a fresh one would take as long
-        (``_worth_the_wait``), so a worker that dies in the first seconds after the daemon
-        started is replaced warm."""
-        forks = self.forks
-        if forks is not None and forks.ask(
-            slot,
-            journal_end(slot.task),
-            slot.task.path,
-            self.settings.worker_config,
-            self._env_for(slot),
-            slot.task.output,
-            wait=not forks.server.ready and self._worth_the_wait(slot),
-        ):
-            slot.starting = True
-            return
-        self._start_fresh(slot)
-
-    def _worth_the_wait(self, slot: TaskSlot) -> bool:
-        """Whether a start of ``slot`` is better off waiting for the fork server: a restart
-        (a fresh interpreter would compete with the server's import for the CPU), or a
-        task on the Messages API (a fresh interpreter imports the very SDK the server is
-        importing). A scripted task's first start does not wait: it needs no SDK."""
-        if slot.record.restarts > 0:
-            return True
-        try:
-            return not self.store.load_spec(slot.task.id).scripted
-        except (AgentdError, OSError):
-            return False  # started fresh: the worker says what is wrong with the spec
-
-    def _start_fresh(self, slot: TaskSlot) -> None:
-        try:
-            worker = spawn(
-                slot.task,
-                self.settings.worker_config,
-                self._env_for(slot),
-                self.settings.credentials.for_workers(),
-            )
-        except OSError as exc:
-            if exc.errno in RESOURCE_ERRNOS:
-                self._resource_wait(slot, f"cannot start a worker: {exc}")
-                return
-            self.save(slot, TaskStatus.FAILED, reason=f"cannot start a worker: {exc}")
-            return
-        self._started(slot, worker)
-
-    def _resource_wait(self, slot: TaskSlot, why: str) -> None:
-        """The machine refused a worker a process at its start (the fork): a wait."""
-        if self.stopping:
-            self.save(slot, TaskStatus.QUEUED)
-            return
-        waits = slot.resource_waits + 1
-        self._wait(
-            slot, exits.waiting(exits.WaitKind.RESOURCES, waits, why, self.config.restart, self.rng)
-        )
-
-    def _started(self, slot: TaskSlot, worker: WorkerProcess) -> None:
-        self.attach(slot, worker)
-        if self.stopping:  # asked before the stop, answered after it
-            worker.kill_reason = KillReason.STOP
-            worker.signal_worker(signal.SIGTERM)
-        elif self.cancel_requested(slot):  # cancelled while being started
-            self.cancel(slot)
-        # Not fsync'd: a `running` record is a claim that recovery checks against the task
-        # lock (`LocalPlacement._recover`), never trusts; every task start would otherwise
-        # wait on 2 fsyncs.
-        pid_started = process_started(worker.pid)
-        self.save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=pid_started)
-        self.emit("worker_spawned", slot, pid=worker.pid)
-
-    def _forked(self, asked: Asked[TaskSlot], pid: int | None) -> None:
-        """The fork server's answer to a start of ``asked.item``: a worker to watch, or
-        (None: it could not fork one; or the pid is gone already) a fresh start."""
-        slot = asked.item
-        slot.starting = False
-        if pid is None:
-            self._start_fresh(slot)
-            return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # gone and reaped already: it cannot be watched
-            self._start_fresh(slot)
-            return
-        worker = WorkerProcess(
-            slot.task, pid, pidfd, None, journal_at=asked.journal_at, forked=True
-        )
-        self._started(slot, worker)
-
-    def _forks_settled(self, lost: list[Asked[TaskSlot]]) -> None:
-        """The fork queue changed: start fresh what the fork server will not serve, and
-        run the sweep of strays that waited for its answers."""
-        for asked in lost:
-            asked.item.starting = False
-            self._start_fresh(asked.item)
-        self.strays.sweep_if_due()
-        self._wake.set()
-
-    def attach(self, slot: TaskSlot, worker: WorkerProcess) -> None:
-        slot.worker = worker
-        asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, slot)
-        self.watch.arm(slot.task.id, self.clock())
-
-    # -- exits --------------------------------------------------------------------------
-
-    def _on_exit(self, slot: TaskSlot) -> None:
-        worker = slot.worker
-        if worker is None:
-            return
-        asyncio.get_running_loop().remove_reader(worker.pidfd)
-        self.watch.disarm(slot.task.id)
-        code, sig = worker.exit_status()
-        worker.close()
-        worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
-        slot.worker = None
-        self.strays.sweep()  # nor what its tools started outside its group
-        self.cgroups.release(slot.task.id)
-        beat = self._heartbeat(slot) or {}
-        if beat.get("pid") == worker.pid:  # its last beat, written as it ended
-            self.metrics.fold(slot.task.id, beat)
-        slot.record.progressed(beat)  # written with the verdict, durably
-        self.metrics.forget(slot.task.id)
-        turn = int(beat.get("turn", 0))
-        level = "info" if sig is None and code in VERDICT_EXITS else "warning"
-        self.emit(
-            "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
-        )
-        if worker.kill_reason == KillReason.LEASE_LOST:  # the task is another node's now
-            self._wake.set()
-            return
-        self._settle_exit(slot, worker_exit(worker, code, sig, turn))
-        self._wake.set()
-
-    # The daemon's reads of a task on the way to a verdict. On the spool's files they do
-    # not fail; a shared store may be away (invariant 8), and the daemon serves on: each
-    # read gives what it would without the item, and what the verdict writes waits in the
-    # backlog until the database is back.
-
-    def _heartbeat(self, slot: TaskSlot) -> dict[str, Any] | None:
-        try:
-            return read_heartbeat(slot.task)
-        except StorageError:
-            return None
-
-    def _decided(self, slot: TaskSlot) -> bool:
-        try:
-            return pending_decisions(slot.task)
-        except StorageError:
-            return False
-
-    def cancel_requested(self, slot: TaskSlot) -> bool:
-        try:
-            return self.store.cancel_requested(slot.task.id)
-        except StorageError:
-            return False
-
-    def _settle_exit(self, slot: TaskSlot, ended: exits.WorkerExit) -> None:
-        """Carry out ``exits.settle``'s verdict on a worker's exit."""
-        record = slot.record
-        record.last_exit, record.pid = ended.last_exit, None
-        view = exits.TaskView(
-            record.crashes,
-            slot.storage_waits,
-            slot.resource_waits,
-            stopping=self.stopping,
-            shared=self.placement.clustered,
-        )
-        verdict = exits.settle(ended, view, self.config.restart, self.rng)
-        if not isinstance(verdict, exits.Wait):
-            slot.storage_waits = slot.resource_waits = 0
-        match verdict:
-            case exits.Cancelled():
-                self.move(slot, TaskRecord.cancel)  # (a worker ran: it had not ended)
-            case exits.Ended(state=state, reason=reason):
-                self.save(slot, state, reason=reason)
-            case exits.Held(reason=reason):
-                if self._decided(slot):  # decided already: nobody to call
-                    self.save(slot, TaskStatus.QUEUED, reason=None)
-                else:
-                    self.save(slot, TaskStatus.HELD, reason=reason)
-            case exits.Requeued():
-                self.save(slot, TaskStatus.QUEUED, reason=None)
-            case exits.Fenced():
-                self.placement.fenced(slot)
-            case exits.LockWait():
-                slot.waiting_lock = True
-                self.save(slot, TaskStatus.QUEUED)
-            case exits.Wait():
-                self._wait(slot, verdict)
-            case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
-                record.crashes = crashes
-                self.metrics.crash_loops += 1
-                self.emit("crash_loop", slot, level="error", turn=turn, crashes=len(crashes))
-                self.save(slot, TaskStatus.FAILED, reason=reason)
-            case exits.Restart():
-                self._restart(slot, verdict)
-
-    def _wait(self, slot: TaskSlot, wait: exits.Wait) -> None:
-        """A wait, not a crash: a storage fault (exit 7: a full, failing or read-only disk),
-        a machine that refused a worker a process or memory (at its start, or its exit 8:
-        another task's tools may hold them all), or an MCP server that could not list its
-        tools at the task's first start (exit 9: ``mcp_server_failed`` said why). Nothing
-        goes into the crash history and no restart is counted; the task is retried on
-        ``policy.wait_for_storage``'s schedule (or at once, for storage, when the daemon's
-        own writes recover) until the fault clears."""
-        if wait.kind is exits.WaitKind.STORAGE:
-            slot.storage_waits, slot.resource_waits = wait.waits, 0
-        else:
-            slot.storage_waits, slot.resource_waits = 0, wait.waits
-        slot.due = self.clock() + wait.delay
-        self.save(slot, TaskStatus.BACKOFF, reason=wait.reason)
-        if wait.waits == 1 and wait.kind is exits.WaitKind.STORAGE:
-            self.metrics.storage_faults += 1
-            self.emit("storage_fault", slot, level="warning", error=wait.why)
-        elif wait.waits == 1 and wait.kind is exits.WaitKind.RESOURCES:
-            self.emit("resource_wait", slot, level="warning", error=wait.why)
-        self.emit("restart_scheduled", slot, delay=round(wait.delay, 3), why=str(wait.kind))
-        asyncio.get_running_loop().call_later(wait.delay, self._wake.set)
-
-    def _restart(self, slot: TaskSlot, restart: exits.Restart) -> None:
-        """A crash ``policy.decide`` restarts: at once when it followed progress and the
-        place is free, else after its backoff (or in the queue, behind the tasks that
-        waited before it)."""
-        slot.record.crashes = restart.crashes
-        slot.record.restarts += 1
-        self.metrics.restarts += 1
-        slot.due = self.clock() + restart.delay
-        if restart.delay == 0 and self._restart_now(slot):
-            if not self.placement.new_epoch(slot):
-                return  # the task is another node's now
-            # At once, on this very exit: the record is written once, as `running`
-            # (restart count, crash and reason included), not first as `queued` too.
-            slot.record.reason = None
-            self.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=restart.turn)
-            self.start(slot)
-            return
-        # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
-        # operator's pause, behind the tasks that were queued before it
-        queued = restart.delay == 0
-        self.save(slot, TaskStatus.QUEUED if queued else TaskStatus.BACKOFF, reason=None)
-        self.emit(
-            "restart_scheduled",
-            slot,
-            delay=round(restart.delay, 3),
-            queued=queued,
-            turn=restart.turn,
-        )
-        if not queued:
-            asyncio.get_running_loop().call_later(restart.delay, self._wake.set)
-
-    def _restart_now(self, slot: TaskSlot) -> bool:
-        """Whether ``slot`` may take its freed place at once: nothing holds it back and no
-        other task waits for a place (it would have the place first: ``_schedule``)."""
-        if slot.paused or slot.waiting_lock or self.running_count() >= self.config.max_workers:
-            return False
-        return not any(
-            other is not slot
-            and other.worker is None
-            and not other.starting
-            and not other.record.foreground
-            and other.record.state == TaskStatus.QUEUED
-            for other in self.slots.values()
-        )
-
-    # -- liveness -----------------------------------------------------------------------
+    # -- the tick -----------------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
         watchdog = self.notifier.watchdog_interval()
@@ -991,74 +696,6 @@ class Supervisor:
             own.add(self.forkserver.pid)
         return own
 
-    def check_liveness(self, wall: float, mono: float) -> None:
-        """The verdicts due by ``mono`` (the watch's timers give them as they fall due; a
-        daemon stopped with SIGSTOP wakes with them all due at once)."""
-        self.watch.check_due(wall, mono)
-
-    def _check(self, task_id: str, wall: float, mono: float) -> float | None:
-        """The liveness verdict on a task's worker, when its watch says one could be due:
-        hung, killed; stalled, stopped (TERM, then KILL after the grace); alive, looked at
-        again when a verdict could next fall due (``liveness.judge``, on the monotonic
-        clock; ``wall`` only carries a heartbeat of an earlier release over to it). A
-        worker that has ended is settled as an exit before any verdict. Returns when to
-        look again (None: no more verdicts on this worker)."""
-        slot = self.slots.get(task_id)
-        worker = slot.worker if slot is not None else None
-        if slot is None or worker is None:
-            return None
-        if worker.exited():
-            self._on_exit(slot)
-            return None
-        if worker.term_deadline is not None:
-            if mono < worker.term_deadline:
-                return worker.term_deadline
-            self.emit("worker_killed", slot, level="warning", pid=worker.pid)
-            worker.signal_group(signal.SIGKILL)
-            worker.term_deadline = None
-            return None
-        if worker.kill_reason:
-            return None  # being stopped: its exit settles it
-        limits = self.liveness_limits()
-        try:
-            data = self.store.read_heartbeat(task_id)
-        except StorageError:  # a shared store away: no verdict on a beat unread
-            self.placement.away_at = mono
-            return mono + limits.interval
-        fresh = data is not None and data.get("pid") == worker.pid and heartbeat_shaped(data)
-        beat = Beat.of(data, wall, mono) if fresh and data is not None else None
-        verdict = judge(beat, worker.started, mono, limits)
-        if isinstance(verdict, Alive):
-            return verdict.until
-        if isinstance(verdict, Hung) and mono - self.placement.away_at < limits.timeout:
-            # the shared store was at fault within a timeout: its worker could not beat
-            # (a read-only or lost database), which is no hang; its lease bounds it
-            return mono + limits.interval
-        if isinstance(verdict, Hung):
-            worker.kill_reason = KillReason.HUNG
-            self.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
-            worker.signal_group(signal.SIGKILL)
-            return None
-        worker.kill_reason = KillReason.STALLED
-        self.emit("worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase)
-        worker.signal_group(signal.SIGTERM)
-        return self._stop_in_grace(slot, worker, mono)
-
-    def _stop_in_grace(self, slot: TaskSlot, worker: WorkerProcess, now: float) -> float:
-        """A worker sent TERM is killed (its group) if it has not ended ``restart.stop_grace``
-        from ``now``: its watch looks again then."""
-        worker.term_deadline = now + self.config.restart.stop_grace
-        self.watch.arm(slot.task.id, worker.term_deadline)
-        return worker.term_deadline
-
-    def liveness_limits(self) -> Limits:
-        """The limits of the config in force (worked out again only when a reload changed
-        it: every liveness check asks)."""
-        config = self.config
-        if self._limits[0] is not config:
-            self._limits = (config, limits_of(config))
-        return self._limits[1]
-
     # -- metrics ------------------------------------------------------------------------
 
     def _metrics_sample(self) -> Sample:
@@ -1072,7 +709,7 @@ class Supervisor:
             if state == TaskStatus.HELD:
                 held.append((slot.task, slot.record.updated_at))
             if slot.worker is not None:
-                beat = self._heartbeat(slot)
+                beat = self.settler.heartbeat(slot)
                 if beat is not None and beat.get("pid") == slot.worker.pid:
                     self.metrics.fold(slot.task.id, beat)
         return self.metrics.sample(states, held, nodes=self.placement.nodes_alive())

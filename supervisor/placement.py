@@ -257,7 +257,7 @@ class LocalPlacement:
             return
         worker = adopt(slot.task)
         if worker is not None:
-            daemon.attach(slot, worker)
+            daemon.launcher.attach(slot, worker)
             if not final:  # (a cancelled task's worker is adopted only to be stopped)
                 started = process_started(worker.pid)
                 daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
@@ -295,7 +295,7 @@ class LocalPlacement:
                     continue
             elif state != TaskStatus.QUEUED:
                 continue
-            daemon.start(slot)
+            daemon.launcher.start(slot)
             free -= 1
 
     def writer(self, slot: TaskSlot, write: Callable[[], None]) -> Callable[[], None] | None:
@@ -383,7 +383,7 @@ class ClusterPlacement:
                 continue
             slot = daemon.slots[task.id] = TaskSlot(task, record, owner=owner)
             daemon.relay.track(task.id, from_end=True)
-            daemon.attach(slot, worker)
+            daemon.launcher.attach(slot, worker)
             pid_started = process_started(worker.pid)
             daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=pid_started)
             daemon.emit("worker_adopted", slot, pid=worker.pid, epoch=owner.epoch)
@@ -449,7 +449,7 @@ class ClusterPlacement:
             elif daemon.cancel_requested(slot):
                 daemon.cancel(slot)
             else:
-                daemon.start(slot)
+                daemon.launcher.start(slot)
 
     def _store_away(self, exc: StorageError) -> None:
         """A claim or a renewal met a shared store at fault (away, read-only, refusing the

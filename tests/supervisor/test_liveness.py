@@ -3,7 +3,7 @@
 The verdict is a pure function of the beat, the worker's start, now and the limits; the
 wall clock reaches it only through ``Beat.of``, and only for a heartbeat of an earlier
 release (no monotonic stamps). The daemon's side, that an ended worker is an exit and not
-a hang, runs ``Supervisor.check_liveness`` on a real process that has exited.
+a hang, runs the daemon's ``LivenessWatch.check_due`` on a real process that has exited.
 """
 
 from __future__ import annotations
@@ -141,10 +141,10 @@ def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Pat
         slot = supervisor.slots[task.id]
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         worker = WorkerProcess(task, proc.pid, os.pidfd_open(proc.pid), proc)
-        supervisor.attach(slot, worker)
+        supervisor.launcher.attach(slot, worker)
         poll_for(worker.exited, 10, what="the stand-in worker to exit")
         (task.exit).write_text(json.dumps({"pid": proc.pid, "code": 0, "reason": "end_turn"}))
-        supervisor.check_liveness(time.time(), time.monotonic() + 60.0)  # long past due
+        supervisor.liveness.check_due(time.time(), time.monotonic() + 60.0)  # long past due
         assert slot.worker is None
         return [e["event"] for e in read_events(slot.task.events)]
 
