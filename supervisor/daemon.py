@@ -54,24 +54,18 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor import cgroups, inbox
-from supervisor import logging as agentd_logging
+from supervisor.announce import Announcer
 from supervisor.backlog import Recovery, WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.control import (
-    RELEASE_REQUEST,
-    REQUEUE_REQUEST,
-    RETRY_REQUEST,
     SupervisorLock,
-    pause_holder_alive,
-    take_request,
-    taken_request,
 )
 from supervisor.decisions import cancelled_by
 from supervisor.exits import KillReason
@@ -79,16 +73,16 @@ from supervisor.forkserver import ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.launch import Launcher
 from supervisor.logging import dropped_lines
-from supervisor.metrics import Metrics, Sample
+from supervisor.metrics import Metrics
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
-from supervisor.operator import Operator, fields_of
+from supervisor.operator import fields_of
 from supervisor.placement import ClusterPlacement, LocalPlacement, Placement
-from supervisor.record import Move, TaskRecord, arrival
-from supervisor.relay import DAEMON_MARK, CursorFiles, EventRelay
-from supervisor.reload import Settings
+from supervisor.record import Move, arrival
+from supervisor.relay import CursorFiles, EventRelay
+from supervisor.reload import Reloader, Settings
+from supervisor.requests import Requests
 from supervisor.settle import ExitSettler
 from supervisor.slot import TaskSlot
-from supervisor.status import held_calls
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
 from supervisor.surfaces import Surfaces
@@ -97,20 +91,16 @@ from worker import __version__, credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
 from worker.errors import (
-    AgentdError,
-    ConfigError,
     SpoolError,
     StateConflictError,
     StorageError,
 )
-from worker.events import event_line, utc_now
+from worker.events import utc_now
 from worker.protocol import (
-    FINAL_STATES,
     TaskStatus,
 )
-from worker.spool import Spool, TaskDir
-from worker.store.durable import atomic_write_json, private_dir
-from worker.tools.sandbox import Sandbox, mode_for
+from worker.spool import Spool
+from worker.store.durable import private_dir
 
 
 class Supervisor:
@@ -126,8 +116,13 @@ class Supervisor:
       ``TaskRecord.move_to``, its event and hook derived from the old and new state);
     * ``liveness`` (``supervisor.watch``): each worker judged when a verdict on it could
       fall due (``liveness.judge``, pure), the checks due at one instant on one timer;
+    * ``requests`` (``supervisor.requests``): what commands asked of a task (cancel,
+      retry, requeue, release, pause), carried out;
+    * ``announcer`` (``supervisor.announce``): what the daemon says: its events, a task's
+      hooks, SIGUSR1's summary, systemd's status line, ``supervisor.json``, a scrape;
     * ``strays`` (``supervisor.strays``): the sweep of what dead workers' tools left;
-    * ``settings`` (``supervisor.reload``): the config in use and SIGHUP's reload;
+    * ``settings`` and ``reloader`` (``supervisor.reload``): the config in use, and what
+      SIGHUP does;
     * ``forks`` (``supervisor.forkserver``): workers forked warm; ``backlog``
       (``supervisor.backlog``): writes a storage fault refused; ``relay``
       (``supervisor.relay``): other processes' events into this log; ``hooks``;
@@ -150,6 +145,7 @@ class Supervisor:
     ) -> None:
         self.spool = spool
         self.store = store_for(spool.root)  # every byte of a task goes through it
+        self.announcer = Announcer(self)  # its events and hooks
         # where the tasks come from, and whose record is whose to write: this spool's
         # folders, or a shared store's queue (``supervisor.placement``)
         store = shared()
@@ -167,7 +163,6 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._lock = SupervisorLock(spool)
-        self._last_status = ""
         # Workers get no secret in their environment, only through a pipe (worker.credentials)
         worker_env = {
             **credentials.without_credentials(
@@ -178,7 +173,8 @@ class Supervisor:
         }
         self.launcher = Launcher(self, worker_env)  # how a task gets its worker
         self.settler = ExitSettler(self)  # what a worker's exit means for its task
-        self._info: dict[str, Any] = {}  # supervisor.json (``_publish_info``), once ready
+        self.reloader = Reloader(self)  # what SIGHUP does
+        self.requests = Requests(self)  # what commands asked of a task
         self.forkserver = (
             ForkServer(
                 spool.root / "forkserver.log",
@@ -212,13 +208,10 @@ class Supervisor:
         self.metrics = Metrics(lambda: self.config.price_table)
         # the other processes' task events, into this log (and the counters they feed)
         self.relay = EventRelay(
-            self.log, self.store, self._relayed, kept=CursorFiles(spool.relay_dir)
+            self.log, self.store, self.announcer.relayed, kept=CursorFiles(spool.relay_dir)
         )
         hook_env = {k: v for k, v in worker_env.items() if k != "PYTHONUNBUFFERED"}
-        self.hooks = HookRunner(hook_env, self._hook_failed)
-        # the last operator's action on each task since its last hook: what the next
-        # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
-        self._acted: dict[str, dict[str, str]] = {}
+        self.hooks = HookRunner(hook_env, self.announcer.hook_failed)
         # /metrics, the console and traces (``supervisor.surfaces``)
         self.surfaces = Surfaces(
             spool,
@@ -229,93 +222,13 @@ class Supervisor:
         )
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
 
-    def _probe_sandbox(self) -> str:
-        """How run_command will run (``Sandbox.verdict``), probed once at start: under
-        ``required`` (and ``auto`` with a store) a sandbox that cannot run stops the start
-        (ConfigError: exit 78); under ``auto`` it is said loudly (``sandbox_unavailable``,
-        the gauge, ``supervisor.sandbox`` in status), never in silence."""
-        tools = self.config.tools
-        mode = mode_for(tools.sandbox, store=self.placement.clustered)
-        verdict = Sandbox(mode, tools.network).verdict()
-        if verdict.startswith("refused: "):
-            why = "a store is configured, so" if mode is not tools.sandbox else "the config says"
-            raise ConfigError(
-                f"tools.sandbox: {why} run_command needs its sandbox, but {verdict[9:]}; "
-                "install bubblewrap and let it create namespaces (under systemd: the "
-                "unit `agentd unit` prints), then start again."
-            )
-        if verdict.startswith("bare: "):
-            self.emit("sandbox_unavailable", level="warning", why=verdict[6:], sandbox=verdict)
-        self.metrics.sandbox_available = verdict == "bwrap"
-        return verdict
-
-    # -- events -------------------------------------------------------------------------
+    # -- events and the transition -------------------------------------------------------
 
     def emit(
         self, event: str, slot: TaskSlot | None = None, level: str = "info", **kw: Any
     ) -> None:
-        """Log ``event``; a task's also goes to its events file, marked as the daemon's
-        (``relay.DAEMON_MARK``), after what other processes wrote there before it."""
-        if slot is None:
-            getattr(self.log, level)(event, **kw)
-            return
-        task_id = slot.task.id
-        self.relay.pull(task_id)
-        kw = {"task": task_id, **kw}
-        mark, value = DAEMON_MARK
-        line = event_line(event, level, **kw, **{mark: value})
-        written = False
-        with contextlib.suppress(OSError):  # not a file of ours (a folder): dropped
-            written = self.backlog.append(lambda: self.store.append_event(task_id, line))
-        self._acted_on(task_id, event, kw)
-
-        def log() -> None:
-            getattr(self.log, level)(event, **kw)
-
-        if written:  # logged where the file has it, after what another process wrote first
-            self.relay.pull(task_id, own=(line, log))
-        else:
-            log()
-
-    def _acted_on(self, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
-        """Keep the operator an event names (``by``, ``via``) for the task's next hook."""
-        if (who := Operator.of(fields)) is not None:
-            self._acted[task_id] = {**who.fields(), "acted": event}
-
-    def _hook(self, slot: TaskSlot) -> None:
-        """Run the hook of the state ``slot`` has just reached, if one is set
-        (``supervisor.hooks``): started now, never waited for."""
-        key, event = HOOK_STATES[slot.record.state]
-        command = getattr(self.config.hooks, key)
-        if not command:
-            return
-        payload: dict[str, Any] = {
-            "event": event,
-            "task": slot.task.id,
-            "reason": slot.record.reason,
-            "node": self.placement.node,
-            "timestamp": utc_now(),
-            **self._acted.pop(slot.task.id, {}),  # the operator's action that led here
-        }
-        if slot.record.state == TaskStatus.HELD:
-            try:
-                payload["dangling"] = held_calls(slot.task)
-            except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
-                payload["dangling"] = []
-                self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
-        self.hooks.run(key, command, payload)
-
-    def _relayed(self, task_id: str, event: Mapping[str, Any]) -> None:
-        """Another process's event reached the daemon's log: count what a metric counts,
-        and keep the operator it names for the task's next hook."""
-        name = str(event.get("event"))
-        if name == "compaction":
-            self.metrics.compactions += 1
-        self._acted_on(task_id, name, event)
-
-    def _hook_failed(self, task_id: str, hook: str, why: str) -> None:
-        slot = self.slots.get(task_id)
-        self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
+        """Log ``event``; a task's also goes to its events file (``Announcer.emit``)."""
+        self.announcer.emit(event, slot, level, **kw)
 
     def save(
         self,
@@ -361,7 +274,7 @@ class Supervisor:
                 fields = dict(fields_of(cancelled_by(slot.task)))
             self.emit(event, slot, level=level, **fields)
         if record.state != before and record.state in HOOK_STATES:
-            self._hook(slot)
+            self.announcer.hook(slot)
 
     def move(self, slot: TaskSlot, move: Move) -> bool:
         """Make an operator's move (``TaskRecord.cancel``, say) on ``slot``'s record and
@@ -413,14 +326,14 @@ class Supervisor:
         private_dir(self.spool.root / "inbox")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
-        loop.add_signal_handler(signal.SIGUSR1, self.log_status)
-        loop.add_signal_handler(signal.SIGUSR2, self._ignored, signal.SIGUSR2)
+        loop.add_signal_handler(signal.SIGHUP, self.reloader.reload)
+        loop.add_signal_handler(signal.SIGUSR1, self.announcer.summary)
+        loop.add_signal_handler(signal.SIGUSR2, self.announcer.ignored, signal.SIGUSR2)
         self.settings.accept_file(at_start=True)
         # before anything starts (a node joins, a worker runs): a listener that cannot
         # bind stops the start, in one line (and before READY: a ready daemon answers)
-        self.surfaces.start(self._metrics_sample, self.relay)
-        sandbox = self._probe_sandbox()
+        self.surfaces.start(self.announcer.sample, self.relay)
+        sandbox = self.launcher.probe_sandbox()
 
         def wake() -> None:  # (on any thread: a shared store's listener)
             loop.call_soon_threadsafe(self._doorbell)
@@ -440,7 +353,7 @@ class Supervisor:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.placement.adopt()
         self.rescan()
-        self._info = {
+        self.announcer.info = {
             "pid": os.getpid(),
             "started_at": started,
             "version": __version__,
@@ -451,7 +364,7 @@ class Supervisor:
             "cgroups": self.cgroups.verdict,
             "console": self.surfaces.console_url,
         }
-        self._publish_info()
+        self.announcer.publish_info()
         self.notifier.ready()
         self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
@@ -459,7 +372,7 @@ class Supervisor:
             rescanned = self.clock()
             while not self.stopping:
                 self._schedule()
-                self._publish_status()
+                self.announcer.publish_status()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.placement.poll)
                 due = self.placement.rescan_due(self.clock() - rescanned)
@@ -514,76 +427,6 @@ class Supervisor:
     def config(self) -> Config:
         return self.settings.config
 
-    def _publish_info(self) -> None:
-        """``supervisor.json``: who the daemon is, and whether it holds an API key (what
-        ``submit`` warns about: never the key itself)."""
-        if not self._info:  # not ready yet: ``run`` publishes it
-            return
-        held = self.settings.credentials
-        has_key = held.get(credentials.API_KEY) or held.get(credentials.AUTH_TOKEN)
-        info = {**self._info, "api_key": bool(has_key)}
-        if not has_key:
-            info["api_key_hint"] = credentials.how_to_change(credentials.API_KEY, os.environ)
-        self.backlog.replace(
-            "supervisor.json", lambda: atomic_write_json(self.spool.root / "supervisor.json", info)
-        )
-
-    def reload(self) -> None:
-        """SIGHUP: reopen the log file (for logrotate), read the secrets kept in files and
-        the config file again (``supervisor.reload``). A good config is applied: at once
-        (max_workers, heartbeat.timeout, deadlines, restart, hooks, console: judged at the
-        next verdict), by workers started from now on (heartbeat.interval, model, tools,
-        mcp), or at the next start (anything else, the spool first). A lower max_workers
-        stops no running worker; it starts no more until the count is under it. Secrets
-        that changed go to the workers started from now on (the fork server is started
-        again with them) and, the store's, to its next login."""
-        try:
-            reopened = agentd_logging.reopen_log_file()
-        except OSError as exc:
-            self.emit("log_reopen_failed", level="warning", error=str(exc))
-        else:
-            if reopened is not None:
-                self.emit("log_reopened", path=str(reopened))
-        renewed = self.settings.reread_credentials()
-        if renewed:
-            held = self.settings.credentials
-            if credentials.STORE in renewed:
-                try:  # a password that stopped working is a wait, until this new one
-                    self.placement.relogin(held.values[credentials.STORE])
-                except ConfigError as exc:
-                    self.emit("config_reload_failed", level="warning", reason=str(exc))
-            if self.forks is not None:
-                self.forks.renew(held.for_workers())
-            self._publish_info()
-        before = self.config
-        if self.settings.reload(renewed) is None:
-            return
-        self.liveness.rejudge_all()  # every worker judged by the new limits now
-        if self.surfaces.reload(before) and self._info:  # the console moved
-            self._info["console"] = self.surfaces.console_url
-            self._publish_info()
-        self._wake.set()
-
-    def log_status(self) -> None:
-        """SIGUSR1: one line that says what the daemon is doing, in its own log."""
-        counts: dict[str, int] = {}
-        for slot in self.slots.values():
-            counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
-        server = self.forkserver
-        self.emit(
-            "supervisor_status",
-            pid=os.getpid(),
-            tasks={state: counts[state] for state in TaskStatus if counts.get(state)},
-            workers=self.running_count(),
-            max_workers=self.config.max_workers,
-            forkserver="off" if server is None else "ready" if server.ready else "starting",
-            config=str(self.settings.file) if self.settings.file else None,
-            stopping=self.stopping,
-        )
-
-    def _ignored(self, sig: int) -> None:
-        self.emit("signal_ignored", signal=signal.Signals(sig).name, pid=os.getpid())
-
     def running_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.worker is not None or s.starting)
 
@@ -603,44 +446,6 @@ class Supervisor:
     def wake(self) -> None:
         """Have the loop come round now (to schedule what changed)."""
         self._wake.set()
-
-    def apply_requests(self, slot: TaskSlot) -> None:
-        if (
-            (slot.record.state not in FINAL_STATES or slot.worker is not None)
-            and self.store.cancel_requested(slot.task.id)
-            and not (slot.record.foreground and self.store.owned(slot.task.id))
-        ):  # (a foreground task's running `agentd run` applies its cancel itself)
-            self.cancel(slot)
-        asked = taken_request(slot.task, RETRY_REQUEST)
-        if asked is not None and self.move(slot, TaskRecord.retry):
-            self.emit("task_retried", slot, **fields_of(Operator.of(asked)))
-        if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
-            self.move(slot, TaskRecord.requeue)
-        if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
-            self.move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
-        slot.paused = pause_holder_alive(slot.task)
-        if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
-            slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
-            slot.worker.signal_worker(signal.SIGTERM)
-            self.liveness.stop_in_grace(slot, slot.worker, self.clock())
-
-    def cancel(self, slot: TaskSlot) -> None:
-        """Apply an operator's cancel: a worker gets TERM (its group: the running tool
-        too), then KILL after the grace; a task without one is cancelled at once."""
-        worker = slot.worker
-        if worker is not None:
-            if worker.kill_reason != KillReason.CANCEL:
-                worker.kill_reason = KillReason.CANCEL
-                worker.signal_group(signal.SIGTERM)
-                self.liveness.stop_in_grace(slot, worker, self.clock())
-        elif not slot.starting:  # (one being started is cancelled as it arrives: ``_started``)
-            self.move(slot, TaskRecord.cancel)
-
-    def cancel_requested(self, slot: TaskSlot) -> bool:
-        try:
-            return self.store.cancel_requested(slot.task.id)
-        except StorageError:  # a shared store away: seen at its next look
-            return False
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -695,34 +500,3 @@ class Supervisor:
         if self.forkserver is not None and self.forkserver.pid is not None:
             own.add(self.forkserver.pid)
         return own
-
-    # -- metrics ------------------------------------------------------------------------
-
-    def _metrics_sample(self) -> Sample:
-        """A scrape's values (on the loop): the running workers' beats folded first, so the
-        histograms are as fresh as their last beat."""
-        states: dict[str, int] = {}
-        held: list[tuple[TaskDir, str]] = []
-        for slot in self.slots.values():
-            state = slot.record.state
-            states[state] = states.get(state, 0) + 1
-            if state == TaskStatus.HELD:
-                held.append((slot.task, slot.record.updated_at))
-            if slot.worker is not None:
-                beat = self.settler.heartbeat(slot)
-                if beat is not None and beat.get("pid") == slot.worker.pid:
-                    self.metrics.fold(slot.task.id, beat)
-        return self.metrics.sample(states, held, nodes=self.placement.nodes_alive())
-
-    # -- status -------------------------------------------------------------------------
-
-    def _publish_status(self) -> None:
-        if not self.notifier.enabled:  # no systemd to tell: spare counting every task
-            return
-        counts: dict[str, int] = {}
-        for slot in self.slots.values():
-            counts[slot.record.state] = counts.get(slot.record.state, 0) + 1
-        text = ", ".join(f"{counts[s]} {s}" for s in TaskStatus if counts.get(s)) or "no tasks"
-        if text != self._last_status:
-            self._last_status = text
-            self.notifier.status(text)

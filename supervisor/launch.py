@@ -23,8 +23,9 @@ from supervisor import exits
 from supervisor.exits import KillReason
 from supervisor.forkserver import Asked
 from supervisor.workers import WorkerProcess, journal_end, process_started, spawn
-from worker.errors import AgentdError
+from worker.errors import AgentdError, ConfigError
 from worker.protocol import EPOCH_ENV, RETRIES_ENV, TAKEN_OVER_ENV, TaskStatus
+from worker.tools.sandbox import Sandbox, mode_for
 
 if TYPE_CHECKING:
     from supervisor.daemon import Supervisor
@@ -41,6 +42,27 @@ class Launcher:
     def __init__(self, daemon: Supervisor, worker_env: dict[str, str]) -> None:
         self.daemon = daemon
         self.worker_env = worker_env  # every worker's: the node's, on a shared store
+
+    def probe_sandbox(self) -> str:
+        """How run_command will run (``Sandbox.verdict``), probed once at start: under
+        ``required`` (and ``auto`` with a store) a sandbox that cannot run stops the start
+        (ConfigError: exit 78); under ``auto`` it is said loudly (``sandbox_unavailable``,
+        the gauge, ``supervisor.sandbox`` in status), never in silence."""
+        tools = self.daemon.config.tools
+        mode = mode_for(tools.sandbox, store=self.daemon.placement.clustered)
+        verdict = Sandbox(mode, tools.network).verdict()
+        if verdict.startswith("refused: "):
+            why = "a store is configured, so" if mode is not tools.sandbox else "the config says"
+            raise ConfigError(
+                f"tools.sandbox: {why} run_command needs its sandbox, but {verdict[9:]}; "
+                "install bubblewrap and let it create namespaces (under systemd: the "
+                "unit `agentd unit` prints), then start again."
+            )
+        if verdict.startswith("bare: "):
+            why = verdict[6:]
+            self.daemon.emit("sandbox_unavailable", level="warning", why=why, sandbox=verdict)
+        self.daemon.metrics.sandbox_available = verdict == "bwrap"
+        return verdict
 
     def start(self, slot: TaskSlot) -> None:
         """Start a worker for ``slot`` (module docstring)."""
@@ -127,8 +149,8 @@ class Launcher:
         if daemon.stopping:  # asked before the stop, answered after it
             worker.kill_reason = KillReason.STOP
             worker.signal_worker(signal.SIGTERM)
-        elif daemon.cancel_requested(slot):  # cancelled while being started
-            daemon.cancel(slot)
+        elif daemon.requests.cancel_requested(slot):  # cancelled while being started
+            daemon.requests.cancel(slot)
         # Not fsync'd: a `running` record is a claim that recovery checks against the task
         # lock (`LocalPlacement._recover`), never trusts; every task start would otherwise
         # wait on 2 fsyncs.

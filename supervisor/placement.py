@@ -226,7 +226,7 @@ class LocalPlacement:
         elif slot.record.foreground and slot.worker is None:
             slot.record = TaskRecord.load(task)  # `agentd run` writes it, not this daemon
         daemon.relay.pull(task.id)
-        daemon.apply_requests(slot)
+        daemon.requests.apply(slot)
         if slot.record.foreground:
             pass  # its `agentd run` carries out its decisions
         elif slot.record.state == TaskStatus.HELD and pending_decisions(task):
@@ -396,7 +396,7 @@ class ClusterPlacement:
         for mine in list(daemon.slots.values()):
             daemon.relay.pull(mine.task.id)
             with contextlib.suppress(StorageError):  # the database is away: next time
-                daemon.apply_requests(mine)
+                daemon.requests.apply(mine)
 
     def rescan_due(self, elapsed: float) -> bool:
         # (the loop comes round every CLAIM_POLL to claim: a dead node's lease ends
@@ -446,8 +446,8 @@ class ClusterPlacement:
                 self._unseen[task.id] = now + UNSEEN_PATIENCE
                 daemon.emit("workspace_unseen", slot, level="warning", why=unseen)
                 daemon.save(slot, TaskStatus.QUEUED, reason=unseen)
-            elif daemon.cancel_requested(slot):
-                daemon.cancel(slot)
+            elif daemon.requests.cancel_requested(slot):
+                daemon.requests.cancel(slot)
             else:
                 daemon.launcher.start(slot)
 

@@ -112,7 +112,7 @@ def test_a_finished_task_at_rest_is_skipped_until_a_request_lands_in_its_folder(
     daemon = Supervisor(spool, Config(), preload=False)
     daemon.rescan()
     looked: list[str] = []
-    monkeypatch.setattr(daemon, "apply_requests", lambda slot: looked.append(slot.task.id))
+    monkeypatch.setattr(daemon.requests, "apply", lambda slot: looked.append(slot.task.id))
     daemon.rescan()
     assert looked == []  # at rest, nothing changed: skipped
     time.sleep(TICK)
@@ -147,7 +147,7 @@ def test_a_running_worker_s_task_is_looked_at_by_one_rescan_in_the_stride_and_at
         slot = daemon.slots["r1"]
         slot.worker = WorkerProcess(slot.task, sleeper.pid, os.pidfd_open(sleeper.pid), sleeper)
         looked: list[str] = []
-        monkeypatch.setattr(daemon, "apply_requests", lambda slot: looked.append(slot.task.id))
+        monkeypatch.setattr(daemon.requests, "apply", lambda slot: looked.append(slot.task.id))
         for _ in range(3 * WORKER_RESCAN_STRIDE):
             daemon.rescan()
         assert looked == ["r1"] * 3  # the net: one rescan in the stride (a lost doorbell)
