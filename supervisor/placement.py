@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 #: Seconds between two scans of the whole spool when nothing rang the doorbell (inotify
 #: reports each change at once; the scan makes sure a missed one never strands a task).
 RESCAN_INTERVAL = 5.0
+#: A task whose worker runs is looked at by one rescan in this many: its worker's events
+#: and every command on it ring its doorbell, so the scan is only the net for a lost one
+#: (a minute, spread over the rescans; a spool of idle workers is not read every 5 s).
+WORKER_RESCAN_STRIDE = 12
 #: On a shared store: seconds between two claims of a node that is not woken (NOTIFY
 #: wakes it at once; polling is the truth), and how long a task whose workspace this node
 #: cannot see is left to the other nodes before it is tried here again.
@@ -144,6 +148,7 @@ class LocalPlacement:
         self._unreadable: set[str] = set()  # task folders it was refused (warned once each)
         # tasks at rest when last scanned, and their mark then (``TaskStore.rest_mark``)
         self._resting: dict[str, tuple[int, ...]] = {}
+        self._rescans = 0
 
     @property
     def node(self) -> str:
@@ -163,6 +168,7 @@ class LocalPlacement:
         pass
 
     def rescan(self) -> None:
+        self._rescans += 1
         for task_id in self.daemon.store.task_ids():
             self._look_at(task_id, rung=False)
         self._scanned = True
@@ -204,6 +210,8 @@ class LocalPlacement:
         change whose doorbell was lost is still found by the next rescan."""
         daemon = self.daemon
         slot = daemon.slots.get(task_id)
+        if not rung and slot is not None and not self._net_turn(slot):
+            return
         task = slot.task if slot is not None else daemon.spool.task(task_id)
         mark = daemon.store.rest_mark(task_id) if slot is None or at_rest(slot) else None
         if mark is not None and not rung and self._resting.get(task_id) == mark:
@@ -218,13 +226,21 @@ class LocalPlacement:
         elif slot.record.foreground and slot.worker is None:
             slot.record = TaskRecord.load(task)  # `agentd run` writes it, not this daemon
         daemon.relay.pull(task.id)
-        daemon.apply_requests(slot)
+        daemon.requests.apply(slot)
         if slot.record.foreground:
             pass  # its `agentd run` carries out its decisions
         elif slot.record.state == TaskStatus.HELD and pending_decisions(task):
             daemon.move(slot, TaskRecord.release_hold)
         if mark is not None and at_rest(slot):
             self._resting[task_id] = mark
+
+    def _net_turn(self, slot: TaskSlot) -> bool:
+        """Whether a rescan looks at ``slot`` now: always, but at a running worker's task
+        only at its turn, one rescan in ``WORKER_RESCAN_STRIDE`` (its doorbell rings)."""
+        worker = slot.worker
+        if worker is None or slot.paused or worker.kill_reason is not None:
+            return True
+        return (self._rescans + worker.pid) % WORKER_RESCAN_STRIDE == 0
 
     def _recover(self, slot: TaskSlot) -> None:
         """A task seen for the first time by this daemon: adopt the worker that holds its
@@ -241,7 +257,7 @@ class LocalPlacement:
             return
         worker = adopt(slot.task)
         if worker is not None:
-            daemon.attach(slot, worker)
+            daemon.launcher.attach(slot, worker)
             if not final:  # (a cancelled task's worker is adopted only to be stopped)
                 started = process_started(worker.pid)
                 daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
@@ -279,7 +295,7 @@ class LocalPlacement:
                     continue
             elif state != TaskStatus.QUEUED:
                 continue
-            daemon.start(slot)
+            daemon.launcher.start(slot)
             free -= 1
 
     def writer(self, slot: TaskSlot, write: Callable[[], None]) -> Callable[[], None] | None:
@@ -367,7 +383,7 @@ class ClusterPlacement:
                 continue
             slot = daemon.slots[task.id] = TaskSlot(task, record, owner=owner)
             daemon.relay.track(task.id, from_end=True)
-            daemon.attach(slot, worker)
+            daemon.launcher.attach(slot, worker)
             pid_started = process_started(worker.pid)
             daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=pid_started)
             daemon.emit("worker_adopted", slot, pid=worker.pid, epoch=owner.epoch)
@@ -380,7 +396,7 @@ class ClusterPlacement:
         for mine in list(daemon.slots.values()):
             daemon.relay.pull(mine.task.id)
             with contextlib.suppress(StorageError):  # the database is away: next time
-                daemon.apply_requests(mine)
+                daemon.requests.apply(mine)
 
     def rescan_due(self, elapsed: float) -> bool:
         # (the loop comes round every CLAIM_POLL to claim: a dead node's lease ends
@@ -430,10 +446,10 @@ class ClusterPlacement:
                 self._unseen[task.id] = now + UNSEEN_PATIENCE
                 daemon.emit("workspace_unseen", slot, level="warning", why=unseen)
                 daemon.save(slot, TaskStatus.QUEUED, reason=unseen)
-            elif daemon.cancel_requested(slot):
-                daemon.cancel(slot)
+            elif daemon.requests.cancel_requested(slot):
+                daemon.requests.cancel(slot)
             else:
-                daemon.start(slot)
+                daemon.launcher.start(slot)
 
     def _store_away(self, exc: StorageError) -> None:
         """A claim or a renewal met a shared store at fault (away, read-only, refusing the

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from supervisor import logging as agentd_logging
 from worker import credentials
 from worker.config import Config, config_changes, read_config
 from worker.errors import ConfigError, StorageError
 from worker.store.durable import atomic_write
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Supervisor
 
 #: In the spool: a copy of the config file as the daemon last accepted it, which workers
 #: read. An edit of the operator's file reaches them only through a reload that accepts it.
@@ -126,3 +130,47 @@ class Settings:
             renewed=done.renewed,  # the secrets read again from their files that changed
         )
         return done
+
+
+class Reloader:
+    """The daemon's role that carries out SIGHUP (``reload``)."""
+
+    def __init__(self, daemon: Supervisor) -> None:
+        self.daemon = daemon
+
+    def reload(self) -> None:
+        """SIGHUP: reopen the log file (for logrotate), read the secrets kept in files and
+        the config file again (``supervisor.reload``). A good config is applied: at once
+        (max_workers, heartbeat.timeout, deadlines, restart, hooks, console: judged at the
+        next verdict), by workers started from now on (heartbeat.interval, model, tools,
+        mcp), or at the next start (anything else, the spool first). A lower max_workers
+        stops no running worker; it starts no more until the count is under it. Secrets
+        that changed go to the workers started from now on (the fork server is started
+        again with them) and, the store's, to its next login."""
+        daemon = self.daemon
+        try:
+            reopened = agentd_logging.reopen_log_file()
+        except OSError as exc:
+            daemon.emit("log_reopen_failed", level="warning", error=str(exc))
+        else:
+            if reopened is not None:
+                daemon.emit("log_reopened", path=str(reopened))
+        renewed = daemon.settings.reread_credentials()
+        if renewed:
+            held = daemon.settings.credentials
+            if credentials.STORE in renewed:
+                try:  # a password that stopped working is a wait, until this new one
+                    daemon.placement.relogin(held.values[credentials.STORE])
+                except ConfigError as exc:
+                    daemon.emit("config_reload_failed", level="warning", reason=str(exc))
+            if daemon.forks is not None:
+                daemon.forks.renew(held.for_workers())
+            daemon.announcer.publish_info()
+        before = daemon.config
+        if daemon.settings.reload(renewed) is None:
+            return
+        daemon.liveness.rejudge_all()  # every worker judged by the new limits now
+        if daemon.surfaces.reload(before) and daemon.announcer.info:  # the console moved
+            daemon.announcer.info["console"] = daemon.surfaces.console_url
+            daemon.announcer.publish_info()
+        daemon.wake()

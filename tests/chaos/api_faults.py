@@ -367,7 +367,7 @@ CHECKS = (
 )
 
 
-#: The daemon's own verdicts that end a worker (``Supervisor.check_liveness``): SIGKILL for a
+#: The daemon's own verdicts that end a worker (``supervisor.watch.LivenessWatch``): SIGKILL for a
 #: heartbeat too old, SIGTERM (then SIGKILL after the grace) for a call past its deadline.
 DAEMON_STOPS = ("worker_hung", "worker_stalled")
 

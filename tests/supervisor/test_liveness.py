@@ -3,7 +3,7 @@
 The verdict is a pure function of the beat, the worker's start, now and the limits; the
 wall clock reaches it only through ``Beat.of``, and only for a heartbeat of an earlier
 release (no monotonic stamps). The daemon's side, that an ended worker is an exit and not
-a hang, runs ``Supervisor.check_liveness`` on a real process that has exited.
+a hang, runs the daemon's ``LivenessWatch.check_due`` on a real process that has exited.
 """
 
 from __future__ import annotations
@@ -141,10 +141,10 @@ def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Pat
         slot = supervisor.slots[task.id]
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         worker = WorkerProcess(task, proc.pid, os.pidfd_open(proc.pid), proc)
-        supervisor.attach(slot, worker)
+        supervisor.launcher.attach(slot, worker)
         poll_for(worker.exited, 10, what="the stand-in worker to exit")
         (task.exit).write_text(json.dumps({"pid": proc.pid, "code": 0, "reason": "end_turn"}))
-        supervisor.check_liveness(time.time(), time.monotonic() + 60.0)  # long past due
+        supervisor.liveness.check_due(time.time(), time.monotonic() + 60.0)  # long past due
         assert slot.worker is None
         return [e["event"] for e in read_events(slot.task.events)]
 
@@ -153,7 +153,7 @@ def test_a_worker_that_ended_is_settled_as_an_exit_not_judged_hung(tmp_path: Pat
     assert events[-2:] == ["worker_exited", "task_done"]
 
 
-# -- the watch: one timer per worker ------------------------------------------------------
+# -- the watch: one timer per instant a verdict could be due ------------------------------
 
 
 def test_the_watch_checks_each_worker_when_its_verdict_could_be_due_and_not_before() -> None:
@@ -167,7 +167,7 @@ def test_the_watch_checks_each_worker_when_its_verdict_could_be_due_and_not_befo
             step = again[key].pop(0)
             return None if step is None else mono + step
 
-        watch: Watch[str] = Watch(check)
+        watch: Watch[str] = Watch(check, grid=0.01)
         start = loop.time()
         watch.arm("a", start + 0.05)
         watch.arm("b", start + 0.1)
@@ -189,7 +189,7 @@ def test_the_watch_gives_every_verdict_due_at_once_to_a_loop_that_woke_late() ->
             seen.append(key)
             return None
 
-        watch: Watch[str] = Watch(check)
+        watch: Watch[str] = Watch(check, grid=0.01)
         now = asyncio.get_running_loop().time()
         watch.arm("soon", now + 10.0)
         watch.arm("late", now + 100.0)
@@ -202,3 +202,31 @@ def test_the_watch_gives_every_verdict_due_at_once_to_a_loop_that_woke_late() ->
     due, seen = asyncio.run(scenario())
     assert due == ["soon"]
     assert sorted(seen[1:]) == ["late"]  # "soon" asked for no next look: watched no more
+
+
+def test_workers_due_within_one_grid_step_share_its_one_timer_and_none_is_early() -> None:
+    async def scenario() -> tuple[int, int, list[tuple[str, float, float]]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, float, float]] = []
+        due: dict[str, float] = {}
+
+        def check(key: str, wall: float, mono: float) -> float | None:
+            seen.append((key, due[key], mono))
+            return None
+
+        watch: Watch[str] = Watch(check, grid=0.1)
+        start = loop.time()
+        for k in range(50):  # fifty workers due over 0.1 s: at most two grid instants
+            due[f"w{k}"] = start + 0.1 + k * 0.002
+            watch.arm(f"w{k}", due[f"w{k}"])
+        shared = watch.timers
+        watch.disarm("w0")
+        watch.disarm("w49")
+        await asyncio.sleep(0.5)
+        return shared, watch.timers, seen
+
+    shared, left, seen = asyncio.run(scenario())
+    assert shared <= 2 and left == 0
+    assert sorted(key for key, _, _ in seen) == sorted(f"w{k}" for k in range(1, 49))
+    assert all(mono >= at for _, at, mono in seen)  # rounded up, never early
+    assert len({mono for _, _, mono in seen}) <= 2  # one wake-up per timer, all due at it

@@ -307,8 +307,8 @@ def test_a_compaction_the_server_made_counts_as_one_the_worker_made(tmp_path: Pa
 
     daemon = Supervisor(Spool(tmp_path / "spool"), Config(), preload=False)
     for strategy in ("server", "client", "server"):
-        daemon._relayed("t", {"event": "compaction", "strategy": strategy, "task": "t"})
-    daemon._relayed("t", {"event": "turn_recorded", "task": "t"})
+        daemon.announcer.relayed("t", {"event": "compaction", "strategy": strategy, "task": "t"})
+    daemon.announcer.relayed("t", {"event": "turn_recorded", "task": "t"})
     exposition = exposition_of(daemon.metrics.sample({}, []))
     counted = {
         s.name: s.value

@@ -1,10 +1,13 @@
 """The daemon's placement on one machine (``supervisor.placement.LocalPlacement``): a task
 at rest (held, finished) is read again when its doorbell rings or its files changed, not
 at every rescan, and a decision or a request whose doorbell was lost is still found by
-the next rescan."""
+the next rescan; a running worker's task, whose doorbell rings for it, is looked at by one
+rescan in a stride."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,8 +16,10 @@ import pytest
 from supervisor.control import RETRY_REQUEST, request
 from supervisor.daemon import Supervisor
 from supervisor.decisions import decide, pending_decisions
+from supervisor.placement import WORKER_RESCAN_STRIDE
 from supervisor.record import TaskRecord
 from supervisor.stores import store_of
+from supervisor.workers import WorkerProcess
 from tests.support import scripted_task, text
 from worker.config import Config
 from worker.protocol import TaskStatus
@@ -107,7 +112,7 @@ def test_a_finished_task_at_rest_is_skipped_until_a_request_lands_in_its_folder(
     daemon = Supervisor(spool, Config(), preload=False)
     daemon.rescan()
     looked: list[str] = []
-    monkeypatch.setattr(daemon, "apply_requests", lambda slot: looked.append(slot.task.id))
+    monkeypatch.setattr(daemon.requests, "apply", lambda slot: looked.append(slot.task.id))
     daemon.rescan()
     assert looked == []  # at rest, nothing changed: skipped
     time.sleep(TICK)
@@ -128,3 +133,29 @@ def test_a_mark_is_not_trusted_while_a_change_could_hide_in_the_clock_tick(
     settled = store.rest_mark(task.id, now_ns=changed + files.RACY_NS + 1)
     assert settled is not None
     assert settled[9:] == (journal.st_ino, journal.st_size, journal.st_ctime_ns)
+
+
+def test_a_running_worker_s_task_is_looked_at_by_one_rescan_in_the_stride_and_at_each_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    scripted_task(spool, [{"content": [text("hi")]}], name="r1")
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        slot = daemon.slots["r1"]
+        slot.worker = WorkerProcess(slot.task, sleeper.pid, os.pidfd_open(sleeper.pid), sleeper)
+        looked: list[str] = []
+        monkeypatch.setattr(daemon.requests, "apply", lambda slot: looked.append(slot.task.id))
+        for _ in range(3 * WORKER_RESCAN_STRIDE):
+            daemon.rescan()
+        assert looked == ["r1"] * 3  # the net: one rescan in the stride (a lost doorbell)
+        daemon.placement.ring({"r1"})
+        assert looked == ["r1"] * 4  # its doorbell: at once
+        slot.paused = True  # (a pause's holder may die: looked at by every rescan)
+        daemon.rescan()
+        assert looked == ["r1"] * 5
+    finally:
+        sleeper.kill()
+        sleeper.wait()

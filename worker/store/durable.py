@@ -25,12 +25,16 @@ import contextlib
 import errno
 import functools
 import json
+import math
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
 from worker.errors import StorageError
+
+#: Bytes read at a time from a file that grew while it was read.
+READ_CHUNK = 1 << 20
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -290,8 +294,21 @@ def read_regular(
 ) -> bytes:
     """The bytes of the regular file at ``path`` (``open_regular``), at most ``limit`` + 1
     of them when ``limit`` is given, so that the caller can tell a file past its cap."""
-    with os.fdopen(open_regular(path, follow_symlinks=follow_symlinks), "rb") as f:
-        return f.read() if limit is None else f.read(limit + 1)
+    fd = open_regular(path, follow_symlinks=follow_symlinks)
+    try:
+        want = math.inf if limit is None else limit + 1
+        # its size and one byte more, in one read: a short read of a regular file is its
+        # end (no buffered file object: the daemon reads a heartbeat so at each check)
+        asked = int(min(want, os.fstat(fd).st_size + 1))
+        chunks = [os.read(fd, asked)]
+        got = len(chunks[0])
+        while got < want and len(chunks[-1]) == asked:  # (it grew meanwhile)
+            asked = int(min(want - got, READ_CHUNK))
+            chunks.append(os.read(fd, asked))
+            got += len(chunks[-1])
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_bytes(path: Path) -> bytes:

@@ -42,7 +42,7 @@ FLOOD = 1000  # sleeps the flood tries to start
 FINAL = ("done", "failed")
 #: How the control's daemon is started: the daemon with its resource wait taken out.
 UNDEFENDED = (
-    "import sys; import supervisor.daemon as d; d.RESOURCE_ERRNOS = frozenset(); "
+    "import sys; import supervisor.launch as d; d.RESOURCE_ERRNOS = frozenset(); "
     "from supervisor.cli import main; sys.exit(main())"
 )
 
