@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from worker.spool import TaskSpec
 from worker.store.base import TaskStore
 from worker.store.files import FileStore
 from worker.store.memory import MemoryStore
+from worker.store.memshared import MemoryCluster
 from worker.store.postgres import PostgresStore
+from worker.testing.store_conformance import new_task
+
+__all__ = ["BACKENDS", "new_task"]
 
 
 def _postgres(request: pytest.FixtureRequest, folder: Path) -> TaskStore:
@@ -28,6 +31,7 @@ def _postgres(request: pytest.FixtureRequest, folder: Path) -> TaskStore:
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], TaskStore]] = {
     "files": lambda request, folder: FileStore(folder / "spool"),
     "memory": lambda request, folder: MemoryStore(),
+    "memshared": lambda request, folder: MemoryCluster().store("test"),
     "postgres": _postgres,
 }
 
@@ -48,9 +52,3 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def store(backend_name: str, request: pytest.FixtureRequest, tmp_path: Path) -> TaskStore:
     return BACKENDS[backend_name](request, tmp_path)
-
-
-def new_task(store: TaskStore, task_id: str = "t1", prompt: str = "Do the thing.") -> str:
-    """A task in ``store`` with a queued record; its id."""
-    store.create(TaskSpec(id=task_id, prompt=prompt), {"state": "queued"})
-    return task_id

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import new_task
-from tests.store.test_conformance import HEADER, turn, user
 from tests.support import REPO, poll_for
 from worker.errors import FencedError, JournalCorruptError, LockBusyError
 from worker.state import fold, snapshot_bytes
 from worker.store.base import NOT_A_RECORD, PROGRESS, Snapshot, Unreadable
 from worker.store.files import FileStore
 from worker.store.journal import Journal
+from worker.testing.store_conformance import HEADER, turn, user
 
 pytestmark = pytest.mark.backend("files")
 

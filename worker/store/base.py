@@ -1,14 +1,16 @@
 """The store seam: every durable byte of a task goes through a ``TaskStore``.
 
-A backend implements two Protocols, and the conformance suite (``tests/store/``) proves
-that it keeps their promises::
+A backend implements two Protocols, and the conformance suite
+(``worker.testing.store_conformance``, run by ``tests/store/``) proves that it keeps
+their promises; a cluster's store passes ``worker.testing.shared_conformance`` too::
 
     the loop, the daemon, the CLI            (never know which backend they have)
           │  TaskStore                         tasks, snapshots, decisions, records,
           │                                    events, heartbeats, exits, ownership
           │  JournalWriter                     one owner's appends to one journal
           ▼
-    files.FileStore    memory.MemoryStore    (a PostgreSQL store: the same Protocols)
+    files.FileStore    memory.MemoryStore    (a PostgreSQL store: the same Protocols;
+                                              memshared.MemorySharedStore in memory)
 
 Every method is one step that a database can make one transaction: an append carries the
 ``Owner`` it was opened with, and the backend checks the owner's epoch in the same step,

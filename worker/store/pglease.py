@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import FencedError, NotFoundError
-from worker.store.base import Owner, Previous
+from worker.store.base import Owner, Previous, Seized
 
 if TYPE_CHECKING:
     from worker.store.pgschema import Connection
@@ -143,6 +143,16 @@ def fenced(owner: Owner) -> FencedError:
         f"task {owner.task_id} is no longer owned by {owner.holder} (epoch "
         f"{owner.epoch}); its worker stops, and the task's new owner carries on."
     )
+
+
+def seized(owner: Owner, stale: Held | None, seconds: float, lease: float) -> Seized:
+    """An operator's seizure as ``owner``: of a free lease (``stale`` None), or of
+    ``stale``, seen standing still for ``seconds``: its holder's tool may still run for
+    the rest of the holder's lease (``lease`` where the row does not say)."""
+    if stale is None:
+        return Seized(owner, None, 0, 0.0)
+    ends_in = max(0.0, (stale.lease or lease) - seconds)
+    return Seized(owner, stale.node, stale.epoch, ends_in)
 
 
 @dataclass(frozen=True)
@@ -323,13 +333,13 @@ def claim(
         if taken and task in ended:
             still = watch.still(task, now)
             over = (still[1] - (ended[task].lease or lease)) if still is not None else 0.0
-            previous = Previous(str(was_node), int(was_epoch), _wall_ago(max(0.0, over)))
+            previous = Previous(str(was_node), int(was_epoch), wall_ago(max(0.0, over)))
         leases.append(Lease(task, node, int(epoch_now), int(seq), previous=previous))
     watch.observe(held, seen)
     return leases
 
 
-def _wall_ago(seconds: float) -> str:
+def wall_ago(seconds: float) -> str:
     """The wall-clock time ``seconds`` ago, as events stamp theirs (UTC, ISO 8601)."""
     stamp = time.time() - seconds
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"

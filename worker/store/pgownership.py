@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -34,17 +34,24 @@ if TYPE_CHECKING:
 
 class TaskLeases:
     """The leases node ``node`` takes, renews and gives up, each ``lease`` seconds long,
-    judged by this process's ``LeaseWatch``; renewed with the node's registration in
-    ``nodes`` while it holds one."""
+    judged by this process's ``LeaseWatch`` on ``clock`` (monotonic); renewed with the
+    node's registration in ``nodes`` while it holds one."""
 
-    def __init__(self, db: Database, nodes: NodeRegistry, node: str, lease: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        nodes: NodeRegistry,
+        node: str,
+        lease: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._db = db
         self._nodes = nodes
         self._node = node
         self._lease = lease
         # how long each held lease has stood still, as this process has seen it: the
         # one judge of a lease's end (claims, acquisitions, an operator's seizure)
-        self._watch = pglease.LeaseWatch(gap=lease / 2)
+        self._watch = pglease.LeaseWatch(clock=clock, gap=lease / 2)
         self._watch_guard = threading.Lock()
         self._lost_replies = LostReplies()
 
@@ -132,12 +139,7 @@ class TaskLeases:
             if still[1] >= pglease.STALLED * length:
                 stale, seconds = still
         owner, _ = self._take(task_id, stale)
-        if owner is None:
-            return None
-        if stale is None:
-            return Seized(owner, None, 0, 0.0)
-        ends_in = max(0.0, (stale.lease or self._lease) - seconds)
-        return Seized(owner, stale.node, stale.epoch, ends_in)
+        return None if owner is None else pglease.seized(owner, stale, seconds, self._lease)
 
     def renew(self, owner: Owner) -> None:
         lease = pglease.Lease(owner.task_id, self._node, owner.epoch, 0, _NEVER)
