@@ -39,7 +39,7 @@ class Node:
         def start(slot: TaskSlot) -> None:
             self.started.append(slot.task.id)
 
-        self.daemon.start = start  # type: ignore[method-assign]  # (no worker process)
+        self.daemon.launcher.start = start  # type: ignore[method-assign]  # (no worker process)
         placement = self.daemon.placement
         assert isinstance(placement, ClusterPlacement)
         self.placement = placement
