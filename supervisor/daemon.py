@@ -13,7 +13,8 @@ What drives it:
 * the liveness watch (``supervisor.watch``): a worker's heartbeat is read at the instant a
   verdict on it could fall due, and only then, the checks due at one instant on one
   timer, so an idle daemon costs next to nothing however many workers it watches;
-* a tick every ``min(heartbeat.interval, 0.5)`` seconds that feeds the systemd watchdog,
+* a tick every ``min(heartbeat.interval, watch.GRID)`` seconds, on the liveness checks'
+  instants (one wake-up for both), that feeds the systemd watchdog,
   retries what a storage fault refused, tends the fork server and, on a shared store, the
   leases.
 
@@ -86,7 +87,7 @@ from supervisor.slot import TaskSlot
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
 from supervisor.surfaces import Surfaces
-from supervisor.watch import LivenessWatch
+from supervisor.watch import GRID, LivenessWatch, sleep_to_grid
 from worker import __version__, credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
@@ -466,7 +467,8 @@ class Supervisor:
         next_dog = 0.0
         next_reap = 0.0
         while True:
-            await asyncio.sleep(min(self.config.heartbeat.interval, 0.5))  # (a reload moves it)
+            # on the liveness checks' instants (a reload moves it)
+            await sleep_to_grid(min(self.config.heartbeat.interval, GRID))
             now = self.clock()
             self.placement.tick(now)
             if watchdog and now >= next_dog:

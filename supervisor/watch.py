@@ -33,8 +33,24 @@ if TYPE_CHECKING:
 K = TypeVar("K", bound=Hashable)
 
 #: Seconds: a check falls due at most this much after its instant (a verdict is a
-#: second-scale matter: ``heartbeat.timeout`` is 30 s by default, 1 s at the least).
-GRID = 0.25
+#: second-scale matter: ``heartbeat.timeout`` is 10 s by default, 1 s at the least). The
+#: daemon's tick falls on the same instants (``sleep_to_grid``): an idle daemon wakes
+#: twice a second however many workers it watches, a wake-up being most of what an idle
+#: loop costs.
+GRID = 0.5
+
+
+async def sleep_to_grid(seconds: float, grid: float = GRID) -> None:
+    """Sleep at least ``seconds``, until the next instant of the watch's grid: a wake-up
+    shared with the checks due then."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    at = math.ceil((loop.time() + seconds) / grid) * grid
+    timer = loop.call_at(at, woken.set_result, None)
+    try:
+        await woken
+    finally:
+        timer.cancel()
 
 
 class Watch(Generic[K]):

@@ -24,7 +24,7 @@ from supervisor.daemon import Supervisor
 from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
 from supervisor.record import TaskRecord
 from supervisor.status import status_row
-from supervisor.watch import Watch
+from supervisor.watch import Watch, sleep_to_grid
 from supervisor.workers import WorkerProcess
 from tests.support import make_spool, poll_for, scripted_task, text
 from worker.config import Config, HeartbeatConfig
@@ -230,3 +230,19 @@ def test_workers_due_within_one_grid_step_share_its_one_timer_and_none_is_early(
     assert sorted(key for key, _, _ in seen) == sorted(f"w{k}" for k in range(1, 49))
     assert all(mono >= at for _, at, mono in seen)  # rounded up, never early
     assert len({mono for _, _, mono in seen}) <= 2  # one wake-up per timer, all due at it
+
+
+def test_the_tick_sleeps_to_the_watch_s_grid_and_wakes_with_the_checks_due_there() -> None:
+    async def scenario() -> tuple[float, float, list[float]]:
+        loop = asyncio.get_running_loop()
+        seen: list[float] = []
+        watch: Watch[str] = Watch(lambda key, wall, mono: seen.append(mono), grid=0.05)
+        start = loop.time()
+        watch.arm("w", start + 0.06)  # due at the grid instant after it
+        await sleep_to_grid(0.06, grid=0.05)
+        return start, loop.time(), seen
+
+    start, woke, seen = asyncio.run(scenario())
+    instant = math.ceil((start + 0.06) / 0.05) * 0.05
+    assert woke >= instant and woke >= start + 0.06
+    assert len(seen) == 1 and instant <= seen[0] <= woke  # the check due there ran by then

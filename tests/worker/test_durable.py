@@ -22,6 +22,7 @@ from worker.store.durable import (
     open_private,
     private_dir,
     read_json,
+    read_regular,
     write_exclusive,
 )
 
@@ -183,3 +184,44 @@ def test_open_private_never_follows_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"symbolic links|Too many levels"):
         open_private(link, os.O_WRONLY | os.O_TRUNC)
     assert target.read_bytes() == b"secret"
+
+
+def test_read_regular_gives_the_whole_file_and_at_most_its_limit_plus_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "f"
+    for size in (0, 1, 4095, 4096, 70_000):
+        data = os.urandom(size)
+        path.write_bytes(data)
+        assert read_regular(path) == data
+        assert read_regular(path, limit=100) == data[:101]
+        assert read_regular(path, limit=size) == data  # (its limit: no byte more to tell)
+
+
+def test_read_regular_reads_on_past_a_size_the_file_does_not_report() -> None:
+    # a regular file of /proc says it is empty and is not: one read of its size would stop
+    expected = Path("/proc/self/mountinfo").read_bytes()
+    assert os.stat("/proc/self/mountinfo").st_size == 0 and len(expected) > 100
+    got = read_regular("/proc/self/mountinfo", follow_symlinks=True)
+    assert got.splitlines()[0] == expected.splitlines()[0] and len(got) > 100
+
+
+def test_read_regular_reads_what_a_file_grew_by_while_it_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "growing"
+    path.write_bytes(b"a" * 1000)
+    real_fstat = os.fstat
+    sizes: list[int] = []
+
+    def fstat_then_grow(fd: int) -> os.stat_result:
+        found = real_fstat(fd)
+        sizes.append(found.st_size)
+        if len(sizes) == 2:  # read_regular's own look at the size: it grows right after
+            with path.open("ab") as more:
+                more.write(b"b" * 5000)
+        return found
+
+    monkeypatch.setattr("worker.store.durable.os.fstat", fstat_then_grow)
+    assert read_regular(path) == b"a" * 1000 + b"b" * 5000
+    assert sizes == [1000, 1000]  # (the size it went by: the rest was read on)
