@@ -223,15 +223,15 @@ def daemon_parts(daemon: Daemon, found: list[Trial]) -> list[Parts]:
 
 
 def supervisord_parts(log: Path, found: list[Trial]) -> list[Parts]:
-    """The parts of each trial, from supervisord's log (``exited:`` and ``spawned:`` lines,
-    stamped in local time to the millisecond)."""
+    """The parts of each trial, from supervisord's log (``exited:`` lines, at WARN for an
+    unexpected exit, and ``spawned:`` lines, stamped in local time to the millisecond)."""
     exited: list[float] = []
     spawned: list[float] = []
     with contextlib.suppress(OSError):
         for line in log.read_text(errors="replace").splitlines():
-            stamp, _, rest = line.partition(" INFO ")
+            day, clock, _level, rest = [*line.split(" ", 3), "", "", ""][:4]  # INFO, WARN
             try:
-                at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                at = datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
             except ValueError:
                 continue
             if rest.startswith("exited: "):
