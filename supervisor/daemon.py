@@ -208,6 +208,7 @@ class Supervisor:
                 settle=self._forks_settled,
                 emit=self.emit,
                 clock=clock,
+                standby_config=lambda: self.settings.worker_config,
             )
             if self.forkserver is not None
             else None
@@ -571,6 +572,8 @@ class Supervisor:
         if self.settings.reload(renewed) is None:
             return
         self.watch.rearm_all(self.clock())  # every worker judged by the new limits now
+        if self.forks is not None:  # the standby read the old config ahead: a new one
+            self.forks.renew_standby()
         if self.surfaces.reload(before) and self._info:  # the console moved
             self._info["console"] = self.surfaces.console_url
             self._publish_info()
