@@ -488,6 +488,7 @@ class Supervisor:
             ticker.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(watcher, ticker, return_exceptions=True)
+            self.relay.keep()  # the cursors of the lines logged since the last tick
         self.emit("supervisor_stopped", pid=os.getpid())
         return 0
 
@@ -967,6 +968,7 @@ class Supervisor:
                 next_reap = now + 5.0
                 self._reap()
             self.backlog.retry()  # nothing to do unless a storage fault refused a write
+            self.relay.keep()  # the relay's cursors that moved (fsyncs, off the events' path)
             if self.forks is not None and not self.stopping:
                 self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):

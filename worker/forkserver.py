@@ -289,6 +289,10 @@ def _wait_for_a_task(feed: int, config: str | None) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     proctitle.standby()
     ahead = ConfigAhead.read(Path(config)) if config else None
+    with contextlib.suppress(Exception):  # best effort: else the first call builds it
+        from worker.models.messages_api import prepare_http_client  # noqa: PLC0415  (preloaded)
+
+        prepare_http_client()
     data = b""
     while not data.endswith(b"\n"):
         chunk = os.read(feed, 65536)
@@ -301,13 +305,14 @@ def _wait_for_a_task(feed: int, config: str | None) -> None:
 
 def hand_over(standby: Standby, request: dict[str, Any]) -> int | None:
     """Give ``request`` to ``standby``: its pid, or None when it is gone (a fork then).
-    Its parent is ended first, so the worker is the supervisor's child before it starts."""
+    Its parent is killed (the caller reaps it, off the answer's path): the worker is the
+    supervisor's child from the moment that parent is gone, microseconds after the kill,
+    as a forked worker is once its intermediate parent has exited."""
     try:
         if reap(standby.middle, wait=False):  # ended: so has the standby
             return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(standby.middle, signal.SIGKILL)
-        reap(standby.middle)
         try:
             os.write(standby.feed, (json.dumps(request) + "\n").encode())
         except OSError:  # (EPIPE: it died meanwhile)
@@ -350,7 +355,10 @@ def serve() -> int:
                     standby = None
             else:
                 found, standby = standby, None
-                pid = hand_over(found, request) if found is not None else None
+                pid = None
+                if found is not None:
+                    pid = hand_over(found, request)
+                    middles.append(found.middle)
                 if pid is None:
                     pid, middle = spawn(request)
                     middles.append(middle)

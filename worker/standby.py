@@ -5,8 +5,11 @@ fork. Before it is given a task it holds nothing of one: no task file is open, i
 environment is the fork server's (the workers' own, which holds no secret), and the
 secrets it holds in memory are the fork server's, which every forked worker inherits.
 What it may do ahead is what no task's data goes into: reading the config file the
-daemon gives its workers. That read is used only while the file is the one read
-(``ConfigAhead.current``): a file rewritten since (a reload) is read again at the start.
+daemon gives its workers, and building the HTTP client of the SDK's client
+(``worker.models.messages_api.prepare_http_client``: no secret, no socket). The config
+read is used only while the file is the one read (``ConfigAhead.current``): a file
+rewritten since (a reload) is read again at the start; the HTTP client only while the
+environment it read (proxies, CA files) is the task's.
 """
 
 from __future__ import annotations

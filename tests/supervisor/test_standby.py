@@ -85,7 +85,7 @@ def test_the_next_worker_is_the_standby_and_another_stands_by_after_it(tmp_path:
         assert spawned[0]["pid"] == standby  # the one place went to the task, to the standby
         forked = f"agentd: worker {task_id} in {spool} (forked by worker.forkserver)"
         poll_for(lambda: title(standby) == forked, 30, what=f"{forked!r}, not {title(standby)!r}")
-        assert psutil.Process(standby).ppid() == daemon.proc.pid  # its child now, to reap
+        poll_for(lambda: psutil.Process(standby).ppid() == daemon_pid, 30, what="its child now")
         assert daemon.row(task_id)["state"] == "running"
 
         after = poll_for(lambda: one_standby(daemon_pid, other_than=standby), 30)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from worker.models import messages_api
 from worker.standby import ConfigAhead
 
 
@@ -47,3 +50,21 @@ def test_a_config_that_cannot_be_read_ahead_is_left_to_the_worker(tmp_path: Path
     bad = tmp_path / "bad.toml"
     bad.write_text("max_workers = 'many'\n")
     assert ConfigAhead.read(bad) is None
+
+
+def test_an_http_client_built_ahead_is_taken_once_and_only_in_the_same_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    messages_api.prepare_http_client()
+    ahead = messages_api._prepared
+    assert ahead is not None
+    assert messages_api.http_client() is ahead[0]  # taken
+    assert messages_api.http_client() is not ahead[0]  # once
+    messages_api.prepare_http_client()
+    stale = messages_api._prepared
+    assert stale is not None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # the task's differs
+    fresh = messages_api.http_client()
+    assert fresh is not stale[0] and stale[0].is_closed
+    fresh.close()
