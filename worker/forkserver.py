@@ -41,9 +41,12 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import sys
+import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,12 +128,39 @@ _WARM_EVENTS: list[dict[str, Any]] = [
 ]
 
 
+#: A request shaped as a worker's resumed one: a system prompt, a tool, and a tool call
+#: with its result (the SDK builds its transforms of each type on first use).
+_WARM_TOOLS: list[Any] = [
+    {
+        "name": "t",
+        "description": "preload",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+_WARM_MESSAGES: list[Any] = [
+    {"role": "user", "content": "hi"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "tool_use", "id": "toolu_preload", "name": "t", "input": {"path": "."}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_preload", "content": "hi"}],
+    },
+]
+
+
 def warm_sdk() -> None:
     """Do the SDK's lazy first-use work here, once, instead of in every worker before its
     first model call: build a client as a worker does (its HTTP stack is imported on first
     use, and the TLS context, whose CA bundle takes tens of milliseconds to load, is kept
     for the workers: ``tls_context``), and parse one streamed reply served from memory
-    (the validators of the stream's types are built on first use). No socket is opened and
+    (the validators of the stream's types are built on first use; the request is shaped as a
+    resumed worker's, whose transforms are built on first use too). A standby runs it again
+    for the pages it touches (copied on first write after a fork). No socket is opened and
     both clients are closed before any fork. Best effort: a failure here only leaves that
     work to the workers."""
     with contextlib.suppress(Exception):
@@ -154,7 +184,11 @@ def warm_sdk() -> None:
                 http_client=httpx2.Client(transport=transport),
             ) as client,
             client.messages.stream(
-                model="preload", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+                model="preload",
+                max_tokens=1,
+                system="preload",
+                tools=_WARM_TOOLS,
+                messages=_WARM_MESSAGES,
             ) as stream,
         ):
             for _ in stream:
@@ -289,6 +323,7 @@ def _wait_for_a_task(feed: int, config: str | None) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     proctitle.standby()
     ahead = ConfigAhead.read(Path(config)) if config else None
+    warm_sdk()  # again, here: the pages a model call touches are copied now, not in it
     with contextlib.suppress(Exception):  # best effort: else the first call builds it
         from worker.models.messages_api import prepare_http_client  # noqa: PLC0415  (preloaded)
 
@@ -335,6 +370,65 @@ def reap(middle: int, *, wait: bool = True) -> bool:
     return True
 
 
+#: Seconds between a worker handed out and the fork of the next standby: not while the
+#: worker, the daemon and the server compete for the CPU at that worker's start.
+STANDBY_PAUSE = 0.1
+
+
+@dataclass
+class _Due:
+    """When the next standby is forked (monotonic; None: not now)."""
+
+    at: float | None = None
+
+    def left(self) -> float | None:
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
+
+
+def _lines(fd: int, pause: Callable[[], float | None]) -> Iterator[bytes | None]:
+    """The lines read from ``fd`` as they come, and None each time ``pause()`` seconds
+    pass without one (``pause()`` None: wait as long as it takes); ends at its end."""
+    buffer = b""
+    while True:
+        while b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            yield line
+        timeout = pause()
+        if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+            yield None
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        buffer += chunk
+
+
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    with contextlib.suppress(ValueError):
+        request = json.loads(line)
+        return request if isinstance(request, dict) else None
+    return None
+
+
+def _serve_one(
+    request: dict[str, Any] | None, standby: Standby | None, middles: list[int]
+) -> dict[str, Any]:
+    """The answer to a request for a worker: handed to ``standby``, or forked."""
+    try:
+        if request is None:
+            raise ValueError("not a JSON object")
+        pid = None
+        if standby is not None:
+            pid = hand_over(standby, request)
+            middles.append(standby.middle)
+        if pid is None:
+            pid, middle = spawn(request)
+            middles.append(middle)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"pid": pid}
+
+
 def serve() -> int:
     take_over()  # (it may execute this process again: the copy's thread starts after it)
     proctitle.fork_server()
@@ -345,27 +439,23 @@ def serve() -> int:
     middles: list[int] = []  # intermediate children not reaped yet: off the reply's path
     standby: Standby | None = None
     wanted: dict[str, Any] | None = None  # what the supervisor said of standbys, if it did
-    for line in sys.stdin.buffer:
-        try:
-            request = json.loads(line)
-            if STANDBY in request:  # (re)place the standby; no answer
-                wanted = request[STANDBY]
-                if standby is not None:
-                    middles.append(dismiss(standby))
-                    standby = None
-            else:
-                found, standby = standby, None
-                pid = None
-                if found is not None:
-                    pid = hand_over(found, request)
-                    middles.append(found.middle)
-                if pid is None:
-                    pid, middle = spawn(request)
-                    middles.append(middle)
-                os.write(1, (json.dumps({"pid": pid}) + "\n").encode())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            os.write(1, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
-        if standby is None and isinstance(wanted, dict):  # the next one, after the answer
+    due = _Due()  # when the next standby is forked
+    for line in _lines(0, due.left):
+        request = _parsed(line) if line is not None else None
+        if line is None:  # (the pause before the next standby is over)
+            pass
+        elif request is not None and STANDBY in request:
+            wanted = request[STANDBY]  # (re)place the standby now; no answer
+            if standby is not None:
+                middles.append(dismiss(standby))
+                standby = None
+            due.at = time.monotonic()
+        else:
+            due.at = time.monotonic() + STANDBY_PAUSE
+            found, standby = standby, None
+            os.write(1, (json.dumps(_serve_one(request, found, middles)) + "\n").encode())
+        if standby is None and isinstance(wanted, dict) and due.left() == 0.0:
+            due.at = None  # the next one, once the last has started
             with contextlib.suppress(OSError, ValueError):
                 standby = stand_by(wanted.get("config"))
         middles = [m for m in middles if not reap(m, wait=False)]
