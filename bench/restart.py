@@ -21,6 +21,9 @@ backed off on purpose (``supervisor/policy.py``).
   ``agentd start``; a fresh daemon (and model server) per kill. A first start of a task
   on the SDK waits for the warming fork server (a fresh interpreter would import the same
   SDK), so the first worker is forked, and the kill finds the server ready.
+* **the parts** of a kill's restart, each a median: kill -> the supervisor logs the exit,
+  -> it logs the replacement spawned, -> the replacement's first model request (for agentd
+  and, in full mode, supervisord, from their own logs).
 * **hang**: ``SIGSTOP`` of the worker, to the replacement's first model request; the
   daemon must see the silent heartbeat and restart within ``heartbeat.timeout`` + 1 s.
   supervisord has no heartbeat: a stopped worker stays stopped (not measured).
@@ -28,6 +31,7 @@ backed off on purpose (``supervisor/policy.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -103,6 +107,42 @@ QUICK = Plan(
 class Trial:
     took: float  # seconds from the signal to the replacement's first model request
     signalled_wall: float  # time.time() at the signal
+    pid: int = 0  # the process signalled
+
+
+@dataclass(frozen=True)
+class Parts:
+    """One restart in three parts, in seconds: from the kill to the supervisor seeing the
+    exit, from there to the replacement spawned (the supervisor's own log says when, for
+    both), and from there to the replacement's first model request (the worker's
+    start-up)."""
+
+    seen: float
+    spawned: float
+    resumed: float
+
+
+PART_NAMES = ("kill -> exit seen", "exit seen -> spawned", "spawned -> first request")
+
+
+def part_medians(found: list[Parts]) -> tuple[float, float, float] | None:
+    """The median of each part, in ms (the medians need not add up to the total's)."""
+    if not found:
+        return None
+    return (
+        1000 * statistics.median(p.seen for p in found),
+        1000 * statistics.median(p.spawned for p in found),
+        1000 * statistics.median(p.resumed for p in found),
+    )
+
+
+def say_parts(label: str, found: list[Parts]) -> None:
+    medians = part_medians(found)
+    if medians is None:
+        say(NAME, f"{label}: no breakdown (the supervisor's log named no exit or spawn)")
+        return
+    parts = ", ".join(f"{name} {ms:.1f} ms" for name, ms in zip(PART_NAMES, medians, strict=True))
+    say(NAME, f"{label}: {parts} (medians of {len(found)})")
 
 
 def reply_for_turn(turn: int) -> Any:
@@ -148,22 +188,57 @@ def trials(
         wall, t0 = time.time(), time.monotonic()
         os.kill(pid, sig)
         index, at, base = server.wait_arrival(arrived_after(t0), index + 1, patience)
-        trial = Trial(at - t0, wall)
+        trial = Trial(at - t0, wall, pid)
         out.append(trial)
         if progress is not None:
             progress(n, trial)
     return out
 
 
-def spawn_delays(daemon: Daemon, found: list[Trial]) -> list[float]:
-    """Per trial: seconds from the signal to the daemon's ``worker_spawned`` for it."""
-    spawned = sorted(_wall(e["timestamp"]) for e in daemon.events("worker_spawned"))
+def breakdown(exited: list[float], spawned: list[float], found: list[Trial]) -> list[Parts]:
+    """Per trial, its parts: the first exit the supervisor logged after the signal, the
+    first spawn it logged after that (wall clock times, sorted)."""
     out = []
     for trial in found:
-        after = [t for t in spawned if t >= trial.signalled_wall]
-        if after:
-            out.append(after[0] - trial.signalled_wall)
+        seen = next((t for t in exited if t >= trial.signalled_wall), None)
+        if seen is None:
+            continue
+        spawn = next((t for t in spawned if t >= seen), None)
+        resumed = trial.signalled_wall + trial.took
+        if spawn is None or spawn > resumed:
+            continue
+        out.append(Parts(seen - trial.signalled_wall, spawn - seen, resumed - spawn))
     return out
+
+
+def daemon_parts(daemon: Daemon, found: list[Trial]) -> list[Parts]:
+    """The parts of each trial, from the daemon's ``worker_exited`` of the pid killed and
+    its next ``worker_spawned``."""
+    killed = {t.pid for t in found}
+    exited = sorted(
+        _wall(e["timestamp"]) for e in daemon.events("worker_exited") if e.get("pid") in killed
+    )
+    spawned = sorted(_wall(e["timestamp"]) for e in daemon.events("worker_spawned"))
+    return breakdown(exited, spawned, found)
+
+
+def supervisord_parts(log: Path, found: list[Trial]) -> list[Parts]:
+    """The parts of each trial, from supervisord's log (``exited:`` lines, at WARN for an
+    unexpected exit, and ``spawned:`` lines, stamped in local time to the millisecond)."""
+    exited: list[float] = []
+    spawned: list[float] = []
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            day, clock, _level, rest = [*line.split(" ", 3), "", "", ""][:4]  # INFO, WARN
+            try:
+                at = datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if rest.startswith("exited: "):
+                exited.append(at)
+            elif rest.startswith("spawned: "):
+                spawned.append(at)
+    return breakdown(sorted(exited), sorted(spawned), found)
 
 
 def _wall(stamp: str) -> float:
@@ -172,8 +247,8 @@ def _wall(stamp: str) -> float:
 
 def run_agentd(
     workdir: Path, plan: Plan, *, preload: bool, server: ModelServer
-) -> tuple[list[Trial], list[Trial], list[float]]:
-    """(kill trials, hang trials, kill -> worker_spawned delays) on one agentd daemon."""
+) -> tuple[list[Trial], list[Trial], list[Parts]]:
+    """(kill trials, hang trials, the kills' parts) on one agentd daemon."""
     kills = plan.kills if preload else plan.fresh_kills
     hangs = plan.hangs if preload else 0
     label = "fork server on" if preload else "fork server off"
@@ -186,7 +261,7 @@ def run_agentd(
         patience = 60.0 if preload else 120.0
         killed = trials(server, task, kills, signal.SIGKILL, patience=patience)
         say(NAME, f"agentd ({label}): {len(killed)} kills, p50 {_ms(killed)}")
-        spawns = spawn_delays(daemon, killed)
+        parts = daemon_parts(daemon, killed)
         hung = trials(
             server,
             task,
@@ -201,7 +276,7 @@ def run_agentd(
         rejected = len(server.srv.rejected)
         if rejected:
             say(NAME, f"agentd ({label}): the API server rejected {rejected} requests")
-    return killed, hung, spawns
+    return killed, hung, parts
 
 
 def run_first_restarts(workdir: Path, plan: Plan) -> tuple[list[Trial], int]:
@@ -230,7 +305,7 @@ def run_first_restarts(workdir: Path, plan: Plan) -> tuple[list[Trial], int]:
             wall, t0 = time.time(), time.monotonic()
             os.kill(spawned[0]["pid"], signal.SIGKILL)
             _, at, _ = server.wait_arrival(arrived_after(t0), 0, 60.0)
-            found.append(Trial(at - t0, wall))
+            found.append(Trial(at - t0, wall, spawned[0]["pid"]))
             ready = [_wall(e["timestamp"]) for e in daemon.events("forkserver_ready")]
             early += not ready or ready[0] > wall
     say(NAME, f"agentd first restarts: {len(found)} kills ({early} before the fork server was "
@@ -238,7 +313,10 @@ def run_first_restarts(workdir: Path, plan: Plan) -> tuple[list[Trial], int]:
     return found, early
 
 
-def run_supervisord(workdir: Path, plan: Plan, server: ModelServer) -> list[Trial] | None:
+def run_supervisord(
+    workdir: Path, plan: Plan, server: ModelServer
+) -> tuple[list[Trial], list[Parts]] | None:
+    """(kill trials, their parts) under supervisord; None when it is not installed."""
     bin_dir = supervisord_bin(plan.install)
     if bin_dir is None:
         say(NAME, "supervisord is not installed: peer left out")
@@ -248,8 +326,9 @@ def run_supervisord(workdir: Path, plan: Plan, server: ModelServer) -> list[Tria
         peer.launch([task])
         peer.start()
         killed = trials(server, task, plan.peer_kills, signal.SIGKILL, patience=120.0)
+        parts = supervisord_parts(peer.root / "supervisord.log", killed)
     say(NAME, f"{PEER}: {len(killed)} kills, p50 {_ms(killed)}")
-    return killed
+    return killed, parts
 
 
 def _ms(found: list[Trial]) -> str:
@@ -270,38 +349,31 @@ def run(quick: bool) -> list[Row]:
 def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
     loads: list[str] = []  # the load average after each part: the parts are minutes apart
     with ModelServer(reply_for_turn) as server:
-        killed, hung, spawns = run_agentd(workdir / "agentd", plan, preload=True, server=server)
+        killed, hung, parts = run_agentd(workdir / "agentd", plan, preload=True, server=server)
     loads.append(f"fork server on {load_average():.1f}")
     with ModelServer(reply_for_turn) as server:
-        fresh, _, fresh_spawns = run_agentd(
+        fresh, _, fresh_parts = run_agentd(
             workdir / "agentd-fresh", plan, preload=False, server=server
         )
     loads.append(f"fork server off {load_average():.1f}")
     first, early = run_first_restarts(workdir / "agentd-first", plan)
     loads.append(f"first restart {load_average():.1f}")
     peer: list[Trial] | None = None
+    peer_parts: list[Parts] = []
     if not quick:
         with ModelServer(reply_for_turn) as server:
-            peer = run_supervisord(workdir / "supervisord", plan, server)
+            ran = run_supervisord(workdir / "supervisord", plan, server)
+        if ran is not None:
+            peer, peer_parts = ran
         loads.append(f"{PEER} {load_average():.1f}")
     repeats = 1 if quick else 3
     sdk = sdk_import_seconds(workdir, repeats)
     loads.append(f"SDK import {load_average():.1f}")
     say(NAME, f"python -c 'import anthropic': {sdk:.2f} s (median of {repeats})")
-    if spawns:
-        react = statistics.median(spawns)
-        rest = statistics.median(t.took for t in killed) - react
-        say(
-            NAME,
-            f"fork server on: kill -> worker_spawned p50 {1000 * react:.1f} ms (the daemon), "
-            f"then {1000 * rest:.1f} ms to the first request (the worker's resume)",
-        )
-    if fresh_spawns:
-        say(
-            NAME,
-            f"fork server off: kill -> worker_spawned p50 "
-            f"{1000 * statistics.median(fresh_spawns):.1f} ms",
-        )
+    say_parts("agentd (fork server on)", parts)
+    say_parts("agentd (fork server off)", fresh_parts)
+    if peer is not None:
+        say_parts(PEER, peer_parts)
 
     def ms(found: list[Trial] | None, q: float) -> float | None:
         if not found:
@@ -340,6 +412,25 @@ def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
             peer_name=column.name,
         )
     )
+    ours, theirs = part_medians(parts), part_medians(peer_parts)
+    for i, name in enumerate(PART_NAMES):
+        rows.append(
+            Row(
+                NAME,
+                f"  {name} p50, kill -9, fork server",
+                "ms",
+                ours[i] if ours else None,
+                peer=theirs[i] if theirs else None,
+                peer_name=column.name,
+                note=""
+                if i
+                else "The restart in parts, the median of each: to the supervisor's log of "
+                "the exit (agentd: `worker_exited`; supervisord: `exited:`), to its log of "
+                "the replacement spawned (`worker_spawned`; `spawned:`), and to the "
+                "replacement's first model request. The medians need not add up to the "
+                "total's.",
+            )
+        )
     rows.append(
         Row(
             NAME,

@@ -63,7 +63,7 @@ import structlog
 
 from supervisor import cgroups, inbox
 from supervisor.announce import Announcer
-from supervisor.backlog import Recovery, WriteBacklog
+from supervisor.backlog import WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.control import (
     SupervisorLock,
@@ -73,7 +73,6 @@ from supervisor.exits import KillReason
 from supervisor.forkserver import ForkQueue, ForkServer
 from supervisor.hooks import HOOK_STATES, HOOK_TIMEOUT, HookRunner
 from supervisor.launch import Launcher
-from supervisor.logging import dropped_lines
 from supervisor.metrics import Metrics
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.operator import fields_of
@@ -94,7 +93,6 @@ from worker.descendants import become_subreaper
 from worker.errors import (
     SpoolError,
     StateConflictError,
-    StorageError,
 )
 from worker.events import utc_now
 from worker.protocol import (
@@ -193,13 +191,16 @@ class Supervisor:
                 settle=self.launcher.forks_settled,
                 emit=self.emit,
                 clock=clock,
+                standby_config=lambda: self.settings.worker_config,
             )
             if self.forkserver is not None
             else None
         )
         # each worker looked at when a liveness verdict on it could fall due
         self.liveness = LivenessWatch(self)
-        self.backlog = WriteBacklog(self._storage_fault, self._storage_recovered, clock=clock)
+        self.backlog = WriteBacklog(
+            self.settler.storage_fault, self.settler.storage_recovered, clock=clock
+        )
         # what a dead worker's tools left: every child of the daemon it did not start
         self.strays = StraySweeper(
             self.own_children,
@@ -290,27 +291,6 @@ class Supervisor:
         self._arrived(slot, before)
         return True
 
-    def _storage_fault(self, fault: StorageError) -> None:
-        """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
-        self.metrics.storage_faults += 1
-        self.log.warning("storage_fault", error=str(fault), spool=str(self.spool.root))
-
-    def _storage_recovered(self, recovery: Recovery) -> None:
-        """Every kept write is written: the disk takes writes again. The tasks that wait on
-        storage are retried now, not at the end of their backoff."""
-        self.log.info(
-            "storage_recovered",
-            rewritten=recovery.rewritten,
-            dropped=recovery.dropped,
-            log_lines_dropped=dropped_lines(),
-            seconds=round(recovery.seconds, 3),
-        )
-        now = self.clock()
-        for slot in self.slots.values():
-            if slot.storage_waits and slot.record.state == TaskStatus.BACKOFF:
-                slot.due = min(slot.due, now)
-        self._wake.set()
-
     # -- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -389,6 +369,7 @@ class Supervisor:
             ticker.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(watcher, ticker, return_exceptions=True)
+            self.relay.keep()  # the cursors of the lines logged since the last tick
         self.emit("supervisor_stopped", pid=os.getpid())
         return 0
 
@@ -478,6 +459,7 @@ class Supervisor:
                 next_reap = now + 5.0
                 self._reap()
             self.backlog.retry()  # nothing to do unless a storage fault refused a write
+            self.relay.keep()  # the relay's cursors that moved (fsyncs, off the events' path)
             if self.forks is not None and not self.stopping:
                 self.forks.tend()
             if any(s.waiting_lock for s in self.slots.values()):

@@ -10,6 +10,12 @@ a child subreaper (``worker.descendants.become_subreaper``) and reap them itself
 
 The server is executed with the workers' environment, which holds no secret; the daemon's
 secrets reach it through a handover pipe (``worker.credentials.start_process``).
+
+Given ``standby_config``, the queue has the server keep a standby worker, forked ahead of
+need with the workers' config read ahead: told when the server is ready, and again at
+each reload (``renew_standby``), so a standby never starts a task on a config it read
+before the reload. The daemon never sees a standby until it is handed a task: it is no
+child of the daemon until then, and counts as no worker.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 from typing import IO, Generic, TypeVar
 
 from worker.credentials import Credentials, start_process
-from worker.forkserver import PRELOAD_MCP
+from worker.forkserver import PRELOAD_MCP, STANDBY
 from worker.store.base import Cursor
 
 
@@ -121,16 +127,27 @@ class ForkServer:
         """Ask for a worker without waiting for the answer, which ``replies`` reads once
         ``fileno`` is readable (answers come in the order of the requests). False when
         the server cannot take the request now (the caller starts the worker fresh)."""
-        if not self.ready or self.proc is None or self.proc.stdin is None:
-            return False
         request = {
             "task": str(task_path),
             "config": str(config) if config else None,
             "env": dict(env),
             "output": str(output),
         }
+        return self._send(request)
+
+    def standby(self, config: Path | None) -> bool:
+        """Have the server (re)place its standby, a worker forked ahead of need that reads
+        ``config`` ahead (``worker.forkserver``); no answer comes. False when the server
+        cannot take the line now."""
+        return self._send({STANDBY: {"config": str(config) if config else None}})
+
+    def _send(self, line: Mapping[str, object]) -> bool:
+        """Write one line to the server; False when it cannot take it now (a write that
+        fails stops it)."""
+        if not self.ready or self.proc is None or self.proc.stdin is None:
+            return False
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.write((json.dumps(line) + "\n").encode())
             self.proc.stdin.flush()
         except (OSError, ValueError):
             self.stop()
@@ -217,8 +234,10 @@ class ForkQueue(Generic[T]):
         settle: Callable[[list[Asked[T]]], None],
         emit: Callable[..., None],
         clock: Callable[[], float] = time.monotonic,
+        standby_config: Callable[[], Path | None] | None = None,
     ) -> None:
         self.server = server
+        self._standby_config = standby_config  # None: the server keeps no standby
         self._answered = answered
         self._settle = settle
         self.emit = emit
@@ -314,6 +333,13 @@ class ForkQueue(Generic[T]):
         self._answering, self._warming = deque(), []
         self._settle_lost(pending)
 
+    def renew_standby(self) -> None:
+        """The config changed (a reload): the server's standby, which read the old one
+        ahead, is replaced by one that reads the new one (a server not ready yet is told
+        when it is)."""
+        if self._standby_config is not None and self.server.ready:
+            self.server.standby(self._standby_config())
+
     def abandon_warming(self) -> list[Asked[T]]:
         """At a stop: what waits for the server to warm up is not started; returned."""
         warming, self._warming = self._warming, []
@@ -339,6 +365,7 @@ class ForkQueue(Generic[T]):
                 self._answering.append(asked)
             else:
                 failed.append(asked)
+        self.renew_standby()  # after what waited: the first of them gets no standby
         self._settle_lost(failed)
 
     def _readable(self) -> None:

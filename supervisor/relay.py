@@ -20,13 +20,15 @@ its doorbell (a command's, or a worker's, which rings for each event it appends:
 tick.
 
 Each task's cursor is kept durably in the spool (``CursorFiles``: ``SPOOL/relay/ID.json``,
-written after the lines it passes are logged), and a daemon that starts relays each task
-from its cursor: what a worker or a command wrote while no daemon ran reaches the log at
-the next start, and nothing is logged twice. A task without a cursor is relayed from its
-first line; only on a spool that never had cursors (one of a release before them: no
-``SPOOL/relay`` folder) are the tasks found at the first start tailed from their end, so
-that an upgrade does not log every task's history again. A daemon killed between logging
-lines and writing their cursor logs those lines again at its next start (never fewer).
+written after the lines it passes are logged, at the daemon's next tick: ``keep``, off the
+path of the event that moved it, which a restart waits on), and a daemon that starts
+relays each task from its cursor: what a worker or a command wrote while no daemon ran
+reaches the log at the next start, and nothing is logged twice. A task without a cursor
+is relayed from its first line; only on a spool that never had cursors (one of a release
+before them: no ``SPOOL/relay`` folder) are the tasks found at the first start tailed
+from their end, so that an upgrade does not log every task's history again. A daemon
+killed between logging lines and writing their cursor (within a tick) logs those lines
+again at its next start (never fewer).
 
 With traces on (docs/design.md section 14) every line read also goes to the trace
 assembler (``spans``: the daemon's own lines too, whose ``worker_exited`` closes a killed
@@ -136,6 +138,7 @@ class EventRelay:
         self._store = store
         self._on_event = on_event  # told each relayed event, with its task (the daemon's counters)
         self._kept = kept  # the durable cursors (None: in memory only)
+        self._moved: set[str] = set()  # tasks whose cursor moved since it was last kept
         self._cursors: dict[str, Cursor] = {}
         #: traces on: every line goes to it too; span lines only to it (never logged)
         self.spans: SpanSink | None = None
@@ -201,7 +204,18 @@ class EventRelay:
         if own is not None:  # (not read back: logged all the same)
             own[1]()
         if self._kept is not None:
-            self._kept.write(task, self._cursors[task])
+            self._moved.add(task)
+
+    def keep(self) -> None:
+        """Write the cursors moved since the last call (each tick, and at a stop): two
+        fsyncs each, kept off the path of the events that moved them."""
+        moved, self._moved = self._moved, set()
+        if self._kept is None:
+            return
+        for task in moved:
+            cursor = self._cursors.get(task)
+            if cursor is not None:
+                self._kept.write(task, cursor)
 
     def forget(self, task: str) -> None:
         self._cursors.pop(task, None)

@@ -170,6 +170,8 @@ class Reloader:
         if daemon.settings.reload(renewed) is None:
             return
         daemon.liveness.rejudge_all()  # every worker judged by the new limits now
+        if daemon.forks is not None:  # the standby read the old config ahead: a new one
+            daemon.forks.renew_standby()
         if daemon.surfaces.reload(before) and daemon.announcer.info:  # the console moved
             daemon.announcer.info["console"] = daemon.surfaces.console_url
             daemon.announcer.publish_info()

@@ -9,6 +9,10 @@ store is shared), and this role carries that out through the daemon's one transi
 (``Supervisor.save``, ``Supervisor.move``): an end, a hold, a wait, a restart (at once on
 the very exit when the place is free, else after its backoff or behind the queue).
 
+It also takes the daemon's own storage faults (``backlog.WriteBacklog``): the first write
+refused is logged and counted, and once every kept write is written, the tasks that wait
+on storage are retried at once, not at the end of their backoff.
+
 The reads on the way to a verdict do not fail on the spool's files; a shared store may be
 away (invariant 8), and the daemon serves on: each read gives what it would without the
 item, and what the verdict writes waits in the daemon's backlog until the database is
@@ -22,8 +26,10 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from supervisor import exits
+from supervisor.backlog import Recovery
 from supervisor.decisions import pending_decisions
 from supervisor.exits import KillReason
+from supervisor.logging import dropped_lines
 from supervisor.record import TaskRecord
 from supervisor.status import read_heartbeat
 from supervisor.workers import worker_exit
@@ -194,3 +200,27 @@ class ExitSettler:
             and other.record.state == TaskStatus.QUEUED
             for other in daemon.slots.values()
         )
+
+    # -- the daemon's own writes refused (``backlog.WriteBacklog``) ----------------------
+
+    def storage_fault(self, fault: StorageError) -> None:
+        """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
+        daemon = self.daemon
+        daemon.metrics.storage_faults += 1
+        daemon.log.warning("storage_fault", error=str(fault), spool=str(daemon.spool.root))
+
+    def storage_recovered(self, recovery: Recovery) -> None:
+        """Every kept write is written: the disk takes writes again. The tasks that wait on
+        storage are retried now, not at the end of their backoff."""
+        self.daemon.log.info(
+            "storage_recovered",
+            rewritten=recovery.rewritten,
+            dropped=recovery.dropped,
+            log_lines_dropped=dropped_lines(),
+            seconds=round(recovery.seconds, 3),
+        )
+        now = self.daemon.clock()
+        for slot in self.daemon.slots.values():
+            if slot.storage_waits and slot.record.state == TaskStatus.BACKOFF:
+                slot.due = min(slot.due, now)
+        self.daemon.wake()

@@ -70,6 +70,7 @@ from worker.protocol import (
 )
 from worker.spans import PROVIDER, SCRIPTED_PROVIDER, RunSpans, identity, telemetry_on
 from worker.spool import Spool, TaskDir, TaskSpec
+from worker.standby import ConfigAhead
 from worker.store.base import JSON, Owner, Previous, TaskStore
 from worker.store.files import FileStore
 from worker.tools.registry import ToolRegistry
@@ -131,11 +132,16 @@ def handed_over(store: TaskStore, task_id: str) -> Owner | None:
 
 
 def run(
-    store: TaskStore, task: TaskDir, config_path: Path | None, output: BoundedOutput | None = None
+    store: TaskStore,
+    task: TaskDir,
+    config_path: Path | None,
+    output: BoundedOutput | None = None,
+    ahead: ConfigAhead | None = None,
 ) -> int:
     """Own the task (its lock, or the claim handed over), then run it: everything it
     records goes through the store; the task folder gives only what lives beside it
-    (workspace, script, output)."""
+    (workspace, script, output). ``ahead``: the config a standby read before its task
+    (``worker.standby``), used if the file is still the one read."""
     owner = handed_over(store, task.id)
     acquired = owner is None  # a lock of its own; a handed-over claim is the daemon's to end
     if owner is None:
@@ -156,7 +162,9 @@ def run(
     try:
         killed = functools.partial(processes_killed, store, task.id)
         with contained(killed):  # no tool process outlives it
-            return run_owned(store, task, owner, config_path, output, handed_over=not acquired)
+            return run_owned(
+                store, task, owner, config_path, output, handed_over=not acquired, ahead=ahead
+            )
     finally:
         if acquired:
             store.release(owner)
@@ -170,11 +178,12 @@ def run_owned(
     output: BoundedOutput | None,
     *,
     handed_over: bool = False,
+    ahead: ConfigAhead | None = None,
 ) -> int:
     """``run`` once the task is owned; a claim ``handed_over`` is kept alive from the
     heartbeat (``worker.lease``)."""
     try:
-        config = load_config(config_path)
+        config = (ahead.current(config_path) if ahead else None) or load_config(config_path)
     except ConfigError as exc:
         write_exit(store, task.id, Outcome("failed", str(exc), ExitCode.CONFIG))
         say(f"agentd worker: {exc}")
@@ -260,7 +269,7 @@ def run_owned(
     return outcome.exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, ahead: ConfigAhead | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
     parser.add_argument("task_dir", type=Path, help="the task's folder: SPOOL/tasks/ID")
     parser.add_argument("--config", type=Path, default=None)
@@ -283,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     store: TaskStore | None = None
     try:
         store = open_store(task.root)
-        return run(store, task, args.config, output)
+        return run(store, task, args.config, output, ahead)
     except (AgentdError, OSError, RuntimeError, MemoryError) as exc:
         # whatever raised it, a storage fault is a wait, and so is a machine out of
         # processes or memory (a neighbour's tools may hold them all)

@@ -10,6 +10,8 @@ from pathlib import Path
 import setproctitle
 
 FORK_SERVER = "agentd: fork server (worker.forkserver)"
+#: A worker forked ahead of need, before it has a task (``worker.standby``).
+STANDBY = "agentd: standby worker (forked by worker.forkserver)"
 
 
 def daemon(spool: Path) -> None:
@@ -20,7 +22,16 @@ def fork_server() -> None:
     setproctitle.setproctitle(FORK_SERVER)
 
 
+def standby() -> None:
+    setproctitle.setproctitle(STANDBY)
+
+
 def worker(task_id: str, spool: Path) -> None:
-    """A worker's title; forked from the fork server (whose title it inherited), it says so."""
-    forked = " (forked by worker.forkserver)" if setproctitle.getproctitle() == FORK_SERVER else ""
+    """A worker's title; forked from the fork server (whose title it inherited, or a
+    standby's), it says so."""
+    forked = (
+        " (forked by worker.forkserver)"
+        if setproctitle.getproctitle() in (FORK_SERVER, STANDBY)
+        else ""
+    )
     setproctitle.setproctitle(f"agentd: worker {task_id} in {spool}{forked}")

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     import ssl
 
     import anthropic
+    import httpx2
     from anthropic.types import ContentBlock
 
 RETRY_TASK = "run `agentd retry TASK`"
@@ -77,6 +78,40 @@ def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
     import httpx2  # noqa: PLC0415  (lazy, with the SDK)
 
     return httpx2.create_ssl_context(verify=True, trust_env=True)
+
+
+#: The HTTP client built ahead (``prepare_http_client``), with the environment it read.
+_prepared: tuple[httpx2.Client, dict[str, str]] | None = None
+
+
+def _http_environment() -> dict[str, str]:
+    """What of the environment an HTTP client reads as it is built: proxies, CA files."""
+    return {
+        k: v for k, v in os.environ.items() if k.lower().endswith("_proxy") or k.startswith("SSL_")
+    }
+
+
+def prepare_http_client() -> None:
+    """Build the HTTP client of this process's first model call now, ahead of its task (a
+    standby worker does: ``worker.forkserver``). It holds no secret and opens no socket;
+    the call takes it only if the environment it read is still the process's."""
+    global _prepared  # noqa: PLW0603  (one client built ahead, taken once)
+    import anthropic  # noqa: PLC0415  (lazy: the SDK takes a second to import)
+
+    _prepared = (anthropic.DefaultHttpxClient(verify=tls_context()), _http_environment())
+
+
+def http_client() -> httpx2.Client:
+    """The HTTP client for a model client: the one built ahead, if it fits, else a new one."""
+    global _prepared
+    found, _prepared = _prepared, None
+    if found is not None:
+        if found[1] == _http_environment():
+            return found[0]
+        found[0].close()
+    import anthropic  # noqa: PLC0415  (lazy: the SDK takes a second to import)
+
+    return anthropic.DefaultHttpxClient(verify=tls_context())
 
 
 class MessagesAPIModel:
@@ -169,7 +204,7 @@ class MessagesAPIModel:
             options["base_url"] = self._base_url
         if self._timeout is not None:
             options["timeout"] = self._timeout
-        options["http_client"] = anthropic.DefaultHttpxClient(verify=tls_context())
+        options["http_client"] = http_client()
         client = anthropic.Anthropic(**options)
         if client.api_key is None and client.auth_token is None and client.credentials is None:
             client.close()
