@@ -111,7 +111,14 @@ def test_a_worker_s_events_ring_its_daemon_with_one_file_however_many(tmp_path: 
 # -- the README's names -----------------------------------------------------------------------
 
 #: Calls that name an event, and the position of the name among their arguments.
-EMITTERS = {"emit": 0, "_event": 0, "append_event": 1, "record_event": 2, "event_line": 0}
+EMITTERS = {
+    "emit": 0,
+    "event": 0,
+    "_event": 0,
+    "append_event": 1,
+    "record_event": 2,
+    "event_line": 0,
+}
 LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
 
 
