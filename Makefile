@@ -32,7 +32,7 @@ demo-cluster: $(STAMP)
 # The man page, rendered from the argument parser (see it with `man -l agentd.1`).
 man: agentd.1
 
-agentd.1: $(STAMP) supervisor/cli.py supervisor/clidoc.py supervisor/manpage.py
+agentd.1: $(STAMP) supervisor/cli.py $(wildcard supervisor/commands/*.py) supervisor/clidoc.py supervisor/manpage.py
 	$(BIN)/python -m supervisor.manpage man > $@
 
 lint: $(STAMP)

@@ -15,7 +15,7 @@ A task's log is two streams merged in time order, each kept in its own order:
 The text form is logfmt: ``key=value``, a value quoted (JSON string syntax) when it holds a
 space, a quote, an ``=`` or a control character; no Python reprs (a null field is left
 out), floats rounded to milliseconds, a nested object flattened to ``key.sub=value``.
-Everything here returns strings or data; ``supervisor.cli`` prints.
+Everything here returns strings or data; the commands (``supervisor.commands``) print.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def cut(line: str, width: int | None) -> str:
 def render_status(
     doc: Mapping[str, Any], *, width: int | None = None, now: float | None = None
 ) -> str:
-    """The ``agentd status`` table for a status document (``supervisor.cli.status_document``).
+    """The ``agentd status`` table for a status document (``supervisor.overview.status_document``).
 
     AGE is the time since the task was submitted (kubectl's meaning: it keeps counting
     across restarts, which RESTARTS counts). TOKENS is what the task has spent, input plus

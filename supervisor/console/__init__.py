@@ -17,7 +17,7 @@ watches like its other children::
 So a slow or hostile client, a crowd of half-open connections or a heavy read costs the
 console's process, never a moment of the daemon's loop, and the console reads and acts
 exactly as the CLI does (the same functions, the same store: on a shared store the whole
-cluster). ``agentd console`` (``supervisor.cli``) prints its URL with a one-time login,
+cluster). ``agentd console`` (``supervisor.commands.console``) prints its URL with a one-time login,
 or mints, lists and revokes API tokens (``tokens.py``).
 """
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import cli, clidoc
+from supervisor.commands.parsing import Commands, Parser
 from tests.supervisor.test_cli import AGENTD
 from tests.support import REPO
 
@@ -39,6 +40,26 @@ def test_every_option_and_positional_has_a_help_line() -> None:
     ]
     assert empty == []
     assert all(c.help for c in CLI.commands)
+
+
+def test_the_commands_are_listed_in_one_order_whatever_group_declares_them() -> None:
+    """The groups of ``supervisor.commands`` declare their commands; the parser lists them
+    as ``cli.LISTED`` says (help, man page, completion), and refuses a command declared and
+    not listed, or listed and not declared."""
+    (subcommands,) = [a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(subcommands.choices) == list(cli.LISTED) == [c.name for c in CLI.commands]
+    assert cli.LISTED.index("start") == 0 and cli.LISTED.index("completion") == 23
+    commands = Commands()
+    commands.add("stop", cli.cmd_completion, "a command")
+    commands.add("demo", cli.cmd_completion, "another")
+    for listed in (["stop"], ["stop", "demo", "start"], ["stop", "stop"]):
+        with pytest.raises(ValueError, match="not those declared"):
+            commands.attach(Parser(prog="agentd"), listed)
+    parser = Parser(prog="agentd")
+    commands.attach(parser, ["demo", "stop"])
+    assert parser.parse_args(["stop"]).handler is cli.cmd_completion
+    listing = parser.format_help()
+    assert 0 < listing.index("    demo  ") < listing.index("    stop  ")  # (as listed)
 
 
 def parses(shell: str, script: Path) -> None:
