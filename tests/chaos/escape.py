@@ -29,7 +29,7 @@ starting the loop) and during the model call after it.
 ``[tools]`` table and a name for the figures; ``BARE`` runs it with the sandbox off.
 
 ``python -m tests.chaos.escape [--full] [--seed N]`` prints the table and exits 1 on a
-violation; ``tests/test_chaos_escape.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

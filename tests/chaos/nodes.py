@@ -79,7 +79,7 @@ the effects log:
   does on the keyed service's lock while a frozen worker holds it until its SIGCONT.
 
 ``python -m tests.chaos.nodes [--full] [--seed N]`` prints the table and exits 1 on any
-violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

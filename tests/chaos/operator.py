@@ -40,7 +40,7 @@ exited 0 whose task did not end cancelled, cancelled tasks that ran again, unsaf
 again without a winning decision.
 
 ``python -m tests.chaos.operator [--full] [--seed N]`` prints the table and exits 1 on any
-violation; ``tests/test_chaos_operator.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ and tasks completed, which must be all of them. The rest (worker exits 7, the da
 ``storage_fault``/``storage_recovered`` lines) show that the faults were met.
 
 ``python -m tests.chaos.storage [--full]`` prints the table and exits 1 on any violation;
-``tests/test_chaos_storage.py`` runs the quick mode in ``make test``.
+``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

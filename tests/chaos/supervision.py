@@ -49,7 +49,7 @@ the larger of ``RSS_GROWTH_MB`` (10 MB) and ``RSS_GROWTH_SHARE`` (20 %) between 
 the end of the load window (medians of ``RSS_SPAN`` seconds of samples each).
 
 ``python -m tests.chaos.supervision [--full] [--only kills|hangs|load] [--seed N]`` prints
-the table and exits 1 on any violation; ``tests/test_chaos_supervision.py`` runs the quick
+the table and exits 1 on any violation; ``tests/test_campaigns.py`` runs the quick
 mode in ``make test``.
 """
 

@@ -28,7 +28,7 @@ call without the sandbox is the escape class's question, not this one's).
 
 Where bwrap is missing or cannot create namespaces the class reports "could not run" as
 a violation: it never pretends to have attacked anything.
-``python -m tests.chaos.tampering [--full]``; ``tests/test_chaos_tampering.py`` runs quick.
+``python -m tests.chaos.tampering [--full]``; ``tests/test_campaigns.py`` runs quick.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ from tests.daemon import (
     group_alive,
     parse_time,
     spool_processes,
-    subreaper,
     worker_pids,
 )
 from tests.support import (
@@ -56,6 +55,8 @@ from tests.support import (
     worker_env,
 )
 from worker.spool import Spool, TaskDir
+
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 HEARTBEAT_INTERVAL = 0.2
 HEARTBEAT_TIMEOUT = 2.0
@@ -83,12 +84,6 @@ def config_text(
         f"crash_loop_limit = {CRASH_LOOP_LIMIT}\nstop_grace = {stop_grace}\n"
         f"{tools}{extra}"
     )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from worker.spool import TaskSpec
 from worker.store.files import FileStore
 from worker.store.memory import MemoryStore
 
+pytestmark = pytest.mark.usefixtures("subreaper")
+
 # -- the relay ------------------------------------------------------------------------------
 
 
@@ -168,12 +170,6 @@ RECORD_HOOK = (
     "import json, os, sys; json.dump({'stdin': json.load(sys.stdin), "
     "'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from supervisor.reload import WORKER_CONFIG
-from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import Daemon, alive
 from tests.support import poll_for, reply, text, tool_use
+
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 def config_text(max_workers: int = 1, timeout: float = 2.0) -> str:
@@ -36,12 +38,6 @@ def slow(turns: int, delay: float) -> list[dict[str, Any]]:
         for i in range(1, turns)
     ]
     return [*steps, reply(text("Done."), delay=delay)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture
