@@ -1,7 +1,7 @@
 """The audit of chaos class 21 (``tests.chaos.nodes``): the database read directly, and
 the figures of one run as a function of what the cluster left (journal rows, lifecycle
 events, the effects log, the faults delivered), so that each can be checked on made-up
-inputs (``tests/test_campaigns.py``)."""
+inputs (``tests/test_chaos_nodes.py``)."""
 
 from __future__ import annotations
 

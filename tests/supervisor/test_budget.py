@@ -23,9 +23,8 @@ import pytest
 from supervisor.budgets import change_budget
 from supervisor.history import fork, rewind
 from supervisor.status import status_row
-from tests.daemon import Daemon
+from tests.daemon import Daemon, config_text
 from tests.otlp import OTLPReceiver, Received
-from tests.supervisor.test_daemon import config_text
 from tests.supervisor.test_metrics import free_port
 from tests.support import (
     journal_records,

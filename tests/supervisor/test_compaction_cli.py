@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon import Daemon
-from tests.supervisor.test_daemon import config_text
+from tests.daemon import Daemon, config_text
 from tests.supervisor.test_metrics import Scraper, free_port
 from tests.support import assert_paired, journal_records, of_kind, poll_for
 from tests.worker.test_compaction import compacting_script

@@ -22,8 +22,8 @@ from structlog.testing import capture_logs
 from supervisor.inbox import _drain
 from supervisor.record import ARRIVALS
 from supervisor.relay import DAEMON_MARK, EventRelay
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import charge_script, config_text, steps
+from tests.daemon import Daemon, config_text, subreaper
+from tests.supervisor.test_daemon import charge_script, steps
 from tests.support import REPO, poll_for
 from worker.events import event_line, record_event
 from worker.protocol import ExitCode
