@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from supervisor.logging import reset as reset_logging
 from tests import postgres
+from tests.daemon import subreaper
+from tests.processes import is_process_test
+from tests.support import make_spool
 from worker import config, credentials
+from worker.spool import Spool
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +64,26 @@ def postgres_schema(postgres_url: str) -> Iterator[str]:
     """The URL of an empty schema of the test's own (its search_path), dropped after."""
     with postgres.fresh_schema(postgres_url) as url:
         yield url
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    """An empty spool of the test's own (0700, its folders made)."""
+    return make_spool(tmp_path)
+
+
+@pytest.fixture(scope="module", name="subreaper")
+def _subreaper() -> Iterator[None]:
+    """The test process is a child subreaper for the whole module: workers orphaned by a
+    killed daemon are reparented to it and reaped (tests/daemon.py). A module that starts
+    daemons says ``pytestmark = pytest.mark.usefixtures("subreaper")``."""
+    with subreaper():
+        yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts a real process ``process`` (tests/processes.py), so that
+    ``pytest -m "not process"`` runs the unit tests alone."""
+    for item in items:
+        if is_process_test(item):
+            item.add_marker(pytest.mark.process)

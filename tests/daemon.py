@@ -8,6 +8,7 @@ supervision chaos campaign (``tests/chaos/supervision.py``):
   clean-up that kills every process the spool ever had;
 * ``WorkerCensus``: a thread that samples which processes hold a task's journal open for
   writing, to prove that no task ever had two workers at once;
+* ``config_text()``: the config of a daemon under test, with fast heartbeats and restarts;
 * ``subreaper()``: makes this process a child subreaper, so workers orphaned by a killed
   daemon are reparented to it and reaped here instead of piling up as zombies of PID 1.
 
@@ -56,6 +57,52 @@ PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 #: Pids of the daemons started here: their Popen objects reap them, ``reap_orphans`` not.
 OWN_CHILDREN: set[int] = set()
+
+
+#: The heartbeats, stop grace and crash-loop limit of ``config_text()`` unless told.
+HEARTBEAT_INTERVAL = 0.2
+HEARTBEAT_TIMEOUT = 2.0
+STOP_GRACE = 2.0
+CRASH_LOOP_LIMIT = 3
+
+
+def config_text(
+    *,
+    max_workers: int = 8,
+    interval: float = HEARTBEAT_INTERVAL,
+    timeout: float = HEARTBEAT_TIMEOUT,
+    model_call: float | None = 60.0,
+    tool_call: float | None = 120.0,
+    backoff_initial: float = 0.1,
+    backoff_max: float | None = 0.4,
+    crash_loop_limit: int | None = CRASH_LOOP_LIMIT,
+    stop_grace: float | None = STOP_GRACE,
+    model: str | None = None,
+    sandbox: str | None = "auto",
+    tool_modules: tuple[str, ...] = ("tests.crash_tools",),
+    tools: str = "",
+    extra: str = "",
+) -> str:
+    """The config of a daemon under test: heartbeats, deadlines and restarts fast enough
+    for a test to see them. A key given None is left out (the default config's value);
+    ``tools`` is more of the ``[tools]`` table (written when it has a key), ``extra`` more
+    TOML after it. Each test module or campaign passes the values its faults need."""
+    text = f"max_workers = {max_workers}\n[heartbeat]\ninterval = {interval}\ntimeout = {timeout}\n"
+    if model_call is not None or tool_call is not None:
+        text += "[deadlines]\n"
+        text += f"model_call = {model_call}\n" if model_call is not None else ""
+        text += f"tool_call = {tool_call}\n" if tool_call is not None else ""
+    text += f"[restart]\nbackoff_initial = {backoff_initial}\n"
+    text += f"backoff_max = {backoff_max}\n" if backoff_max is not None else ""
+    text += f"crash_loop_limit = {crash_loop_limit}\n" if crash_loop_limit is not None else ""
+    text += f"stop_grace = {stop_grace}\n" if stop_grace is not None else ""
+    text += f'[model]\nname = "{model}"\n' if model is not None else ""
+    table = f'sandbox = "{sandbox}"\n' if sandbox is not None else ""
+    names = ", ".join(f'"{name}"' for name in tool_modules)
+    table += f"modules = [{names}]\n" if tool_modules else ""
+    table += tools
+    text += f"[tools]\n{table}" if table else ""
+    return text + extra
 
 
 class Daemon:

@@ -5,7 +5,6 @@ each of its figures is known to be able to fail."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from tests.chaos.nodeaudit import (
     Audit,
@@ -31,11 +29,9 @@ from tests.chaos.nodeaudit import (
     moved_since,
     stamped,
 )
-from tests.chaos.nodes import KILL, STOP, run, serving, task_script
+from tests.chaos.nodes import KILL, STOP, serving, task_script
 from tests.chaos.trees import freeze_tree, kill_tree, thaw
 from tests.daemon import Daemon, parse_time, subreaper
-from tests.faults.report import format_figures, violations
-from tests.postgres import server_binaries
 from tests.support import poll_for, reply, text, tool_use
 from worker.spool import TaskSpec
 from worker.store.postgres import PostgresStore
@@ -319,25 +315,6 @@ def test_the_readers_see_what_the_postgres_store_wrote(postgres_schema: str) -> 
     claimed = claims_of(events_named(postgres_schema, "task_claimed"))
     assert claimed == {"t1": [(second.epoch, "n1", parse_time("2026-01-01T00:00:02.000Z"))]}
     assert list(events_named(postgres_schema, "lease_lost")) == ["t1"]
-
-
-# -- the quick mode, in make test -----------------------------------------------------------
-
-
-@pytest.mark.timeout(480)
-def test_nodes_campaign(capsys: pytest.CaptureFixture[str]) -> None:
-    """The quick mode of class 21 (two and a half minutes: one of each of its ten faults):
-    every violation must be 0. It needs the PostgreSQL server binaries, for a server of its
-    own that it restarts, and libfaketime (.ci/system-tools): it fails in CI without them
-    and skips elsewhere (tests/postgres.py). ``AGENTD_CHAOS_SEED`` replays a run's
-    choices."""
-    server_binaries()
-    seed = os.environ.get("AGENTD_CHAOS_SEED")
-    figures = run(quick=True, seed=int(seed) if seed else None)
-    with capsys.disabled():
-        print("\n" + format_figures(figures), flush=True)
-    bad = violations(figures)
-    assert not bad, "; ".join(f"{f.fault}/{f.name}: {f.value}" for f in bad)
 
 
 def test_leases_moved_are_the_takeovers_and_fenced_workers_after_the_marks(

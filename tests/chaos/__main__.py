@@ -4,7 +4,8 @@ The whole campaign of docs/design.md's invariants, class by class (the numbers a
 classes of docs/results/reliability.md): each module's ``run(quick)`` gives its
 figures, and they are printed together, violations marked. ``make chaos`` runs the full
 mode (about an hour on 2 cores); ``make test`` runs the quick mode of each module through
-its own test. Exits 1 when any figure is a violation or a module could not run.
+``tests/test_campaigns.py`` (classes 1 and 24 through tests of their own). Exits 1 when
+any figure is a violation or a module could not run.
 """
 
 from __future__ import annotations
@@ -15,33 +16,9 @@ import sys
 import time
 import traceback
 
+from tests.chaos import CAMPAIGN
 from tests.faults.report import Figure, print_figures, violations
 
-#: (fault classes, module): in the order of the classes.
-CAMPAIGN = (
-    ("1", "tests.chaos.kill9"),
-    ("2", "tests.faults.crash_points"),
-    ("3", "tests.faults.io_errors"),
-    ("4", "tests.faults.torn"),
-    ("5", "tests.chaos.compound"),
-    ("6 7 9", "tests.chaos.supervision"),
-    ("8", "tests.chaos.api_faults"),
-    ("10", "tests.faults.fuzz"),
-    ("11", "tests.faults.security"),
-    ("12", "tests.chaos.escape"),
-    ("13", "tests.chaos.secrets"),
-    ("14", "tests.chaos.tampering"),
-    ("15", "tests.chaos.powerloss"),
-    ("16", "tests.chaos.storage"),
-    ("17", "tests.chaos.signals"),
-    ("18", "tests.chaos.operator"),
-    ("19", "tests.chaos.clock"),
-    ("20", "tests.chaos.compaction"),
-    ("21", "tests.chaos.nodes"),
-    ("22", "tests.chaos.trust"),
-    ("23", "tests.chaos.mcp"),
-    ("24", "tests.chaos.run"),
-)
 NAMES = tuple(module.rsplit(".", 1)[1] for _, module in CAMPAIGN)
 
 

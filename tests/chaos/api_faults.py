@@ -42,7 +42,7 @@ transcript; the journal after each kill is a prefix of the final one; and the ta
 (``common.check_task``).
 
 ``python -m tests.chaos.api_faults [--full] [--trials N] [--seed S]`` prints the figures;
-exit 1 on a violation. ``tests/test_chaos_api_faults.py`` runs the quick mode.
+exit 1 on a violation. ``tests/test_campaigns.py`` runs the quick mode.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Figures (violations): false hang or stall verdicts 0 (a ``worker_hung`` or
 status heartbeat ages below 0 or above ``STALE_AGE`` 0, tasks completed 100 %.
 
 ``python -m tests.chaos.clock [--full] [--seed N]``; quick mode makes 6 steps, full mode 40.
-``tests/test_chaos_clock.py`` runs the quick mode.
+``tests/test_campaigns.py`` runs the quick mode.
 """
 
 from __future__ import annotations

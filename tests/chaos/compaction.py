@@ -37,7 +37,7 @@ as too long and for pairing, and its effects missing or repeated.
 
 ``python -m tests.chaos.compaction [--full] [--seed N]`` prints the table; quick mode runs
 2 trials of 40 steps with 5 kills each, full mode 12 of 120 steps with 11 kills each.
-``tests/test_chaos_compaction.py`` runs the quick mode.
+``tests/test_campaigns.py`` runs the quick mode.
 """
 
 from __future__ import annotations

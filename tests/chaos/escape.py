@@ -29,7 +29,7 @@ starting the loop) and during the model call after it.
 ``[tools]`` table and a name for the figures; ``BARE`` runs it with the sandbox off.
 
 ``python -m tests.chaos.escape [--full] [--seed N]`` prints the table and exits 1 on a
-violation; ``tests/test_chaos_escape.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 
 import psutil
 
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon, config_text, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import reply, text, tool_use
 
@@ -121,16 +121,6 @@ class Tally:
 
 def say(message: str) -> None:
     print(f"escape: {message}", file=sys.stderr, flush=True)
-
-
-def config_text(setting: Setting) -> str:
-    return (
-        "max_workers = 16\n"
-        "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
-        f"[deadlines]\nmodel_call = {LONG * 2}\ntool_call = {LONG * 2}\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\nstop_grace = 2.0\n"
-        f"[tools]\n{setting.tools}\n"
-    )
 
 
 def script(launch: str, pause: float, *, ends_itself: bool) -> list[dict[str, Any]]:
@@ -363,7 +353,19 @@ def figures_of(tally: Tally, setting: Setting) -> list[Figure]:
 def campaign(root: Path, quick: bool, rng: random.Random, setting: Setting) -> Tally:
     tally = Tally()
     rounds = 1 if quick else ROUNDS
-    daemon = Daemon(root, config_text(setting))
+    daemon = Daemon(
+        root,
+        config_text(
+            max_workers=16,
+            timeout=5.0,
+            model_call=LONG * 2,
+            tool_call=LONG * 2,
+            crash_loop_limit=None,
+            sandbox=None,
+            tool_modules=(),
+            tools=f"{setting.tools}\n",
+        ),
+    )
     try:
         for serial in range(rounds):
             daemon.start()

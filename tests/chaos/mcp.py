@@ -30,7 +30,7 @@ calls held (a hold of a read-only or idempotent call), servers outliving their w
 secrets read (a canary in any result or the journal), transcripts rejected by the API,
 tasks not done. Counted beside them: kills, holds, re-runs, unknown outcomes.
 
-``python -m tests.chaos.mcp [--full]`` prints the table; ``tests/test_chaos_mcp.py`` runs
+``python -m tests.chaos.mcp [--full]`` prints the table; ``tests/test_campaigns.py`` runs
 the quick mode in ``make test``.
 """
 

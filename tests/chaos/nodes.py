@@ -79,7 +79,7 @@ the effects log:
   does on the keyed service's lock while a frozen worker holds it until its SIGCONT.
 
 ``python -m tests.chaos.nodes [--full] [--seed N]`` prints the table and exits 1 on any
-violation; ``tests/test_chaos_nodes.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ from tests.chaos.nodefaults import (
 )
 from tests.chaos.trees import freeze_tree, kill_frozen, kill_tree, thaw
 from tests.daemon import Daemon, subreaper
+from tests.daemon import config_text as daemon_config
 from tests.faults.report import Figure, campaign_main
 from tests.postgres import SeverableProxy, fresh_schema
 from tests.support import poll_for, reply, text
@@ -199,12 +200,18 @@ def say(message: str) -> None:
 
 
 def config_text(plan: Plan) -> str:
-    return (
-        f"max_workers = {plan.level}\n"
-        f"[heartbeat]\ninterval = {plan.interval}\ntimeout = 10.0\n"
-        f"[cluster]\nlease = {plan.lease}\n"
-        f"[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\ncrash_loop_limit = 50\n"
-        f'[tools]\nmodules = ["tests.chaos.effect_tools"]\n'
+    return daemon_config(
+        max_workers=plan.level,
+        interval=plan.interval,
+        timeout=10.0,
+        model_call=None,
+        tool_call=None,
+        backoff_max=1.0,
+        crash_loop_limit=50,
+        stop_grace=None,
+        sandbox=None,
+        tool_modules=("tests.chaos.effect_tools",),
+        extra=f"[cluster]\nlease = {plan.lease}\n",
     )
 
 

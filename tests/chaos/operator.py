@@ -40,7 +40,7 @@ exited 0 whose task did not end cancelled, cancelled tasks that ran again, unsaf
 again without a winning decision.
 
 ``python -m tests.chaos.operator [--full] [--seed N]`` prints the table and exits 1 on any
-violation; ``tests/test_chaos_operator.py`` runs the quick mode in ``make test``.
+violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from typing import Any
 from supervisor.status import load_state
 from supervisor.submit import RESULT_FILE_LIMIT
 from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import config_text as daemon_config
 from tests.faults.report import Figure, campaign_main
 from tests.support import (
     REPO,
@@ -86,12 +87,14 @@ REQUEST_FILES = ("pause.request", "requeue.request", "retry.request")
 
 
 def config_text(*, max_workers: int = 16, grace: float = GRACE) -> str:
-    return (
-        f"max_workers = {max_workers}\n"
-        "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
-        "[deadlines]\nmodel_call = 60.0\ntool_call = 120.0\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.5\n"
-        f"crash_loop_limit = 5\nstop_grace = {grace}\n"
+    return daemon_config(
+        max_workers=max_workers,
+        timeout=5.0,
+        backoff_max=0.5,
+        crash_loop_limit=5,
+        stop_grace=grace,
+        sandbox=None,
+        tool_modules=(),
     )
 
 

@@ -36,7 +36,7 @@ takes the worker configuration as a parameter, so the same class runs under anot
 ``[tools]`` setting (a sandbox) unchanged.
 
 ``python -m tests.chaos.secrets [--full]`` prints the table and exits 1 on any violation;
-``tests/test_chaos_secrets.py`` runs the quick mode in ``make test``.
+``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

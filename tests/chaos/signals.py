@@ -21,7 +21,7 @@ applied 0, bad reloads applied 0, worker restarts 0 (no signal to the daemon rea
 worker), tasks completed 100 % (each ``done`` with every turn recorded once).
 
 ``python -m tests.chaos.signals [--full] [--seed N]`` prints the table; quick mode sends
-about 20 signals, full mode 400. ``tests/test_chaos_signals.py`` runs the quick mode.
+about 20 signals, full mode 400. ``tests/test_campaigns.py`` runs the quick mode.
 """
 
 from __future__ import annotations

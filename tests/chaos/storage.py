@@ -28,7 +28,7 @@ and tasks completed, which must be all of them. The rest (worker exits 7, the da
 ``storage_fault``/``storage_recovered`` lines) show that the faults were met.
 
 ``python -m tests.chaos.storage [--full]`` prints the table and exits 1 on any violation;
-``tests/test_chaos_storage.py`` runs the quick mode in ``make test``.
+``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import Daemon, alive, config_text, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.mounts import MountRefused, fill, read_only, tmpfs
 from tests.support import poll_for, reply, text, tool_use
@@ -53,6 +53,18 @@ from worker.store.journal import read_file
 FAULT = "storage"
 STALE_AFTER = 5.0  # seconds after a fault clears by which every status row must be true
 HEARTBEAT_TIMEOUT = 6.0  # (20 fresh workers on a loaded machine: their first beats come late)
+CONFIG = config_text(
+    max_workers=20,
+    interval=0.25,
+    timeout=HEARTBEAT_TIMEOUT,
+    model_call=30.0,
+    tool_call=30.0,
+    backoff_initial=0.2,
+    backoff_max=2.0,
+    model="scripted",
+    sandbox=None,
+    tool_modules=(),
+)
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -69,17 +81,6 @@ class Plan:
         if quick:
             return cls(tasks=20, turns=120, delay=0.1, hold=3.5, size_mb=16)
         return cls(tasks=20, turns=300, delay=0.1, hold=8.0, size_mb=16)
-
-
-def config_text() -> str:
-    return (
-        "max_workers = 20\n"
-        f"[heartbeat]\ninterval = 0.25\ntimeout = {HEARTBEAT_TIMEOUT}\n"
-        "[deadlines]\nmodel_call = 30.0\ntool_call = 30.0\n"
-        "[restart]\nbackoff_initial = 0.2\nbackoff_max = 2.0\n"
-        "crash_loop_limit = 3\nstop_grace = 2.0\n"
-        '[model]\nname = "scripted"\n'
-    )
 
 
 def say(message: str) -> None:
@@ -172,7 +173,7 @@ def mid_run(daemon: Daemon, ids: list[str], turn: int, timeout: float = 30.0) ->
 
 def campaign(root: Path, plan: Plan) -> list[Figure]:
     spool = root / "spool"
-    daemon = Daemon(root, config_text())
+    daemon = Daemon(root, CONFIG)
     figures: list[Figure] = []
     with tmpfs(spool, plan.size_mb):
         daemon.log_path = spool / "supervisor.log"  # where `agentd start --detach` puts it

@@ -49,7 +49,7 @@ the larger of ``RSS_GROWTH_MB`` (10 MB) and ``RSS_GROWTH_SHARE`` (20 %) between 
 the end of the load window (medians of ``RSS_SPAN`` seconds of samples each).
 
 ``python -m tests.chaos.supervision [--full] [--only kills|hangs|load] [--seed N]`` prints
-the table and exits 1 on any violation; ``tests/test_chaos_supervision.py`` runs the quick
+the table and exits 1 on any violation; ``tests/test_campaigns.py`` runs the quick
 mode in ``make test``.
 """
 
@@ -81,6 +81,7 @@ from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, read_heartbeat
 from supervisor.submit import submit
 from tests.daemon import Daemon, WorkerCensus, alive, parse_time, subreaper
+from tests.daemon import config_text as daemon_config
 from tests.faults.report import Figure, print_figures, violations
 from tests.support import assert_paired, journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.errors import AgentdError
@@ -151,14 +152,18 @@ def config_text(
     crash_loop_limit: int = 5,
     crash_tools: bool = False,
 ) -> str:
-    tools = '[tools]\nmodules = ["tests.crash_tools"]\n' if crash_tools else ""
-    return (
-        f"max_workers = {max_workers}\n"
-        f"[heartbeat]\ninterval = {interval}\ntimeout = {timeout}\n"
-        f"[deadlines]\nmodel_call = {model_call}\ntool_call = {tool_call}\n"
-        f"[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\n"
-        f"crash_loop_limit = {crash_loop_limit}\nstop_grace = {grace}\n"
-        f'[model]\nname = "{MODEL}"\n{tools}'
+    return daemon_config(
+        max_workers=max_workers,
+        interval=interval,
+        timeout=timeout,
+        model_call=model_call,
+        tool_call=tool_call,
+        backoff_max=1.0,
+        crash_loop_limit=crash_loop_limit,
+        stop_grace=grace,
+        model=MODEL,
+        sandbox=None,
+        tool_modules=("tests.crash_tools",) if crash_tools else (),
     )
 
 

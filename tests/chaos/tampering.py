@@ -28,7 +28,7 @@ call without the sandbox is the escape class's question, not this one's).
 
 Where bwrap is missing or cannot create namespaces the class reports "could not run" as
 a violation: it never pretends to have attacked anything.
-``python -m tests.chaos.tampering [--full]``; ``tests/test_chaos_tampering.py`` runs quick.
+``python -m tests.chaos.tampering [--full]``; ``tests/test_campaigns.py`` runs quick.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 from supervisor.control import supervisor_info
 from tests.chaos.supervision import within
-from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import Daemon, alive, config_text, subreaper
 from tests.faults.report import Figure, campaign_main
 from tests.support import processes_with, reply, text, tool_use
 from worker.errors import AgentdError
@@ -126,15 +126,6 @@ ATTACKS = (
 )
 
 
-def config_text(sandbox: str) -> str:
-    return (
-        f"# {CONFIG_CANARY}\nmax_workers = 8\n"
-        "[heartbeat]\ninterval = 0.1\ntimeout = 10.0\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\nstop_grace = 1.0\n"
-        f'[tools]\nsandbox = "{sandbox}"\n'
-    )
-
-
 def attack_script(command: str) -> list[dict[str, Any]]:
     """The attack, then an answer after a while (the heartbeat shows the call's sandbox)."""
     return [
@@ -169,7 +160,21 @@ class Campaign:
     """One daemon, its neighbour task, and attacks run one at a time against it."""
 
     def __init__(self, root: Path, sandbox: str) -> None:
-        self.daemon = Daemon(root, config_text(sandbox))
+        self.daemon = Daemon(
+            root,
+            config_text(
+                timeout=10.0,
+                model_call=None,
+                tool_call=None,
+                backoff_max=1.0,
+                crash_loop_limit=None,
+                stop_grace=1.0,
+                interval=0.1,
+                sandbox=sandbox,
+                tool_modules=(),
+                extra=f"# {CONFIG_CANARY}\n",
+            ),
+        )
         self.sandboxed = sandbox != "off"
         self.tally = Tally()
         self.baseline: list[str] | None = None

@@ -12,6 +12,6 @@ One module per fault class, each with ``run(quick: bool) -> list[Figure]``:
   workspace, hostile ids and tool paths, a canary API key.
 
 ``python -m tests.faults [--full] [--only NAME]`` prints one table of every figure and
-exits 1 when any figure is a violation; ``tests/test_faults.py`` runs the quick mode of
+exits 1 when any figure is a violation; ``tests/test_campaigns.py`` runs the quick mode of
 each module in ``make test``.
 """

@@ -46,7 +46,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test that uses ``store`` runs once per backend (its marked ones only)."""
     if "backend_name" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("backend")
-        metafunc.parametrize("backend_name", marker.args if marker else sorted(BACKENDS))
+        names = marker.args if marker else sorted(BACKENDS)
+        # the PostgreSQL backend needs a server: a process test (tests/processes.py)
+        marks = {"postgres": [pytest.mark.process]}
+        metafunc.parametrize(
+            "backend_name", [pytest.param(name, marks=marks.get(name, [])) for name in names]
+        )
 
 
 @pytest.fixture

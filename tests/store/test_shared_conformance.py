@@ -39,6 +39,6 @@ def _postgres(request: pytest.FixtureRequest) -> SharedBackend:
     return make
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.process)])
 def shared_backend(request: pytest.FixtureRequest) -> SharedBackend:
     return {"memory": _memory, "postgres": _postgres}[request.param](request)

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import Daemon, alive
-from tests.supervisor.test_daemon import config_text
+from tests.daemon import Daemon, alive, config_text
 from tests.support import poll_for, reply, text, tool_use
 from worker.spool import TaskDir
 from worker.store.base import PROGRESS

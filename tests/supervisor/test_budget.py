@@ -23,9 +23,8 @@ import pytest
 from supervisor.budgets import change_budget
 from supervisor.history import fork, rewind
 from supervisor.status import status_row
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon, config_text
 from tests.otlp import OTLPReceiver, Received
-from tests.supervisor.test_daemon import config_text
 from tests.supervisor.test_metrics import free_port
 from tests.support import (
     journal_records,
@@ -44,18 +43,14 @@ from worker.spans import identity, trace_id
 from worker.spool import TaskDir
 from worker.state import fold
 
+pytestmark = pytest.mark.usefixtures("subreaper")
+
 #: $3 in, $15 out per million (the Sonnet 4 family): 100,000 in and 10,000 out is $0.45.
 MODEL = "claude-sonnet-4-6"
 TURN_USAGE = {"input_tokens": 100_000, "output_tokens": 10_000}
 #: The receiver is on this machine: never through a proxy the environment names.
 LOCAL = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 RECORD_HOOK = "import json, sys; json.dump(json.load(sys.stdin), open(sys.argv[1], 'w'))"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture

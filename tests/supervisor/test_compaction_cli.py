@@ -8,21 +8,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import config_text
+from tests.daemon import Daemon, config_text
 from tests.supervisor.test_metrics import Scraper, free_port
 from tests.support import assert_paired, journal_records, of_kind, poll_for
 from tests.worker.test_compaction import compacting_script
 from worker.state import fold
 
+pytestmark = pytest.mark.usefixtures("subreaper")
+
 CONTEXT = "[model]\nmax_tokens = 50\n[context]\nwindow = 200\ncompact_at = 0.5\nkeep_turns = 1\n"
 PORT = free_port()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ from tests.console import (
     logged_in,
     login_url,
 )
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import CHARGE, Held, config_text
+from tests.daemon import Daemon, config_text, subreaper
+from tests.supervisor.test_daemon import CHARGE, Held
 from tests.support import poll_for, reply, text, tool_use
 from worker.budget import Budget
 

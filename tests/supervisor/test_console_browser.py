@@ -27,8 +27,8 @@ import pytest
 
 from supervisor.views import human_cost
 from tests.console import console_table, free_port, login_url
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import CHARGE, config_text
+from tests.daemon import Daemon, config_text, subreaper
+from tests.supervisor.test_daemon import CHARGE
 from tests.support import missing_system_tool, reply, text, tool_use
 
 CHROMIUM = "/usr/bin/chromium"

@@ -17,8 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.console import api_token, console_table, free_port
-from tests.daemon import Daemon, parse_time, subreaper
-from tests.supervisor.test_daemon import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, config_text, steps
+from tests.daemon import (
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    Daemon,
+    config_text,
+    parse_time,
+    subreaper,
+)
+from tests.supervisor.test_daemon import steps
 from tests.support import poll_for
 
 CROWD = 150

@@ -19,17 +19,12 @@ import pytest
 from supervisor.console.auth import Sessions, host_allowed, origin_allowed
 from supervisor.control import running_pid
 from tests.console import Client, console_table, free_port, login_url, self_signed
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import config_text
+from tests.daemon import Daemon, config_text
 from tests.support import missing_system_tool, poll_for
 from worker.config import load_config
 from worker.errors import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 @pytest.fixture

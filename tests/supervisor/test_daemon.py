@@ -35,13 +35,16 @@ from supervisor.record import TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import store_of
 from tests.daemon import (
+    CRASH_LOOP_LIMIT,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
     Daemon,
     WorkerCensus,
     alive,
+    config_text,
     group_alive,
     parse_time,
     spool_processes,
-    subreaper,
     worker_pids,
 )
 from tests.support import (
@@ -57,38 +60,7 @@ from tests.support import (
 )
 from worker.spool import Spool, TaskDir
 
-HEARTBEAT_INTERVAL = 0.2
-HEARTBEAT_TIMEOUT = 2.0
-STOP_GRACE = 2.0
-CRASH_LOOP_LIMIT = 3
-
-
-def config_text(
-    *,
-    max_workers: int = 8,
-    heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-    tool_call: float = 120.0,
-    stop_grace: float = STOP_GRACE,
-    modules: bool = True,
-    sandbox: str = "auto",
-    extra: str = "",
-) -> str:
-    tools = f'[tools]\nsandbox = "{sandbox}"\n'
-    tools += 'modules = ["tests.crash_tools"]\n' if modules else ""
-    return (
-        f"max_workers = {max_workers}\n"
-        f"[heartbeat]\ninterval = {HEARTBEAT_INTERVAL}\ntimeout = {heartbeat_timeout}\n"
-        f"[deadlines]\nmodel_call = 60.0\ntool_call = {tool_call}\n"
-        f"[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\n"
-        f"crash_loop_limit = {CRASH_LOOP_LIMIT}\nstop_grace = {stop_grace}\n"
-        f"{tools}{extra}"
-    )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 @pytest.fixture
@@ -746,7 +718,7 @@ def test_kill_9_of_the_daemon_under_load_loses_nothing_and_never_doubles_a_worke
     make_daemon: Callable[..., Daemon],
 ) -> None:
     # (20 fresh workers on a loaded machine may take more than the module's 2 s to beat first)
-    daemon = make_daemon(max_workers=20, heartbeat_timeout=15.0)
+    daemon = make_daemon(max_workers=20, timeout=15.0)
     daemon.start()
     # short tasks end while no daemon runs; long ones are still running when it is back
     lengths = {f"load-{i:02d}": 6 if i % 2 else 20 for i in range(20)}

@@ -22,14 +22,16 @@ from structlog.testing import capture_logs
 from supervisor.inbox import _drain
 from supervisor.record import ARRIVALS
 from supervisor.relay import DAEMON_MARK, EventRelay
-from tests.daemon import Daemon, subreaper
-from tests.supervisor.test_daemon import charge_script, config_text, steps
+from tests.daemon import Daemon, config_text, subreaper
+from tests.supervisor.test_daemon import charge_script, steps
 from tests.support import REPO, poll_for
 from worker.events import event_line, record_event
 from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.store.files import FileStore
 from worker.store.memory import MemoryStore
+
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 # -- the relay ------------------------------------------------------------------------------
 
@@ -175,12 +177,6 @@ RECORD_HOOK = (
     "import json, os, sys; json.dump({'stdin': json.load(sys.stdin), "
     "'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ from tests.support import (
     charge_crashing_once,
     git,
     journal_records,
-    make_spool,
     of_kind,
     reply,
     run_to_end,
@@ -60,11 +59,6 @@ def six_turns() -> list[dict[str, Any]]:
         reply(tool_use("read_file", path="a.txt")),
         reply(text("Done.")),
     ]
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 def read_events_named(task: TaskDir, name: str) -> list[dict[str, Any]]:

@@ -6,20 +6,15 @@ that writes it."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon
 from tests.support import REPO, poll_for, worker_env
 from worker.output import LOG_FILE_LIMIT
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 def test_the_daemon_and_fork_server_logs_are_moved_aside_at_their_limit(tmp_path: Path) -> None:

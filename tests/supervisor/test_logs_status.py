@@ -20,7 +20,7 @@ import pytest
 
 from supervisor.record import TaskRecord
 from supervisor.views import END_GRACE, human_cost, human_count, log_line, render_status
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon
 from tests.support import REPO, Terminal, poll_for, reply, text, tool_use, worker_env
 
 CONFIG = (
@@ -28,15 +28,11 @@ CONFIG = (
     "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
     "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\n"
 )
+
+pytestmark = pytest.mark.usefixtures("subreaper")
 TURNS = 20
 LONG_FLOAT = re.compile(r"\d\.\d{4,}")
 LONG_REASON = "the operator stopped this task because " + "it kept asking for more " * 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,24 +10,19 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon
 from tests.mcp.servers import fault_server, npm_server, write_config
 from tests.support import poll_for, reply, text, tool_use
 from worker.config import load_config
 
+pytestmark = pytest.mark.usefixtures("subreaper")
+
 #: A folder a sandboxed tool sees as the host has it (unlike /tmp, which is its own).
 OUTSIDE_TMP = "/var/tmp"
-
-
-@pytest.fixture(autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 def test_a_server_that_cannot_list_leaves_the_task_waiting_until_it_can(tmp_path: Path) -> None:

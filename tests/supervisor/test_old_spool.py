@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "spool-0.1.0"
 
@@ -28,11 +27,7 @@ CONFIG = (
     "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.5\n"
 )
 
-
-@pytest.fixture(autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 def copy_spool(target: Path) -> None:

@@ -29,14 +29,10 @@ from tests.chaos.operator import (
     wait_tool,
     workspace_file,
 )
-from tests.daemon import Daemon, alive, group_alive, subreaper
+from tests.daemon import Daemon, alive, group_alive
 from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 @pytest.fixture(scope="module")

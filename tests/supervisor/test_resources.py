@@ -17,17 +17,13 @@ import pytest
 
 from supervisor.cgroups import CGROUP_FS, delegate, own_cgroup
 from supervisor.control import supervisor_info
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon, config_text
 from tests.pids import PidsCgroup, PidsRefused, confine, pids_cgroup
-from tests.supervisor.test_daemon import config_text, steps
+from tests.supervisor.test_daemon import steps
 from tests.support import make_spool, poll_for, reply, scripted_task, text, tool_use, worker_env
 from worker.protocol import ExitCode
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon
 from tests.supervisor.test_metrics import Scraper, free_port
 from worker.config import default_config_text, load_config
 from worker.tools.sandbox import SandboxMode, probe
@@ -28,11 +27,7 @@ needs_bwrap = pytest.mark.skipif(
     not BWRAP_WORKS and not os.environ.get("CI"), reason="bwrap does not work here"
 )
 
-
-@pytest.fixture(autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 def no_bwrap_path(tmp_path: Path) -> dict[str, str]:

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ from supervisor.transcript import Renderer, lines, use_colour
 from tests.support import (
     charge_crashing_once,
     journal_records,
-    make_spool,
     reply,
     run_to_end,
     scripted_task,
@@ -31,11 +29,6 @@ from worker.config import Config
 from worker.spool import Spool
 
 CONFIG = Config()
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 def show(spool: Spool, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -17,15 +17,22 @@ from typing import Any
 import pytest
 
 from supervisor.reload import WORKER_CONFIG
-from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import Daemon, alive
+from tests.daemon import config_text as daemon_config
 from tests.support import poll_for, reply, text, tool_use
+
+pytestmark = pytest.mark.usefixtures("subreaper")
 
 
 def config_text(max_workers: int = 1, timeout: float = 2.0) -> str:
-    return (
-        f"max_workers = {max_workers}\n"
-        f"[heartbeat]\ninterval = 0.2\ntimeout = {timeout}\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\nstop_grace = 2.0\n"
+    return daemon_config(
+        max_workers=max_workers,
+        timeout=timeout,
+        model_call=None,
+        tool_call=None,
+        crash_loop_limit=None,
+        sandbox=None,
+        tool_modules=(),
     )
 
 
@@ -36,12 +43,6 @@ def slow(turns: int, delay: float) -> list[dict[str, Any]]:
         for i in range(1, turns)
     ]
     return [*steps, reply(text("Done."), delay=delay)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture

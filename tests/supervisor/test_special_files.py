@@ -15,19 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, alive, subreaper
+from tests.daemon import Daemon, alive
 from tests.support import REPO, poll_for, reply, scripted_task, text, worker_env
 from worker.spool import Spool
 from worker.store.durable import NotRegularFileError, read_bytes, read_regular
 
+pytestmark = pytest.mark.usefixtures("subreaper")
+
 #: Long enough for a loaded machine to start the CLI; a blocked open never returns.
 PATIENCE = 60
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _subreaper() -> Iterator[None]:
-    with subreaper():
-        yield
 
 
 @pytest.fixture(params=["fifo", "device", "socket"])

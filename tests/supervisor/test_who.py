@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.operator import Operator, Via
 from supervisor.stores import store_of
-from tests.daemon import Daemon, subreaper
+from tests.daemon import Daemon, config_text, subreaper
 from tests.supervisor.test_cli import (  # noqa: F401  (fixtures, used by name)
     Run,
     agentd,
@@ -25,7 +25,7 @@ from tests.supervisor.test_cli import (  # noqa: F401  (fixtures, used by name)
     set_state,
     spool,
 )
-from tests.supervisor.test_daemon import charge_script, config_text
+from tests.supervisor.test_daemon import charge_script
 from tests.supervisor.test_events import RECORD_HOOK, hooks_table
 from tests.support import (
     journal_records,

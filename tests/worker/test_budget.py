@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.budgets import change_budget
 from supervisor.operator import Operator, Via
-from tests.support import journal_records, make_loop, make_spool, of_kind, reply, scripted_task
+from tests.support import journal_records, make_loop, of_kind, reply, scripted_task
 from tests.support import text as text_block
 from tests.support import tool_use as tool_use_block
 from worker.budget import (
@@ -40,11 +40,6 @@ from worker.state import OutdatedSnapshot, TaskState, fold
 MODEL = "claude-sonnet-4-6"
 TURN_USAGE = {"input_tokens": 100_000, "output_tokens": 10_000}
 CONFIG = Config(model=ModelConfig(name=MODEL))
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 # -- the price table and the cost -----------------------------------------------------------

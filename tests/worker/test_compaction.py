@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from tests.support import (
     assert_paired,
     journal_records,
     make_loop,
-    make_spool,
     of_kind,
     reply,
     scene,
@@ -37,11 +35,6 @@ from worker.state import TaskState, fold, open_snapshot, parse_snapshot, snapsho
 from worker.tool_calls import idempotency_key
 
 JSON = dict[str, Any]
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 def tool_turns(count: int) -> list[JSON]:

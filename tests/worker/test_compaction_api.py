@@ -18,7 +18,6 @@ from tests.support import (
     journal_records,
     kill_group,
     make_loop,
-    make_spool,
     of_kind,
     poll_for,
     reap,
@@ -92,11 +91,6 @@ class Agent:
         if k > TURNS:
             return Reply.text("All files are written.")
         return Reply.tool_use("write_file", {"path": f"f{k}.txt", "content": PAYLOAD})
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 @pytest.fixture

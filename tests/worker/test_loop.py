@@ -21,7 +21,6 @@ from tests.support import (
     assert_paired,
     journal_records,
     make_loop,
-    make_spool,
     of_kind,
     reply,
     scene,
@@ -51,11 +50,6 @@ DONE = reply(text("All done."))
 
 class Crash(BaseException):
     """Stands for kill -9 at a chosen point: nothing in the loop catches it."""
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 def size_tokens(messages: list[dict[str, Any]]) -> int:

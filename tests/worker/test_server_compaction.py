@@ -14,7 +14,7 @@ import anthropic
 import pytest
 from anthropic.types.beta import BetaUsage
 
-from tests.support import journal_records, make_spool, of_kind
+from tests.support import journal_records, of_kind
 from tests.worker.test_compaction_api import (
     CONFIG,
     LIMIT,
@@ -74,11 +74,6 @@ class Served:
                 if iteration["type"] == "compaction":
                     total += Usage.from_json(iteration)
         return total
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 @pytest.fixture

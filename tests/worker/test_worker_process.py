@@ -18,7 +18,6 @@ from tests.support import (
     finish,
     journal_records,
     kill_group,
-    make_spool,
     of_kind,
     poll_for,
     reap,
@@ -37,11 +36,6 @@ from worker.store.durable import atomic_write_json, read_json
 from worker.store.journal import read_file
 
 DONE = reply(text("Done."))
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    return make_spool(tmp_path)
 
 
 def exit_record(task: TaskDir) -> dict[str, Any]:

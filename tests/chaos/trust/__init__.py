@@ -12,7 +12,7 @@ The figures every attack reports, summed in the table: escapes, secrets read, fo
 writes, decisions forged, tasks failed by a neighbour; all must be 0.
 
 ``python -m tests.chaos.trust [--full]`` prints the table and exits 1 on a violation;
-``tests/test_chaos_trust.py`` runs the quick mode in ``make test``.
+``tests/test_campaigns.py`` runs the quick mode in ``make test``.
 """
 
 from __future__ import annotations

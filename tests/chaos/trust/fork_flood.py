@@ -32,6 +32,7 @@ from typing import Any
 
 from tests.chaos.trust import FAULT, Host
 from tests.daemon import Daemon, subreaper
+from tests.daemon import config_text as daemon_config
 from tests.faults.report import Figure
 from tests.pids import PidsCgroup, confine, pids_cgroup
 from tests.support import poll_for, reply, text, tool_use
@@ -54,12 +55,16 @@ def say(message: str) -> None:
 def config_text(tools: str = f"max_processes = {TASK_LIMIT}") -> str:
     """A daemon's config for a trust attack: fast heartbeats and retries, ``tools`` the
     body of its ``[tools]`` table."""
-    return (
-        "max_workers = 32\n"
-        "[heartbeat]\ninterval = 0.2\ntimeout = 10.0\n"
-        "[deadlines]\nmodel_call = 120\ntool_call = 120\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 1.0\nstop_grace = 2.0\n"
-        f"[tools]\n{tools}\n"
+    return daemon_config(
+        max_workers=32,
+        timeout=10.0,
+        model_call=120,
+        tool_call=120,
+        backoff_max=1.0,
+        crash_loop_limit=None,
+        sandbox=None,
+        tool_modules=(),
+        tools=f"{tools}\n",
     )
 
 

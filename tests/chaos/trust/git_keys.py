@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.trust import FAULT, Host, outside_tmp
-from tests.daemon import Daemon
+from tests.daemon import Daemon, config_text
 from tests.faults.report import Figure
 from tests.support import REPO, make_repo, reply, text, tool_use, worker_env
 
@@ -155,15 +155,6 @@ def say(message: str) -> None:
     print(f"git_keys: {message}", file=sys.stderr, flush=True)
 
 
-def config_text(sandbox: str) -> str:
-    return (
-        "max_workers = 16\n"
-        "[heartbeat]\ninterval = 0.2\ntimeout = 5.0\n"
-        "[restart]\nbackoff_initial = 0.1\nbackoff_max = 0.4\nstop_grace = 2.0\n"
-        f'[tools]\nsandbox = "{sandbox}"\n'
-    )
-
-
 def script(plant: Plant, marker: str, outside: Path) -> list[dict[str, Any]]:
     return [
         reply(*plant.calls(marker, outside)),
@@ -190,7 +181,18 @@ class Run:
 def attack(host: Host, root: Path, sandbox: str) -> Run:
     """The plants on a daemon of ``host``: the repositories and the folder outside are
     the daemon's user's, in the daemon's folder (all an emulated unit's daemon sees)."""
-    daemon = host.daemon(root / "daemon", config_text(sandbox))
+    daemon = host.daemon(
+        root / "daemon",
+        config_text(
+            max_workers=16,
+            timeout=5.0,
+            model_call=None,
+            tool_call=None,
+            crash_loop_limit=None,
+            sandbox=sandbox,
+            tool_modules=(),
+        ),
+    )
     outside = daemon.root / "outside"
     with daemon.as_user():
         outside.mkdir()
