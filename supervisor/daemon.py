@@ -448,8 +448,10 @@ class Supervisor:
         next_dog = 0.0
         next_reap = 0.0
         while True:
-            # on the liveness checks' instants (a reload moves it)
-            await sleep_to_grid(min(self.config.heartbeat.interval, GRID))
+            # every period, on its instants (the watch's, at the period of GRID), and often
+            # enough for systemd's watchdog (a reload moves it)
+            period = min(self.config.heartbeat.interval, GRID, watchdog or GRID)
+            await sleep_to_grid(period / 2, grid=period)
             now = self.clock()
             self.placement.tick(now)
             if watchdog and now >= next_dog:

@@ -41,8 +41,9 @@ GRID = 0.5
 
 
 async def sleep_to_grid(seconds: float, grid: float = GRID) -> None:
-    """Sleep at least ``seconds``, until the next instant of the watch's grid: a wake-up
-    shared with the checks due then."""
+    """Sleep at least ``seconds``, until the next instant of ``grid`` (the watch's: a
+    wake-up shared with the checks due then). A loop woken on an instant that sleeps half
+    a step wakes on the next one: a tick every ``grid`` seconds, never two at once."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
     at = math.ceil((loop.time() + seconds) / grid) * grid

@@ -237,7 +237,13 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     assert names == [e["event"] for e in daemon.events("held-1")]
     assert all(e.get("origin") == "daemon" for e in daemon.events("held-1", "worker_exited"))
 
-    seen = poll_for(lambda: out.exists() and json.loads(out.read_text()), 10, what="the hook")
+    def hook_output() -> Any:
+        try:  # (the hook may have made its file and not written it whole yet)
+            return json.loads(out.read_text())
+        except (OSError, ValueError):
+            return None
+
+    seen = poll_for(hook_output, 10, what="the hook")
     event = seen["stdin"]
     assert event["event"] == "dangling_held" and event["task"] == "held-1"
     assert event["reason"] == row["reason"] and event["node"]
