@@ -149,6 +149,7 @@ class LocalPlacement:
         # tasks at rest when last scanned, and their mark then (``TaskStore.rest_mark``)
         self._resting: dict[str, tuple[int, ...]] = {}
         self._rescans = 0
+        self._every_worker = False  # this rescan looks at every running worker's task
 
     @property
     def node(self) -> str:
@@ -167,10 +168,17 @@ class LocalPlacement:
     def leave(self) -> None:
         pass
 
-    def rescan(self) -> None:
+    def rescan(self, *, every_worker: bool = False) -> None:
+        """Look at the spool's tasks: those at rest whose folder changed, and a running
+        worker's at its turn (``_net_turn``), or each (``every_worker``: a doorbell for
+        every task, which may stand for a command on any of them)."""
         self._rescans += 1
-        for task_id in self.daemon.store.task_ids():
-            self._look_at(task_id, rung=False)
+        self._every_worker = every_worker
+        try:
+            for task_id in self.daemon.store.task_ids():
+                self._look_at(task_id, rung=False)
+        finally:
+            self._every_worker = False
         self._scanned = True
 
     def rescan_due(self, elapsed: float) -> bool:
@@ -178,7 +186,7 @@ class LocalPlacement:
 
     def ring(self, tasks: set[str] | None) -> None:
         if tasks is None:
-            self.rescan()
+            self.rescan(every_worker=True)
             return
         for task_id in sorted(tasks):
             self._look_at(task_id, rung=True)
@@ -238,7 +246,7 @@ class LocalPlacement:
         """Whether a rescan looks at ``slot`` now: always, but at a running worker's task
         only at its turn, one rescan in ``WORKER_RESCAN_STRIDE`` (its doorbell rings)."""
         worker = slot.worker
-        if worker is None or slot.paused or worker.kill_reason is not None:
+        if worker is None or slot.paused or worker.kill_reason is not None or self._every_worker:
             return True
         return (self._rescans + worker.pid) % WORKER_RESCAN_STRIDE == 0
 

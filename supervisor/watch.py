@@ -93,7 +93,7 @@ class Watch(Generic[K]):
         waiting = self._slots.get(slot)
         if waiting is None:
             return  # (its instant is being fired: ``_fire`` skips it)
-        del waiting[key]
+        waiting.pop(key, None)
         if not waiting:
             del self._slots[slot]
             self._timers.pop(slot).cancel()
@@ -117,7 +117,12 @@ class Watch(Generic[K]):
         for key in waiting:
             if self._slot_of.get(key) == slot:
                 del self._slot_of[key]
-                self._run(key, wall, mono)
+                try:
+                    self._run(key, wall, mono)
+                except Exception as exc:  # (one check's fault is no other's)
+                    loop = asyncio.get_running_loop()
+                    loop.call_exception_handler({"message": "liveness check", "exception": exc})
+                    self.arm(key, mono + self._grid)  # judged again at the next instant
 
     def _run(self, key: K, wall: float, mono: float) -> None:
         self.disarm(key)

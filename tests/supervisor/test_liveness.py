@@ -246,3 +246,26 @@ def test_the_tick_sleeps_to_the_watch_s_grid_and_wakes_with_the_checks_due_there
     instant = math.ceil((start + 0.06) / 0.05) * 0.05
     assert woke >= instant and woke >= start + 0.06
     assert len(seen) == 1 and instant <= seen[0] <= woke  # the check due there ran by then
+
+
+def test_a_check_that_fails_loses_no_other_worker_due_at_its_instant_and_is_judged_again() -> None:
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: None)  # (the fault is logged)
+        seen: list[str] = []
+
+        def check(key: str, wall: float, mono: float) -> float | None:
+            seen.append(key)
+            if key == "bad" and seen.count("bad") == 1:
+                raise OSError("a check's own fault")
+            return None
+
+        watch: Watch[str] = Watch(check, grid=0.05)
+        start = loop.time()
+        for key in ("a", "bad", "b"):  # all due at one instant, "bad" before "b"
+            watch.arm(key, start + 0.01)
+        await asyncio.sleep(0.3)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert sorted(seen) == ["a", "b", "bad", "bad"]  # "b" judged, "bad" judged again

@@ -159,3 +159,24 @@ def test_a_running_worker_s_task_is_looked_at_by_one_rescan_in_the_stride_and_at
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_doorbell_for_every_task_looks_at_each_running_worker_s_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    scripted_task(spool, [{"content": [text("hi")]}], name="r2")
+    daemon = Supervisor(spool, Config(), preload=False)
+    daemon.rescan()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        slot = daemon.slots["r2"]
+        slot.worker = WorkerProcess(slot.task, sleeper.pid, os.pidfd_open(sleeper.pid), sleeper)
+        looked: list[str] = []
+        monkeypatch.setattr(daemon.requests, "apply", lambda slot: looked.append(slot.task.id))
+        for _ in range(WORKER_RESCAN_STRIDE - 1):
+            daemon.placement.ring(None)  # a name it could not read: any task's command
+        assert looked == ["r2"] * (WORKER_RESCAN_STRIDE - 1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

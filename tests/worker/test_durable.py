@@ -225,3 +225,20 @@ def test_read_regular_reads_what_a_file_grew_by_while_it_was_read(
     monkeypatch.setattr("worker.store.durable.os.fstat", fstat_then_grow)
     assert read_regular(path) == b"a" * 1000 + b"b" * 5000
     assert sizes == [1000, 1000]  # (the size it went by: the rest was read on)
+
+
+def test_read_regular_reads_on_past_a_short_read_before_the_file_s_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f"
+    data = os.urandom(10_000)
+    path.write_bytes(data)
+    real_read = os.read
+    calls: list[int] = []
+
+    def short_first(fd: int, n: int) -> bytes:
+        calls.append(n)
+        return real_read(fd, min(n, 3000) if len(calls) == 1 else n)  # (FUSE, NFS: a short read)
+
+    monkeypatch.setattr("worker.store.durable.os.read", short_first)
+    assert read_regular(path) == data

@@ -299,10 +299,12 @@ def read_regular(
         want = math.inf if limit is None else limit + 1
         # its size and one byte more, in one read: a short read of a regular file is its
         # end (no buffered file object: the daemon reads a heartbeat so at each check)
-        asked = int(min(want, os.fstat(fd).st_size + 1))
+        size = os.fstat(fd).st_size
+        asked = int(min(want, size + 1))
         chunks = [os.read(fd, asked)]
         got = len(chunks[0])
-        while got < want and len(chunks[-1]) == asked:  # (it grew meanwhile)
+        # on: it grew meanwhile, or a read came back short before its size (FUSE, NFS)
+        while got < want and chunks[-1] and (len(chunks[-1]) == asked or got < size):
             asked = int(min(want - got, READ_CHUNK))
             chunks.append(os.read(fd, asked))
             got += len(chunks[-1])
