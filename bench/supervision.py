@@ -284,16 +284,28 @@ def _holds(pid: int, spool: Spool) -> bool:
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
+    """The CPU time ``proc``'s threads have run, in nanoseconds' resolution: the sum of
+    each thread's ``/proc/PID/task/TID/schedstat`` (user + system time in ``/proc/PID/stat``
+    counts clock ticks, 10 ms: a 30 s window could not tell 0.033% from 0.067%). A thread
+    that ends within a window takes its time with it; an idle daemon starts none."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+    return total / 1e9
 
 
-def sample_cpu(pid: int, seconds: float) -> float:
-    """Percent of one core ``pid`` used (itself, not its children) over ``seconds``."""
-    proc = psutil.Process(pid)
-    c0, t0 = cpu_seconds(proc), time.monotonic()
+def sample_cpu(pid: int, seconds: float, *more: int) -> float:
+    """Percent of one core ``pid`` and the processes ``more`` used (each itself, not its
+    children) over ``seconds``, in one window."""
+    procs = [psutil.Process(p) for p in (pid, *more)]
+    c0, t0 = sum(map(cpu_seconds, procs)), time.monotonic()
     time.sleep(seconds)
-    c1, t1 = cpu_seconds(proc), time.monotonic()
+    c1, t1 = sum(map(cpu_seconds, procs)), time.monotonic()
     return 100.0 * (c1 - c0) / (t1 - t0)
 
 

@@ -12,8 +12,9 @@ What drives it:
   that outlived it (``supervisor.strays``);
 * the liveness watch (``supervisor.watch``): a worker's heartbeat is read at the instant a
   verdict on it could fall due, and only then, the checks due at one instant on one
-  timer, so an idle daemon costs next to nothing however many workers it watches;
-* a tick every ``min(heartbeat.interval, watch.GRID)`` seconds, on the liveness checks'
+  timer; a worker's hang is its own dead-man's to end (``worker.heartbeat``), so an idle
+  daemon reads a beat once a deadline could pass, however many workers it watches;
+* a tick every ``min(heartbeat.interval, TICK)`` seconds, on the liveness checks'
   instants (one wake-up for both), that feeds the systemd watchdog,
   retries what a storage fault refused, tends the fork server and, on a shared store, the
   leases.
@@ -86,7 +87,7 @@ from supervisor.slot import TaskSlot
 from supervisor.stores import shared, store_for
 from supervisor.strays import StraySweeper
 from supervisor.surfaces import Surfaces
-from supervisor.watch import GRID, LivenessWatch, sleep_to_grid
+from supervisor.watch import LivenessWatch, sleep_to_grid
 from worker import __version__, credentials
 from worker.config import Config
 from worker.descendants import become_subreaper
@@ -100,6 +101,11 @@ from worker.protocol import (
 )
 from worker.spool import Spool
 from worker.store.durable import private_dir
+
+#: Seconds: the tick's longest period (a multiple of ``watch.GRID``, on whose instants it
+#: falls). An idle daemon then wakes about once a second, as supervisord does; a shorter
+#: ``heartbeat.interval`` or systemd's watchdog makes it tick more often.
+TICK = 1.0
 
 
 class Supervisor:
@@ -448,9 +454,9 @@ class Supervisor:
         next_dog = 0.0
         next_reap = 0.0
         while True:
-            # every period, on its instants (the watch's, at the period of GRID), and often
-            # enough for systemd's watchdog (a reload moves it)
-            period = min(self.config.heartbeat.interval, GRID, watchdog or GRID)
+            # every period, on its instants (the watch's: TICK is a multiple of GRID), and
+            # often enough for systemd's watchdog (a reload moves it)
+            period = min(self.config.heartbeat.interval, TICK, watchdog or TICK)
             await sleep_to_grid(period / 2, grid=period)
             now = self.clock()
             self.placement.tick(now)

@@ -49,7 +49,7 @@ from supervisor.control import move_record, running_pid
 from supervisor.decisions import cancelled_by, operator_lock, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.hold_prompt import Ask, AskBudget, HoldPrompt, Interrupted
-from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
+from supervisor.liveness import Alive, Beat, Hung, Limits, hung_by_deadman, judge, limits_of
 from supervisor.operator import fields_of
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.run_terminal import RunTerminal
@@ -317,6 +317,8 @@ class ForegroundRun:
             if now >= worker.beat_due:
                 self._judge(worker, limits, now)
         code, sig = worker.exit_status()
+        if worker.kill_reason is None:
+            self._found_hung(worker, sig)
         worker.close()
         worker.signal_group(signal.SIGKILL)  # nothing of the worker keeps acting
         self.worker = None
@@ -337,8 +339,7 @@ class ForegroundRun:
         except StorageError:
             worker.beat_due = now + limits.interval
             return
-        fresh = data is not None and data.get("pid") == worker.pid
-        beat = Beat.of(data, time.time(), now) if fresh and data is not None else None
+        beat = Beat.of_worker(data, worker.pid, time.time(), now)
         verdict = judge(beat, worker.started, now, limits)
         if isinstance(verdict, Alive):
             worker.beat_due = verdict.until
@@ -353,6 +354,21 @@ class ForegroundRun:
             self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
             self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
             worker.signal_group(signal.SIGTERM)
+
+    def _found_hung(self, worker: WorkerProcess, sig: str | None) -> None:
+        """A worker its own dead-man killed was hung (``liveness.hung_by_deadman``): said
+        as the verdict here would have said it."""
+        try:
+            data = read_heartbeat(self.task)
+        except StorageError:
+            return
+        now = time.monotonic()
+        age = hung_by_deadman(Beat.of_worker(data, worker.pid, time.time(), now), sig, now)
+        if age is not None:
+            worker.kill_reason = KillReason.HUNG
+            deadman = data["deadman"] if data is not None else None
+            self.event("worker_hung", "warning", pid=worker.pid, age=round(age, 3), deadman=deadman)
+            self.say(f"the worker (pid {worker.pid}) stopped beating; the kernel killed it")
 
     # -- verdicts ----------------------------------------------------------------------
 

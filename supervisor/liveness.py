@@ -15,6 +15,13 @@ the life of that worker.
 
 ``judge`` is the whole policy: the daemon reads the beat when its ``Watch`` says a verdict
 could be due, calls it and carries out its verdict, as ``agentd run`` does.
+
+A worker on a spool holds its own dead-man (``worker/heartbeat.py``): the kernel kills it
+``heartbeat.timeout`` after its last beat, stopped or not. Its hang is then no instant to
+wake for: the daemon learns it from the exit (``hung_by_deadman``), and reads the beat only
+when a deadline could pass. A daemon whose ``heartbeat.timeout`` is shorter than the
+worker's dead-man (a reload shortened it) judges the beat's age itself, as it does for a
+worker without one.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.config import Config
+from worker.protocol import heartbeat_shaped
 
 
 @dataclass(frozen=True)
@@ -36,8 +44,9 @@ class Limits:
     tool_call: float  # deadlines.tool_call plus the slack a tool gets to record its timeout
 
     @property
-    def shortest(self) -> float:
-        return min(self.timeout, self.model_call, self.tool_call)
+    def shortest_call(self) -> float:
+        """The shortest deadline a phase can have."""
+        return min(self.model_call, self.tool_call)
 
 
 #: Seconds past ``deadlines.tool_call`` before a tool call is stalled: a tool is told its
@@ -64,6 +73,7 @@ class Beat:
     phase: str
     phase_started: float
     interval: float | None = None  # the worker's own beat interval (None: not recorded)
+    deadman: float | None = None  # the seconds its dead-man was armed ahead (None: none)
 
     @classmethod
     def of(cls, data: Mapping[str, Any], wall: float, mono: float) -> Beat:
@@ -74,12 +84,22 @@ class Beat:
         at = data.get("at_mono")
         started = data.get("phase_started_mono")
         interval = data.get("interval")
+        deadman = data.get("deadman")
         return cls(
             at=float(at) if at is not None else mono - (wall - at_wall),
             phase=str(data.get("phase", "idle")),
             phase_started=float(started) if started is not None else mono - (wall - started_wall),
             interval=float(interval) if interval is not None else None,
+            deadman=float(deadman) if deadman is not None else None,
         )
+
+    @classmethod
+    def of_worker(cls, data: Any, pid: int, wall: float, mono: float) -> Beat | None:
+        """The beat in ``data`` (a heartbeat as read) if worker ``pid`` wrote it and it has
+        the shape a worker writes, else None (none yet, or a previous worker's)."""
+        if not heartbeat_shaped(data) or data.get("pid") != pid:
+            return None
+        return cls.of(data, wall, mono)
 
     def age(self, mono: float) -> float:
         """Seconds since the beat was written; never negative (a beat read just as it is
@@ -130,15 +150,18 @@ def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verd
     margin the config allows over its own interval, never by one it cannot meet.
 
     ``Alive.until`` is the earliest instant a verdict could fall due: the beat passing the
-    timeout, the phase passing its deadline, or, since a phase that begins after this
-    read has a whole deadline ahead of it, one shortest limit from now."""
+    timeout (unless the worker's own dead-man kills it by then), the phase passing its
+    deadline, or, since a phase that begins after this read has a whole deadline ahead of
+    it, the shortest deadline from now."""
     last = beat.at if beat is not None else spawned
     timeout = limits.timeout
     if beat is not None and beat.interval is not None:
         timeout += max(0.0, beat.interval - limits.interval)
     if now - last > timeout:
         return Hung(now - last)
-    until = min(last + timeout, now + limits.shortest)
+    until = now + limits.shortest_call
+    if beat is None or beat.deadman is None or beat.deadman > timeout:
+        until = min(until, last + timeout)  # no dead-man keeps the timeout: judged here
     if beat is None:
         return Alive(until)
     limit = phase_limit(beat.phase, limits)
@@ -147,3 +170,13 @@ def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verd
     if now - beat.phase_started > limit:
         return Stalled(beat.phase, now - beat.phase_started)
     return Alive(min(until, beat.phase_started + limit))
+
+
+def hung_by_deadman(beat: Beat | None, signal: str | None, now: float) -> float | None:
+    """The age of the beat of a worker that ended by SIGKILL nobody here sent, when its
+    dead-man had expired by ``now`` (it was hung: the kernel killed it), else None. (A
+    ``kill -9`` from elsewhere at the very instant reads the same; either is a crash.)"""
+    if signal != "SIGKILL" or beat is None or beat.deadman is None:
+        return None
+    age = beat.age(now)
+    return age if age >= beat.deadman else None

@@ -3,7 +3,8 @@
 
 A worker's exit is seen through its pidfd the moment it happens (``on_exit``): what is left
 of the worker is killed and swept, its last beat folded into the record and the metrics,
-``worker_exited`` logged; then ``exits.settle``, pure, says what the exit means from the
+``worker_hung`` logged if its own dead-man killed it (``liveness.hung_by_deadman``), then
+``worker_exited``; then ``exits.settle``, pure, says what the exit means from the
 exit and the task's view (its crashes and waits, whether the daemon stops, whether the
 store is shared), and this role carries that out through the daemon's one transition
 (``Supervisor.save``, ``Supervisor.move``): an end, a hold, a wait, a restart (at once on
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor import exits
 from supervisor.backlog import Recovery
 from supervisor.decisions import pending_decisions
 from supervisor.exits import KillReason
+from supervisor.liveness import Beat, hung_by_deadman
 from supervisor.logging import dropped_lines
 from supervisor.record import TaskRecord
 from supervisor.status import read_heartbeat
@@ -66,6 +69,15 @@ class ExitSettler:
         slot.record.progressed(beat)  # written with the verdict, durably
         daemon.metrics.forget(slot.task.id)
         turn = int(beat.get("turn", 0))
+        if worker.kill_reason is None:  # killed by its own dead-man: it was hung
+            mono = daemon.clock()
+            age = hung_by_deadman(Beat.of_worker(beat, worker.pid, time.time(), mono), sig, mono)
+            if age is not None:
+                worker.kill_reason = KillReason.HUNG
+                deadman = beat["deadman"]
+                daemon.emit(
+                    "worker_hung", slot, level="warning", pid=worker.pid, age=age, deadman=deadman
+                )
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         daemon.emit(
             "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig

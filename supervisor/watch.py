@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from supervisor.exits import KillReason
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from worker.errors import StorageError
-from worker.protocol import heartbeat_shaped
 
 if TYPE_CHECKING:
     from supervisor.daemon import Supervisor
@@ -201,9 +200,7 @@ class LivenessWatch:
         except StorageError:  # a shared store away: no verdict on a beat unread
             daemon.placement.away_at = mono
             return mono + limits.interval
-        fresh = data is not None and data.get("pid") == worker.pid and heartbeat_shaped(data)
-        beat = Beat.of(data, wall, mono) if fresh and data is not None else None
-        verdict = judge(beat, worker.started, mono, limits)
+        verdict = judge(Beat.of_worker(data, worker.pid, wall, mono), worker.started, mono, limits)
         if isinstance(verdict, Alive):
             return verdict.until
         if isinstance(verdict, Hung) and mono - daemon.placement.away_at < limits.timeout:

@@ -47,7 +47,7 @@ from worker.errors import (
 from worker.events import record_event
 from worker.heartbeat import Heartbeat
 from worker.identity import ProcessId, clock_id
-from worker.killtimer import KillTimer
+from worker.killtimer import CLOCK_MONOTONIC, KillTimer
 from worker.lease import LeaseKeeper
 from worker.loop import (
     AgentLoop,
@@ -217,6 +217,7 @@ def run_owned(
         patience=config.heartbeat.timeout / 2,
         on_fault=lambda fault: storage_exit(store, task.id, fault, output),
         metrics=metrics,
+        deadman=dead_man(config.heartbeat.timeout) if lease is None else None,
     )
     loop = AgentLoop(
         store,
@@ -352,6 +353,16 @@ def lease_keeper(store: TaskStore, owner: Owner, output: BoundedOutput | None) -
     if timer is None:  # the worker's own deadline still stops it (unless it is frozen)
         say(f"agentd worker: {made}; a tool of a frozen worker may outlive its lease")
     return LeaseKeeper(store, owner, lease, functools.partial(lease_lost, output), timer=timer)
+
+
+def dead_man(timeout: float) -> tuple[KillTimer, float] | None:
+    """The kill timer each beat arms ``timeout`` ahead (``worker.heartbeat``), or None
+    where the kernel has none: the daemon then finds a hang by reading the beats."""
+    made = KillTimer.create(CLOCK_MONOTONIC)
+    if isinstance(made, str):
+        say(f"agentd worker: {made}; the daemon reads its heartbeat to find a hang")
+        return None
+    return made, timeout
 
 
 def claim_fields(owner: Owner) -> JSON:

@@ -27,6 +27,14 @@ timeout), the thread calls ``on_fault`` with the error, once, and the worker exi
 the storage code, which the supervisor treats as a wait; except within ``patient``, where
 the worker waits for something bounded otherwise.
 
+A worker on a spool also holds a dead-man (``worker.killtimer``, on ``CLOCK_MONOTONIC``):
+each beat arms it ``heartbeat.timeout`` ahead, right after its instant is stamped, and says
+so (``deadman``: the seconds armed). A worker that cannot beat any more, stopped or its
+interpreter stuck, is then killed by the kernel at the instant the daemon would have found
+its beat too old, so the daemon need not read a heartbeat to find a hang: it reads one when
+a deadline could pass (``supervisor.liveness.judge``). A worker handed a claim on a shared
+store has none: its lease bounds it, and a beat that waits on the database is no hang.
+
 Each beat also carries the worker's step metrics (``worker.metrics``: the histograms of
 its checkpoints, model and tool calls and tokens), and ``stop(final=True)`` writes one last
 beat when the worker ends, so the daemon also gets what it measured in its last interval.
@@ -42,6 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from worker.errors import StorageError
+from worker.killtimer import DeadMan
 from worker.metrics import StepMetrics
 
 #: Where the beats go: ``functools.partial(store.publish_heartbeat, task_id)``.
@@ -57,8 +66,10 @@ class Heartbeat:
         patience: float | None = None,
         on_fault: Callable[[StorageError], None] | None = None,
         metrics: StepMetrics | None = None,
+        deadman: tuple[DeadMan, float] | None = None,
     ) -> None:
         self.publish = publish
+        self.deadman = deadman  # a kill timer and the seconds each beat arms it ahead
         self.metrics = metrics
         self.interval = interval
         self.patience = patience
@@ -110,6 +121,10 @@ class Heartbeat:
             now = {"at": time.time(), "at_mono": time.monotonic()}
             data = {"pid": os.getpid(), **now, **self._fields}
             sources = list(self._sources.items())
+            if self.deadman is not None:  # (armed after the stamp: never before at + timeout)
+                timer, timeout = self.deadman
+                timer.arm_in(timeout)
+                data["deadman"] = timeout
         data.update((name, source()) for name, source in sources)
         if self.metrics is not None:
             data["metrics"] = self.metrics.to_json()

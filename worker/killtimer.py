@@ -17,6 +17,12 @@ fork does not inherit it, and an exec deletes it.
 Where ``timer_create`` cannot be had (no such function in the C library, or the kernel
 refuses), ``KillTimer.create`` says why in one line and the worker runs on with its own
 deadline only (``worker.lease``): what it had before.
+
+The heartbeat's dead-man (``worker.heartbeat``) is a timer of the same kind on
+``CLOCK_MONOTONIC``, the clock the daemon's liveness verdicts are on (``CLOCK_BOOTTIME``
+would kill every worker as hung on a laptop's wake-up), armed a timeout ahead at every
+beat (``arm_in``): a worker that cannot beat any more (stopped, or its interpreter stuck)
+is killed by the kernel at the instant the daemon would have judged it hung.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import signal
 import time
 from typing import Protocol
 
-#: ``CLOCK_BOOTTIME`` (linux/time.h), ``TIMER_ABSTIME``, ``SIGEV_SIGNAL``.
+#: ``CLOCK_BOOTTIME`` and ``CLOCK_MONOTONIC`` (linux/time.h), ``TIMER_ABSTIME``, ``SIGEV_SIGNAL``.
 CLOCK_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", 7)
+CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
 TIMER_ABSTIME = 1
 SIGEV_SIGNAL = 0
 _SIGEV_SIZE = 64  # sizeof(struct sigevent) on Linux, every architecture
@@ -61,6 +68,12 @@ class Timer(Protocol):
     def close(self) -> None: ...
 
 
+class DeadMan(Protocol):
+    """What a heartbeat needs of a kill timer: a kill that many seconds from now."""
+
+    def arm_in(self, seconds: float) -> None: ...
+
+
 def boottime() -> float:
     """Now on ``CLOCK_BOOTTIME``: the clock a ``KillTimer`` deadline is read on."""
     return time.clock_gettime(CLOCK_BOOTTIME)
@@ -85,19 +98,23 @@ def _timespec(seconds: float) -> _Timespec:
 class KillTimer:
     """One POSIX timer of this process that sends it SIGKILL when it expires.
 
-    ``arm_at`` sets (or moves) the deadline, a time on ``CLOCK_BOOTTIME`` (``boottime``);
+    ``arm_at`` sets (or moves) the deadline, a time on the timer's clock (``boottime`` for
+    ``CLOCK_BOOTTIME``, the default), ``arm_in`` one that many seconds from now;
     ``disarm`` takes it back; ``close`` deletes the timer. Made by ``create``, which says
     why when the kernel or the C library has none."""
 
-    def __init__(self, lib: ctypes.CDLL, timer: ctypes.c_void_p) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, timer: ctypes.c_void_p, clock: int = CLOCK_BOOTTIME
+    ) -> None:
         self._lib = lib
+        self._clock = clock
         self._timer: ctypes.c_void_p | None = timer
         self._pid = os.getpid()
         self.deadline: float | None = None  # the armed deadline, None when disarmed
 
     @classmethod
-    def create(cls) -> KillTimer | str:
-        """A disarmed timer, or the one-line reason there can be none here."""
+    def create(cls, clock: int = CLOCK_BOOTTIME) -> KillTimer | str:
+        """A disarmed timer on ``clock``, or the one-line reason there can be none here."""
         try:
             lib = _library()
             lib.timer_create.argtypes = [
@@ -116,15 +133,21 @@ class KillTimer:
             return f"no kernel kill timer: {exc}"
         event = _Sigevent(sigev_signo=signal.SIGKILL, sigev_notify=SIGEV_SIGNAL)
         timer = ctypes.c_void_p()
-        if lib.timer_create(CLOCK_BOOTTIME, ctypes.byref(event), ctypes.byref(timer)) != 0:
+        if lib.timer_create(clock, ctypes.byref(event), ctypes.byref(timer)) != 0:
             return f"no kernel kill timer: timer_create refused ({os.strerror(ctypes.get_errno())})"
-        return cls(lib, timer)
+        return cls(lib, timer, clock)
 
     def arm_at(self, deadline: float) -> None:
-        """SIGKILL this process at ``deadline`` (``CLOCK_BOOTTIME`` seconds), replacing any
+        """SIGKILL this process at ``deadline`` (seconds on its clock), replacing any
         deadline armed before; a deadline already past kills it at once."""
         self._set(_Itimerspec(_Timespec(0, 0), _timespec(max(deadline, 1e-9))), TIMER_ABSTIME)
         self.deadline = deadline
+
+    def arm_in(self, seconds: float) -> None:
+        """SIGKILL this process ``seconds`` from now, replacing any deadline armed before
+        (relative: the kernel counts from its own now)."""
+        self._set(_Itimerspec(_Timespec(0, 0), _timespec(max(seconds, 1e-9))), 0)
+        self.deadline = time.clock_gettime(self._clock) + seconds
 
     def disarm(self) -> None:
         """No kill until the next ``arm_at``."""

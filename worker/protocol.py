@@ -84,8 +84,9 @@ ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
 # -- the heartbeat ----------------------------------------------------------------------
 
 #: Numbers a heartbeat may carry besides ``at`` (a worker of an earlier release wrote no
-#: monotonic stamps and no interval: ``supervisor.liveness.Beat.of`` falls back for it).
-OPTIONAL_BEAT_TIMES = ("phase_started", "at_mono", "phase_started_mono", "interval")
+#: monotonic stamps, no interval and no dead-man: ``supervisor.liveness.Beat.of`` falls
+#: back for it).
+OPTIONAL_BEAT_TIMES = ("phase_started", "at_mono", "phase_started_mono", "interval", "deadman")
 
 
 def _number(value: Any) -> bool:

@@ -207,6 +207,7 @@ def test_a_stopped_worker_is_detected_as_hung_killed_and_restarted(shared: Daemo
     assert hung["pid"] == pid
     assert HEARTBEAT_TIMEOUT - HEARTBEAT_INTERVAL - 0.1 <= detection <= HEARTBEAT_TIMEOUT + 1.0
     assert hung["age"] > HEARTBEAT_TIMEOUT
+    assert hung["deadman"] == HEARTBEAT_TIMEOUT  # killed by its own kernel timer
     # the group was killed (a stopped process dies of SIGKILL), and the task resumed
     poll_for(lambda: not group_alive(pid), 30, what="the hung worker's group to be gone")
     row = shared.wait_state(task_id, "done", "failed", timeout=20)

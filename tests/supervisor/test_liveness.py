@@ -21,7 +21,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.daemon import Supervisor
-from supervisor.liveness import Alive, Beat, Hung, Limits, Stalled, judge, phase_limit
+from supervisor.liveness import (
+    Alive,
+    Beat,
+    Hung,
+    Limits,
+    Stalled,
+    hung_by_deadman,
+    judge,
+    phase_limit,
+)
 from supervisor.record import TaskRecord
 from supervisor.status import status_row
 from supervisor.watch import Watch, sleep_to_grid
@@ -89,6 +98,48 @@ def test_a_worker_beating_slower_than_the_config_gets_the_difference() -> None:
     assert isinstance(judge(slow, spawned=0.0, now=103.1, limits=LIMITS), Hung)
     fast = beat(100.0, interval=0.1)  # faster than the config: no discount
     assert isinstance(judge(fast, spawned=0.0, now=102.1, limits=LIMITS), Hung)
+
+
+def test_a_worker_with_its_own_dead_man_is_read_again_only_when_a_deadline_could_pass() -> None:
+    """Its hang is its kernel timer's to end: no instant at the timeout to wake for, only
+    its phase's deadline or, for a phase begun after the read, the shortest deadline."""
+    own = beat(100.0, deadman=2.0)
+    assert judge(own, spawned=0.0, now=100.5, limits=LIMITS) == Alive(106.5)
+    calling = beat(100.0, phase="model", started=99.0, deadman=2.0)
+    assert judge(calling, spawned=0.0, now=100.5, limits=LIMITS) == Alive(106.5)
+    tool = beat(100.0, phase="tool:run_command", started=96.0, deadman=2.0)
+    assert judge(tool, spawned=0.0, now=100.5, limits=LIMITS) == Alive(102.0)
+    # a beat found older than the timeout all the same is hung, dead-man or not
+    assert isinstance(judge(own, spawned=0.0, now=102.1, limits=LIMITS), Hung)
+
+
+def test_a_dead_man_longer_than_the_timeout_leaves_the_verdict_to_the_daemon() -> None:
+    """After a reload shortened heartbeat.timeout below what the worker arms, the daemon
+    judges its beat's age itself (with the slower worker's difference, as ever)."""
+    longer = beat(100.0, deadman=5.0)
+    assert judge(longer, spawned=0.0, now=100.5, limits=LIMITS) == Alive(102.0)
+    slower = beat(100.0, interval=1.5, deadman=3.0)  # within timeout + the difference
+    assert judge(slower, spawned=0.0, now=100.5, limits=LIMITS) == Alive(106.5)
+
+
+def test_a_sigkill_past_the_dead_man_s_deadline_is_a_hang_and_nothing_else_is() -> None:
+    own = beat(100.0, deadman=2.0)
+    assert hung_by_deadman(own, "SIGKILL", now=102.25) == 2.25
+    assert hung_by_deadman(own, "SIGKILL", now=101.9) is None  # a kill -9 before its time
+    assert hung_by_deadman(own, "SIGTERM", now=105.0) is None
+    assert hung_by_deadman(own, None, now=105.0) is None
+    assert hung_by_deadman(beat(100.0), "SIGKILL", now=105.0) is None  # no dead-man armed
+    assert hung_by_deadman(None, "SIGKILL", now=105.0) is None
+
+
+def test_a_beat_is_the_worker_s_own_only_with_its_pid_and_shape() -> None:
+    data = written(5e8, 50.0, pid=7, deadman=2.0)
+    assert Beat.of_worker(data, 7, wall=5e8, mono=50.0) == Beat(
+        at=50.0, phase="model", phase_started=50.0, interval=None, deadman=2.0
+    )
+    assert Beat.of_worker(data, 8, wall=5e8, mono=50.0) is None  # a previous worker's
+    assert Beat.of_worker({**data, "deadman": "2"}, 7, wall=5e8, mono=50.0) is None
+    assert Beat.of_worker(None, 7, wall=5e8, mono=50.0) is None
 
 
 @given(step=st.floats(-2 * HOUR, 2 * HOUR), age=st.floats(0.0, 20.0))

@@ -176,6 +176,23 @@ def test_a_crashing_worker_is_restarted_until_the_crash_loop_fails_it(fg: Foregr
     assert record.last_exit == {"code": None, "signal": "SIGKILL"}
 
 
+def test_a_stopped_worker_dies_of_its_dead_man_and_the_run_resumes_it(fg: Foreground) -> None:
+    """SIGSTOP freezes the worker mid model call: its kernel timer kills it a heartbeat
+    timeout after its last beat, the run says it hung and restarts it, and the task ends."""
+    responses = [reply(text("Thinking."), delay=2.0), reply(text("Done."))]
+    proc, _, err = fg.start_run(*fg.new("frozen", responses))
+    poll_for(lambda: fg.phase("frozen") == "model", 30, what="the model call")
+    pid = TaskRecord.load(fg.task("frozen")).pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    assert proc.wait(timeout=60) == 0, err.read_text()
+    said = err.read_text()
+    assert f"the worker (pid {pid}) stopped beating; the kernel killed it" in said
+    hung = [e for e in fg.events("frozen", "worker_hung") if e["pid"] == pid]
+    assert len(hung) == 1 and hung[0]["deadman"] == 5.0 and hung[0]["age"] >= 5.0
+    assert TaskRecord.load(fg.task("frozen")).state == "done"
+
+
 # -- interruptions --------------------------------------------------------------------
 
 

@@ -5,10 +5,12 @@ arms it before a tool, moves it at each renewal and takes it back while a result
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -93,6 +95,48 @@ def test_disarming_takes_the_kill_back() -> None:
 def test_a_deadline_already_past_kills_at_once() -> None:
     with armed("arm(now() - 5)") as (proc, _):
         assert proc.wait(timeout=20) == -signal.SIGKILL
+
+
+def test_a_heartbeat_s_dead_man_spares_a_beating_worker_and_kills_a_stopped_one(
+    tmp_path: Path,
+) -> None:
+    """Each beat arms the monotonic kill timer a timeout ahead (``worker.heartbeat``): a
+    worker that beats outlives many timeouts; one stopped (SIGSTOP) dies of SIGKILL a
+    timeout after its last beat, and that beat says the dead-man it armed."""
+    beats = tmp_path / "beats"
+    code = textwrap.dedent(
+        f"""
+        import json, time
+        from worker.heartbeat import Heartbeat
+        from worker.killtimer import CLOCK_MONOTONIC, KillTimer
+        def publish(data):
+            with open({str(beats)!r}, "a") as out:
+                out.write(json.dumps(data) + "\\n")
+        timer = KillTimer.create(CLOCK_MONOTONIC)
+        Heartbeat(publish, 0.05, deadman=(timer, 0.4)).start()
+        print("ready", flush=True)
+        time.sleep(30)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # beating: the deadline moves on
+        proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert proc.wait(timeout=20) == -signal.SIGKILL
+        died = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    last = json.loads(beats.read_text().splitlines()[-1])
+    assert last["deadman"] == 0.4
+    assert died >= last["at_mono"] + 0.4
+    assert died - stopped < 0.4 + 5.0  # the kernel's kill, not the test's
+    print(f"killed {died - last['at_mono']:.3f} s after its last beat (dead-man 0.4 s)")
 
 
 class Renews:
