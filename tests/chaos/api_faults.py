@@ -13,9 +13,9 @@ or a burst of two or three in a row (the same kind or mixed), and after some fau
 worker's process group is SIGKILLed right away (5 to 40 ms after the fault is written out:
 in its backoff, before it retries). In a few tasks (one in quick mode, three in full) the
 worker is frozen (SIGSTOP) as the server answers a turn with a complete reply: it stops
-beating, and the daemon's own hang verdict (``worker_hung``) must kill it, so the reply it
-never read is one the daemon's kill caught. Held calls are decided by the careful operator
-of ``tests.faults.common``.
+beating, and the hang verdict (``worker_hung``: its dead-man's kill, which the daemon names)
+must kill it, so the reply it never read is one that kill caught. Held calls are decided
+by the careful operator of ``tests.faults.common``.
 
 Why the real daemon rather than a restart loop of our own: the daemon restarts a worker on
 exit the way production does (its restart policy, and its fork server, which makes a
@@ -30,8 +30,8 @@ it (its tokens were spent: counted never, asked again by the next worker; asked 
 the same worker, or by a worker nobody killed, a complete reply was thrown away). Each
 reply is served to the task lock's holder (``Served.pid``: a worker killed with its
 request in flight stays the lock's last holder), and the kill is ours or the daemon's own:
-on a loaded machine the daemon kills a worker whose heartbeat is older than ``[heartbeat]
-timeout`` (``worker_hung``) or stops one whose model call outlived ``[deadlines]
+on a loaded machine a worker whose heartbeat is older than ``[heartbeat] timeout`` is
+killed by its dead-man (``worker_hung``) or stops one whose model call outlived ``[deadlines]
 model_call`` (``worker_stalled``), and the task's events name it (``daemon_stops``); a
 frozen worker is found hung and killed by the daemon; the task's usage counters
 (``agentd status``) equal the sum over the replies counted, and so does its cost: the cost
@@ -367,8 +367,9 @@ CHECKS = (
 )
 
 
-#: The daemon's own verdicts that end a worker (``supervisor.watch.LivenessWatch``): SIGKILL for a
-#: heartbeat too old, SIGTERM (then SIGKILL after the grace) for a call past its deadline.
+#: The verdicts that end a worker, as the daemon logs them: SIGKILL for a heartbeat too old
+#: (the worker's dead-man, ``liveness.hung_by_deadman``), SIGTERM (then SIGKILL after the
+#: grace) for a call past its deadline (``supervisor.watch.LivenessWatch``).
 DAEMON_STOPS = ("worker_hung", "worker_stalled")
 
 
