@@ -450,10 +450,11 @@ def parse_time(stamp: str) -> float:
 
 
 def journal_writers(tasks_dir: Path) -> dict[int, str]:
-    """Workers by pid: the processes that hold a task's journal open for writing, which a
-    worker does from taking the task lock to its end, however it was started (fresh or
-    from the fork server). Readers (the daemon, status) open it read-only; a worker's
-    child between fork and exec (a tool's shell) is not a second worker.
+    """Workers by pid, in the order the sweep read them: the processes that hold a task's
+    journal open for writing, which a worker does from taking the task lock to its end,
+    however it was started (fresh or from the fork server). Readers (the daemon, status)
+    open it read-only; a worker's child between fork and exec (a tool's shell) is not a
+    second worker.
 
     Read straight from /proc (a link per descriptor, the flags of a journal's only): a
     census of a hundred workers costs milliseconds, not a core."""
@@ -463,29 +464,37 @@ def journal_writers(tasks_dir: Path) -> dict[int, str]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        fds = f"/proc/{entry.name}/fd"
-        try:
-            names = os.listdir(fds)
-        except OSError:  # gone, or not ours to look at
-            continue
-        for fd in names:
-            try:
-                path = os.readlink(f"{fds}/{fd}")
-            except OSError:
-                continue
-            if not (path.startswith(prefix) and path.endswith("/journal")):
-                continue
-            try:
-                with open(f"/proc/{entry.name}/fdinfo/{fd}") as info:
-                    flags = int(info.read().split("flags:", 1)[1].split()[0], 8)
-                with open(f"/proc/{entry.name}/stat") as stat:
-                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if flags & os.O_ACCMODE != os.O_RDONLY:
-                found[int(entry.name)] = (path[len(prefix) :].split(os.sep)[0], ppid)
-                break
+        writing = journal_written_by(int(entry.name), prefix)
+        if writing is not None:
+            found[int(entry.name)] = writing
     return {pid: task for pid, (task, parent) in found.items() if parent not in found}
+
+
+def journal_written_by(pid: int, prefix: str) -> tuple[str, int] | None:
+    """(the task, its parent's pid) if process ``pid`` holds the journal of a task under
+    ``prefix`` open for writing, else None (none, or gone)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone, or not ours to look at
+        return None
+    for fd in names:
+        try:
+            path = os.readlink(f"{fds}/{fd}")
+        except OSError:
+            continue
+        if not (path.startswith(prefix) and path.endswith("/journal")):
+            continue
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                flags = int(info.read().split("flags:", 1)[1].split()[0], 8)
+            with open(f"/proc/{pid}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            return path[len(prefix) :].split(os.sep)[0], ppid
+    return None
 
 
 class WorkerCensus:
@@ -521,12 +530,28 @@ class WorkerCensus:
             per_task: dict[str, list[int]] = {}
             for pid, task in live.items():
                 per_task.setdefault(task, []).append(pid)
-                _, first, _ = self.seen.get(pid, (task, now, now))
-                self.seen[pid] = (task, first, now)
+            for task, pids in per_task.items():
+                if len(pids) > 1:
+                    pids[:] = self._at_once(task, pids)
+                for pid in pids:
+                    _, first, _ = self.seen.get(pid, (task, now, now))
+                    self.seen[pid] = (task, first, now)
             self.overlaps += [(t, pids) for t, pids in per_task.items() if len(pids) > 1]
             self.max_live = max(self.max_live, len(live))
             self.samples += 1
             self._stop.wait(self.period)
+
+    def _at_once(self, task: str, pids: list[int]) -> list[int]:
+        """Of the writers one sweep found for ``task`` (in the order it read them), those
+        proven to be alive at once. A sweep of /proc is no snapshot: a worker read early in
+        it may have ended, and its successor started, before the sweep reached the
+        successor. So an earlier one counts only if it still writes the journal now, after
+        the last was read: then it was alive when the last was (a process does not come
+        back). One that does not is left out of this sample."""
+        prefix = str(self.tasks_dir) + os.sep
+        last = pids[-1]
+        still = [p for p in pids[:-1] if journal_written_by(p, prefix) is not None]
+        return [*still, last]
 
     def lifetimes(self) -> dict[str, list[tuple[float, float]]]:
         by_task: dict[str, list[tuple[float, float]]] = {}
