@@ -363,11 +363,10 @@ class ForegroundRun:
         except StorageError:
             return
         now = time.monotonic()
-        age = hung_by_deadman(Beat.of_worker(data, worker.pid, time.time(), now), sig, now)
-        if age is not None:
+        hung = hung_by_deadman(Beat.of_worker(data, worker.pid, time.time(), now), sig, now)
+        if hung is not None:
             worker.kill_reason = KillReason.HUNG
-            deadman = data["deadman"] if data is not None else None
-            self.event("worker_hung", "warning", pid=worker.pid, age=round(age, 3), deadman=deadman)
+            self.event("worker_hung", "warning", pid=worker.pid, **hung.fields())
             self.say(f"the worker (pid {worker.pid}) stopped beating; the kernel killed it")
 
     # -- verdicts ----------------------------------------------------------------------

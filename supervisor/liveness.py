@@ -172,11 +172,24 @@ def judge(beat: Beat | None, spawned: float, now: float, limits: Limits) -> Verd
     return Alive(min(until, beat.phase_started + limit))
 
 
-def hung_by_deadman(beat: Beat | None, signal: str | None, now: float) -> float | None:
-    """The age of the beat of a worker that ended by SIGKILL nobody here sent, when its
-    dead-man had expired by ``now`` (it was hung: the kernel killed it), else None. (A
-    ``kill -9`` from elsewhere at the very instant reads the same; either is a crash.)"""
+@dataclass(frozen=True)
+class KilledHung:
+    """A worker its own dead-man killed: its beat's age at the exit, and how far ahead it
+    had armed the dead-man. ``worker_hung`` says both."""
+
+    age: float
+    deadman: float
+
+    def fields(self) -> dict[str, float]:
+        """The ``worker_hung`` event's fields."""
+        return {"age": round(self.age, 3), "deadman": self.deadman}
+
+
+def hung_by_deadman(beat: Beat | None, signal: str | None, now: float) -> KilledHung | None:
+    """The hang of a worker that ended by SIGKILL nobody here sent, when its dead-man had
+    expired by ``now`` (it was hung: the kernel killed it), else None. (A ``kill -9`` from
+    elsewhere at the very instant reads the same; either is a crash.)"""
     if signal != "SIGKILL" or beat is None or beat.deadman is None:
         return None
     age = beat.age(now)
-    return age if age >= beat.deadman else None
+    return KilledHung(age, beat.deadman) if age >= beat.deadman else None

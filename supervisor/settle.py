@@ -71,13 +71,10 @@ class ExitSettler:
         turn = int(beat.get("turn", 0))
         if worker.kill_reason is None:  # killed by its own dead-man: it was hung
             mono = daemon.clock()
-            age = hung_by_deadman(Beat.of_worker(beat, worker.pid, time.time(), mono), sig, mono)
-            if age is not None:
+            hung = hung_by_deadman(Beat.of_worker(beat, worker.pid, time.time(), mono), sig, mono)
+            if hung is not None:
                 worker.kill_reason = KillReason.HUNG
-                deadman = beat["deadman"]
-                daemon.emit(
-                    "worker_hung", slot, level="warning", pid=worker.pid, age=age, deadman=deadman
-                )
+                daemon.emit("worker_hung", slot, level="warning", pid=worker.pid, **hung.fields())
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         daemon.emit(
             "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig

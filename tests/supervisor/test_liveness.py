@@ -25,6 +25,7 @@ from supervisor.liveness import (
     Alive,
     Beat,
     Hung,
+    KilledHung,
     Limits,
     Stalled,
     hung_by_deadman,
@@ -124,7 +125,7 @@ def test_a_dead_man_longer_than_the_timeout_leaves_the_verdict_to_the_daemon() -
 
 def test_a_sigkill_past_the_dead_man_s_deadline_is_a_hang_and_nothing_else_is() -> None:
     own = beat(100.0, deadman=2.0)
-    assert hung_by_deadman(own, "SIGKILL", now=102.25) == 2.25
+    assert hung_by_deadman(own, "SIGKILL", now=102.25) == KilledHung(age=2.25, deadman=2.0)
     assert hung_by_deadman(own, "SIGKILL", now=101.9) is None  # a kill -9 before its time
     assert hung_by_deadman(own, "SIGTERM", now=105.0) is None
     assert hung_by_deadman(own, None, now=105.0) is None
