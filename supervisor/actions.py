@@ -30,7 +30,7 @@ from supervisor.status import held_calls
 from supervisor.stores import store_for, store_of
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text, existing_task
 from worker.errors import StateConflictError, UsageError
-from worker.events import record_event
+from worker.events import Event, record_event
 from worker.protocol import DECISION_ACTIONS
 from worker.spool import Spool, validate_call_id
 
@@ -125,5 +125,5 @@ def retry(spool: Spool, task_id: str, *, operator: Operator | None = None) -> bo
         who = fields_of(operator)
         if change_record(spool, task, RETRY_REQUEST, TaskRecord.retry, asked=who):
             # no daemon took the request: this process moved the record, and says so
-            record_event(store_of(task), task.id, "task_retried", task=task.id, **who)
+            record_event(store_of(task), task.id, Event.TASK_RETRIED, task=task.id, **who)
     return record.foreground

@@ -25,7 +25,7 @@ from supervisor.relay import DAEMON_MARK
 from supervisor.status import held_calls
 from worker import credentials
 from worker.errors import AgentdError
-from worker.events import event_line, utc_now
+from worker.events import Event, event_line, utc_now
 from worker.protocol import TaskStatus
 from worker.store.durable import atomic_write_json
 
@@ -47,7 +47,7 @@ class Announcer:
         self.info: dict[str, Any] = {}  # supervisor.json (``publish_info``), once ready
 
     def emit(
-        self, event: str, slot: TaskSlot | None = None, level: str = "info", **kw: Any
+        self, event: Event, slot: TaskSlot | None = None, level: str = "info", **kw: Any
     ) -> None:
         """Log ``event``; a task's also goes to its events file (module docstring)."""
         daemon = self.daemon
@@ -98,20 +98,20 @@ class Announcer:
                 payload["dangling"] = held_calls(slot.task)
             except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
                 payload["dangling"] = []
-                self.emit("hook_failed", slot, level="warning", hook=key, why=f"{exc}")
+                self.emit(Event.HOOK_FAILED, slot, level="warning", hook=key, why=f"{exc}")
         daemon.hooks.run(key, command, payload)
 
     def relayed(self, task_id: str, event: Mapping[str, Any]) -> None:
         """Another process's event reached the daemon's log: count what a metric counts,
         and keep the operator it names for the task's next hook."""
         name = str(event.get("event"))
-        if name == "compaction":
+        if name == Event.COMPACTION:
             self.daemon.metrics.compactions += 1
         self._acted_on(task_id, name, event)
 
     def hook_failed(self, task_id: str, hook: str, why: str) -> None:
         slot = self.daemon.slots.get(task_id)
-        self.emit("hook_failed", slot, level="warning", hook=hook, why=why, task=task_id)
+        self.emit(Event.HOOK_FAILED, slot, level="warning", hook=hook, why=why, task=task_id)
 
     # -- what the daemon is doing, told on demand --------------------------------------
 
@@ -126,7 +126,7 @@ class Announcer:
         daemon = self.daemon
         server = daemon.forkserver
         self.emit(
-            "supervisor_status",
+            Event.SUPERVISOR_STATUS,
             pid=os.getpid(),
             tasks=self._counts(),
             workers=daemon.running_count(),
@@ -137,7 +137,7 @@ class Announcer:
         )
 
     def ignored(self, sig: int) -> None:
-        self.emit("signal_ignored", signal=signal.Signals(sig).name, pid=os.getpid())
+        self.emit(Event.SIGNAL_IGNORED, signal=signal.Signals(sig).name, pid=os.getpid())
 
     def publish_info(self) -> None:
         """``supervisor.json``: who the daemon is, and whether it holds an API key (what

@@ -42,7 +42,7 @@ from worker.budget import (
 from worker.budget import usd as shown_usd
 from worker.config import Config
 from worker.errors import ConfigError, StateConflictError, UsageError
-from worker.events import record_event, utc_now
+from worker.events import Event, record_event, utc_now
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
 from worker.state import TaskState
@@ -151,7 +151,7 @@ def change_budget(
         record_event(
             store,
             task.id,
-            "budget_changed",
+            Event.BUDGET_CHANGED,
             task=task.id,
             budget=after.to_json(),
             before=before.to_json(),

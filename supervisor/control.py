@@ -47,7 +47,7 @@ from worker.errors import (
     StorageError,
     storage_fault,
 )
-from worker.events import record_event, utc_now
+from worker.events import Event, record_event, utc_now
 from worker.lock import is_locked
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool, TaskDir
@@ -251,7 +251,11 @@ def cancel(
             if alone and not (cluster is not None and store_of(task).owned(task.id)):
                 move_record(task, TaskRecord.cancel)
                 record_event(
-                    store_of(task), task.id, "task_cancelled", task=task.id, **fields_of(operator)
+                    store_of(task),
+                    task.id,
+                    Event.TASK_CANCELLED,
+                    task=task.id,
+                    **fields_of(operator),
                 )
                 return True
         ring(spool, task.id)
@@ -295,7 +299,7 @@ def _cancel_seized(
     fields: dict[str, Any] = {"task": task.id, **fields_of(operator)}
     if told is not None:  # (taken from a node that stopped renewing: what may still run)
         fields |= {"fenced_node": told.node, "running_call": told.call}
-    record_event(store, task.id, "task_cancelled", **fields)
+    record_event(store, task.id, Event.TASK_CANCELLED, **fields)
     return told or True
 
 
@@ -394,7 +398,7 @@ def paused(spool: Spool, task: TaskDir, wait: float) -> Iterator[Pause]:
                 f"within {wait:g} s; nothing was changed. {advice}"
             ) from None
         events, _ = store.read_events(task.id, seen)
-        killed = any(e.get("event") == "worker_killed" for e in events)
+        killed = any(e.get("event") == Event.WORKER_KILLED for e in events)
         yield Pause(killed or fenced is not None, owner, fenced)
     finally:
         if owner is not None:

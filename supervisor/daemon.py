@@ -95,7 +95,7 @@ from worker.errors import (
     SpoolError,
     StateConflictError,
 )
-from worker.events import utc_now
+from worker.events import Event, utc_now
 from worker.protocol import (
     TaskStatus,
 )
@@ -211,7 +211,7 @@ class Supervisor:
         self.strays = StraySweeper(
             self.own_children,
             held_back=lambda: self.forks is not None and self.forks.answering,
-            killed=lambda pids: self.emit("strays_killed", pids=pids),
+            killed=lambda pids: self.emit(Event.STRAYS_KILLED, pids=pids),
         )
         self.metrics = Metrics(lambda: self.config.price_table)
         # the other processes' task events, into this log (and the counters they feed)
@@ -233,7 +233,7 @@ class Supervisor:
     # -- events and the transition -------------------------------------------------------
 
     def emit(
-        self, event: str, slot: TaskSlot | None = None, level: str = "info", **kw: Any
+        self, event: Event, slot: TaskSlot | None = None, level: str = "info", **kw: Any
     ) -> None:
         """Log ``event``; a task's also goes to its events file (``Announcer.emit``)."""
         self.announcer.emit(event, slot, level, **kw)
@@ -254,7 +254,7 @@ class Supervisor:
             try:
                 slot.record.move_to(state, slot.task.id)
             except StateConflictError as exc:
-                self.emit("transition_refused", slot, level="error", why=str(exc))
+                self.emit(Event.TRANSITION_REFUSED, slot, level="error", why=str(exc))
                 return
         for key, value in changes.items():
             setattr(slot.record, key, value)
@@ -269,7 +269,7 @@ class Supervisor:
         try:  # refused by a storage fault: kept, and rewritten as it is then (``backlog``)
             self.backlog.replace(("record", task.id), write)
         except SpoolError as exc:
-            self.emit("record_write_failed", slot, level="error", error=str(exc))
+            self.emit(Event.RECORD_WRITE_FAILED, slot, level="error", error=str(exc))
 
     def _arrived(self, slot: TaskSlot, before: TaskStatus) -> None:
         """What a task's move from ``before`` to its state now says: its event, its hook."""
@@ -326,7 +326,7 @@ class Supervisor:
             loop.call_soon_threadsafe(self._doorbell)
 
         where = {"spool": str(self.spool.root), **self.placement.join(wake)}
-        self.emit("supervisor_started", pid=os.getpid(), **where)
+        self.emit(Event.SUPERVISOR_STARTED, pid=os.getpid(), **where)
         # The inbox watch is in place before the first scan: a change made before it is
         # seen by the scan, one made after it by the watch. (One loop turn lets the
         # watcher task set up its inotify watch.)
@@ -335,7 +335,7 @@ class Supervisor:
         # A subreaper: forked workers, and whatever a killed worker's tools leave, are the
         # daemon's children (the fork server needs the first; ``strays`` the other).
         self.cgroups = cgroups.delegate()  # before the fork server: it starts in the leaf
-        self.emit("cgroups", verdict=self.cgroups.verdict)
+        self.emit(Event.CGROUPS, verdict=self.cgroups.verdict)
         if become_subreaper() and self.forkserver is not None:
             self.forkserver.start()  # ready in a second or two (``_start``: who waits for it)
         self.placement.adopt()
@@ -353,7 +353,7 @@ class Supervisor:
         }
         self.announcer.publish_info()
         self.notifier.ready()
-        self.emit("supervisor_ready", pid=os.getpid(), tasks=len(self.slots))
+        self.emit(Event.SUPERVISOR_READY, pid=os.getpid(), tasks=len(self.slots))
         ticker = asyncio.create_task(self._tick_forever())
         try:
             rescanned = self.clock()
@@ -376,14 +376,14 @@ class Supervisor:
             with contextlib.suppress(BaseException):
                 await asyncio.gather(watcher, ticker, return_exceptions=True)
             self.relay.keep()  # the cursors of the lines logged since the last tick
-        self.emit("supervisor_stopped", pid=os.getpid())
+        self.emit(Event.SUPERVISOR_STOPPED, pid=os.getpid())
         return 0
 
     def request_stop(self) -> None:
         if not self.stopping:
             self.stopping = True
             self.notifier.stopping()
-            self.emit("supervisor_stopping", pid=os.getpid(), workers=self.running_count())
+            self.emit(Event.SUPERVISOR_STOPPING, pid=os.getpid(), workers=self.running_count())
         self._wake.set()
 
     async def _shutdown(self) -> None:
@@ -399,7 +399,9 @@ class Supervisor:
             await asyncio.sleep(0.05)
         for slot in self.slots.values():
             if slot.worker is not None:
-                self.emit("worker_killed", slot, level="warning", pid=slot.worker.pid, why="stop")
+                self.emit(
+                    Event.WORKER_KILLED, slot, level="warning", pid=slot.worker.pid, why="stop"
+                )
                 slot.worker.signal_group(signal.SIGKILL)
         deadline = self.clock() + 5.0
         while self.running_count() and self.clock() < deadline:

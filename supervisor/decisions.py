@@ -22,7 +22,7 @@ from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state
 from supervisor.stores import shared, store_of
 from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
-from worker.events import record_event, utc_now
+from worker.events import Event, record_event, utc_now
 from worker.lock import TaskLock
 from worker.protocol import ENDED, TaskStatus, decision_fields
 from worker.spool import TaskDir
@@ -195,7 +195,7 @@ def _decide(
     record_event(
         store,
         task.id,
-        "dangling_decided",
+        Event.DANGLING_DECIDED,
         task=task.id,
         call_id=call_id,
         action=action,

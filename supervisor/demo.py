@@ -29,6 +29,7 @@ from supervisor.status import load_state
 from supervisor.stores import store_of
 from worker.descendants import descendants
 from worker.errors import ClusterError
+from worker.events import Event
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import Spool
 
@@ -392,7 +393,7 @@ class ClusterDemo:
         """The task's ``task_claimed`` events, as any node reads them."""
         lines = node.cli("logs", task_id, "--json").splitlines()
         events = [json.loads(line) for line in lines if line.strip()]
-        return [e for e in events if e.get("event") == "task_claimed"]
+        return [e for e in events if e.get("event") == Event.TASK_CLAIMED]
 
     def run(self) -> bool:
         a, b = self.a, self.b

@@ -64,7 +64,7 @@ from worker.budget import budget_hold
 from worker.config import Config
 from worker.descendants import become_subreaper
 from worker.errors import StateConflictError, StorageError, UsageError
-from worker.events import record_event
+from worker.events import Event, record_event
 from worker.protocol import (
     RETRIES_ENV,
     VERDICT_EXITS,
@@ -191,7 +191,7 @@ class ForegroundRun:
             self.traces.pull()
         self.terminal.pump()
 
-    def event(self, name: str, level: str = "info", **fields: Any) -> None:
+    def event(self, name: Event, level: str = "info", **fields: Any) -> None:
         """A lifecycle event of the task (docs/design.md section 8), into its events, as
         the daemon records its own; a daemon on the spool relays it to its log."""
         record_event(self.store, self.task.id, name, level, task=self.task.id, **fields)
@@ -288,7 +288,7 @@ class ForegroundRun:
         self.worker = worker
         started = process_started(worker.pid)
         self._record(TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
-        self.event("worker_spawned", pid=worker.pid)
+        self.event(Event.WORKER_SPAWNED, pid=worker.pid)
         return worker
 
     def _watch(self, worker: WorkerProcess) -> tuple[int | None, str | None]:
@@ -345,13 +345,13 @@ class ForegroundRun:
             worker.beat_due = verdict.until
         elif isinstance(verdict, Hung):
             worker.kill_reason = KillReason.HUNG
-            self.event("worker_hung", "warning", pid=worker.pid, age=round(verdict.age, 3))
+            self.event(Event.WORKER_HUNG, "warning", pid=worker.pid, age=round(verdict.age, 3))
             self.say(f"the worker (pid {worker.pid}) stopped beating; killing it")
             worker.signal_group(signal.SIGKILL)
         else:
             worker.kill_reason = KillReason.STALLED
             worker.term_deadline = now + self.config.restart.stop_grace
-            self.event("worker_stalled", "warning", pid=worker.pid, phase=verdict.phase)
+            self.event(Event.WORKER_STALLED, "warning", pid=worker.pid, phase=verdict.phase)
             self.say(f"the worker's {verdict.phase} ran past its deadline; stopping it")
             worker.signal_group(signal.SIGTERM)
 
@@ -366,7 +366,7 @@ class ForegroundRun:
         hung = hung_by_deadman(Beat.of_worker(data, worker.pid, time.time(), now), sig, now)
         if hung is not None:
             worker.kill_reason = KillReason.HUNG
-            self.event("worker_hung", "warning", pid=worker.pid, **hung.fields())
+            self.event(Event.WORKER_HUNG, "warning", pid=worker.pid, **hung.fields())
             self.say(f"the worker (pid {worker.pid}) stopped beating; the kernel killed it")
 
     # -- verdicts ----------------------------------------------------------------------
@@ -375,7 +375,7 @@ class ForegroundRun:
         """Carry out ``exits.settle``'s verdict on the worker's exit, as the daemon does: a
         ``RunExit`` to end with, or None to start the next worker."""
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
-        self.event("worker_exited", level, pid=worker.pid, code=code, signal=sig)
+        self.event(Event.WORKER_EXITED, level, pid=worker.pid, code=code, signal=sig)
         try:
             beat_turn = int((read_heartbeat(self.task) or {}).get("turn", 0))
         except StorageError:
@@ -419,7 +419,7 @@ class ForegroundRun:
                 self._pause(delay)
                 return None
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
-                self.event("crash_loop", "error", turn=turn, crashes=len(crashes))
+                self.event(Event.CRASH_LOOP, "error", turn=turn, crashes=len(crashes))
                 self._record(TaskStatus.FAILED, pid=None, reason=reason, crashes=crashes)
                 how = exits.how_it_ended(ended)
                 self.say(f"task {self.task.id} failed: {reason} (turn {turn} crashed {how})")
@@ -431,7 +431,7 @@ class ForegroundRun:
                     crashes=crashes,
                     restarts=record.restarts + 1,
                 )
-                self.event("restart_scheduled", delay=round(delay, 3), turn=turn)
+                self.event(Event.RESTART_SCHEDULED, delay=round(delay, 3), turn=turn)
                 self.say(
                     f"the worker crashed ({exits.how_it_ended(ended)}); resuming in {delay:.1f} s"
                 )

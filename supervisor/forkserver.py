@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Generic, TypeVar
 
 from worker.credentials import Credentials, start_process
+from worker.events import Event
 from worker.forkserver import PRELOAD_MCP, STANDBY
 from worker.store.base import Cursor
 
@@ -293,7 +294,7 @@ class ForkQueue(Generic[T]):
         if self._answering and self._clock() - self._answering[0].asked > PATIENCE:
             self.fail("the fork server did not answer")
         if server.proc is not None and server.proc.poll() is not None:
-            self.emit("forkserver_exited", level="warning", code=server.proc.returncode)
+            self.emit(Event.FORKSERVER_EXITED, level="warning", code=server.proc.returncode)
             self.fail("the fork server exited")
         if server.proc is None:
             server.start()
@@ -317,7 +318,7 @@ class ForkQueue(Generic[T]):
         pending = [*self._answering, *self._warming]
         self._answering, self._warming = deque(), []
         if pending:
-            self.emit("forkserver_failed", level="warning", why=why, pending=len(pending))
+            self.emit(Event.FORKSERVER_FAILED, level="warning", why=why, pending=len(pending))
         self._settle_lost(pending)
 
     def renew(self, credentials: Credentials) -> None:
@@ -355,7 +356,7 @@ class ForkQueue(Generic[T]):
 
     def _ready(self) -> None:
         """The server said it is ready: send what waited for it, in the order asked."""
-        self.emit("forkserver_ready", pid=self.server.pid)
+        self.emit(Event.FORKSERVER_READY, pid=self.server.pid)
         warming, self._warming = self._warming, []
         failed = []
         for asked in warming:

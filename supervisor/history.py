@@ -40,7 +40,7 @@ from worker import vcs
 from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget
 from worker.config import Config
 from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
-from worker.events import record_event, utc_now
+from worker.events import Event, record_event, utc_now
 from worker.models.base import Usage
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
@@ -287,7 +287,7 @@ def rewind(
     record_event(
         store_of(task),
         task.id,
-        "task_rewound",
+        Event.TASK_REWOUND,
         "warning" if cut else "info",
         task=task.id,
         to=to,
@@ -418,7 +418,13 @@ def fork(
             shutil.rmtree(worktree, ignore_errors=True)
         raise
     record_event(
-        store, parent_id, "task_forked", task=parent_id, fork=new_id, at=at, **fields_of(operator)
+        store,
+        parent_id,
+        Event.TASK_FORKED,
+        task=parent_id,
+        fork=new_id,
+        at=at,
+        **fields_of(operator),
     )
     ring(spool, new_id)
     return ForkReport(new_id, parent_id, at, note)

@@ -43,6 +43,7 @@ from typing import IO, Any
 from worker.config import HooksConfig
 from worker.credentials import without_libpq
 from worker.errors import ConfigError
+from worker.events import Event
 from worker.protocol import TaskStatus
 
 #: Seconds a hook may run before its process group is killed.
@@ -50,9 +51,9 @@ HOOK_TIMEOUT = 10.0
 
 #: The task state each hook is run on, and the event name it is run for.
 HOOK_STATES = {
-    TaskStatus.HELD: ("on_held", "dangling_held"),
-    TaskStatus.FAILED: ("on_failed", "task_failed"),
-    TaskStatus.DONE: ("on_done", "task_done"),
+    TaskStatus.HELD: ("on_held", Event.DANGLING_HELD),
+    TaskStatus.FAILED: ("on_failed", Event.TASK_FAILED),
+    TaskStatus.DONE: ("on_done", Event.TASK_DONE),
 }
 
 #: Characters of a failed hook's stderr kept for ``hook_failed``.

@@ -24,6 +24,7 @@ from supervisor.exits import KillReason
 from supervisor.forkserver import Asked
 from supervisor.workers import WorkerProcess, journal_end, process_started, spawn
 from worker.errors import AgentdError, ConfigError
+from worker.events import Event
 from worker.protocol import EPOCH_ENV, RETRIES_ENV, TAKEN_OVER_ENV, TaskStatus
 from worker.tools.sandbox import Sandbox, mode_for
 
@@ -60,7 +61,7 @@ class Launcher:
             )
         if verdict.startswith("bare: "):
             why = verdict[6:]
-            self.daemon.emit("sandbox_unavailable", level="warning", why=why, sandbox=verdict)
+            self.daemon.emit(Event.SANDBOX_UNAVAILABLE, level="warning", why=why, sandbox=verdict)
         self.daemon.metrics.sandbox_available = verdict == "bwrap"
         return verdict
 
@@ -100,7 +101,7 @@ class Launcher:
                 **daemon.cgroups.prepare(slot.task.id, tools.max_processes, tools.max_memory),
             }
         except OSError as exc:  # the task runs on, bounded only as the daemon is
-            daemon.emit("cgroup_failed", slot, level="warning", why=f"{exc}")
+            daemon.emit(Event.CGROUP_FAILED, slot, level="warning", why=f"{exc}")
             return env
 
     def _worth_the_wait(self, slot: TaskSlot) -> bool:
@@ -156,7 +157,7 @@ class Launcher:
         # wait on 2 fsyncs.
         started = process_started(worker.pid)
         daemon.save(slot, TaskStatus.RUNNING, durable=False, pid=worker.pid, pid_started=started)
-        daemon.emit("worker_spawned", slot, pid=worker.pid)
+        daemon.emit(Event.WORKER_SPAWNED, slot, pid=worker.pid)
 
     def forked(self, asked: Asked[TaskSlot], pid: int | None) -> None:
         """The fork server's answer to a start of ``asked.item``: a worker to watch, or

@@ -34,6 +34,7 @@ from supervisor.slot import TaskSlot
 from supervisor.workers import adopt, adopt_claimed, process_started
 from worker.config import node_name
 from worker.errors import AgentdError, ConfigError, FencedError, StorageError, SupersededError
+from worker.events import Event
 from worker.protocol import FINAL_STATES, LEASE_ENV, NODE_ENV, TaskStatus
 from worker.store.base import Owner, SharedStore
 
@@ -201,7 +202,7 @@ class LocalPlacement:
                 self._unreadable.add(task_id)
                 where = exc.filename or self.daemon.spool.task(task_id).path
                 self.daemon.log.warning(
-                    "task_unreadable",
+                    Event.TASK_UNREADABLE,
                     task=task_id,
                     reason=f"{where}: {exc.strerror or exc}",
                     hint="give the task folder to the user agentd runs as, or remove it",
@@ -269,12 +270,12 @@ class LocalPlacement:
             if not final:  # (a cancelled task's worker is adopted only to be stopped)
                 started = process_started(worker.pid)
                 daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=started)
-            daemon.emit("worker_adopted", slot, pid=worker.pid)
+            daemon.emit(Event.WORKER_ADOPTED, slot, pid=worker.pid)
         elif final:
             return
         elif daemon.store.owned(slot.task.id):
             slot.waiting_lock = True
-            daemon.emit("worker_lock_wait", slot, level="warning")
+            daemon.emit(Event.WORKER_LOCK_WAIT, slot, level="warning")
         elif slot.record.state in (TaskStatus.RUNNING, TaskStatus.BACKOFF):
             daemon.save(slot, TaskStatus.QUEUED)
 
@@ -394,7 +395,7 @@ class ClusterPlacement:
             daemon.launcher.attach(slot, worker)
             pid_started = process_started(worker.pid)
             daemon.save(slot, TaskStatus.RUNNING, pid=worker.pid, pid_started=pid_started)
-            daemon.emit("worker_adopted", slot, pid=worker.pid, epoch=owner.epoch)
+            daemon.emit(Event.WORKER_ADOPTED, slot, pid=worker.pid, epoch=owner.epoch)
 
     def rescan(self) -> None:
         """The view is the tasks this node claimed (``_claim``): the others are other
@@ -448,11 +449,14 @@ class ClusterPlacement:
             taken: dict[str, Any] = {}
             if owner.previous is not None:  # (from a node that let its lease stand still)
                 taken["taken_over"] = owner.previous.to_json()
-            daemon.emit("task_claimed", slot, node=owner.holder, epoch=owner.epoch, **taken)
+            daemon.emit(Event.TASK_CLAIMED, slot, node=owner.holder, epoch=owner.epoch, **taken)
+            if owner.previous is not None:  # its node died, froze or was cut off: ours now
+                previous = owner.previous.node
+                daemon.emit(Event.TASK_ADOPTED, slot, node=owner.holder, from_node=previous)
             unseen = self._unseen_workspace(slot)
             if unseen is not None:
                 self._unseen[task.id] = now + UNSEEN_PATIENCE
-                daemon.emit("workspace_unseen", slot, level="warning", why=unseen)
+                daemon.emit(Event.WORKSPACE_UNSEEN, slot, level="warning", why=unseen)
                 daemon.save(slot, TaskStatus.QUEUED, reason=unseen)
             elif daemon.requests.cancel_requested(slot):
                 daemon.requests.cancel(slot)
@@ -469,14 +473,14 @@ class ClusterPlacement:
             self._away = True
             daemon.metrics.storage_faults += 1
             daemon.log.warning(
-                "storage_fault", error=str(exc), cause=exc.cause, store=repr(self.shared)
+                Event.STORAGE_FAULT, error=str(exc), cause=exc.cause, store=repr(self.shared)
             )
 
     def _store_back(self) -> None:
         if self._away:
             self._away = False
             self._claim_expired_at = self.daemon.clock() + self.shared.lease
-            self.daemon.log.info("storage_recovered", store=repr(self.shared))
+            self.daemon.log.info(Event.STORAGE_RECOVERED, store=repr(self.shared))
 
     def _unseen_workspace(self, slot: TaskSlot) -> str | None:
         """Why this node cannot run ``slot``'s task here (its workspace is not a folder
@@ -536,9 +540,9 @@ class ClusterPlacement:
         daemon.metrics.lease_lost += 1
         slot = daemon.slots.get(owner.task_id)
         if slot is None or slot.owner != owner:
-            daemon.log.warning("lease_lost", task=owner.task_id, epoch=owner.epoch, why=why)
+            daemon.log.warning(Event.LEASE_LOST, task=owner.task_id, epoch=owner.epoch, why=why)
             return
-        daemon.emit("lease_lost", slot, level="warning", why=why)
+        daemon.emit(Event.LEASE_LOST, slot, level="warning", why=why)
         if slot.worker is not None:
             slot.worker.kill_reason = KillReason.LEASE_LOST
             slot.worker.signal_group(signal.SIGKILL)
@@ -619,7 +623,7 @@ class ClusterPlacement:
         daemon = self.daemon
         other = exc.now
         daemon.log.error(
-            "node_superseded",
+            Event.NODE_SUPERSEDED,
             node=self.shared.node,
             epoch=exc.epoch,
             new_epoch=other[0] if other is not None else None,
@@ -643,7 +647,9 @@ class ClusterPlacement:
         except ConfigError:
             return
         self._superseded_by = None
-        daemon.log.warning("node_registered", node=self.shared.node, epoch=epoch, pid=os.getpid())
+        daemon.log.warning(
+            Event.NODE_REGISTERED, node=self.shared.node, epoch=epoch, pid=os.getpid()
+        )
         daemon.wake()
 
     def relogin(self, secret: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from supervisor.stores import store_of
 from worker.errors import StateConflictError
-from worker.events import utc_now
+from worker.events import Event, utc_now
 from worker.protocol import FINAL_STATES, TaskStatus
 from worker.spool import TaskDir
 from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progress
@@ -27,10 +27,10 @@ _STATES = frozenset(TaskStatus)
 
 #: The lifecycle event a task's arrival in a state is (docs/design.md section 8), with its
 #: level: whoever moves a record there logs it, from ``arrival``, never beside the move.
-ARRIVALS: dict[TaskStatus, tuple[str, str]] = {
-    TaskStatus.DONE: ("task_done", "info"),
-    TaskStatus.FAILED: ("task_failed", "error"),
-    TaskStatus.CANCELLED: ("task_cancelled", "info"),
+ARRIVALS: dict[TaskStatus, tuple[Event, str]] = {
+    TaskStatus.DONE: (Event.TASK_DONE, "info"),
+    TaskStatus.FAILED: (Event.TASK_FAILED, "error"),
+    TaskStatus.CANCELLED: (Event.TASK_CANCELLED, "info"),
 }
 
 
@@ -43,7 +43,7 @@ def legal(old: TaskStatus, new: TaskStatus) -> bool:
     return old != TaskStatus.CANCELLED and new == TaskStatus.QUEUED
 
 
-def arrival(old: TaskStatus, new: TaskStatus) -> tuple[str, str] | None:
+def arrival(old: TaskStatus, new: TaskStatus) -> tuple[Event, str] | None:
     """The event (name, level) of a move from ``old`` to ``new``; None: no event of its own
     (the state stays, or the arrival is told by what led to it: ``worker_spawned``,
     ``dangling_held``, ``restart_scheduled``...)."""

@@ -20,6 +20,7 @@ from supervisor import logging as agentd_logging
 from worker import credentials
 from worker.config import Config, config_changes, read_config
 from worker.errors import ConfigError, StorageError
+from worker.events import Event
 from worker.store.durable import atomic_write
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Settings:
             # (``renewed``: the secrets a reload read again that changed, applied all the same)
             fields: dict[str, Any] = {"renewed": renewed} if renewed else {}
             self.emit(
-                "config_reload_failed",
+                Event.CONFIG_RELOAD_FAILED,
                 level="warning",
                 reason=str(exc),
                 at_start=at_start,
@@ -97,7 +98,7 @@ class Settings:
         try:
             renewed = credentials.reread(self.credentials)
         except ConfigError as exc:
-            self.emit("config_reload_failed", level="warning", reason=str(exc), at_start=False)
+            self.emit(Event.CONFIG_RELOAD_FAILED, level="warning", reason=str(exc), at_start=False)
             return []
         before = self.credentials.values
         changed = sorted(k for k, v in renewed.values.items() if before.get(k) != v)
@@ -121,7 +122,7 @@ class Settings:
         restart = [key for key in changed if key not in applied and key not in new_workers]
         done = Reloaded(changed, applied, new_workers, restart, renewed)
         self.emit(
-            "config_reloaded",
+            Event.CONFIG_RELOADED,
             file=str(self.file) if self.file else None,
             changed=done.changed,
             applied=done.applied,
@@ -151,10 +152,10 @@ class Reloader:
         try:
             reopened = agentd_logging.reopen_log_file()
         except OSError as exc:
-            daemon.emit("log_reopen_failed", level="warning", error=str(exc))
+            daemon.emit(Event.LOG_REOPEN_FAILED, level="warning", error=str(exc))
         else:
             if reopened is not None:
-                daemon.emit("log_reopened", path=str(reopened))
+                daemon.emit(Event.LOG_REOPENED, path=str(reopened))
         renewed = daemon.settings.reread_credentials()
         if renewed:
             held = daemon.settings.credentials
@@ -162,7 +163,7 @@ class Reloader:
                 try:  # a password that stopped working is a wait, until this new one
                     daemon.placement.relogin(held.values[credentials.STORE])
                 except ConfigError as exc:
-                    daemon.emit("config_reload_failed", level="warning", reason=str(exc))
+                    daemon.emit(Event.CONFIG_RELOAD_FAILED, level="warning", reason=str(exc))
             if daemon.forks is not None:
                 daemon.forks.renew(held.for_workers())
             daemon.announcer.publish_info()

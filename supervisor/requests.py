@@ -23,6 +23,7 @@ from supervisor.exits import KillReason
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from worker.errors import StorageError
+from worker.events import Event
 from worker.protocol import FINAL_STATES
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Requests:
             self.cancel(slot)
         asked = taken_request(slot.task, RETRY_REQUEST)
         if asked is not None and daemon.move(slot, TaskRecord.retry):
-            daemon.emit("task_retried", slot, **fields_of(Operator.of(asked)))
+            daemon.emit(Event.TASK_RETRIED, slot, **fields_of(Operator.of(asked)))
         if take_request(slot.task, REQUEUE_REQUEST) and slot.worker is None:
             daemon.move(slot, TaskRecord.requeue)
         if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:

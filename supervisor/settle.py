@@ -37,6 +37,7 @@ from supervisor.record import TaskRecord
 from supervisor.status import read_heartbeat
 from supervisor.workers import worker_exit
 from worker.errors import StorageError
+from worker.events import Event
 from worker.protocol import VERDICT_EXITS, TaskStatus
 
 if TYPE_CHECKING:
@@ -74,10 +75,12 @@ class ExitSettler:
             hung = hung_by_deadman(Beat.of_worker(beat, worker.pid, time.time(), mono), sig, mono)
             if hung is not None:
                 worker.kill_reason = KillReason.HUNG
-                daemon.emit("worker_hung", slot, level="warning", pid=worker.pid, **hung.fields())
+                daemon.emit(
+                    Event.WORKER_HUNG, slot, level="warning", pid=worker.pid, **hung.fields()
+                )
         level = "info" if sig is None and code in VERDICT_EXITS else "warning"
         daemon.emit(
-            "worker_exited", slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
+            Event.WORKER_EXITED, slot, level=level, pid=worker.pid, turn=turn, code=code, signal=sig
         )
         if worker.kill_reason == KillReason.LEASE_LOST:  # the task is another node's now
             daemon.wake()
@@ -134,7 +137,7 @@ class ExitSettler:
             case exits.GaveUp(reason=reason, turn=turn, crashes=crashes):
                 record.crashes = crashes
                 daemon.metrics.crash_loops += 1
-                daemon.emit("crash_loop", slot, level="error", turn=turn, crashes=len(crashes))
+                daemon.emit(Event.CRASH_LOOP, slot, level="error", turn=turn, crashes=len(crashes))
                 daemon.save(slot, TaskStatus.FAILED, reason=reason)
             case exits.Restart():
                 self._restart(slot, verdict)
@@ -156,10 +159,10 @@ class ExitSettler:
         daemon.save(slot, TaskStatus.BACKOFF, reason=wait.reason)
         if wait.waits == 1 and wait.kind is exits.WaitKind.STORAGE:
             daemon.metrics.storage_faults += 1
-            daemon.emit("storage_fault", slot, level="warning", error=wait.why)
+            daemon.emit(Event.STORAGE_FAULT, slot, level="warning", error=wait.why)
         elif wait.waits == 1 and wait.kind is exits.WaitKind.RESOURCES:
-            daemon.emit("resource_wait", slot, level="warning", error=wait.why)
-        daemon.emit("restart_scheduled", slot, delay=round(wait.delay, 3), why=str(wait.kind))
+            daemon.emit(Event.RESOURCE_WAIT, slot, level="warning", error=wait.why)
+        daemon.emit(Event.RESTART_SCHEDULED, slot, delay=round(wait.delay, 3), why=str(wait.kind))
         asyncio.get_running_loop().call_later(wait.delay, daemon.wake)
 
     def _restart(self, slot: TaskSlot, restart: exits.Restart) -> None:
@@ -177,7 +180,7 @@ class ExitSettler:
             # At once, on this very exit: the record is written once, as `running`
             # (restart count, crash and reason included), not first as `queued` too.
             slot.record.reason = None
-            daemon.emit("restart_scheduled", slot, delay=0.0, queued=False, turn=restart.turn)
+            daemon.emit(Event.RESTART_SCHEDULED, slot, delay=0.0, queued=False, turn=restart.turn)
             daemon.launcher.start(slot)
             return
         # `queued`: no backoff, but it waits its turn for a place (max_workers), or for an
@@ -185,7 +188,7 @@ class ExitSettler:
         queued = restart.delay == 0
         daemon.save(slot, TaskStatus.QUEUED if queued else TaskStatus.BACKOFF, reason=None)
         daemon.emit(
-            "restart_scheduled",
+            Event.RESTART_SCHEDULED,
             slot,
             delay=round(restart.delay, 3),
             queued=queued,
@@ -216,13 +219,13 @@ class ExitSettler:
         """The first write of a fault episode was refused (``WriteBacklog.on_fault``)."""
         daemon = self.daemon
         daemon.metrics.storage_faults += 1
-        daemon.log.warning("storage_fault", error=str(fault), spool=str(daemon.spool.root))
+        daemon.log.warning(Event.STORAGE_FAULT, error=str(fault), spool=str(daemon.spool.root))
 
     def storage_recovered(self, recovery: Recovery) -> None:
         """Every kept write is written: the disk takes writes again. The tasks that wait on
         storage are retried now, not at the end of their backoff."""
         self.daemon.log.info(
-            "storage_recovered",
+            Event.STORAGE_RECOVERED,
             rewritten=recovery.rewritten,
             dropped=recovery.dropped,
             log_lines_dropped=dropped_lines(),

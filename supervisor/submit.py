@@ -21,7 +21,7 @@ from supervisor.stores import shared, store_for
 from worker.budget import Budget, price_of
 from worker.config import Config
 from worker.errors import ConfigError, NotFoundError, TaskSpecError, UsageError
-from worker.events import record_event, utc_now
+from worker.events import Event, record_event, utc_now
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.store.durable import NotRegularFileError, private_dir, read_regular
 from worker.store.files import refuse_symlinks
@@ -222,7 +222,7 @@ def create_task(
     store = store_for(spool.root)
     record = TaskRecord(foreground=spec.foreground)
     store.create(spec, record.stamped(), script=script, journal=journal, prepare=prepare)
-    record_event(store, spec.id, "task_submitted", task=spec.id)
+    record_event(store, spec.id, Event.TASK_SUBMITTED, task=spec.id)
     return spool.task(spec.id)
 
 

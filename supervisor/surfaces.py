@@ -19,6 +19,7 @@ from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from worker import credentials
 from worker.config import Config
 from worker.errors import AgentdError
+from worker.events import Event
 from worker.spool import Spool
 
 if TYPE_CHECKING:
@@ -89,10 +90,10 @@ class Surfaces:
         try:
             server.start()
         except OSError as exc:
-            self.emit("metrics_failed", level="error", listen=listen, error=str(exc))
+            self.emit(Event.METRICS_FAILED, level="error", listen=listen, error=str(exc))
             raise listen_error("[metrics] listen", listen, exc) from None
         self.metrics = server
-        self.emit("metrics_serving", listen=listen)
+        self.emit(Event.METRICS_SERVING, listen=listen)
 
     def _serve_console(self, *, wait: bool = True) -> None:
         """Serve the console from a process of its own (``supervisor.console.process``).
@@ -116,7 +117,10 @@ class Surfaces:
             console.start(wait=wait)
         except AgentdError as exc:
             self.emit(
-                "console_failed", level="error", listen=self.config.console.listen, error=str(exc)
+                Event.CONSOLE_FAILED,
+                level="error",
+                listen=self.config.console.listen,
+                error=str(exc),
             )
             raise
         self.console = console
@@ -149,4 +153,6 @@ class Surfaces:
         if self.traces is not None:
             relay.spans = TraceAssembler(self.traces.export)
             settings = self.traces.settings
-            self.emit("traces_exporting", endpoint=settings.endpoint, protocol=settings.protocol)
+            self.emit(
+                Event.TRACES_EXPORTING, endpoint=settings.endpoint, protocol=settings.protocol
+            )

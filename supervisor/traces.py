@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.relay import TaskEvents
 from worker import __version__, credentials
 from worker.config import OTLP_PROTOCOLS, TelemetryConfig
+from worker.events import Event
 from worker.spans import (
     ENDPOINT_ENV,
     SCHEMA_URL,
@@ -54,23 +55,23 @@ JSON = dict[str, Any]
 #: Lifecycle events that become events of the run's span.
 SPAN_EVENTS = frozenset(
     {
-        "task_resumed",
-        "restart_scheduled",
-        "worker_exited",
-        "worker_hung",
-        "worker_stalled",
-        "worker_killed",
-        "dangling_held",
-        "dangling_decided",
-        "dangling_rerun",
-        "dangling_reconciled",
-        "budget_exhausted",
-        "budget_changed",
-        "compaction",
-        "model_retry",
-        "task_rewound",
-        "task_retried",
-        "lease_lost",
+        Event.TASK_RESUMED,
+        Event.RESTART_SCHEDULED,
+        Event.WORKER_EXITED,
+        Event.WORKER_HUNG,
+        Event.WORKER_STALLED,
+        Event.WORKER_KILLED,
+        Event.DANGLING_HELD,
+        Event.DANGLING_DECIDED,
+        Event.DANGLING_RERUN,
+        Event.DANGLING_RECONCILED,
+        Event.BUDGET_EXHAUSTED,
+        Event.BUDGET_CHANGED,
+        Event.COMPACTION,
+        Event.MODEL_RETRY,
+        Event.TASK_REWOUND,
+        Event.TASK_RETRIED,
+        Event.LEASE_LOST,
     }
 )
 #: Events kept for a task's next run while none runs (the latest ones).
@@ -182,7 +183,7 @@ class TraceAssembler:
             return
         run.events.append(item)
         run.heard = max(run.heard, at)
-        if name == "worker_exited" and event.get("pid") == run.span.get("pid"):
+        if name == Event.WORKER_EXITED and event.get("pid") == run.span.get("pid"):
             why = event.get("signal") or f"exit code {event.get('code')}"
             self._close(task, run, at, f"the worker ended before it closed its run ({why})")
 

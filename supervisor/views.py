@@ -28,10 +28,11 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.record import TaskRecord
+from supervisor.record import ARRIVALS, TaskRecord
 from supervisor.relay import daemons_own
 from supervisor.stores import store_of
-from worker.protocol import FINAL_STATES, TaskStatus
+from worker.events import Event
+from worker.protocol import FINAL_STATES
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
@@ -186,11 +187,7 @@ def _reason(t: Mapping[str, Any]) -> str:
 # -- a task's log -----------------------------------------------------------------------
 
 #: The event that announces each end state: `agentd logs --follow` stops once it has shown it.
-END_EVENTS = {
-    TaskStatus.DONE: "task_done",
-    TaskStatus.FAILED: "task_failed",
-    TaskStatus.CANCELLED: "task_cancelled",
-}
+END_EVENTS = {state: ARRIVALS[state][0] for state in FINAL_STATES}
 
 #: How long `--follow` waits for the end event once the record says the task ended (the
 #: daemon saves the record, then appends the event; a cancel made with no daemon running
@@ -207,7 +204,7 @@ _BARE = re.compile(r"[^\s\"'=\\]+")
 def turn_event(task_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
     """A history row (``history_rows``) as a log event named ``turn``."""
     event: dict[str, Any] = {
-        "event": "turn",
+        "event": Event.TURN,
         "timestamp": row.get("at"),
         "level": "info",
         "task": task_id,
@@ -307,7 +304,7 @@ def log_line(event: Mapping[str, Any]) -> str:
     fields = {k: v for k, v in event.items() if k not in _COLUMNS}
     if daemons_own(event):
         fields.pop("by", None)  # an earlier release's mark, not a person
-    if event.get("event") == "turn":
+    if event.get("event") == Event.TURN:
         calls = fields.pop("tool_calls", [])
         fields["tools"] = [f"{c.get('tool')}:{shown_outcome(c)}" for c in calls] or None
     text = " ".join(logfmt(fields))

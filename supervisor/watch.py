@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from supervisor.exits import KillReason
 from supervisor.liveness import Alive, Beat, Hung, Limits, judge, limits_of
 from worker.errors import StorageError
+from worker.events import Event
 
 if TYPE_CHECKING:
     from supervisor.daemon import Supervisor
@@ -188,7 +189,7 @@ class LivenessWatch:
         if worker.term_deadline is not None:
             if mono < worker.term_deadline:
                 return worker.term_deadline
-            daemon.emit("worker_killed", slot, level="warning", pid=worker.pid)
+            daemon.emit(Event.WORKER_KILLED, slot, level="warning", pid=worker.pid)
             worker.signal_group(signal.SIGKILL)
             worker.term_deadline = None
             return None
@@ -209,10 +210,12 @@ class LivenessWatch:
             return mono + limits.interval
         if isinstance(verdict, Hung):
             worker.kill_reason = KillReason.HUNG
-            daemon.emit("worker_hung", slot, level="warning", pid=worker.pid, age=verdict.age)
+            daemon.emit(Event.WORKER_HUNG, slot, level="warning", pid=worker.pid, age=verdict.age)
             worker.signal_group(signal.SIGKILL)
             return None
         worker.kill_reason = KillReason.STALLED
-        daemon.emit("worker_stalled", slot, level="warning", pid=worker.pid, phase=verdict.phase)
+        daemon.emit(
+            Event.WORKER_STALLED, slot, level="warning", pid=worker.pid, phase=verdict.phase
+        )
         worker.signal_group(signal.SIGTERM)
         return self.stop_in_grace(slot, worker, mono)

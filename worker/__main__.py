@@ -44,7 +44,7 @@ from worker.errors import (
     resource_fault,
     storage_fault,
 )
-from worker.events import record_event
+from worker.events import Event, record_event
 from worker.heartbeat import Heartbeat
 from worker.identity import ProcessId, clock_id
 from worker.killtimer import CLOCK_MONOTONIC, KillTimer
@@ -403,7 +403,7 @@ def lease_lost(output: BoundedOutput | None, exc: FencedError) -> None:
 
 def processes_killed(store: TaskStore, task_id: str, pids: list[int]) -> None:
     """What ``contained`` killed as the worker left, in the task's events."""
-    record_event(store, task_id, "processes_killed", pid=os.getpid(), pids=pids, task=task_id)
+    record_event(store, task_id, Event.PROCESSES_KILLED, pid=os.getpid(), pids=pids, task=task_id)
 
 
 def stopped_by_storage(store: TaskStore | None, task_id: str, fault: StorageError) -> int:

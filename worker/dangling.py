@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.errors import InvalidIdError
+from worker.events import Event
 from worker.models.base import JSON
 from worker.outcome import Outcome
 from worker.protocol import ExitCode, decision_fields
@@ -61,7 +62,7 @@ class DanglingCalls:
                 )
             except Exception as exc:
                 answer = None
-                recorder.event("reconcile_failed", level="warning", error=str(exc), **fields)
+                recorder.event(Event.RECONCILE_FAILED, level="warning", error=str(exc), **fields)
             if answer is not None:
                 recorder.record(
                     {
@@ -74,10 +75,10 @@ class DanglingCalls:
                 )
                 effect = tool.effect.value
                 calls.span(call, begun, effect, "reconciled", None, answer, call.attempt)
-                recorder.event("dangling_reconciled", **fields)
+                recorder.event(Event.DANGLING_RECONCILED, **fields)
                 return None
         if step.action is Action.RERUN:
-            recorder.event("dangling_rerun", why=step.why, **fields)
+            recorder.event(Event.DANGLING_RERUN, why=step.why, **fields)
             calls.run(call, attempt=call.attempt + 1, outcome="rerun")
         elif step.action is Action.SKIP:
             reason = (call.decision or {}).get("reason") or "no reason given"
@@ -104,7 +105,7 @@ class DanglingCalls:
                 why = f"{why}; {taken.told()}"
             hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
             recorder.record({"k": "hold", "calls": [{**hold, "why": why}]})
-            recorder.event("dangling_held", level="warning", why=why, **fields)
+            recorder.event(Event.DANGLING_HELD, level="warning", why=why, **fields)
             told = f"dangling {call.tool} call {call.call_id}: {why}"
             return Outcome("held", told, ExitCode.HELD)
         return None
@@ -119,7 +120,9 @@ class DanglingCalls:
         except InvalidIdError:
             return  # no decision can name this call: it stays held
         except Unreadable as exc:
-            self.recorder.event("decision_invalid", level="error", file=exc.where, error=exc.reason)
+            self.recorder.event(
+                Event.DECISION_INVALID, level="error", file=exc.where, error=exc.reason
+            )
             return
         if data is None:
             return
@@ -127,7 +130,7 @@ class DanglingCalls:
             decision = decision_fields(data)
         except ValueError as exc:
             where = f"decisions/{call.key}.{call.attempt}.json"
-            self.recorder.event("decision_invalid", level="error", file=where, error=str(exc))
+            self.recorder.event(Event.DECISION_INVALID, level="error", file=where, error=str(exc))
             return
         action = decision.pop("action")
         record: JSON = {
@@ -140,4 +143,4 @@ class DanglingCalls:
         self.recorder.record(record)
         # who decided (docs/design.md section 15), as the decision names them
         who = {k: decision[k] for k in ("by", "via") if k in decision}
-        self.recorder.event("dangling_decided", call_id=call.call_id, action=action, **who)
+        self.recorder.event(Event.DANGLING_DECIDED, call_id=call.call_id, action=action, **who)

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +32,99 @@ def utc_now() -> str:
 
 
 _second: tuple[int, str] = (-1, "")
+
+
+# -- the names of events ----------------------------------------------------------------
+
+
+class Event(StrEnum):
+    """Every event a process of agentd says, by name (docs/design.md section 8; each one's
+    fields and level: docs/reference/events.md). A member is its name: it is written to
+    the logs and the events files as that text, and events written by an earlier release
+    read back as the same member."""
+
+    # the daemon
+    SUPERVISOR_STARTED = "supervisor_started"
+    SUPERVISOR_READY = "supervisor_ready"
+    SUPERVISOR_STATUS = "supervisor_status"
+    SUPERVISOR_STOPPING = "supervisor_stopping"
+    SUPERVISOR_STOPPED = "supervisor_stopped"
+    SIGNAL_IGNORED = "signal_ignored"
+    CONFIG_RELOADED = "config_reloaded"
+    CONFIG_RELOAD_FAILED = "config_reload_failed"
+    LOG_REOPENED = "log_reopened"
+    LOG_REOPEN_FAILED = "log_reopen_failed"
+    CGROUPS = "cgroups"
+    CGROUP_FAILED = "cgroup_failed"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    FORKSERVER_READY = "forkserver_ready"
+    FORKSERVER_FAILED = "forkserver_failed"
+    FORKSERVER_EXITED = "forkserver_exited"
+    METRICS_SERVING = "metrics_serving"
+    METRICS_FAILED = "metrics_failed"
+    TRACES_EXPORTING = "traces_exporting"
+    CONSOLE_SERVING = "console_serving"
+    CONSOLE_READY = "console_ready"
+    CONSOLE_EXITED = "console_exited"
+    CONSOLE_FAILED = "console_failed"
+    CONSOLE_ERROR = "console_error"
+    CONSOLE_LOGIN = "console_login"
+    CONSOLE_LOGIN_FAILED = "console_login_failed"
+    STRAYS_KILLED = "strays_killed"
+    STORAGE_FAULT = "storage_fault"
+    STORAGE_RECOVERED = "storage_recovered"
+    RECORD_WRITE_FAILED = "record_write_failed"
+    TRANSITION_REFUSED = "transition_refused"
+    HOOK_FAILED = "hook_failed"
+    TASK_UNREADABLE = "task_unreadable"
+    # several nodes (docs/design.md section 10)
+    NODE_REGISTERED = "node_registered"
+    NODE_SUPERSEDED = "node_superseded"
+    TASK_CLAIMED = "task_claimed"
+    TASK_ADOPTED = "task_adopted"
+    LEASE_LOST = "lease_lost"
+    WORKSPACE_UNSEEN = "workspace_unseen"
+    # a task
+    TASK_SUBMITTED = "task_submitted"
+    TASK_RESUMED = "task_resumed"
+    TASK_RETRIED = "task_retried"
+    TASK_REWOUND = "task_rewound"
+    TASK_FORKED = "task_forked"
+    TASK_DONE = "task_done"
+    TASK_FAILED = "task_failed"
+    TASK_CANCELLED = "task_cancelled"
+    RESTART_SCHEDULED = "restart_scheduled"
+    RESOURCE_WAIT = "resource_wait"
+    CRASH_LOOP = "crash_loop"
+    BUDGET_CHANGED = "budget_changed"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    # its worker
+    WORKER_SPAWNED = "worker_spawned"
+    WORKER_ADOPTED = "worker_adopted"
+    WORKER_LOCK_WAIT = "worker_lock_wait"
+    WORKER_EXITED = "worker_exited"
+    WORKER_HUNG = "worker_hung"
+    WORKER_STALLED = "worker_stalled"
+    WORKER_KILLED = "worker_killed"
+    PROCESSES_KILLED = "processes_killed"
+    # its calls
+    MODEL_RETRY = "model_retry"
+    COMPACTION = "compaction"
+    CONTEXT_STRATEGY_FALLBACK = "context_strategy_fallback"
+    SNAPSHOT_IGNORED = "snapshot_ignored"
+    DANGLING_RERUN = "dangling_rerun"
+    DANGLING_RECONCILED = "dangling_reconciled"
+    DANGLING_HELD = "dangling_held"
+    DANGLING_DECIDED = "dangling_decided"
+    DECISION_INVALID = "decision_invalid"
+    RECONCILE_FAILED = "reconcile_failed"
+    RESULT_WAITING = "result_waiting"
+    RESULT_WRITTEN = "result_written"
+    VCS_CAPTURE_FAILED = "vcs_capture_failed"
+    MCP_SERVER_FAILED = "mcp_server_failed"
+    MCP_TOOLS_CHANGED = "mcp_tools_changed"
+    SPAN = "span"  # a span of the task's trace (docs/design.md section 14), at level debug
+    TURN = "turn"  # never written: `agentd logs` shows each turn of the history as one
 
 
 # -- per-task event files --------------------------------------------------------------
@@ -98,7 +192,7 @@ def read_events_from(path: Path, offset: int) -> tuple[list[dict[str, Any]], int
     return events, offset + end
 
 
-def event_line(event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
+def event_line(event: Event, level: str = "info", **fields: Any) -> dict[str, Any]:
     """An event as it is written: its name, the time now, its level and its fields."""
     return {"event": event, "timestamp": utc_now(), "level": level, **fields}
 
@@ -110,7 +204,7 @@ class EventSink(Protocol):
 
 
 def record_event(
-    sink: EventSink, task_id: str, event: str, level: str = "info", **fields: Any
+    sink: EventSink, task_id: str, event: Event, level: str = "info", **fields: Any
 ) -> dict[str, Any]:
     """``append_event`` through a store: one event of the task, its failure to log never
     stopping the caller. Returns the event as written (before redaction)."""
@@ -120,7 +214,7 @@ def record_event(
     return line
 
 
-def append_event(path: Path, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
+def append_event(path: Path, event: Event, level: str = "info", **fields: Any) -> dict[str, Any]:
     """Append one event line to a task's events file; a failure to log never stops the
     caller (a worker's events are advisory; the daemon keeps the ones a full disk refused:
     ``supervisor.backlog``). Returns the event as written (before redaction)."""

@@ -50,6 +50,7 @@ from worker.errors import (
     StorageError,
     TaskSpecError,
 )
+from worker.events import Event
 from worker.heartbeat import Heartbeat
 from worker.mcp import catalog
 from worker.mcp import tools as mcp_tools
@@ -158,7 +159,7 @@ class AgentLoop:
             spec.budget,
             config.price_table,
             lambda where, error: self.recorder.event(
-                "decision_invalid", level="error", file=where, error=error
+                Event.DECISION_INVALID, level="error", file=where, error=error
             ),
         )
         self.turns = ModelTurns(
@@ -245,7 +246,7 @@ class AgentLoop:
             if recorder.journal is None:
                 self.open()
             if self.state.records > 1:
-                recorder.event("task_resumed")
+                recorder.event(Event.TASK_RESUMED)
             if not self.state.ended:
                 self.budget.check_prices(self.model_name, self.config.source)
             self._reopen_if_retried()
@@ -254,7 +255,7 @@ class AgentLoop:
                 return waiting
             if self.config.context.strategy == "server" and not self.turns.server_compacts:
                 recorder.event(
-                    "context_strategy_fallback",
+                    Event.CONTEXT_STRATEGY_FALLBACK,
                     level="warning",
                     error='[context] strategy "server": this model backend offers no server '
                     'compaction; compacting as "client"',
@@ -329,7 +330,7 @@ class AgentLoop:
         try:
             point = self._git.capture(self.task_id, self.state.turn)
         except vcs.VcsError as exc:
-            self.recorder.event("vcs_capture_failed", level="warning", error=str(exc))
+            self.recorder.event(Event.VCS_CAPTURE_FAILED, level="warning", error=str(exc))
             self._git = None
             return
         record = {"k": "vcs", "turn": self.state.turn, "commit": point.commit}
@@ -395,7 +396,7 @@ class AgentLoop:
                 return storage_outcome(exc)
         budget = self.budget.current()
         self.recorder.event(
-            "budget_exhausted", level="warning", reason=reason, budget=budget.to_json()
+            Event.BUDGET_EXHAUSTED, level="warning", reason=reason, budget=budget.to_json()
         )
         return Outcome("held", reason, ExitCode.HELD)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from worker.budget import spend_json
 from worker.errors import StorageError, storage_fault
-from worker.events import event_line, utc_now
+from worker.events import Event, event_line, utc_now
 from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
@@ -110,7 +110,7 @@ class Recorder:
             self.heartbeat.follow(journal=lambda: journal.durable.position)
 
     def snapshot_ignored(self, exc: Exception) -> None:
-        self.event("snapshot_ignored", level="warning", error=str(exc)[:200])
+        self.event(Event.SNAPSHOT_IGNORED, level="warning", error=str(exc)[:200])
 
     @property
     def writer(self) -> JournalWriter:
@@ -174,7 +174,7 @@ class Recorder:
         self.snapshots.put(self.writer.owner, Snapshot(at, self.state.detached()))
         self.snapshot_turn, self.snapshot_at = self.state.turn, at
 
-    def event(self, event: str, level: str = "info", **fields: Any) -> None:
+    def event(self, event: Event, level: str = "info", **fields: Any) -> None:
         line = event_line(
             event, level, task=self.task_id, pid=os.getpid(), turn=self.state.turn, **fields
         )

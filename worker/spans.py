@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import StorageError
-from worker.events import EventSink, event_line
+from worker.events import Event, EventSink, event_line
 from worker.models.base import JSON, ModelReply, Usage
 
 #: The event name of a span line in a task's events (never logged by the relay).
-SPAN_EVENT = "span"
+SPAN_EVENT = Event.SPAN
 #: The GenAI semantic conventions the attribute names follow: the last release of the
 #: semantic conventions that held them (``gen_ai.provider.name`` since 1.37).
 SEMCONV_VERSION = "1.41.0"

@@ -28,6 +28,7 @@ from typing import Any
 from worker import credentials
 from worker.config import Config
 from worker.errors import NotFoundError, StorageError, TaskSpecError, storage_fault
+from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
 from worker.recorder import Recorder
@@ -290,7 +291,9 @@ class ToolCalls:
         a row gets an error result instead of another re-run."""
         count = self._unknown.get(call.call_id, 0) + 1
         self._unknown[call.call_id] = count
-        self.recorder.event("mcp_server_failed", level="warning", call_id=call.call_id, error=why)
+        self.recorder.event(
+            Event.MCP_SERVER_FAILED, level="warning", call_id=call.call_id, error=why
+        )
         if count >= UNKNOWN_OUTCOMES:
             self._unknown.pop(call.call_id, None)
             self.error_result(
@@ -321,7 +324,7 @@ class ToolCalls:
                 raise
             fault = storage_fault(exc)
         recorder.event(
-            "result_waiting", level="warning", call_id=result["call_id"], error=str(fault)
+            Event.RESULT_WAITING, level="warning", call_id=result["call_id"], error=str(fault)
         )
         with self.result_wait():
             while True:
@@ -333,7 +336,7 @@ class ToolCalls:
                 except (StorageError, OSError) as exc:
                     if storage_fault(exc) is None:
                         raise
-        recorder.event("result_written", call_id=result["call_id"])
+        recorder.event(Event.RESULT_WRITTEN, call_id=result["call_id"])
 
     def _written_meanwhile(self, result: JSON) -> bool:
         """Whether ``result`` is among what the journal holds after its last record known

@@ -33,6 +33,7 @@ from worker import compaction
 from worker.budget import TaskBudget
 from worker.config import Config
 from worker.errors import ContextTooLongError, ModelError
+from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import (
     JSON,
@@ -143,7 +144,7 @@ class ModelTurns:
 
         def on_retry(exc: Exception, attempt: int, delay: float) -> None:
             recorder.event(
-                "model_retry", level="warning", attempt=attempt, delay=delay, error=str(exc)
+                Event.MODEL_RETRY, level="warning", attempt=attempt, delay=delay, error=str(exc)
             )
             recorder.phase(phase)  # a retry is progress: the deadline covers one attempt
             if heartbeat:  # what status shows as the task's REASON meanwhile
@@ -229,7 +230,9 @@ class ModelTurns:
         if any(block.get("type") == "compaction" for block in reply.content):
             # the API compacted the transcript as it answered: counted as the client's are
             # (status, ``agentd_compactions_total`` from this event)
-            self.recorder.event("compaction", strategy="server", tokens_after=reply.context_tokens)
+            self.recorder.event(
+                Event.COMPACTION, strategy="server", tokens_after=reply.context_tokens
+            )
 
     # -- compaction --------------------------------------------------------------------
 
@@ -292,7 +295,7 @@ class ModelTurns:
             | ({"id": reply.id} if reply.id else {})
         )
         self.recorder.event(
-            "compaction",
+            Event.COMPACTION,
             strategy="client",
             first=first,
             last=last,

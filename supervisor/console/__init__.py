@@ -27,10 +27,11 @@ import ipaddress
 import socket
 
 from worker.config import ConsoleConfig
+from worker.events import Event
 
 #: What the console's process says to the daemon once it serves (no event of the log:
 #: the daemon logs ``console_serving`` for it, with the URL).
-READY = "console_ready"
+READY = Event.CONSOLE_READY
 
 
 def console_url(console: ConsoleConfig, port: int) -> str:

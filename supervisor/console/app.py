@@ -54,6 +54,7 @@ from supervisor.console.tokens import LoginTickets, TokenStore, bearer
 from supervisor.operator import Operator, Via
 from worker.config import Config
 from worker.errors import AgentdError
+from worker.events import Event
 from worker.redactor import redact
 from worker.spool import Spool
 from worker.store.durable import dump_json
@@ -111,7 +112,7 @@ class Announcer:
         self._window = (0.0, 0)  # (start of the minute, lines in it)
         self._unsaid = 0
 
-    def _event(self, event: str, level: str = "info", **fields: Any) -> None:
+    def _event(self, event: Event, level: str = "info", **fields: Any) -> None:
         self._send({"event": event, "level": level, **fields})
 
     def _send(self, said: dict[str, Any]) -> None:
@@ -123,7 +124,7 @@ class Announcer:
             pass
 
     def login(self, by: str, via: Via, client: str) -> None:
-        self._event("console_login", by=by, via=str(via), client=client)
+        self._event(Event.CONSOLE_LOGIN, by=by, via=str(via), client=client)
 
     def failed(self, why: str, client: str) -> None:
         start, said = self._window
@@ -138,7 +139,7 @@ class Announcer:
         if self._unsaid:
             fields["not_logged"] = self._unsaid
             self._unsaid = 0
-        self._event("console_login_failed", "warning", **fields)
+        self._event(Event.CONSOLE_LOGIN_FAILED, "warning", **fields)
         self._window = (start, said + 1)
 
     def ready(self, url: str) -> None:
@@ -147,11 +148,11 @@ class Announcer:
 
     def failed_to_start(self, error: str) -> None:
         """The console cannot serve (its TLS files, say): the one line the daemon says."""
-        self._event("console_failed", "error", error=error)
+        self._event(Event.CONSOLE_FAILED, "error", error=error)
 
     def error(self, path: str, exc: BaseException) -> None:
         """A request the console could not answer (a bug): 500, and this line."""
-        self._event("console_error", "error", path=path, error=repr(exc)[:500])
+        self._event(Event.CONSOLE_ERROR, "error", path=path, error=repr(exc)[:500])
 
 
 class Console:

@@ -37,6 +37,7 @@ from supervisor.metrics import listen_error
 from worker import credentials
 from worker.config import ConsoleConfig
 from worker.errors import AgentdError, ConfigError
+from worker.events import Event
 from worker.spool import Spool
 
 #: Seconds the daemon's start waits for the console to say it serves.
@@ -108,7 +109,7 @@ class ConsoleProcess:
         self.url = console_url(self.console, sock.getsockname()[1])
         self._spawn()
         said = self._first_words() if wait else None
-        if said is not None and said.get("event") == "console_failed":
+        if said is not None and said.get("event") == Event.CONSOLE_FAILED:
             code = self._code  # (it ends by itself once it said so)
             self.stop()
             error = str(said.get("error") or "the console could not start")
@@ -161,13 +162,13 @@ class ConsoleProcess:
             if not ready:
                 break
             for line in self._lines(out):
-                if line.get("event") == "console_failed":
+                if line.get("event") == Event.CONSOLE_FAILED:
                     return line  # (the daemon says it, as its start's one line)
                 self._said(line)
                 if line.get("event") == READY:
                     return line
             if self.proc.poll() is not None:
-                return {"event": "console_failed", "error": "the console ended at its start"}
+                return {"event": Event.CONSOLE_FAILED, "error": "the console ended at its start"}
         return None
 
     # -- watched from the loop ------------------------------------------------------------
@@ -218,7 +219,7 @@ class ConsoleProcess:
         level = line.pop("level", "info")
         level = level if level in ("info", "warning", "error") else "info"
         if event == READY:
-            self.emit("console_serving", listen=self.console.listen, url=self.url)
+            self.emit(Event.CONSOLE_SERVING, listen=self.console.listen, url=self.url)
             return
         self.emit(event, level=level, **{k: v for k, v in line.items() if k != "task"})
 
@@ -245,7 +246,7 @@ class ConsoleProcess:
             self._backoff = RESTART_BACKOFF[0]
         delay, self._backoff = self._backoff, min(self._backoff * 2, RESTART_BACKOFF[1])
         shown = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
-        self.emit("console_exited", level="warning", exit=shown, restart_in=delay)
+        self.emit(Event.CONSOLE_EXITED, level="warning", exit=shown, restart_in=delay)
         self._restart = loop.call_later(delay, self._again)
 
     def _again(self) -> None:
@@ -255,7 +256,7 @@ class ConsoleProcess:
         try:
             self._spawn()
         except OSError as exc:
-            self.emit("console_failed", level="error", error=str(exc))
+            self.emit(Event.CONSOLE_FAILED, level="error", error=str(exc))
             self._restart = asyncio.get_running_loop().call_later(self._backoff, self._again)
             return
         self._watch()

@@ -18,6 +18,7 @@ from supervisor.placement import ClusterPlacement
 from supervisor.slot import TaskSlot
 from tests.support import reply, scripted_task, text
 from worker.config import Config
+from worker.events import Event
 from worker.protocol import TaskStatus
 from worker.spool import Spool
 from worker.store.memshared import MemoryCluster, MemorySharedStore
@@ -158,3 +159,36 @@ def test_a_daemon_superseded_by_its_names_next_daemon_stops_and_claims_nothing(
     assert [(n.name, n.epoch) for n in successor.nodes()] == [("a", 3)]
     node.placement.schedule(4, node.clock())
     assert node.started == ["t1", "t2"]
+
+
+def test_a_task_whose_node_stopped_renewing_is_claimed_here_and_said_adopted(
+    node: Node, cluster: MemoryCluster
+) -> None:
+    """docs/design.md section 8's ``task_adopted``: the claim of a lease another node let
+    stand still (it died, froze, or lost the database) says whose it was."""
+    node.placement.join(lambda: None)
+    submit(node, "t1")
+    other = cluster.store("b", lease=LEASE)
+    (held,) = other.claim(1)  # b runs t1, then stops renewing
+    assert held.task_id == "t1" and node.store.leases() == {"t1": "b"}
+    for _ in range(6):
+        node.clock.advance(LEASE / 4)
+        node.placement.schedule(1, node.clock())
+    assert node.started == ["t1"] and node.store.leases() == {"t1": "a"}
+    events = node.store.read_events("t1")[0]
+    (claimed,) = [e for e in events if e["event"] == Event.TASK_CLAIMED]
+    assert claimed["node"] == "a" and claimed["taken_over"]["node"] == "b"
+    (adopted,) = [e for e in events if e["event"] == Event.TASK_ADOPTED]
+    assert adopted["node"] == "a" and adopted["from_node"] == "b"
+    assert adopted["level"] == "info"
+
+
+def test_a_fresh_claim_is_not_said_adopted(node: Node) -> None:
+    node.placement.join(lambda: None)
+    submit(node, "t1")
+    node.placement.schedule(1, node.clock())
+    events = node.store.read_events("t1")[0]
+    assert [e["event"] for e in events if e["event"].startswith("task_")] == [
+        Event.TASK_SUBMITTED,
+        Event.TASK_CLAIMED,
+    ]

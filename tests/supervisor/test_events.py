@@ -1,11 +1,9 @@
 """Task events in the daemon's own stream (docs/design.md section 8): whichever process made
 them, each once and in order, at its level, with journald priorities under systemd; the
-hooks a real daemon runs; and the README's list of event names, kept in step with the
-code."""
+hooks a real daemon runs. (The names themselves: ``tests/worker/test_event_names.py``.)"""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -20,12 +18,11 @@ import structlog
 from structlog.testing import capture_logs
 
 from supervisor.inbox import _drain
-from supervisor.record import ARRIVALS
 from supervisor.relay import DAEMON_MARK, EventRelay
 from tests.daemon import Daemon, config_text, subreaper
 from tests.supervisor.test_daemon import charge_script, steps
-from tests.support import REPO, poll_for
-from worker.events import event_line, record_event
+from tests.support import poll_for
+from worker.events import Event, event_line, record_event, utc_now
 from worker.protocol import ExitCode
 from worker.spool import TaskSpec
 from worker.store.files import FileStore
@@ -44,15 +41,15 @@ def _store_with_task() -> MemoryStore:
 
 def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons() -> None:
     store = _store_with_task()
-    record_event(store, "t1", "task_submitted", task="t1")
+    record_event(store, "t1", Event.TASK_SUBMITTED, task="t1")
     relay = EventRelay(structlog.get_logger(), store)
     with capture_logs() as seen:
         relay.track("t1", from_end=False)
         relay.pull("t1")
         mark, value = DAEMON_MARK
-        record_event(store, "t1", "worker_spawned", task="t1", pid=1, **{mark: value})
-        record_event(store, "t1", "task_resumed", task="t1", pid=1, turn=2)
-        record_event(store, "t1", "dangling_held", "warning", task="t1", pid=1, call_id="c1")
+        record_event(store, "t1", Event.WORKER_SPAWNED, task="t1", pid=1, **{mark: value})
+        record_event(store, "t1", Event.TASK_RESUMED, task="t1", pid=1, turn=2)
+        record_event(store, "t1", Event.DANGLING_HELD, "warning", task="t1", pid=1, call_id="c1")
         relay.pull("t1")
         relay.pull("t1")  # nothing new: nothing logged
     assert [(e["event"], e["log_level"]) for e in seen] == [
@@ -65,12 +62,12 @@ def test_the_relay_logs_what_others_wrote_once_in_order_and_skips_the_daemons() 
 
 def test_a_task_found_at_start_is_relayed_from_the_end_of_its_file() -> None:
     store = _store_with_task()
-    record_event(store, "t1", "task_submitted", task="t1")
+    record_event(store, "t1", Event.TASK_SUBMITTED, task="t1")
     relay = EventRelay(structlog.get_logger(), store)
     with capture_logs() as seen:
         relay.track("t1", from_end=True)
         relay.pull("t1")
-        record_event(store, "t1", "task_resumed", task="t1")
+        record_event(store, "t1", Event.TASK_RESUMED, task="t1")
         relay.pull("t1")
     assert [e["event"] for e in seen] == ["task_resumed"]
 
@@ -83,9 +80,9 @@ def test_the_daemons_own_line_is_logged_where_its_file_has_it() -> None:
     relay = EventRelay(log, store)
     relay.track("t1", from_end=False)
     relay.pull("t1")  # what the daemon reads before it writes
-    record_event(store, "t1", "task_resumed", task="t1")  # a worker, meanwhile
+    record_event(store, "t1", Event.TASK_RESUMED, task="t1")  # a worker, meanwhile
     mark, value = DAEMON_MARK
-    own = event_line("worker_spawned", task="t1", **{mark: value})
+    own = event_line(Event.WORKER_SPAWNED, task="t1", **{mark: value})
     store.append_event("t1", own)
     with capture_logs() as seen:
         relay.pull("t1", own=(own, lambda: log.info("worker_spawned", task="t1")))
@@ -101,73 +98,13 @@ def test_a_worker_s_events_ring_its_daemon_with_one_file_however_many(tmp_path: 
     store.spool.ensure()
     store.create(TaskSpec(id="t1", prompt="p"), {"state": "queued"})
     for n in range(50):
-        record_event(store, "t1", "model_retry", attempt=n)
+        record_event(store, "t1", Event.MODEL_RETRY, attempt=n)
     assert [p.name for p in store.spool.inbox.iterdir()] == ["t1.events.0"]
     store.spool.ring("t2")  # a command's own ring
     assert _drain(store.spool.inbox) == {"t1", "t2"}
     assert list(store.spool.inbox.iterdir()) == []
     (store.spool.inbox / "not-a-ring").touch()
     assert _drain(store.spool.inbox) is None  # a name it cannot read: every task
-
-
-# -- the README's names -----------------------------------------------------------------------
-
-#: Calls that name an event, and the position of the name among their arguments.
-EMITTERS = {
-    "emit": 0,
-    "event": 0,
-    "_event": 0,
-    "append_event": 1,
-    "record_event": 2,
-    "event_line": 0,
-}
-LOG_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
-
-
-def emitted_names() -> set[str]:
-    """Every literal event name passed to an emitter, or to a log method of a logger named
-    ``log``, in worker/ and supervisor/, and the arrivals' events (``record.ARRIVALS``)."""
-    names: set[str] = set()
-    for root in ("worker", "supervisor"):
-        for path in (REPO / root).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not isinstance(node, ast.Call):
-                    continue
-                func = node.func
-                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if called in EMITTERS:
-                    index = EMITTERS[called]
-                elif called in LOG_METHODS and isinstance(func, ast.Attribute):
-                    owner = func.value
-                    owner_name = getattr(owner, "attr", None) or getattr(owner, "id", None)
-                    if owner_name not in ("log", "_log"):
-                        continue
-                    index = 0
-                else:
-                    continue
-                if len(node.args) > index:
-                    arg = node.args[index]
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                        names.add(arg.value)
-    # and the events a task's arrival in a state is, which the one transition logs
-    return names | {event for event, _level in ARRIVALS.values()}
-
-
-def readme_names() -> set[str]:
-    """The names in the docs' paragraph of event names (the one that starts "Logs are
-    JSON lines", in the systemd guide the README points to), one word (``compaction``) or
-    several joined by underscores."""
-    text = (REPO / "docs" / "guides" / "systemd.md").read_text()
-    start = text.index("Logs are JSON lines on stderr")
-    paragraph = text[start : text.index("\n\n", start)]
-    return set(re.findall(r"`([a-z]+(?:_[a-z]+)*)`", paragraph))
-
-
-def test_the_readme_lists_every_event_name_the_code_emits_and_no_other() -> None:
-    emitted, listed = emitted_names(), readme_names()
-    assert {"dangling_held", "task_submitted", "hook_failed", "model_retry"} <= emitted
-    assert emitted - listed == set(), "emitted but not in the README"
-    assert listed - emitted == set(), "in the README but never emitted"
 
 
 # -- a real daemon ------------------------------------------------------------------------------
@@ -326,7 +263,13 @@ def test_what_was_written_while_no_daemon_ran_is_relayed_at_the_next_start_once(
             daemon.wait_state(first, "done")
             daemon.stop()
             late = daemon.submit(steps(1), name="late")  # no daemon runs
-            record_event(FileStore.of(daemon.task(first)), first, "operator_note", task=first)
+            note = {
+                "event": "operator_note",
+                "timestamp": utc_now(),
+                "level": "info",
+                "task": first,
+            }
+            FileStore.of(daemon.task(first)).append_event(first, note)
             for _ in range(3):
                 daemon.start()
                 daemon.wait_state(late, "done")

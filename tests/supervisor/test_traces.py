@@ -32,7 +32,7 @@ from tests.waterfall import render
 from worker import credentials
 from worker.config import TelemetryConfig
 from worker.errors import ConfigError
-from worker.events import event_line, record_event
+from worker.events import Event, event_line, record_event
 from worker.spans import SCHEMA_URL, identity, span_line, trace_id
 from worker.spool import TaskSpec
 from worker.store.memory import MemoryStore
@@ -311,7 +311,7 @@ def _span(**fields: Any) -> dict[str, Any]:
     return base | fields
 
 
-def _event(name: str, at: str, **fields: Any) -> dict[str, Any]:
+def _event(name: Event, at: str, **fields: Any) -> dict[str, Any]:
     line = event_line(name, "info", **fields)
     line["timestamp"] = at
     return line
@@ -322,15 +322,15 @@ def test_the_assembler_closes_runs_at_their_exit_and_puts_events_on_their_run() 
     assembler = TraceAssembler(out.append)
     take = assembler.take
     take("t", span_line(_span()))  # run 1 opens
-    take("t", _event("task_resumed", "2026-12-01T00:00:01.000Z", pid=10))
+    take("t", _event(Event.TASK_RESUMED, "2026-12-01T00:00:01.000Z", pid=10))
     take("t", span_line(_span(span_id="c" * 16, parent="b" * 16, name="chat m", end=2_000)))
-    take("t", _event("worker_exited", "2026-12-01T00:00:02.000Z", pid=10, signal="SIGKILL"))
-    take("t", _event("restart_scheduled", "2026-12-01T00:00:02.100Z", delay=0))
+    take("t", _event(Event.WORKER_EXITED, "2026-12-01T00:00:02.000Z", pid=10, signal="SIGKILL"))
+    take("t", _event(Event.RESTART_SCHEDULED, "2026-12-01T00:00:02.100Z", delay=0))
     take("t", span_line(_span(span_id="d" * 16, run="d" * 16, pid=11, start=5_000)))
     take("t", span_line(_span(span_id="d" * 16, run="d" * 16, pid=11, start=5_000, end=9_000,
                               status="ok")))  # fmt: skip
     take("t", {"event": "span", "span": {"trace_id": "zz"}})  # not a span: dropped
-    take("t", _event("task_submitted", "2026-12-01T00:00:00.000Z"))  # not a span event
+    take("t", _event(Event.TASK_SUBMITTED, "2026-12-01T00:00:00.000Z"))  # not a span event
     assert [s.name for s in out] == ["chat m", "invoke_agent t", "invoke_agent t"]
     chat, killed, second = out
     assert chat.parent == "b" * 16 and chat.end == 2_000
@@ -365,8 +365,8 @@ def test_the_relay_hands_every_line_to_the_trace_and_logs_no_span() -> None:
     relay.track("t1", from_end=False)
     store.append_event("t1", span_line(_span()))
     mark, value = DAEMON_MARK
-    record_event(store, "t1", "worker_exited", pid=10, **{mark: value})
-    record_event(store, "t1", "task_resumed", pid=11)
+    record_event(store, "t1", Event.WORKER_EXITED, pid=10, **{mark: value})
+    record_event(store, "t1", Event.TASK_RESUMED, pid=11)
     with capture_logs() as seen:
         relay.pull("t1")
     assert taken == ["span", "worker_exited", "task_resumed"]

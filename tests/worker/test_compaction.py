@@ -26,7 +26,7 @@ from tests.worker.test_state import HEADER, PROMPT, result, turn
 from worker import compaction
 from worker.config import Config, ContextConfig, ModelConfig
 from worker.errors import ContextTooLongError, TaskSpecError
-from worker.events import read_events
+from worker.events import Event, read_events
 from worker.loop import AgentLoop, Outcome
 from worker.models.base import ModelReply, ModelRequest, SummaryOf
 from worker.models.scripted import ScriptedModel, default_summary, validate_script
@@ -293,9 +293,9 @@ def test_a_crash_after_the_record_resumes_compacted_with_no_second_summary(
     loop = make_loop(task, config=CONFIG, model=Summaries(ScriptedModel.from_file(task.script)))
     event = loop.recorder.event
 
-    def crash_on_compaction(name: str, level: str = "info", **fields: Any) -> None:
+    def crash_on_compaction(name: Event, level: str = "info", **fields: Any) -> None:
         event(name, level, **fields)
-        if name == "compaction":
+        if name == Event.COMPACTION:
             raise SummaryCrash
 
     monkeypatch.setattr(loop.recorder, "event", crash_on_compaction)

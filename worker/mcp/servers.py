@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker.credentials import credential
 from worker.errors import ConfigError
+from worker.events import Event
 from worker.mcp.settings import CRED_REF, McpServer
 from worker.tools.sandbox import Sandbox, SandboxRefused
 from worker.tools.tool import OutcomeUnknown, ToolError
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: What ``on_event(event, level, fields)`` is: the loop's event log.
-OnEvent = Callable[[str, str, dict[str, Any]], None]
+OnEvent = Callable[[Event, str, dict[str, Any]], None]
 #: Seconds a server has, once a call it ran past its timeout was cancelled
 #: (``notifications/cancelled``), to read that before it is killed.
 CANCEL_GRACE = 1.0
@@ -313,7 +314,7 @@ class ToolServers:
     def _failed(self, server: _Server, why: str) -> ServerFailed:
         if not server.reported and self._event is not None:
             self._event(
-                "mcp_server_failed",
+                Event.MCP_SERVER_FAILED,
                 "warning",
                 {"server": server.name, "error": why, "failures": server.failures},
             )
@@ -334,7 +335,7 @@ class ToolServers:
             server.changes_reported.add((added, removed))
             if self._event is not None:
                 self._event(
-                    "mcp_tools_changed",
+                    Event.MCP_TOOLS_CHANGED,
                     "info",
                     {"server": server.name, "added": sorted(added), "removed": sorted(removed)},
                 )
