@@ -31,6 +31,7 @@ from worker.descendants import descendants
 from worker.errors import ClusterError
 from worker.events import Event
 from worker.protocol import FINAL_STATES, TaskStatus
+from worker.records import RecordKind
 from worker.spool import Spool
 
 TURNS = 30
@@ -239,7 +240,7 @@ class Demo:
 
     def summary(self, task: Any, ledger: Path) -> bool:
         records = store_of(task).replay(task.id)
-        turns = [r["turn"] for r in records if r["k"] == "turn"]
+        turns = [r["turn"] for r in records if r["k"] == RecordKind.TURN]
         state = load_state(task)
         outcomes: dict[str, int] = {}
         for call in state.calls.values():

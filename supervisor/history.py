@@ -42,6 +42,7 @@ from worker.config import Config
 from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
 from worker.events import Event, record_event, utc_now
 from worker.models.base import Usage
+from worker.records import RecordKind
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
@@ -70,7 +71,7 @@ def history_rows(
     live = 0  # the live branch's latest turn
     for record in store_of(task).replay(task.id):  # none before it ran: no history
         kind = record.get("k")
-        if kind == "base":
+        if kind == RecordKind.BASE:
             scene = record["scene"]
             live = int(scene.get("turn", 0))
             for info in scene.get("turns", []):
@@ -89,7 +90,7 @@ def history_rows(
                         if c.get("turn") == info["turn"]
                     ]
                     rows.append(row)
-        elif kind == "turn":
+        elif kind == RecordKind.TURN:
             live = int(record["turn"])
             row = _row(record, branch=branch, inherited=False, prices=prices)
             for block in record["message"]["content"]:
@@ -99,16 +100,16 @@ def history_rows(
                     row["tool_calls"].append(call)
                     calls[block["id"]] = call
             rows.append(row)
-        elif kind == "intent" and record["call_id"] in calls:
+        elif kind == RecordKind.INTENT and record["call_id"] in calls:
             call = calls[record["call_id"]]
             call.update(effect=record.get("effect"), key=record.get("key"), outcome="dangling")
-        elif kind == "result" and record["call_id"] in calls:
+        elif kind == RecordKind.RESULT and record["call_id"] in calls:
             call = calls[record["call_id"]]
             call.update(outcome=record.get("outcome", "ran"), is_error=bool(record.get("is_error")))
-        elif kind == "decision" and record.get("call_id") in calls:
+        elif kind == RecordKind.DECISION and record.get("call_id") in calls:
             decision = {k: record[k] for k in ("action", "by", "via") if k in record}
             calls[record["call_id"]]["decision"] = decision
-        elif kind == "vcs":
+        elif kind == RecordKind.VCS:
             for row in reversed(rows):
                 if row["turn"] == record["turn"] and not row["rewound"]:
                     row["vcs"] = {
@@ -116,9 +117,9 @@ def history_rows(
                         "snapshot": record.get("snapshot"),
                     }
                     break
-        elif kind == "compaction":
+        elif kind == RecordKind.COMPACTION:
             rows.append(_compaction_row(record, live, branch, prices))
-        elif kind == "rewind":
+        elif kind == RecordKind.REWIND:
             rewind = {k: record[k] for k in ("to", "at", "by", "via") if k in record}
             for row in rows:
                 if row["turn"] > record["to"] and not row["inherited"] and not row["rewound"]:
@@ -191,7 +192,7 @@ def _check_turn(task: TaskDir, state: TaskState, turn: int, verb: str) -> None:
 def _scene_after(state: TaskState, turn: int) -> TaskState:
     scene = state.clone()
     if turn < scene.turn or scene.pending_calls():
-        scene.apply({"k": "rewind", "to": turn})
+        scene.apply({"k": RecordKind.REWIND, "to": turn})
     return scene
 
 
@@ -276,10 +277,12 @@ def rewind(
             store = store_of(task)
             journal, _ = store.open_journal(pause.owner, header={"task": task.id})
             try:
-                journal.append([{"k": "rewind", "to": to, "at": utc_now(), **fields_of(operator)}])
+                journal.append(
+                    [{"k": RecordKind.REWIND, "to": to, "at": utc_now(), **fields_of(operator)}]
+                )
             finally:
                 journal.close()
-            state.apply({"k": "rewind", "to": to})
+            state.apply({"k": RecordKind.REWIND, "to": to})
             store.put_snapshot(pause.owner, Snapshot(journal.cursor, state))
             workspace = _rewind_workspace(config, task, state, to, restore=restore_workspace)
 
@@ -361,10 +364,14 @@ def fork(
     scene.turns = [t for t in scene.turns if not t.rewound]
     origin = {"task": parent_id, "turn": at}
     records: list[dict[str, Any]] = [
-        {"k": "base", "scene": scene.to_snapshot(0), "from": {**origin, **fields_of(operator)}}
+        {
+            "k": RecordKind.BASE,
+            "scene": scene.to_snapshot(0),
+            "from": {**origin, **fields_of(operator)},
+        }
     ]
     if prompt:
-        records.append({"k": "user", "content": [{"type": "text", "text": prompt}]})
+        records.append({"k": RecordKind.USER, "content": [{"type": "text", "text": prompt}]})
     stamped = [{**r, "at": utc_now()} for r in records]
 
     parent_ws = parent.workspace_for(spec)

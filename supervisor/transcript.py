@@ -42,6 +42,7 @@ from supervisor.submit import existing_task
 from worker.budget import Price, cost_usd
 from worker.errors import NotFoundError, UsageError
 from worker.models.base import Usage
+from worker.records import RecordKind
 from worker.redactor import redact
 from worker.spool import Spool
 
@@ -62,34 +63,34 @@ class _Fold:
 
     def of_record(self, record: JSON) -> Iterator[JSON]:
         kind = record.get("k")
-        if kind == "base":
+        if kind == RecordKind.BASE:
             yield from self._base(record.get("scene") or {})
-        elif kind == "turn":
+        elif kind == RecordKind.TURN:
             self.turn = int(record["turn"])
             for block in (record.get("message") or {}).get("content", []):
                 yield from self._block(block, "assistant")
-        elif kind == "user":
+        elif kind == RecordKind.USER:
             for block in record.get("content", []):
                 if block.get("type") == "text":
                     yield {"turn": self.turn, "kind": "text", "role": "user", "text": block["text"]}
-        elif kind == "intent":
+        elif kind == RecordKind.INTENT:
             self.effects[str(record["call_id"])] = str(record.get("effect") or "")
-        elif kind == "result":
+        elif kind == RecordKind.RESULT:
             yield self._result(record)
-        elif kind == "compaction":
+        elif kind == RecordKind.COMPACTION:
             yield {
                 "turn": self.turn,
                 "kind": "compaction",
                 **{k: record.get(k) for k in ("first", "last", "tokens_before", "tokens_after")},
                 "summary": str(record.get("summary", "")),
             }
-        elif kind == "hold":
+        elif kind == RecordKind.HOLD:
             calls = [
                 {k: c.get(k) for k in ("call_id", "tool", "why")} for c in record.get("calls", [])
             ]
             line = {"turn": self.turn, "kind": "hold", "calls": calls}
             yield line | ({"budget": record["budget"]} if record.get("budget") else {})
-        elif kind == "decision":
+        elif kind == RecordKind.DECISION:
             call_id = str(record["call_id"])
             turn, tool = self.calls.get(call_id, (self.turn, ""))
             line = {"turn": turn, "kind": "decision", "call_id": call_id, "tool": tool}
@@ -168,16 +169,20 @@ def lines(
     if prompt is not None:
         kept.append((0, {"turn": 0, "kind": "text", "role": "user", "text": prompt}))
     for record in records:
-        if record.get("k") == "base":
+        if record.get("k") == RecordKind.BASE:
             kept = []  # a fork's scene begins with the prompt itself
-        elif record.get("k") == "rewind":
+        elif record.get("k") == RecordKind.REWIND:
             to = int(record["to"])
             kept = [(at, line) for at, line in kept if line["turn"] <= to and at <= to]
             fold.turn = min(fold.turn, to)
             continue
         for index, line in enumerate(fold.of_record(record)):
             cost = {}
-            if index == 0 and prices is not None and record.get("k") in ("turn", "compaction"):
+            if (
+                index == 0
+                and prices is not None
+                and record.get("k") in (RecordKind.TURN, RecordKind.COMPACTION)
+            ):
                 usage = Usage.from_json(record.get("usage") or {})
                 cost = {"cost_usd": cost_usd({str(record.get("model", "")): usage}, prices)}
             kept.append((fold.turn, line | cost))

@@ -41,6 +41,7 @@ from worker.descendants import dies_with
 from worker.errors import AgentdError, JournalCorruptError, SpoolError, StorageError
 from worker.identity import ProcessId
 from worker.protocol import VERDICT_EXITS, ExitCode, exit_record_reason
+from worker.records import RecordKind
 from worker.spool import TaskDir
 from worker.store.base import JSON, START, Cursor, Owner
 from worker.store.durable import open_private
@@ -176,7 +177,9 @@ def journal_end(task: TaskDir) -> Cursor:
 #: Records that move a task forward. A re-run's intent (or a hold, or an applied
 #: decision) is written before the work: a worker that crashes again right after it has
 #: made no progress, and the restart policy must back off rather than restart at once.
-PROGRESS_RECORDS = frozenset({"turn", "result", "user", "end", "rewind"})
+PROGRESS_RECORDS = frozenset(
+    {RecordKind.TURN, RecordKind.RESULT, RecordKind.USER, RecordKind.END, RecordKind.REWIND}
+)
 
 
 @dataclass(frozen=True)
@@ -202,8 +205,8 @@ def journal_progress(worker: WorkerProcess) -> Progress:
         return Progress(journal_end(worker.task) > worker.journal_at)
     turn = None
     for record in found:
-        if record["k"] in ("turn", "rewind"):
-            turn = record.get("turn" if record["k"] == "turn" else "to")
+        if record["k"] in (RecordKind.TURN, RecordKind.REWIND):
+            turn = record.get("turn" if record["k"] == RecordKind.TURN else "to")
     grew = any(record["k"] in PROGRESS_RECORDS for record in found)
     return Progress(grew, turn if isinstance(turn, int) else None)
 

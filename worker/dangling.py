@@ -25,6 +25,7 @@ from worker.outcome import Outcome
 from worker.protocol import ExitCode, decision_fields
 from worker.reconcile import Action, plan
 from worker.recorder import Recorder
+from worker.records import RecordKind
 from worker.state import Call
 from worker.store.base import Owner, Unreadable
 from worker.tool_calls import ToolCalls
@@ -66,7 +67,7 @@ class DanglingCalls:
             if answer is not None:
                 recorder.record(
                     {
-                        "k": "result",
+                        "k": RecordKind.RESULT,
                         "call_id": call.call_id,
                         "content": answer,
                         "is_error": False,
@@ -91,7 +92,7 @@ class DanglingCalls:
         elif step.action is Action.SUPPLIED:
             recorder.record(
                 {
-                    "k": "result",
+                    "k": RecordKind.RESULT,
                     "call_id": call.call_id,
                     "content": str((call.decision or {}).get("result", "")),
                     "is_error": False,
@@ -104,7 +105,7 @@ class DanglingCalls:
             if taken is not None:  # (a claim took the task from a node that stopped renewing)
                 why = f"{why}; {taken.told()}"
             hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
-            recorder.record({"k": "hold", "calls": [{**hold, "why": why}]})
+            recorder.record({"k": RecordKind.HOLD, "calls": [{**hold, "why": why}]})
             recorder.event(Event.DANGLING_HELD, level="warning", why=why, **fields)
             told = f"dangling {call.tool} call {call.call_id}: {why}"
             return Outcome("held", told, ExitCode.HELD)
@@ -134,7 +135,7 @@ class DanglingCalls:
             return
         action = decision.pop("action")
         record: JSON = {
-            "k": "decision",
+            "k": RecordKind.DECISION,
             "call_id": call.call_id,
             "attempt": call.attempt,
             "action": action,

@@ -60,6 +60,7 @@ from worker.models.base import Model
 from worker.outcome import Outcome, storage_outcome, write_exit
 from worker.protocol import ExitCode
 from worker.recorder import SNAPSHOT_EVERY, Recorder
+from worker.records import RecordKind
 from worker.spans import RunSpans
 from worker.spool import Spool, TaskSpec
 from worker.state import TaskState
@@ -300,7 +301,7 @@ class AgentLoop:
                 return self._end(*ending)
             if state.last_role == "assistant" and state.stop_reason == "max_tokens":
                 self.recorder.record(
-                    {"k": "user", "content": [{"type": "text", "text": CONTINUE_PROMPT}]}
+                    {"k": RecordKind.USER, "content": [{"type": "text", "text": CONTINUE_PROMPT}]}
                 )
                 continue
             if self.turns.compaction_due():
@@ -333,7 +334,7 @@ class AgentLoop:
             self.recorder.event(Event.VCS_CAPTURE_FAILED, level="warning", error=str(exc))
             self._git = None
             return
-        record = {"k": "vcs", "turn": self.state.turn, "commit": point.commit}
+        record = {"k": RecordKind.VCS, "turn": self.state.turn, "commit": point.commit}
         # not synced on its own: the next record's fdatasync carries it, and a lost one
         # only means this boundary has no file snapshot
         self.recorder.record({**record, "snapshot": point.snapshot}, sync=False)
@@ -371,11 +372,11 @@ class AgentLoop:
         same way again.)"""
         ended = self.state.ended
         if ended and ended.get("state") == "failed" and self.state.retries < self.retries:
-            self.recorder.record({"k": "retry", "n": self.retries})
+            self.recorder.record({"k": RecordKind.RETRY, "n": self.retries})
 
     def _end(self, state: str, reason: str) -> Outcome:
         if self.recorder.journal is not None and not self.state.ended:
-            self.recorder.record({"k": "end", "state": state, "reason": reason})
+            self.recorder.record({"k": RecordKind.END, "state": state, "reason": reason})
         return self._outcome_of_end()
 
     def _outcome_of_end(self) -> Outcome:
@@ -391,7 +392,7 @@ class AgentLoop:
         ``budget_exhausted``."""
         if self.recorder.journal is not None:
             try:
-                self.recorder.record({"k": "hold", "calls": [], "budget": reason})
+                self.recorder.record({"k": RecordKind.HOLD, "calls": [], "budget": reason})
             except (StorageError, FencedError, OSError) as exc:
                 return storage_outcome(exc)
         budget = self.budget.current()

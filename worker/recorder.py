@@ -24,6 +24,7 @@ from worker.events import Event, event_line, utc_now
 from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
+from worker.records import RecordKind
 from worker.redactor import redact
 from worker.state import TaskState
 from worker.store import replay
@@ -43,7 +44,7 @@ def without_secrets(record: JSON) -> JSON:
     blocks) with every secret the worker knows of replaced, so a tool that found the key
     cannot hand it on (docs/design.md section 5)."""
     content = record.get("content")
-    if record.get("k") != "result":
+    if record.get("k") != RecordKind.RESULT:
         return record
     if isinstance(content, str):
         return {**record, "content": redact.clean_secrets(content)}

@@ -32,6 +32,7 @@ from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
 from worker.recorder import Recorder
+from worker.records import RecordKind
 from worker.spans import RunSpans
 from worker.state import Call
 from worker.store.base import TaskStore
@@ -186,7 +187,7 @@ class ToolCalls:
     def error_result(self, call: Call, message: str, outcome: str = "error") -> None:
         self.recorder.record(
             {
-                "k": "result",
+                "k": RecordKind.RESULT,
                 "call_id": call.call_id,
                 "content": message,
                 "is_error": True,
@@ -215,7 +216,7 @@ class ToolCalls:
             self.others.refresh()
         recorder.record(
             {
-                "k": "intent",
+                "k": RecordKind.INTENT,
                 "call_id": call.call_id,
                 "tool": tool.name,
                 "effect": tool.effect.value,
@@ -250,7 +251,7 @@ class ToolCalls:
         recorder.phase("idle")
         self.keep_result(
             {
-                "k": "result",
+                "k": RecordKind.RESULT,
                 "call_id": call.call_id,
                 "content": content,
                 "is_error": is_error,
@@ -343,7 +344,8 @@ class ToolCalls:
         here (``Recorder.reopen``)."""
         records = self.recorder.reopen()
         return any(
-            r.get("k") == "result" and r.get("call_id") == result["call_id"] for r in records
+            r.get("k") == RecordKind.RESULT and r.get("call_id") == result["call_id"]
+            for r in records
         )
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ from worker.models.base import (
 )
 from worker.models.retry import call_with_retries
 from worker.recorder import Recorder
+from worker.records import RecordKind
 from worker.spans import ChatSpan, RunSpans
 from worker.spool import TaskSpec
 from worker.tools.registry import ToolRegistry
@@ -198,7 +199,7 @@ class ModelTurns:
         message = {"role": "assistant", "content": reply.content}
         records: list[JSON] = [
             {
-                "k": "turn",
+                "k": RecordKind.TURN,
                 "turn": state.turn + 1,
                 "message": message,
                 "stop_reason": reply.stop_reason,
@@ -211,7 +212,7 @@ class ModelTurns:
         if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
             records += [
                 {
-                    "k": "result",
+                    "k": RecordKind.RESULT,
                     "call_id": b["id"],
                     "content": "not executed: the reply was cut off at max_tokens",
                     "is_error": True,
@@ -281,7 +282,7 @@ class ModelTurns:
         )
         self.recorder.record(
             {
-                "k": "compaction",
+                "k": RecordKind.COMPACTION,
                 "summary": summary,
                 "keep": len(messages) - at,
                 "first": first,

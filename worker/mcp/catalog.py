@@ -41,10 +41,11 @@ from worker.mcp.naming import (
     servers_reached,
 )
 from worker.mcp.settings import McpServer
+from worker.records import RecordKind
 from worker.tools.effect import Effect
 
 #: The journal record that holds a task's tool list.
-RECORD_KIND = "tools"
+RECORD_KIND = RecordKind.TOOLS
 
 
 class EffectFrom(StrEnum):

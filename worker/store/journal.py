@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import JournalCorruptError, SpoolError, StorageError
+from worker.records import RecordKind
 from worker.store.base import MAX_RECORD, record_bytes
 from worker.store.durable import (
     atomic_write,
@@ -144,7 +145,7 @@ def encode(record: Record, durable: int = 0, *, version: int = JOURNAL_VERSION) 
     """``record`` as a frame of journal ``version`` carrying the durable mark ``durable``
     (a header record is always a version-1 frame)."""
     payload = record_bytes(record)
-    framing = HEADER_FRAMING if record.get("k") == "header" else FRAMINGS[version]
+    framing = HEADER_FRAMING if record.get("k") == RecordKind.HEADER else FRAMINGS[version]
     return framing.frame(payload, durable)
 
 
@@ -183,7 +184,7 @@ def scan(data: bytes | memoryview, start: int = 0, *, name: str = "journal", bas
         record, pos, mark = found
         records.append((record, pos))
         durable = mark if mark is not None else durable
-        if record["k"] == "header":  # it names the framing of what follows it
+        if record["k"] == RecordKind.HEADER:  # it names the framing of what follows it
             version = record.get("v")
             if version not in FRAMINGS:  # a newer agentd's: ``_check_header`` says so
                 return Scan(records, pos, len(data))
@@ -256,7 +257,7 @@ def _check_header(path: Path, result: Scan, start: int) -> None:
     if start != 0 or not result.records:
         return
     head = result.records[0][0]
-    if head.get("k") != "header":
+    if head.get("k") != RecordKind.HEADER:
         raise JournalCorruptError(f"{path} does not start with a journal header; it is not ours.")
     if head.get("v") not in FRAMINGS:
         raise JournalCorruptError(
@@ -350,7 +351,7 @@ class Journal:
         """A new journal, whole from its first byte: its header written and synced in a
         temp file, renamed into place, the folder synced. No crash leaves a journal
         without its header, so a blank one is always damage."""
-        first = {"k": "header", "v": JOURNAL_VERSION, **header}
+        first = {"k": RecordKind.HEADER, "v": JOURNAL_VERSION, **header}
         data = encode(first)
         atomic_write(path, data)
         try:

@@ -31,6 +31,7 @@ from worker.errors import (
     RecordConflictError,
     StateConflictError,
 )
+from worker.records import RecordKind
 from worker.redactor import redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.state import TaskState, scene_json
@@ -148,7 +149,7 @@ class MemoryStore:
         journal: Sequence[JSON] = (),
         prepare: Callable[[Path | None], None] | None = None,
     ) -> None:
-        header = record_bytes({"k": "header", "v": JOURNAL_VERSION, "task": spec.id})
+        header = record_bytes({"k": RecordKind.HEADER, "v": JOURNAL_VERSION, "task": spec.id})
         items = [header, *(record_bytes(r) for r in journal)] if journal else []
         with self.guard:
             if validate_task_id(spec.id) in self._tasks:
@@ -241,7 +242,7 @@ class MemoryStore:
             task = self.fenced(owner)
             writer = MemoryJournal(self, owner)
             if not task.seq:
-                first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
+                first = {"k": RecordKind.HEADER, "v": JOURNAL_VERSION, **(header or {})}
                 writer.append([first])
                 return writer, [first]
             return writer, self._records(task, after)

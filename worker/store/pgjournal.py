@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import NotFoundError, StorageError
+from worker.records import RecordKind
 from worker.spool import validate_task_id
 from worker.state import TaskState, scene_json
 from worker.store import pglease
@@ -135,7 +136,7 @@ class JournalRows:
             raise pglease.fenced(owner)
         writer = PostgresJournal(self, owner, seq, [len(r) for r in records])
         if seq == 0:
-            first = {"k": "header", "v": JOURNAL_VERSION, **(header or {})}
+            first = {"k": RecordKind.HEADER, "v": JOURNAL_VERSION, **(header or {})}
             writer.append([first])
             return writer, [first]
         return writer, read_records(_journal_name(owner.task_id), records, after.position + 1)

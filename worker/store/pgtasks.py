@@ -22,6 +22,7 @@ from psycopg import errors as pgerrors
 
 from worker.errors import RecordConflictError, StateConflictError
 from worker.identity import clock_id
+from worker.records import RecordKind
 from worker.redactor import redact
 from worker.spool import TaskSpec, validate_call_id, validate_task_id
 from worker.store.base import JSON, START, Cursor, Unreadable, Version, record_bytes
@@ -57,7 +58,7 @@ class TaskRows:
         """One transaction makes the task; ``prepare`` runs before it, so a failed
         ``prepare`` leaves no task (and a refused insert leaves what it made)."""
         validate_task_id(spec.id)
-        header = {"k": "header", "v": JOURNAL_VERSION, "task": spec.id}
+        header = {"k": RecordKind.HEADER, "v": JOURNAL_VERSION, "task": spec.id}
         items = [record_bytes(header), *(record_bytes(r) for r in journal)] if journal else []
         params: list[Any] = [spec.id, jsonb(spec.to_json()), script, jsonb(record)]
         params += [state_of(record), len(items), *items]
