@@ -8,20 +8,12 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.codewalk import REPO, SOURCES, compared_with, found_in_code, texts
 from worker.events import Event, event_line
 
-REPO = Path(__file__).resolve().parent.parent.parent
-#: agentd's own code (``worker/testing`` is the store suites' made-up data).
-SOURCES = [
-    path
-    for package in ("supervisor", "worker")
-    for path in sorted((REPO / package).rglob("*.py"))
-    if "testing" not in path.relative_to(REPO).parts
-]
 #: The calls whose first argument is an event's name: the daemon's and ``agentd run``'s
 #: ``emit``/``event``, a worker's ``Recorder.event``, the console's, structlog's methods.
 EMITTERS = frozenset(
@@ -34,23 +26,6 @@ NAME = re.compile(r"[a-z]+(?:_[a-z0-9]+)+")
 NAMES = frozenset(Event)
 
 
-def _is_event_key(node: ast.AST) -> bool:
-    """``x["event"]`` or ``x.get("event")``: an event's name read back."""
-    if isinstance(node, ast.Subscript):
-        key = node.slice
-        return isinstance(key, ast.Constant) and key.value == "event"
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        args = node.args
-        return node.func.attr == "get" and bool(args) and getattr(args[0], "value", None) == "event"
-    return False
-
-
-def _text(node: ast.AST | None) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    return None
-
-
 def bare_names(tree: ast.AST) -> Iterator[tuple[int, str]]:
     """Where ``tree`` names an event by a string: said, compared, or put in a line."""
     for node in ast.walk(tree):
@@ -59,19 +34,15 @@ def bare_names(tree: ast.AST) -> Iterator[tuple[int, str]]:
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
             at = POSITION.get(called or "", 0 if called in EMITTERS else None)
             if at is not None and len(node.args) > at:
-                text = _text(node.args[at])
-                if text is not None and (text in NAMES or NAME.fullmatch(text)):
-                    yield node.lineno, text
-        elif isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(_is_event_key(side) for side in sides):
-                for side in sides:
-                    if (text := _text(side)) is not None:
+                for text in texts(node.args[at]):
+                    if text in NAMES or NAME.fullmatch(text):
                         yield node.lineno, text
+        elif isinstance(node, ast.Compare):
+            yield from ((node.lineno, text) for text in compared_with(node, "event"))
         elif isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values, strict=True):
-                if _text(key) == "event" and (text := _text(value)) is not None:
-                    yield node.lineno, text
+                if texts(key) == ["event"]:
+                    yield from ((node.lineno, text) for text in texts(value))
 
 
 def test_the_finder_sees_each_way_of_naming_an_event_by_a_string() -> None:
@@ -95,11 +66,7 @@ daemon.emit(Event.WORKER_HUNG, slot)
 
 
 def test_no_event_is_named_by_a_bare_string() -> None:
-    found = [
-        f"{path.relative_to(REPO)}:{line}: {text!r}"
-        for path in SOURCES
-        for line, text in bare_names(ast.parse(path.read_text()))
-    ]
+    found = found_in_code(bare_names)
     assert found == [], "name these events by worker.events.Event:\n" + "\n".join(found)
 
 

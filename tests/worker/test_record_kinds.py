@@ -7,39 +7,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
+from tests.codewalk import REPO, compared_with, found_in_code, texts
 from worker.records import RecordKind
 from worker.state import TaskState
 from worker.store.base import record_bytes
-
-REPO = Path(__file__).resolve().parent.parent.parent
-#: agentd's own code (``worker/testing`` is the store suites' made-up data).
-SOURCES = [
-    path
-    for package in ("supervisor", "worker")
-    for path in sorted((REPO / package).rglob("*.py"))
-    if "testing" not in path.relative_to(REPO).parts
-]
-
-
-def _is_kind_key(node: ast.AST) -> bool:
-    """``r["k"]`` or ``r.get("k")``: a record's kind read back."""
-    if isinstance(node, ast.Subscript):
-        return isinstance(node.slice, ast.Constant) and node.slice.value == "k"
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        args = node.args
-        return node.func.attr == "get" and bool(args) and getattr(args[0], "value", None) == "k"
-    return False
-
-
-def _texts(node: ast.AST) -> list[str]:
-    """The strings ``node`` is, or holds (a tuple or set of them)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, ast.Tuple | ast.Set | ast.List):
-        return [t for element in node.elts for t in _texts(element)]
-    return []
 
 
 def bare_kinds(tree: ast.AST) -> Iterator[tuple[int, str]]:
@@ -48,13 +20,10 @@ def bare_kinds(tree: ast.AST) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values, strict=True):
-                if isinstance(key, ast.Constant) and key.value == "k":
-                    yield from ((node.lineno, text) for text in _texts(value))
+                if texts(key) == ["k"]:
+                    yield from ((node.lineno, text) for text in texts(value))
         elif isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(_is_kind_key(side) for side in sides):
-                for side in sides:
-                    yield from ((node.lineno, text) for text in _texts(side))
+            yield from ((node.lineno, text) for text in compared_with(node, "k"))
 
 
 def test_the_finder_sees_each_way_of_naming_a_kind_by_a_string() -> None:
@@ -74,11 +43,7 @@ if record.get("kind") == "text": pass
 
 
 def test_no_record_kind_is_a_bare_string() -> None:
-    found = [
-        f"{path.relative_to(REPO)}:{line}: {text!r}"
-        for path in SOURCES
-        for line, text in bare_kinds(ast.parse(path.read_text()))
-    ]
+    found = found_in_code(bare_kinds)
     assert found == [], "name these kinds by worker.records.RecordKind:\n" + "\n".join(found)
 
 
