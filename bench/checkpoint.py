@@ -62,6 +62,7 @@ from worker.heartbeat import Heartbeat
 from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
+from worker.records import CallOutcome
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, SNAPSHOT_TRAILER, TaskState
 from worker.store.durable import dump_json, load_json
@@ -251,7 +252,7 @@ class TimedLoop(AgentLoop):
                 self.floor.catch_up(turn)  # while "waiting on the model": off agentd's clocks
             plain_call(tools)
 
-        def run(call: Any, *, attempt: int, outcome: str = "ran") -> None:
+        def run(call: Any, *, attempt: int, outcome: CallOutcome = CallOutcome.RAN) -> None:
             plain_run(call, attempt=attempt, outcome=outcome)
             if self.stop_after_tool is not None and self.state.turn >= self.stop_after_tool:
                 self.stop_requested = True  # SIGTERM during the tool call: stop at a safe point

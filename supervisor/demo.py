@@ -31,7 +31,7 @@ from worker.descendants import descendants
 from worker.errors import ClusterError
 from worker.events import Event
 from worker.protocol import FINAL_STATES, TaskStatus
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.spool import Spool
 
 TURNS = 30
@@ -457,7 +457,7 @@ class ClusterDemo:
             "unsafe appends done exactly once each": len(appended) == len(set(appended)) == appends,
             "keyed sends delivered exactly once each": len(outbox) == sends,
             "every tool call has one outcome, none left dangling": (
-                not {"pending", "dangling"} & outcomes.keys()
+                not {CallOutcome.PENDING, CallOutcome.DANGLING} & outcomes.keys()
             ),
             "task done": state == TaskStatus.DONE,
         }

@@ -42,7 +42,7 @@ from worker.config import Config
 from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
 from worker.events import Event, record_event, utc_now
 from worker.models.base import Usage
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
@@ -82,7 +82,7 @@ def history_rows(
                             "call_id": c["call_id"],
                             "tool": c["tool"],
                             "effect": c.get("effect"),
-                            "outcome": (c.get("result") or {}).get("outcome", "pending"),
+                            "outcome": (c.get("result") or {}).get("outcome", CallOutcome.PENDING),
                             "is_error": bool((c.get("result") or {}).get("is_error")),
                             "key": c.get("key"),
                         }
@@ -96,16 +96,21 @@ def history_rows(
             for block in record["message"]["content"]:
                 if block.get("type") == "tool_use":
                     call = {"call_id": block["id"], "tool": block["name"], "effect": None}
-                    call.update(outcome="pending", is_error=False, key=None)
+                    call.update(outcome=CallOutcome.PENDING, is_error=False, key=None)
                     row["tool_calls"].append(call)
                     calls[block["id"]] = call
             rows.append(row)
         elif kind == RecordKind.INTENT and record["call_id"] in calls:
             call = calls[record["call_id"]]
-            call.update(effect=record.get("effect"), key=record.get("key"), outcome="dangling")
+            call.update(
+                effect=record.get("effect"), key=record.get("key"), outcome=CallOutcome.DANGLING
+            )
         elif kind == RecordKind.RESULT and record["call_id"] in calls:
             call = calls[record["call_id"]]
-            call.update(outcome=record.get("outcome", "ran"), is_error=bool(record.get("is_error")))
+            call.update(
+                outcome=record.get("outcome", CallOutcome.RAN),
+                is_error=bool(record.get("is_error")),
+            )
         elif kind == RecordKind.DECISION and record.get("call_id") in calls:
             decision = {k: record[k] for k in ("action", "by", "via") if k in record}
             calls[record["call_id"]]["decision"] = decision

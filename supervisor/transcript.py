@@ -7,8 +7,10 @@ A line is one JSON object, ``{"turn": N, "kind": KIND, ...}``, in journal order:
   model's words, a message an operator added;
 * ``tool_use``: ``call_id``, ``tool``, ``input``, as the model asked for it;
 * ``tool_result``: ``call_id``, ``tool``, ``effect``, ``outcome`` (``ran``, ``rerun``,
-  ``reconciled``, ``skipped``, ``operator``, ``error``, ``not_run``), ``is_error`` and
-  ``content``, as recorded (results are redacted before they are recorded);
+  ``reconciled``, ``skipped``, ``operator``, ``error``, ``not_run``, ``inherited``: a
+  fork's call, run by the task it was forked from; ``worker.records.CallOutcome``),
+  ``is_error`` and ``content``, as recorded (results are redacted before they are
+  recorded);
 * ``compaction``: the turns it replaced (``first``, ``last``), ``tokens_before``,
   ``tokens_after`` and the ``summary``;
 * ``hold``: the ``calls`` held for an operator, each with its ``call_id``, ``tool`` and
@@ -42,7 +44,7 @@ from supervisor.submit import existing_task
 from worker.budget import Price, cost_usd
 from worker.errors import NotFoundError, UsageError
 from worker.models.base import Usage
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.redactor import redact
 from worker.spool import Spool
 
@@ -123,7 +125,7 @@ class _Fold:
             "call_id": call_id,
             "tool": tool,
             "effect": self.effects.get(call_id) or None,
-            "outcome": record.get("outcome", "ran"),
+            "outcome": record.get("outcome", CallOutcome.RAN),
             "is_error": bool(record.get("is_error")),
             "content": record.get("content"),
         }
@@ -146,7 +148,7 @@ class _Fold:
                         "call_id": call_id,
                         "tool": tool,
                         "effect": None,
-                        "outcome": "inherited",
+                        "outcome": CallOutcome.INHERITED,
                         "is_error": bool(block.get("is_error")),
                         "content": text,
                     }

@@ -33,6 +33,7 @@ from supervisor.relay import daemons_own
 from supervisor.stores import store_of
 from worker.events import Event
 from worker.protocol import FINAL_STATES
+from worker.records import CallOutcome
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
 from worker.store.base import START, Cursor
@@ -230,7 +231,10 @@ def turn_event(task_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _settled(row: Mapping[str, Any]) -> bool:
     """Every tool call of the turn has its outcome (none pending, none held)."""
-    return all(c.get("outcome") not in ("pending", "dangling") for c in row.get("tool_calls", []))
+    return all(
+        c.get("outcome") not in (CallOutcome.PENDING, CallOutcome.DANGLING)
+        for c in row.get("tool_calls", [])
+    )
 
 
 def _when(event: Mapping[str, Any]) -> str:
@@ -296,7 +300,7 @@ class TaskLog:
 def shown_outcome(call: Mapping[str, Any]) -> str:
     """A tool call's outcome as the text views show it: ``error`` for a result whose
     ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``)."""
-    return "error" if call.get("is_error") else str(call.get("outcome"))
+    return CallOutcome.ERROR if call.get("is_error") else str(call.get("outcome"))
 
 
 def log_line(event: Mapping[str, Any]) -> str:

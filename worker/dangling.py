@@ -25,7 +25,7 @@ from worker.outcome import Outcome
 from worker.protocol import ExitCode, decision_fields
 from worker.reconcile import Action, plan
 from worker.recorder import Recorder
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.state import Call
 from worker.store.base import Owner, Unreadable
 from worker.tool_calls import ToolCalls
@@ -71,23 +71,23 @@ class DanglingCalls:
                         "call_id": call.call_id,
                         "content": answer,
                         "is_error": False,
-                        "outcome": "reconciled",
+                        "outcome": CallOutcome.RECONCILED,
                     }
                 )
                 effect = tool.effect.value
-                calls.span(call, begun, effect, "reconciled", None, answer, call.attempt)
+                calls.span(call, begun, effect, CallOutcome.RECONCILED, None, answer, call.attempt)
                 recorder.event(Event.DANGLING_RECONCILED, **fields)
                 return None
         if step.action is Action.RERUN:
             recorder.event(Event.DANGLING_RERUN, why=step.why, **fields)
-            calls.run(call, attempt=call.attempt + 1, outcome="rerun")
+            calls.run(call, attempt=call.attempt + 1, outcome=CallOutcome.RERUN)
         elif step.action is Action.SKIP:
             reason = (call.decision or {}).get("reason") or "no reason given"
             calls.error_result(
                 call,
                 f"not executed: an operator skipped this call after a crash ({reason}); "
                 "it may or may not have taken effect before the crash",
-                outcome="skipped",
+                outcome=CallOutcome.SKIPPED,
             )
         elif step.action is Action.SUPPLIED:
             recorder.record(
@@ -96,7 +96,7 @@ class DanglingCalls:
                     "call_id": call.call_id,
                     "content": str((call.decision or {}).get("result", "")),
                     "is_error": False,
-                    "outcome": "operator",
+                    "outcome": CallOutcome.OPERATOR,
                 }
             )
         else:

@@ -1,4 +1,5 @@
-"""The kinds of a task's journal records: ``RecordKind``.
+"""The words of a task's journal records: their kinds (``RecordKind``) and how a tool
+call ended (``CallOutcome``).
 
 Every record is a JSON object whose ``k`` names its kind (docs/ARCHITECTURE.md, "Record
 kinds", says what each carries). The worker writes them, and the fold
@@ -29,3 +30,20 @@ class RecordKind(StrEnum):
     VCS = "vcs"  # a turn boundary's workspace commits
     RETRY = "retry"  # a failed task retried by `agentd retry`
     END = "end"  # done or failed, with the reason
+
+
+class CallOutcome(StrEnum):
+    """How a tool call ended: the ``outcome`` of its ``result`` record, and of the call in
+    ``agentd history`` and ``agentd show``."""
+
+    RAN = "ran"  # it ran once, as the model asked
+    RERUN = "rerun"  # it was dangling and ran again: safe to repeat, or an operator's rerun
+    RECONCILED = "reconciled"  # it was dangling; its tool found out what it had done
+    SKIPPED = "skipped"  # it was dangling; an operator skipped it
+    OPERATOR = "operator"  # it was dangling; an operator supplied its result
+    ERROR = "error"  # it could not run (an unknown tool, bad input, a server that kept failing)
+    NOT_RUN = "not_run"  # never run: its reply was cut off at max_tokens (its input may be)
+    # never recorded: what the views say of a call with no result yet, or a fork's
+    PENDING = "pending"  # its turn is the latest and it has not started
+    DANGLING = "dangling"  # it started and never finished: held, or to be settled on resume
+    INHERITED = "inherited"  # a fork's call, run by the task it was forked from

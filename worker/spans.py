@@ -38,6 +38,7 @@ from typing import Any
 from worker.errors import StorageError
 from worker.events import Event, EventSink, event_line
 from worker.models.base import JSON, ModelReply, Usage
+from worker.records import CallOutcome
 
 #: The event name of a span line in a task's events (never logged by the relay).
 SPAN_EVENT = Event.SPAN
@@ -240,7 +241,7 @@ class RunSpans:
         *,
         start: int,
         effect: str | None,
-        outcome: str,
+        outcome: CallOutcome,
         error_type: str | None,
         arguments: Any = None,
         result: Any = None,

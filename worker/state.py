@@ -57,6 +57,7 @@ from typing import Any
 from worker import compaction
 from worker.budget import Spend, spend_from_json, spend_json
 from worker.models.base import JSON, Usage
+from worker.records import CallOutcome
 from worker.store.durable import dump_json, load_json
 
 SNAPSHOT_VERSION = 2  # a scene's JSON: a base record's, and inside a snapshot file
@@ -113,8 +114,8 @@ class Call:
     @property
     def outcome(self) -> str:
         if self.result is not None:
-            return str(self.result.get("outcome", "ran"))
-        return "dangling" if self.attempt else "pending"
+            return str(self.result.get("outcome", CallOutcome.RAN))
+        return CallOutcome.DANGLING if self.attempt else CallOutcome.PENDING
 
 
 @dataclass

@@ -32,7 +32,7 @@ from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
 from worker.recorder import Recorder
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.spans import RunSpans
 from worker.state import Call
 from worker.store.base import TaskStore
@@ -184,7 +184,9 @@ class ToolCalls:
             root=self.workspace_root,
         )
 
-    def error_result(self, call: Call, message: str, outcome: str = "error") -> None:
+    def error_result(
+        self, call: Call, message: str, outcome: CallOutcome = CallOutcome.ERROR
+    ) -> None:
         self.recorder.record(
             {
                 "k": RecordKind.RESULT,
@@ -195,7 +197,7 @@ class ToolCalls:
             }
         )
 
-    def run(self, call: Call, *, attempt: int, outcome: str = "ran") -> None:
+    def run(self, call: Call, *, attempt: int, outcome: CallOutcome = CallOutcome.RAN) -> None:
         """Run ``call``: its intent recorded (durable) first, its result after."""
         recorder = self.recorder
         begun = time.time_ns()
@@ -203,13 +205,15 @@ class ToolCalls:
         if tool is None:
             message = f"unknown tool {call.tool!r}; available: {self.tools.names()}"
             self.error_result(call, message)
-            self.span(call, begun, None, "error", "unknown_tool", message, attempt)
+            self.span(call, begun, None, CallOutcome.ERROR, "unknown_tool", message, attempt)
             return
         try:
             data = tool.check_input(call.input)
         except ToolError as exc:
             self.error_result(call, str(exc))
-            self.span(call, begun, tool.effect.value, "error", "invalid_input", exc, attempt)
+            self.span(
+                call, begun, tool.effect.value, CallOutcome.ERROR, "invalid_input", exc, attempt
+            )
             return
         key = self.key_of(call)
         if self.sandbox.verdict() == "bwrap":  # what it hides, read before anything is recorded
@@ -265,7 +269,7 @@ class ToolCalls:
         call: Call,
         begun: int,
         effect: str | None,
-        outcome: str,
+        outcome: CallOutcome,
         error_type: str | None,
         result: Any,
         attempt: int,

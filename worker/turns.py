@@ -45,7 +45,7 @@ from worker.models.base import (
 )
 from worker.models.retry import call_with_retries
 from worker.recorder import Recorder
-from worker.records import RecordKind
+from worker.records import CallOutcome, RecordKind
 from worker.spans import ChatSpan, RunSpans
 from worker.spool import TaskSpec
 from worker.tools.registry import ToolRegistry
@@ -216,7 +216,7 @@ class ModelTurns:
                     "call_id": b["id"],
                     "content": "not executed: the reply was cut off at max_tokens",
                     "is_error": True,
-                    "outcome": "not_run",
+                    "outcome": CallOutcome.NOT_RUN,
                 }
                 for b in reply.content
                 if b.get("type") == "tool_use"

@@ -1,6 +1,7 @@
-"""The journal's record kinds (``worker.records.RecordKind``), read from the code and the
-docs: no record is written or read back by a bare kind string, the fold has a handler
-only for kinds there are, and the architecture page says what each kind carries."""
+"""The words of the journal's records (``worker.records``), read from the code and the
+docs: no record's kind (``RecordKind``) or call's outcome (``CallOutcome``) is written or
+read back as a bare string, the fold has a handler only for kinds there are, the
+architecture page says what each kind carries, and ``agentd show`` lists every outcome."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import ast
 import re
 from collections.abc import Iterator
 
-from tests.codewalk import REPO, compared_with, found_in_code, texts
-from worker.records import RecordKind
+from tests.codewalk import REPO, compared_with, found_in_code, reads_key, texts
+from worker.records import CallOutcome, RecordKind
 from worker.state import TaskState
 from worker.store.base import record_bytes
 
@@ -26,6 +27,31 @@ def bare_kinds(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, text) for text in compared_with(node, "k"))
 
 
+def bare_outcomes(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Where ``tree`` writes a call's outcome as a string (in a record, as an ``outcome=``
+    argument or default), or compares one read back with a string."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if texts(key) == ["outcome"]:
+                    yield from ((node.lineno, text) for text in texts(value))
+        elif isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg == "outcome":
+                    yield from ((node.lineno, text) for text in texts(keyword.value))
+            if reads_key(node, "outcome") and len(node.args) == 2:  # .get("outcome", default)
+                yield from ((node.lineno, text) for text in texts(node.args[1]))
+        elif isinstance(node, ast.Compare):
+            yield from ((node.lineno, text) for text in compared_with(node, "outcome"))
+        elif isinstance(node, ast.arguments):
+            named = [*node.posonlyargs, *node.args][-len(node.defaults) or len(node.args) :]
+            pairs = [*zip(named, node.defaults, strict=False)]
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d]
+            for arg, default in pairs:
+                if arg.arg == "outcome":
+                    yield from ((default.lineno, text) for text in texts(default))
+
+
 def test_the_finder_sees_each_way_of_naming_a_kind_by_a_string() -> None:
     source = """
 recorder.record({"k": "intent", "call_id": c})
@@ -40,6 +66,44 @@ if record.get("kind") == "text": pass
         "rewind",
         "turn",
     ]
+
+
+def test_the_finder_sees_each_way_of_naming_an_outcome_by_a_string() -> None:
+    source = """
+recorder.record({"k": RecordKind.RESULT, "outcome": "reconciled"})
+calls.run(call, attempt=2, outcome="rerun")
+shown = record.get("outcome", "ran")
+if call.get("outcome") in ("pending", "dangling"): pass
+def error_result(call, message, outcome="error"): pass
+def run(call, *, attempt, outcome="ran"): pass
+calls.run(call, attempt=2, outcome=CallOutcome.RERUN)
+"""
+    assert sorted(text for _, text in bare_outcomes(ast.parse(source))) == [
+        "dangling",
+        "error",
+        "pending",
+        "ran",
+        "ran",
+        "reconciled",
+        "rerun",
+    ]
+
+
+def test_no_call_outcome_is_a_bare_string() -> None:
+    found = found_in_code(bare_outcomes)
+    assert found == [], "name these outcomes by worker.records.CallOutcome:\n" + "\n".join(found)
+
+
+def test_agentd_show_s_page_lists_every_outcome() -> None:
+    """``supervisor.transcript``'s docstring (what ``agentd show`` prints) names each
+    outcome a result line can have."""
+    from supervisor import transcript
+
+    doc = transcript.__doc__ or ""
+    start = doc.index("``outcome`` (") + len("``outcome`` (")
+    listed = doc[start:].split(")", 1)[0]
+    shown = set(re.findall(r"``([a-z_]+)``", listed))
+    assert shown == {o.value for o in CallOutcome} - {"pending", "dangling"}
 
 
 def test_no_record_kind_is_a_bare_string() -> None:
