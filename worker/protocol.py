@@ -79,6 +79,9 @@ class TaskStatus(StrEnum):
 FINAL_STATES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
 #: The final states a task reaches on its own (a cancel is the operator's).
 ENDED = frozenset({TaskStatus.DONE, TaskStatus.FAILED})
+#: The states a shared store's claim takes a task in (a running one only once its lease
+#: stood still), in the order the SQL lists them (``worker.store.pgschema.sql_states``).
+CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.BACKOFF, TaskStatus.RUNNING)
 
 
 # -- the heartbeat ----------------------------------------------------------------------

@@ -10,8 +10,16 @@ import psycopg
 import pytest
 
 from worker.errors import SchemaVersionError
-from worker.protocol import TaskStatus
-from worker.store.pgschema import MIGRATIONS, SCHEMA_VERSION, check, migrate, stored_version
+from worker.protocol import CLAIMABLE, TaskStatus
+from worker.store import pglease
+from worker.store.pgschema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check,
+    migrate,
+    sql_states,
+    stored_version,
+)
 
 TABLES = {"agentd_schema", "nodes", "tasks", "journal", "snapshots", "decisions", "events",
           "heartbeats", "exits", "console_tokens"}  # fmt: skip
@@ -117,15 +125,19 @@ def test_the_schema_refuses_rows_no_store_may_write(postgres_schema: str) -> Non
 
 
 def test_every_state_the_sql_names_is_a_task_status() -> None:
-    """The states live in ``TaskStatus`` alone: the schema's CHECK is rendered from it,
-    and every state a statement of the PostgreSQL store names by hand is one of them."""
+    """The states live in ``TaskStatus`` alone: every list of them in the schema and the
+    statements is rendered from it (``sql_states``), none is written by hand, and every
+    single state a statement of the PostgreSQL store names is one of them."""
     named: set[str] = set()
     for path in sorted((Path(__file__).parents[2] / "worker" / "store").glob("p*.py")):
         text = path.read_text()
-        for group in re.findall(r"state\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", text):
-            named |= set(re.findall(r"'([a-z_]+)'", group))
+        assert not re.search(r"IN\s*\('", text), f"{path.name}: a list of states by hand"
         named |= set(re.findall(r"state\s*(?:=|<>)\s*'([a-z_]+)'", text))
-        named |= set(re.findall(r"'\{state\}', '\"([a-z_]+)\"'", text))
-    assert {"queued", "running", "backoff"} <= named  # the pattern still reads the SQL
+        named |= set(re.findall(r"'\{\{?state\}?\}', '\"([a-z_]+)\"'", text))
+    assert {"running", "backoff"} <= named  # the pattern still reads the SQL
     assert named <= {s.value for s in TaskStatus}
+    rendered = re.findall(r"state IN (\([^)]*\))", pglease.CLAIM + MIGRATIONS[0])
+    assert rendered.count(sql_states(CLAIMABLE)) == 3  # the claim's two, the index's
+    assert sql_states(CLAIMABLE) == "('queued', 'backoff', 'running')"
+    assert set(rendered) == {sql_states(CLAIMABLE), sql_states(TaskStatus)}
     assert MIGRATIONS[0].count("'cancelled'") == 1  # the CHECK, rendered from TaskStatus

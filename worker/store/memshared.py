@@ -39,15 +39,12 @@ from worker.errors import (
     RecordConflictError,
     SupersededError,
 )
-from worker.protocol import TaskStatus
+from worker.protocol import CLAIMABLE, TaskStatus
 from worker.spool import TaskSpec, validate_task_id
 from worker.store import pglease
 from worker.store.base import JSON, NodeInfo, Owner, Previous, Seized, Version
 from worker.store.durable import dump_json, load_json
 from worker.store.memory import MemoryStore, _Task
-
-#: The states a claim takes a task in (and in which a held lease is watched).
-CLAIMABLE = (TaskStatus.QUEUED, TaskStatus.BACKOFF, TaskStatus.RUNNING)
 
 
 def state_of(record: Mapping[str, Any]) -> str | None:

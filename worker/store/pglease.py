@@ -37,7 +37,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import FencedError, NotFoundError
+from worker.protocol import CLAIMABLE
 from worker.store.base import Owner, Previous, Seized
+from worker.store.pgschema import sql_states
 
 if TYPE_CHECKING:
     from worker.store.pgschema import Connection
@@ -82,17 +84,17 @@ SELECT epoch, seq, ARRAY(
 #: backoff waits for its ``runnable_at``: a queued task, or a running one whose lease
 #: stood still, is runnable whatever it says (the server's clock stepped back since it
 #: was written must neither hold the queue up nor keep a dead node's task from the others).
-CLAIM = """
+CLAIM = f"""
 WITH held AS (
     SELECT id, node, epoch, renewals, lease_seconds FROM tasks
-    WHERE lease_expires IS NOT NULL AND state IN ('queued', 'backoff', 'running')
+    WHERE lease_expires IS NOT NULL AND state IN {sql_states(CLAIMABLE)}
 ), expired AS (
     SELECT * FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(counts)s::bigint[])
         AS e (id, epoch, renewals)
 ), picked AS (
     SELECT t.id, t.lease_expires IS NOT NULL AS taken, t.node AS was_node, t.epoch AS was_epoch
     FROM tasks t
-    WHERE t.state IN ('queued', 'backoff', 'running')
+    WHERE t.state IN {sql_states(CLAIMABLE)}
       AND (t.state <> 'backoff' OR t.runnable_at <= now())
       AND (t.lease_expires IS NULL OR EXISTS (SELECT 1 FROM expired e
           WHERE e.id = t.id AND e.epoch = t.epoch AND e.renewals = t.renewals))
@@ -107,7 +109,7 @@ WITH held AS (
     UPDATE tasks AS t
     SET state = 'running', node = %(node)s, epoch = t.epoch + 1, renewals = t.renewals + 1,
         lease_seconds = %(lease)s, lease_expires = now() + make_interval(secs => %(lease)s),
-        record = jsonb_set(t.record, '{state}', '"running"'),
+        record = jsonb_set(t.record, '{{state}}', '"running"'),
         version = t.version + 1, updated_at = now()
     FROM picked WHERE t.id = picked.id
     RETURNING t.id, t.epoch, t.seq, picked.taken, picked.was_node, picked.was_epoch
@@ -116,7 +118,7 @@ SELECT true, id, epoch, seq, taken, was_node, was_epoch, NULL::bigint, NULL::flo
 FROM claimed
 UNION ALL
 SELECT false, id, epoch, NULL, NULL, node, NULL, renewals, lease_seconds FROM held
-"""
+"""  # noqa: S608  (its lists of states are TaskStatus values: no input)
 
 #: The renewal: only while the epoch is still the holder's; the count moves with it.
 RENEW = """

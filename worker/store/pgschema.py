@@ -36,11 +36,11 @@ one statement that checks the writer's epoch and writes its record together.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from worker.errors import SchemaVersionError
-from worker.protocol import TaskStatus
+from worker.protocol import CLAIMABLE, TaskStatus
 
 if TYPE_CHECKING:
     import psycopg
@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 #: The states a task row may hold (docs/design.md section 3): ``TaskStatus``, the one list.
 STATES = tuple(TaskStatus)
+
+
+def sql_states(states: Iterable[TaskStatus]) -> str:
+    """``states`` as SQL's list of them: ``('queued', 'backoff')``. Every list of states
+    in the schema and the statements is rendered from ``TaskStatus`` by this."""
+    return "(" + ", ".join(f"'{s}'" for s in states) + ")"
 
 
 def state_of(record: Mapping[str, Any]) -> str | None:
@@ -76,7 +82,7 @@ CREATE TABLE tasks (
     record        jsonb NOT NULL DEFAULT '{{}}',
     version       bigint NOT NULL DEFAULT 1,
     state         text NOT NULL DEFAULT 'queued'
-                  CHECK (state IN ({", ".join(f"'{s}'" for s in STATES)})),
+                  CHECK (state IN {sql_states(STATES)}),
     node          text,
     epoch         bigint NOT NULL DEFAULT 0,
     lease_expires timestamptz,
@@ -89,7 +95,7 @@ CREATE TABLE tasks (
 );
 -- What a claim scans: only rows that may be runnable, oldest first.
 CREATE INDEX tasks_claimable ON tasks (runnable_at, id)
-    WHERE state IN ('queued', 'backoff', 'running');
+    WHERE state IN {sql_states(CLAIMABLE)};
 
 CREATE TABLE journal (
     task          text NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
