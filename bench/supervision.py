@@ -58,6 +58,7 @@ from supervisor.status import read_heartbeat
 from supervisor.submit import submit
 from worker.config import Config, load_config
 from worker.lock import holder_pid, is_locked
+from worker.protocol import HeartbeatData
 from worker.spool import Spool, TaskDir
 from worker.store.durable import read_json
 
@@ -403,7 +404,7 @@ def submit_api(spool: Spool, config: Config, name: str, max_turns: int = 1000) -
     return submit(spool, config, prompt=prompt, name=name, tools=["list_dir"], max_turns=max_turns)
 
 
-def heartbeat(task: TaskDir) -> dict[str, Any] | None:
+def heartbeat(task: TaskDir) -> HeartbeatData | None:
     return read_heartbeat(task)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from supervisor.stores import store_of
 from worker.errors import StateConflictError
 from worker.events import Event, utc_now
-from worker.protocol import FINAL_STATES, TaskStatus
+from worker.protocol import FINAL_STATES, HeartbeatData, TaskStatus
 from worker.spool import TaskDir
 from worker.store.base import NOT_A_RECORD, PROGRESS, Unreadable, recorded_progress
 
@@ -99,7 +99,7 @@ class TaskRecord:
             raise StateConflictError(f"task {task_id} is {self.state}; it cannot become {state}.")
         self.state = state
 
-    def progressed(self, beat: dict[str, Any] | None) -> None:
+    def progressed(self, beat: HeartbeatData | None) -> None:
         """Keep the progress a worker's heartbeat reports, if it is further on."""
         self.journal = recorded_progress(beat, asdict(self))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from supervisor import exits
 from supervisor.backlog import Recovery
@@ -38,7 +38,7 @@ from supervisor.status import read_heartbeat
 from supervisor.workers import worker_exit
 from worker.errors import StorageError
 from worker.events import Event
-from worker.protocol import VERDICT_EXITS, TaskStatus
+from worker.protocol import VERDICT_EXITS, HeartbeatData, TaskStatus
 
 if TYPE_CHECKING:
     from supervisor.daemon import Supervisor
@@ -88,7 +88,7 @@ class ExitSettler:
         self.settle(slot, worker_exit(worker, code, sig, turn))
         daemon.wake()
 
-    def heartbeat(self, slot: TaskSlot) -> dict[str, Any] | None:
+    def heartbeat(self, slot: TaskSlot) -> HeartbeatData | None:
         try:
             return read_heartbeat(slot.task)
         except StorageError:

@@ -18,7 +18,7 @@ from supervisor.record import TaskRecord
 from supervisor.stores import store_of
 from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget, spend_from_json
 from worker.errors import JournalCorruptError, NotFoundError, SpoolError, TaskSpecError
-from worker.protocol import TaskStatus, heartbeat_shaped
+from worker.protocol import HeartbeatData, TaskStatus, heartbeat_shaped
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
@@ -36,7 +36,7 @@ def load_state(task: TaskDir, *, full: bool = True, spec: TaskSpec | None = None
     return replay.load(store_of(task), task.id, full=full, prompt=prompt)
 
 
-def read_heartbeat(task: TaskDir) -> dict[str, Any] | None:
+def read_heartbeat(task: TaskDir) -> HeartbeatData | None:
     """The worker's last heartbeat, or None when there is none or it does not have the
     shape a worker writes (``worker.protocol.heartbeat_shaped``)."""
     beat = store_of(task).read_heartbeat(task.id)
@@ -47,7 +47,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def beat_age(beat: dict[str, Any]) -> float:
+def beat_age(beat: HeartbeatData) -> float:
     """Seconds since the worker wrote ``beat`` (a ``read_heartbeat`` result), now."""
     mono = time.monotonic()
     return Beat.of(beat, time.time(), mono).age(mono)
@@ -79,7 +79,7 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
     return rows
 
 
-def retrying(beat: dict[str, Any] | None) -> str | None:
+def retrying(beat: HeartbeatData | None) -> str | None:
     """What a running task's REASON says while its worker retries a model call (the
     ``retry`` of its heartbeat): what failed, the attempt, when the next try is."""
     retry = (beat or {}).get("retry")

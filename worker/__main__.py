@@ -67,6 +67,7 @@ from worker.protocol import (
     RETRIES_ENV,
     TAKEN_OVER_ENV,
     ExitCode,
+    HeartbeatData,
 )
 from worker.spans import PROVIDER, SCRIPTED_PROVIDER, RunSpans, identity, telemetry_on
 from worker.spool import Spool, TaskDir, TaskSpec
@@ -365,7 +366,7 @@ def dead_man(timeout: float) -> tuple[KillTimer, float] | None:
     return made, timeout
 
 
-def claim_fields(owner: Owner) -> JSON:
+def claim_fields(owner: Owner) -> HeartbeatData:
     """What a handed-over worker's beats say of it on a shared store: its epoch and its
     process (a daemon started again on this node adopts the worker by them), and the
     monotonic clock its instants are on (``worker.identity``)."""

@@ -47,11 +47,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.errors import StorageError
 from worker.killtimer import DeadMan
 from worker.metrics import StepMetrics
+from worker.protocol import HeartbeatData
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: Where the beats go: ``functools.partial(store.publish_heartbeat, task_id)``.
 Publish = Callable[[dict[str, Any]], None]
@@ -87,7 +91,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: Unpack[HeartbeatData]) -> None:
         with self._lock:
             self._fields.update(fields)
 
@@ -154,6 +158,6 @@ class Heartbeat:
             self.beat()
 
 
-def _phase(phase: str) -> dict[str, Any]:
+def _phase(phase: str) -> HeartbeatData:
     """The fields that say ``phase`` begins now, on both clocks."""
     return {"phase": phase, "phase_started": time.time(), "phase_started_mono": time.monotonic()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Any, TypedDict, TypeGuard
 
 from worker.store.durable import load_json
 
@@ -100,7 +100,34 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def heartbeat_shaped(beat: Any) -> bool:
+class HeartbeatData(TypedDict, total=False):
+    """A heartbeat as a worker writes it (``worker.heartbeat``) and the daemon, `agentd
+    status` and `agentd run` read it, once ``heartbeat_shaped`` said it is one. Every field
+    but ``at`` may be missing: a worker of an earlier release wrote fewer."""
+
+    pid: int
+    at: float  # wall time, for people
+    at_mono: float  # CLOCK_MONOTONIC, for verdicts
+    turn: int
+    phase: str  # idle, model, compaction, tool:NAME
+    phase_started: float
+    phase_started_mono: float
+    interval: float  # the worker's own beat interval
+    deadman: float  # the seconds its dead-man is armed ahead (none on a shared store)
+    usage: dict[str, int]
+    spend: dict[str, Any]  # by model (``worker.budget.spend_json``)
+    tokens_used: int | None
+    compactions: int
+    sandbox: str  # how its run_command runs (``worker.tools.sandbox``)
+    retry: dict[str, Any] | None  # a model call being retried: error, attempt, next_try
+    metrics: dict[str, Any]  # its step metrics (``worker.metrics``)
+    journal: int  # the journal's durable size
+    epoch: int  # on a shared store: its claim's epoch, its process and its clock
+    process: dict[str, Any] | None
+    clock: str | None
+
+
+def heartbeat_shaped(beat: Any) -> TypeGuard[HeartbeatData]:
     """Whether ``beat`` (parsed JSON) has the shape a worker writes. A heartbeat is
     advisory: garbage in one must not break `agentd status` or the daemon."""
     if not isinstance(beat, dict):
@@ -117,7 +144,7 @@ def heartbeat_shaped(beat: Any) -> bool:
     )
 
 
-def parse_heartbeat(data: bytes) -> dict[str, Any] | None:
+def parse_heartbeat(data: bytes) -> HeartbeatData | None:
     """The heartbeat in ``data`` (a heartbeat file's bytes), or None when it is not one."""
     try:
         beat = load_json(data)

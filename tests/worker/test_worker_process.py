@@ -29,7 +29,7 @@ from tests.support import (
     tool_use,
 )
 from worker.lock import is_locked
-from worker.protocol import ExitCode
+from worker.protocol import ExitCode, HeartbeatData, heartbeat_shaped
 from worker.spool import Spool, TaskDir
 from worker.state import fold
 from worker.store.durable import atomic_write_json, read_json
@@ -68,6 +68,9 @@ def test_success(spool: Spool) -> None:
         "pid": 0,
         "at": "",
     }
+    beat = read_json(task.heartbeat)  # its last, written as it ended
+    assert heartbeat_shaped(beat) and beat["pid"] == proc.pid
+    assert set(beat) <= set(HeartbeatData.__annotations__)  # every field it wrote is typed
     assert exit_record(task)["pid"] == proc.pid
     assert (task.path / "workspace" / "out.txt").read_text() == "hello"
     assert journal_records(task)[-1]["k"] == "end"
