@@ -31,7 +31,7 @@ from supervisor.stores import store_for, store_of
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text, existing_task
 from worker.errors import StateConflictError, UsageError
 from worker.events import Event, record_event
-from worker.protocol import DECISION_ACTIONS
+from worker.protocol import DECISION_ACTIONS, DecisionAction
 from worker.spool import Spool, validate_call_id
 
 #: The call id that stands for every held call of a task (``--all``).
@@ -45,11 +45,11 @@ def check_decision(action: str, reason: str | None, result: str | None) -> None:
             f"{action!r} is no decision; a held call is re-run (rerun), skipped (skip, "
             "--skip) or given its result (result, --result)."
         )
-    if reason is not None and action != "skip":
+    if reason is not None and action != DecisionAction.SKIP:
         raise UsageError("--reason goes with --skip: it tells the model why the call was skipped.")
-    if action == "result" and result is None:
+    if action == DecisionAction.RESULT and result is None:
         raise UsageError("a result decision records a result: give its text (--result).")
-    if action != "result" and result is not None:
+    if action != DecisionAction.RESULT and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
     checked_text(reason, "--reason")
     checked_text(result, "--result")

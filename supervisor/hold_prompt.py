@@ -23,6 +23,7 @@ from supervisor.operator import Operator, Via
 from worker.budget import Budget
 from worker.config import Config
 from worker.errors import ConfigError, StateConflictError, UsageError
+from worker.protocol import DecisionAction
 from worker.spool import Spool, TaskDir
 
 
@@ -31,7 +32,7 @@ class Answer:
     """What a person decided about one held call at the prompt: ``action`` is one of
     ``approve-dangling``'s (``rerun``, ``skip``, ``result``)."""
 
-    action: str
+    action: DecisionAction
     reason: str | None = None
     result: str | None = None
 

@@ -44,6 +44,7 @@ from supervisor.submit import existing_task
 from worker.budget import Price, cost_usd
 from worker.errors import NotFoundError, UsageError
 from worker.models.base import Usage
+from worker.protocol import DecisionAction
 from worker.records import CallOutcome, RecordKind
 from worker.redactor import redact
 from worker.spool import Spool
@@ -237,6 +238,14 @@ def use_colour(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+#: How ``agentd show`` says each decision an operator made.
+DECIDED: dict[str, str] = {
+    DecisionAction.RERUN: "re-run",
+    DecisionAction.SKIP: "skipped",
+    DecisionAction.RESULT: "result recorded",
+}
+
+
 class Renderer:
     """Lines as text: a header per turn, the model's words as they are, a tool call as
     ``→ tool input``, its result as ``← tool (effect, outcome)`` and the content indented.
@@ -304,9 +313,7 @@ class Renderer:
                 )
         elif kind == "decision":
             action = line.get("action")
-            what = {"rerun": "re-run", "skip": "skipped", "result": "result recorded"}.get(
-                str(action), str(action)
-            )
+            what = DECIDED.get(str(action), str(action))
             who = " ".join(f"{k} {line[k]}" for k in ("by", "via") if line.get(k))
             detail = line.get("reason") or line.get("result")
             text = f"✓ decided: {line.get('tool')} call {line.get('call_id')} {what}"

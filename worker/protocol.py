@@ -180,7 +180,16 @@ def exit_record_reason(record: Any, pid: int | None = None) -> str | None:
 
 # -- operator decisions -----------------------------------------------------------------
 
-DECISION_ACTIONS = ("rerun", "skip", "result")
+
+class DecisionAction(StrEnum):
+    """What an operator decides about a held call (``agentd approve-dangling``)."""
+
+    RERUN = "rerun"  # run it again
+    SKIP = "skip"  # do not run it; the model is told it was skipped, and why
+    RESULT = "result"  # do not run it; record the result the operator supplies
+
+
+DECISION_ACTIONS = frozenset(DecisionAction)
 #: Text fields of a decision the worker records with it, when they are strings.
 DECISION_TEXTS = ("reason", "result", "by", "via")
 

@@ -18,6 +18,7 @@ from supervisor.overview import dangling_rows
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text
 from worker.config import Config
 from worker.errors import UsageError
+from worker.protocol import DecisionAction
 from worker.spool import Spool
 
 
@@ -80,7 +81,13 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     result = text_or_file(args.result, args.result_file, "result", RESULT_FILE_LIMIT)
     if args.skip and result is not None:
         raise UsageError("--skip and --result are different decisions; give one.")
-    action = "skip" if args.skip else "result" if result is not None else "rerun"
+    action = (
+        DecisionAction.SKIP
+        if args.skip
+        else DecisionAction.RESULT
+        if result is not None
+        else DecisionAction.RERUN
+    )
     decided = approve(
         spool,
         args.task,

@@ -17,6 +17,7 @@ from supervisor.record import TaskRecord
 from supervisor.submit import checked_text, existing_task
 from worker.config import Config
 from worker.errors import UsageError
+from worker.protocol import DecisionAction
 from worker.spool import Spool
 
 
@@ -88,8 +89,8 @@ def _agentd_prefix(args: argparse.Namespace) -> str:
 
 
 #: The answers ``agentd run``'s prompt takes for a held call, and what each means.
-ANSWERS = {"r": "rerun", "re-run": "rerun", "rerun": "rerun", "s": "skip", "skip": "skip",
-           "x": "result", "result": "result"}  # fmt: skip
+ANSWERS = {"r": DecisionAction.RERUN, "re-run": DecisionAction.RERUN, "s": DecisionAction.SKIP,
+           "x": DecisionAction.RESULT} | {str(a): a for a in DecisionAction}  # fmt: skip
 
 
 def ask_at_terminal(call: dict[str, Any]) -> Any:
@@ -109,19 +110,23 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
         if choice is None:
             return None
         action = ANSWERS.get(choice.strip().lower())
-        if action == "rerun":
-            return Answer("rerun")
-        if action == "skip":
+        if action == DecisionAction.RERUN:
+            return Answer(DecisionAction.RERUN)
+        if action == DecisionAction.SKIP:
             reason = _read_answer("why (the model is told it was not run)? ")
             if reason is None:
                 return None
-            return Answer("skip", reason=checked_text(reason.strip(), "the reason") or None)
-        if action == "result":
+            return Answer(
+                DecisionAction.SKIP, reason=checked_text(reason.strip(), "the reason") or None
+            )
+        if action == DecisionAction.RESULT:
             result = _read_answer("its result (what the model gets)? ")
             if result is None:
                 return None
             if result.strip():
-                return Answer("result", result=checked_text(result.rstrip("\n"), "the result"))
+                return Answer(
+                    DecisionAction.RESULT, result=checked_text(result.rstrip("\n"), "the result")
+                )
         print("answer r, s or x.", file=sys.stderr)
 
 
