@@ -174,7 +174,9 @@ def taken_request(task: TaskDir, name: str) -> dict[str, Any] | None:
     path = task.path / name
     try:
         body = read_json(path)
-    except (OSError, ValueError):
+    except FileNotFoundError:  # none: the usual case, seen without a second syscall
+        return None
+    except (OSError, ValueError):  # one it cannot read is taken all the same
         body = {}
     try:
         path.unlink()
