@@ -481,7 +481,9 @@ def measure(plan: Plan, workdir: Path, quick: bool) -> list[Row]:
                 floor=plan.timeout,
                 compare=False,
                 note=f"heartbeat interval {plan.interval:g} s, timeout {plan.timeout:g} s "
-                "(the floor column); the daemon checks every min(interval, 0.5) s. "
+                "(the floor column): each beat arms the worker's dead-man the timeout ahead, so "
+                "a worker stopped just after a beat dies of it up to one interval sooner than "
+                "the timeout after the stop. "
                 "supervisord has no liveness check: a stopped worker stays stopped.",
             )
         )
