@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import psutil
 
 from bench.report import Row
-from supervisor.control import running_pid, supervisor_info
+from supervisor.coordination import running_pid, supervisor_info
 from supervisor.status import read_heartbeat
 from supervisor.submit import submit
 from worker.config import Config, load_config

@@ -16,14 +16,9 @@ import contextlib
 
 from supervisor import control
 from supervisor.budgets import refuse_decision_on_budget
-from supervisor.control import RETRY_REQUEST, change_record, move_record, offline, ring
-from supervisor.decisions import (
-    decide,
-    drop_moot_cancel,
-    operator_lock,
-    pending_decisions,
-    refuse_if_cancelled,
-)
+from supervisor.control import RETRY_REQUEST, change_record, move_record
+from supervisor.coordination import offline, operator_lock, ring
+from supervisor.decisions import decide, drop_moot_cancel, pending_decisions, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls

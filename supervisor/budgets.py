@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from supervisor.control import RELEASE_REQUEST, change_record, ring
-from supervisor.decisions import operator_lock, refuse_if_cancelled
+from supervisor.control import RELEASE_REQUEST, change_record
+from supervisor.coordination import operator_lock, ring
+from supervisor.decisions import refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state

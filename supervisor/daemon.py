@@ -66,9 +66,7 @@ from supervisor import cgroups, inbox
 from supervisor.announce import Announcer
 from supervisor.backlog import WriteBacklog
 from supervisor.cgroups import Cgroups
-from supervisor.control import (
-    SupervisorLock,
-)
+from supervisor.coordination import SupervisorLock, coordination
 from supervisor.decisions import cancelled_by
 from supervisor.exits import KillReason
 from supervisor.forkserver import ForkQueue, ForkServer
@@ -157,6 +155,8 @@ class Supervisor:
         self.placement: Placement = (
             LocalPlacement(self) if store is None else ClusterPlacement(self, store)
         )
+        # how commands reach it: the inbox and request files, or the database's rows
+        self.coordination = coordination(spool)
         # the config in use and the secrets held, and what SIGHUP does to them
         self.settings = Settings(spool.root, config, config_path, self.emit)
         self.notifier = notifier or Notifier()

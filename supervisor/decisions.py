@@ -1,4 +1,5 @@
-"""Operator decisions on held calls, and the operator lock they are taken under.
+"""Operator decisions on held calls, taken under the task's operator lock
+(``supervisor.coordination``).
 
 * Decisions on held calls and a cancel are files written exclusively, so of two operators
   deciding one call exactly one wins.
@@ -12,56 +13,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from typing import Any
 
+from supervisor.coordination import operator_lock
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state
-from supervisor.stores import shared, store_of
-from worker.errors import AgentdError, LockBusyError, NotFoundError, StateConflictError
+from supervisor.stores import store_of
+from worker.errors import AgentdError, NotFoundError, StateConflictError
 from worker.events import Event, record_event, utc_now
-from worker.lock import TaskLock
 from worker.protocol import ENDED, TaskStatus, decision_fields
 from worker.spool import TaskDir
 from worker.store.base import Unreadable
-
-OPERATOR_LOCK = "operator.lock"  # in the task folder: see ``operator_lock``
-OPERATOR_WAIT = 30.0  # seconds a command waits for another one on the same task
-
-
-@contextlib.contextmanager
-def operator_lock(task: TaskDir, wait: float = OPERATOR_WAIT) -> Iterator[None]:
-    """Hold ``task``'s operator lock for the block (an flock: a killed command drops it).
-
-    Every command that settles what becomes of a task checks and writes under it, so it
-    sees what the command before it did: of a cancel and a decision that race, the first
-    to take the lock wins, and the other finds the cancel (or the decision) and exits 3."""
-    if (cluster := shared()) is not None:  # every node's commands: one lock in the database
-        with contextlib.ExitStack() as held:
-            try:
-                held.enter_context(cluster.operator_lock(task.id, wait))
-            except LockBusyError:
-                raise StateConflictError(
-                    f"another command on task {task.id} did not end within {wait:g} s; try "
-                    "again once it has."
-                ) from None
-            yield
-        return
-    lock = TaskLock(task.path / OPERATOR_LOCK)
-    try:
-        lock.acquire(wait=wait)
-    except LockBusyError as exc:
-        raise StateConflictError(
-            f"another command on task {task.id} (pid {exc.holder_pid}) did not end within "
-            f"{wait:g} s; try again once it has."
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def cancelled(task: TaskDir, record: TaskRecord | None = None) -> bool:

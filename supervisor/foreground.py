@@ -45,8 +45,9 @@ from types import FrameType
 from typing import Any, TextIO
 
 from supervisor import exits
-from supervisor.control import move_record, running_pid
-from supervisor.decisions import cancelled_by, operator_lock, pending_decisions
+from supervisor.control import move_record
+from supervisor.coordination import operator_lock, running_pid
+from supervisor.decisions import cancelled_by, pending_decisions
 from supervisor.exits import KillReason
 from supervisor.hold_prompt import Ask, AskBudget, HoldPrompt, Interrupted
 from supervisor.liveness import Alive, Beat, Hung, Limits, hung_by_deadman, judge, limits_of

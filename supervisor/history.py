@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import REQUEUE_REQUEST, Fenced, change_record, paused, ring
-from supervisor.decisions import drop_moot_cancel, operator_lock, refuse_if_cancelled
+from supervisor.control import REQUEUE_REQUEST, Fenced, change_record, paused
+from supervisor.coordination import operator_lock, ring
+from supervisor.decisions import drop_moot_cancel, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import load_state

@@ -1,5 +1,5 @@
 """The daemon's doorbell: ``SPOOL/inbox``, where CLI commands that change a task (submit,
-decide, cancel, retry) drop a file (``supervisor.control.ring``).
+decide, cancel, retry) drop a file (``supervisor.coordination.ring``).
 
 ``watch`` empties the folder and calls its ``ring`` once per burst of new entries, with
 the tasks they were named for (``Spool.ring``: ``TASK.PID.NS``, or a worker's one file

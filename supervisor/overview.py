@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from supervisor.control import running_pid, supervisor_info
+from supervisor.coordination import running_pid, supervisor_info
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, status_row
 from supervisor.stores import shared, store_for

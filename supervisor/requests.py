@@ -11,14 +11,8 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING
 
-from supervisor.control import (
-    RELEASE_REQUEST,
-    REQUEUE_REQUEST,
-    RETRY_REQUEST,
-    pause_holder_alive,
-    take_request,
-    taken_request,
-)
+from supervisor.control import RELEASE_REQUEST, REQUEUE_REQUEST, RETRY_REQUEST
+from supervisor.coordination import take_request, taken_request
 from supervisor.exits import KillReason
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
@@ -54,7 +48,7 @@ class Requests:
             daemon.move(slot, TaskRecord.requeue)
         if take_request(slot.task, RELEASE_REQUEST) and not slot.record.foreground:
             daemon.move(slot, TaskRecord.release_hold)  # a budget raised (``supervisor.budgets``)
-        slot.paused = pause_holder_alive(slot.task)
+        slot.paused = daemon.coordination.pause_requested(slot.task)
         if slot.paused and slot.worker is not None and slot.worker.kill_reason is None:
             slot.worker.kill_reason = KillReason.STOP  # a safe-point stop; the task resumes after
             slot.worker.signal_worker(signal.SIGTERM)

@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from supervisor import cli
-from supervisor.control import ring, running_pid, supervisor_info
+from supervisor.coordination import ring, running_pid, supervisor_info
 from supervisor.status import status_row
 from tests.support import (
     REPO,

@@ -7,7 +7,7 @@ import argparse
 
 from supervisor.commands.context import out
 from supervisor.commands.parsing import Commands, json_flag
-from supervisor.control import running_pid
+from supervisor.coordination import running_pid
 from supervisor.overview import status_document
 from supervisor.stores import shared
 from worker.config import Config

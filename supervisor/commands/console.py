@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from supervisor.commands.parsing import Commands
-from supervisor.control import running_pid, supervisor_info
+from supervisor.coordination import running_pid, supervisor_info
 from supervisor.operator import Operator
 from worker.config import Config
 from worker.errors import AgentdError, UsageError

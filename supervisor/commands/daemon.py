@@ -14,7 +14,7 @@ from pathlib import Path
 
 from supervisor.commands.context import named_spool, store_url
 from supervisor.commands.parsing import Commands
-from supervisor.control import already_running, running_pid, supervisor_info
+from supervisor.coordination import already_running, running_pid, supervisor_info
 from supervisor.status import load_state, status_row
 from supervisor.stores import postgres_store, record_store, shared
 from supervisor.submit import existing_task, listed_tasks

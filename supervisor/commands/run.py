@@ -12,7 +12,7 @@ from typing import Any
 from supervisor.commands.context import store_url
 from supervisor.commands.parsing import Commands, json_flag
 from supervisor.commands.tasks import SUBMIT_OPTIONS, submitted, task_options
-from supervisor.control import ring
+from supervisor.coordination import ring
 from supervisor.record import TaskRecord
 from supervisor.submit import checked_text, existing_task
 from worker.config import Config

@@ -16,7 +16,7 @@ from typing import Any
 
 from supervisor.commands.context import out, text_or_file
 from supervisor.commands.parsing import Command, Commands, json_flag, task_arg
-from supervisor.control import ring, running_pid, supervisor_info
+from supervisor.coordination import ring, running_pid, supervisor_info
 from supervisor.operator import Operator
 from supervisor.overview import status_document
 from supervisor.status import load_state

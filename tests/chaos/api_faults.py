@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import ring
+from supervisor.coordination import ring
 from supervisor.record import TaskRecord
 from supervisor.relay import DAEMON_MARK
 from supervisor.status import status_row

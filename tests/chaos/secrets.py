@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import ring, running_pid
+from supervisor.coordination import ring, running_pid
 from supervisor.submit import submit
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure, campaign_main

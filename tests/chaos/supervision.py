@@ -74,7 +74,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.control import ring
+from supervisor.coordination import ring
 from supervisor.decisions import decide
 from supervisor.liveness import TOOL_DEADLINE_SLACK
 from supervisor.record import TaskRecord

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.control import supervisor_info
+from supervisor.coordination import supervisor_info
 from tests.chaos.supervision import within
 from tests.daemon import Daemon, alive, config_text, subreaper
 from tests.faults.report import Figure, campaign_main

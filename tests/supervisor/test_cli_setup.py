@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import cli
-from supervisor.control import running_pid
+from supervisor.coordination import running_pid
 from tests.support import (
     REPO,
     make_spool,

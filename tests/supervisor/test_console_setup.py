@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from supervisor.console.auth import Sessions, host_allowed, origin_allowed
-from supervisor.control import running_pid
+from supervisor.coordination import running_pid
 from tests.console import Client, console_table, free_port, login_url, self_signed
 from tests.daemon import Daemon, config_text
 from tests.support import missing_system_tool, poll_for

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.control import ring, running_pid
+from supervisor.coordination import ring, running_pid
 from supervisor.liveness import TOOL_DEADLINE_SLACK
 from supervisor.record import TaskRecord
 from supervisor.status import load_state

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from supervisor import forkserver
-from supervisor.control import ring
+from supervisor.coordination import ring
 from supervisor.forkserver import ForkQueue, ForkServer
 from supervisor.submit import submit
 from tests.daemon import Daemon, parse_time

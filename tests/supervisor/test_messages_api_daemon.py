@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.control import ring
+from supervisor.coordination import ring
 from supervisor.submit import submit as submit_task
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, worker_env

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from supervisor.control import running_pid
+from supervisor.coordination import running_pid
 from supervisor.metrics import HANDLER_THREADS, Metrics, Sample, families
 from tests.daemon import Daemon, subreaper
 from tests.support import REPO, poll_for, reply, text, tool_use

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.control import RETRY_REQUEST, request
+from supervisor.control import RETRY_REQUEST
+from supervisor.coordination import request
 from supervisor.daemon import Supervisor
 from supervisor.decisions import decide, pending_decisions
 from supervisor.placement import WORKER_RESCAN_STRIDE

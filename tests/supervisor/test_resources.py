@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cgroups import CGROUP_FS, delegate, own_cgroup
-from supervisor.control import supervisor_info
+from supervisor.coordination import supervisor_info
 from tests.daemon import Daemon, config_text
 from tests.pids import PidsCgroup, PidsRefused, confine, pids_cgroup
 from tests.supervisor.test_daemon import steps

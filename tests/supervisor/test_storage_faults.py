@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.control import running_pid, supervisor_info
+from supervisor.coordination import running_pid, supervisor_info
 from supervisor.record import TaskRecord
 from tests.daemon import Daemon, alive, subreaper
 from tests.mounts import fill, mount, small_disk

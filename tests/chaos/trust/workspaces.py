@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.control import ring
+from supervisor.coordination import ring
 from tests.chaos.trust import FAULT, Host, outside_tmp
 from tests.daemon import Daemon, subreaper
 from tests.faults.report import Figure
