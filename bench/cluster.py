@@ -65,7 +65,7 @@ from bench.supervision import (
     wait_until,
 )
 from supervisor.pgcluster import ThrowawayCluster, find_binaries
-from supervisor.stores import forget_shared, use_shared
+from supervisor.stores import open_shared
 from supervisor.submit import submit
 from worker.config import Config
 from worker.errors import ClusterError
@@ -286,16 +286,16 @@ def stage(
     (``supervisor.submit.submit`` on the shared store), in this process: much faster than
     a CLI process each. Their workspaces are in the spool ``workdir/submitter``, which
     every node on this machine reaches."""
-    spool = Spool(workdir / "submitter").ensure()
+    store = open_shared(url, node="bench", lease=Config().cluster.lease)
+    spool = Spool(workdir / "submitter").ensure().on(store)
     path = workdir / "script.json"
     path.write_text(json.dumps(script))
-    use_shared(url, node="bench", lease=Config().cluster.lease)
     try:
         for task_id in ids:
             submit(spool, Config(), prompt="benchmark", name=task_id, script=path, tools=tools,
                    max_turns=10_000)  # fmt: skip
     finally:
-        forget_shared()
+        store.close()
 
 
 def forget_tasks(url: str) -> None:

@@ -109,7 +109,7 @@ def retry(spool: Spool, task_id: str, *, operator: Operator | None = None) -> bo
         refuse_if_cancelled(task, "retry")
         record = TaskRecord.load(task)
         record.check_retry(task.id)  # before a request is left for the daemon
-        store = store_for(spool.root)
+        store = store_for(spool)
         if record.foreground and store.owned(task.id):
             raise StateConflictError(
                 f"task {task.id} is running in the foreground (`agentd run`, worker pid "

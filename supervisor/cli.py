@@ -19,7 +19,7 @@ from pathlib import Path
 from supervisor.commands import cluster, console, daemon, interventions, run, setup, tasks
 from supervisor.commands.context import check_named_spool, node_name, resolve_spool, store_url
 from supervisor.commands.parsing import Commands, Handler, Parser
-from supervisor.stores import recorded_store, use_shared
+from supervisor.stores import open_shared, recorded_store
 from worker import __version__, credentials
 from worker.config import Config, load_config
 from worker.errors import AgentdError, ConfigError, StorageError
@@ -124,11 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = store_url(args, config, spool) if args.uses_store else None
         try:
             if url is not None:
-                use_shared(
-                    url,
-                    node=node_name(args, config),
-                    lease=config.cluster.lease,
-                    migrate=args.command in ("start", "store"),
+                # the shared store, handed to everything the command does with the spool
+                spool = spool.on(
+                    open_shared(
+                        url,
+                        node=node_name(args, config),
+                        lease=config.cluster.lease,
+                        migrate=args.command in ("start", "store"),
+                    )
                 )
             handler: Handler = args.handler
             return handler(args, config, spool)
@@ -142,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "or $PGPASSFILE, or give the whole URL with --store, $AGENTD_STORE or "
                 "$AGENTD_STORE_FILE."
             ) from None
+        finally:
+            if spool.shared is not None:
+                spool.shared.close()
     except AgentdError as exc:
         print(f"agentd: {_one_line(without_password(str(exc)))}", file=sys.stderr)
         return exc.exit_code

@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor.stores import shared
 from worker.errors import LockBusyError, StateConflictError, StorageError, storage_fault
 from worker.events import utc_now
 from worker.lock import TaskLock, is_locked
@@ -112,9 +111,9 @@ class Coordination(Protocol):
 
 
 def coordination(spool: Spool) -> Coordination:
-    """The process's coordination: its shared store's, once ``stores.use_shared`` chose
-    one, else ``spool``'s. The one place that asks which."""
-    cluster = shared()
+    """The coordination of ``spool``: its shared store's when it is on one
+    (``Spool.on``), else its own. The one place that asks which."""
+    cluster = spool.shared
     return SpoolCoordination(spool) if cluster is None else ClusterCoordination(cluster)
 
 
@@ -132,7 +131,7 @@ def operator_lock(
     task: TaskDir, wait: float = OPERATOR_WAIT
 ) -> contextlib.AbstractContextManager[None]:
     """``Coordination.operator_lock`` of the process's coordination."""
-    return coordination(Spool(task.root)).operator_lock(task, wait)
+    return coordination(task.spool).operator_lock(task, wait)
 
 
 # -- one spool ---------------------------------------------------------------------------

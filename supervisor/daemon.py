@@ -82,7 +82,7 @@ from supervisor.reload import Reloader, Settings
 from supervisor.requests import Requests
 from supervisor.settle import ExitSettler
 from supervisor.slot import TaskSlot
-from supervisor.stores import shared, store_for
+from supervisor.stores import store_for
 from supervisor.strays import StraySweeper
 from supervisor.surfaces import Surfaces
 from supervisor.watch import LivenessWatch, sleep_to_grid
@@ -147,11 +147,11 @@ class Supervisor:
         preload: bool = True,
     ) -> None:
         self.spool = spool
-        self.store = store_for(spool.root)  # every byte of a task goes through it
+        self.store = store_for(spool)  # every byte of a task goes through it
         self.announcer = Announcer(self)  # its events and hooks
         # where the tasks come from, and whose record is whose to write: this spool's
         # folders, or a shared store's queue (``supervisor.placement``)
-        store = shared()
+        store = spool.shared
         self.placement: Placement = (
             LocalPlacement(self) if store is None else ClusterPlacement(self, store)
         )

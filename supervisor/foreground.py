@@ -55,7 +55,6 @@ from supervisor.operator import fields_of
 from supervisor.record import Move, TaskRecord, arrival
 from supervisor.run_terminal import RunTerminal
 from supervisor.status import held_calls, read_heartbeat
-from supervisor.stores import shared as shared_store
 from supervisor.stores import store_of
 from supervisor.strays import sweep_until_none
 from supervisor.traces import TraceTail, exporter_for
@@ -92,7 +91,7 @@ def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
     or None when the task is done already (nothing to run). Refused (exit 3) when it was
     cancelled, when a worker runs it (a daemon's, or another ``agentd run``'s), and when it
     is a daemon's task while that daemon runs. A failed task is retried."""
-    refuse_shared()
+    refuse_shared(shared=spool.shared is not None)
     store = store_of(task)
     with operator_lock(task):
         record = TaskRecord.load(task)
@@ -118,10 +117,10 @@ def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
         return TaskRecord.load(task)
 
 
-def refuse_shared(*, shared: bool = False) -> None:
-    """``agentd run`` serves the spool's own files only: on a shared store (``shared``, or
-    the one in use) every task is the nodes' to run (docs/guides/run.md)."""
-    if shared or shared_store() is not None:
+def refuse_shared(*, shared: bool) -> None:
+    """``agentd run`` serves the spool's own files only: on a shared store (``shared``)
+    every task is the nodes' to run (docs/guides/run.md)."""
+    if shared:
         raise UsageError(
             "agentd run works on a spool's own files, not on a shared store; "
             "`agentd submit` the task and let a node run it."
@@ -256,7 +255,7 @@ class ForegroundRun:
     def _export_traces(self) -> None:
         """Traces on (docs/design.md section 14): this run exports its task's, unless a
         daemon runs on the spool, whose relay exports every task's (once)."""
-        if running_pid(Spool(self.task.root)) is not None:
+        if running_pid(self.task.spool) is not None:
             return
         exporter = exporter_for(self.config.telemetry)
         if exporter is not None:

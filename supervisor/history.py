@@ -35,7 +35,7 @@ from supervisor.decisions import drop_moot_cancel, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
 from supervisor.status import load_state
-from supervisor.stores import shared, store_of
+from supervisor.stores import store_of
 from supervisor.submit import create_task, existing_task
 from worker import vcs
 from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget
@@ -391,7 +391,7 @@ def fork(
     git = _git_of(config, parent, spec.git) if snapshot else None
     # on a shared store a workspace given at submit is on a mount every node sees: the
     # fork's own goes beside it there (``_beside``), never in this node's spool
-    beside = shared() is not None and spec.workspace is not None
+    beside = spool.shared is not None and spec.workspace is not None
     if snapshot and git is not None:
         worktree = spool.task(new_id).path / "worktree"
         if beside:

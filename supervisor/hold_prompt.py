@@ -24,7 +24,7 @@ from worker.budget import Budget
 from worker.config import Config
 from worker.errors import ConfigError, StateConflictError, UsageError
 from worker.protocol import DecisionAction
-from worker.spool import Spool, TaskDir
+from worker.spool import TaskDir
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class HoldPrompt:
                 return False
             try:
                 change_budget(
-                    Spool(self.task.root),
+                    self.task.spool,
                     self.config,
                     task_id,
                     usd=answer.usd,

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from supervisor.coordination import running_pid, supervisor_info
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, status_row
-from supervisor.stores import shared, store_for
+from supervisor.stores import store_for
 from supervisor.submit import existing_task, listed_tasks
 from worker import __version__
 from worker.budget import BUILTIN_PRICES, Price
@@ -75,8 +75,8 @@ def status_document(
     """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``);
     on a shared store every task of the cluster, each with the node that runs it, and
     ``nodes``; each ``cost_usd`` at ``prices`` (``Config.price_table``)."""
-    store = store_for(spool.root)
-    cluster = shared()
+    store = store_for(spool)
+    cluster = spool.shared
     leases = cluster.leases() if cluster is not None else None
     rows = []
     sup = supervisor_json(spool)
@@ -94,7 +94,7 @@ def status_document(
 
 def dangling_rows(spool: Spool, task_id: str | None = None) -> list[dict[str, Any]]:
     """``agentd dangling --json``: the held calls of every held task (or of ``task_id``)."""
-    store = store_for(spool.root)
+    store = store_for(spool)
     rows: list[dict[str, Any]] = []
     with store.read_all():
         task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
@@ -108,7 +108,7 @@ def held_document(spool: Spool) -> dict[str, Any]:
     """The inbox of what waits for a person, across every task (``GET /api/held``): the
     held calls, as ``agentd dangling --json`` lists them, and the tasks held on their
     budget (held with no held call, their reason ``budget: ...``)."""
-    store = store_for(spool.root)
+    store = store_for(spool)
     calls: list[dict[str, Any]] = []
     tasks: list[HeldTask] = []
     with store.read_all():

@@ -6,10 +6,10 @@ the backend is chosen here alone:
 
 * the file store of the spool, by default (one per spool in a process: ``spool_store``,
   so that the daemon and the commands it runs share its ownership epochs);
-* a PostgreSQL store that several nodes share, once ``use_shared`` was called (by the
-  command line, for ``--store``, ``$AGENTD_STORE`` or the config's ``store``): one per
-  process, whatever spool a task's local folder is in. ``shared_of`` tells the cluster's
-  part of it (the queue, leases, nodes) to the daemon and the commands that need it.
+* a shared store that several nodes serve (PostgreSQL: ``open_shared``, which the command
+  line calls for ``--store``, ``$AGENTD_STORE`` or the config's ``store``), handed in with
+  the spool (``Spool.on``): the ``shared`` of a ``Spool`` and of its ``TaskDir``s. No
+  lookup is global: what a function works on is what it was given.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker.errors import ConfigError
-from worker.spool import TaskDir
+from worker.spool import Spool, TaskDir
 from worker.store.base import SharedStore, TaskStore
 from worker.store.durable import atomic_write_json, load_json
 from worker.store.files import spool_store
 
 if TYPE_CHECKING:
     from worker.store.postgres import PostgresStore
-
-_shared: SharedStore | None = None
 
 #: What a command that needs the PostgreSQL store says where psycopg is not installed (a
 #: plain ``pip install agentd``: it is the ``postgres`` extra).
@@ -49,12 +47,11 @@ def postgres_store() -> type[PostgresStore]:
     return PostgresStore
 
 
-def use_shared(url: str, *, node: str | None, lease: float, migrate: bool = False) -> SharedStore:
-    """Put every task of this process in the PostgreSQL database at ``url`` (checked, or
-    created or migrated with ``migrate``: ``agentd start``, ``agentd store init``)."""
-    global _shared  # noqa: PLW0603  (the process's one choice of backend)
-    _shared = postgres_store()(url, node=node, lease=lease, migrate=migrate)
-    return _shared
+def open_shared(url: str, *, node: str | None, lease: float, migrate: bool = False) -> SharedStore:
+    """The PostgreSQL store at ``url`` (its schema checked, or created or migrated with
+    ``migrate``: ``agentd start``, ``agentd store init``), for ``Spool.on``; its caller
+    closes it."""
+    return postgres_store()(url, node=node, lease=lease, migrate=migrate)
 
 
 #: A node's spool records the store it serves (``record_store``), so that a command on
@@ -88,24 +85,11 @@ def recorded_store(root: Path) -> str | None:
     return None
 
 
-def forget_shared() -> None:
-    """Back to the spool's files (a test that used a shared store, or a command done)."""
-    global _shared  # noqa: PLW0603  (see use_shared)
-    if _shared is not None:
-        _shared.close()
-    _shared = None
-
-
-def shared() -> SharedStore | None:
-    """The shared store this process works on, or None: the spool's files."""
-    return _shared
-
-
-def store_for(root: Path) -> TaskStore:
-    """The store of the tasks of the spool at ``root``: the shared one when in use."""
-    return _shared if _shared is not None else spool_store(root)
+def store_for(spool: Spool) -> TaskStore:
+    """The store of the tasks of ``spool``: the shared one it is on, else its files."""
+    return spool.shared if spool.shared is not None else spool_store(spool.root)
 
 
 def store_of(task: TaskDir) -> TaskStore:
-    """The store ``task`` lives in (``store_for`` its spool)."""
-    return store_for(task.root)
+    """The store ``task`` lives in: the shared one its spool is on, else the spool's files."""
+    return task.shared if task.shared is not None else spool_store(task.root)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.record import TaskRecord
-from supervisor.stores import shared, store_for
+from supervisor.stores import store_for
 from worker.budget import Budget, price_of
 from worker.config import Config
 from worker.errors import ConfigError, NotFoundError, TaskSpecError, UsageError
@@ -159,7 +159,7 @@ def submit(
     )
     if spec.scripted and script_bytes is None:
         raise UsageError("the scripted model needs --script FILE with its responses.")
-    if shared() is None:
+    if spool.shared is None:
         return create_task(spool, spec, script_bytes)
     # On a shared store a task's default workspace is a path every node of this machine
     # reaches: the one in the submitting node's spool, named in the spec (a task folder
@@ -219,7 +219,7 @@ def create_task(
     """Create the task in the spool's store (``TaskStore.create``): a queued record, a
     fork's first ``journal`` records, and what ``prepare`` adds beside them (a fork's
     workspace) before the spec, which is written last: until then it is not a task."""
-    store = store_for(spool.root)
+    store = store_for(spool)
     record = TaskRecord(foreground=spec.foreground)
     store.create(spec, record.stamped(), script=script, journal=journal, prepare=prepare)
     record_event(store, spec.id, Event.TASK_SUBMITTED, task=spec.id)
@@ -228,13 +228,13 @@ def create_task(
 
 def listed_tasks(spool: Spool) -> list[TaskDir]:
     """Every task the spool's store lists (``TaskStore.task_ids``), in id order."""
-    store = store_for(spool.root)
+    store = store_for(spool)
     return [spool.task(task_id) for task_id in store.task_ids()]
 
 
 def existing_task(spool: Spool, task_id: str) -> TaskDir:
     task = spool.task(task_id)
     refuse_symlinks(task)
-    if not store_for(spool.root).exists(task_id):
+    if not store_for(spool).exists(task_id):
         raise NotFoundError(f"no task {task_id!r} in {spool.root}; `agentd status` lists them.")
     return task

@@ -204,7 +204,7 @@ def task_lines(
     task = existing_task(spool, task_id)
     if turn is not None and turn < 0:
         raise UsageError(f"--turn {turn}: a turn is 0 (the prompt) or more")
-    store = store_for(spool.root)
+    store = store_for(spool)
     spec = store.load_spec(task.id)
     shown = lines(store.replay(task.id), prompt=spec.prompt, prices=prices)
     if turn is not None:

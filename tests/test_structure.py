@@ -194,3 +194,32 @@ def test_the_states_the_sql_names_are_the_task_states() -> None:
     assert set(named) <= {str(state) for state in TaskStatus}
     sample = SQL_STATE.search("WHERE state IN ('done', 'x')")  # (a state it would refuse)
     assert sample is not None and re.findall(r"'([a-z_]+)'", sample[1]) == ["done", "x"]
+
+
+#: The modules that make a spool from what the operator named, and hand it (with the
+#: shared store it is on, ``Spool.on``) to everything else: the command line's context,
+#: the console's process and the demo. Anywhere else a ``Spool(...)`` made from a path
+#: would drop the store it was handed (issue: the store handed in).
+SPOOL_OPENERS = {"supervisor.commands.context", "supervisor.console.__main__", "supervisor.demo"}
+
+
+def spool_makers(source: str) -> int:
+    """How many times ``source`` makes a ``Spool`` or a ``TaskDir`` from a path."""
+    return sum(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Spool", "TaskDir")
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+def test_the_store_is_handed_in_with_the_spool_never_looked_up() -> None:
+    assert spool_makers("spool = Spool(task.root)\nx = TaskDir(root, i)\n") == 2  # can fail
+    makers = {
+        module_name(path)
+        for path in sorted((REPO / "supervisor").rglob("*.py"))
+        if spool_makers(path.read_text())
+    }
+    assert makers == SPOOL_OPENERS
+    stores = ast.parse((REPO / "supervisor" / "stores.py").read_text())
+    assert not [node for node in ast.walk(stores) if isinstance(node, ast.Global)]

@@ -14,13 +14,16 @@ import re
 import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.budget import Budget
 from worker.errors import InvalidIdError, NotFoundError, TaskSpecError, quoted
 from worker.store.durable import open_private, private_dir, read_json
+
+if TYPE_CHECKING:
+    from worker.store.base import SharedStore
 
 SPEC_VERSION = 1
 TASK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -156,10 +159,12 @@ def _expect(data: Mapping[str, Any], key: str, kind: Any, bad: Any) -> None:
 
 @dataclass(frozen=True)
 class TaskDir:
-    """The files of one task. Constructing one validates the id."""
+    """The files of one task. Constructing one validates the id. ``shared``: the shared
+    store its spool is on (``Spool.on``), None for the spool's own files."""
 
     root: Path
     id: str
+    shared: SharedStore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         validate_task_id(self.id)
@@ -261,10 +266,25 @@ class TaskDir:
     def workspace_for(self, spec: TaskSpec) -> Path:
         return Path(spec.workspace) if spec.workspace else self.path / "workspace"
 
+    @property
+    def spool(self) -> Spool:
+        """The spool this task is in, on the same store."""
+        return Spool(self.root, self.shared)
+
 
 @dataclass(frozen=True)
 class Spool:
+    """The spool at ``root``, and the store its tasks are in: ``shared``, the shared store
+    that several nodes serve (``on``), or None for the spool's own files. The store is
+    handed in with the spool, so nothing of the supervisor looks it up
+    (``supervisor.stores.store_for``)."""
+
     root: Path
+    shared: SharedStore | None = field(default=None, compare=False, repr=False)
+
+    def on(self, shared: SharedStore | None) -> Spool:
+        """This spool, its tasks on ``shared`` (None: its own files)."""
+        return replace(self, shared=shared)
 
     @property
     def tasks_dir(self) -> Path:
@@ -304,7 +324,7 @@ class Spool:
 
     def task(self, task_id: str) -> TaskDir:
         """The folder of ``task_id``; ``SpoolError`` for an id that is not valid."""
-        return _task_dir(self.root, task_id)
+        return _task_dir(self.root, task_id, self.shared)
 
     def task_ids(self) -> list[str]:
         """Ids of the task folders; a symlink planted in ``tasks/`` is never followed."""
@@ -326,11 +346,11 @@ class Spool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _task_dir(root: Path, task_id: str) -> TaskDir:
+def _task_dir(root: Path, task_id: str, shared: SharedStore | None) -> TaskDir:
     """The ``TaskDir`` of a task, kept: it caches its paths, and the daemon (every tick),
     the stores and status (every task) ask for the same tasks again and again. The 4,096
     most recent at most, some 12 MB."""
-    return TaskDir(root, task_id)
+    return TaskDir(root, task_id, shared)
 
 
 def normalize_tools(names: Sequence[str] | None) -> tuple[str, ...] | None:

@@ -9,7 +9,6 @@ from supervisor.commands.context import out
 from supervisor.commands.parsing import Commands, json_flag
 from supervisor.coordination import running_pid
 from supervisor.overview import status_document
-from supervisor.stores import shared
 from worker.config import Config
 from worker.config import node_name as local_node
 from worker.errors import UsageError
@@ -27,7 +26,7 @@ def add_parser(commands: Commands) -> None:
 
 def cmd_nodes(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     """The nodes that share the store; on the spool's files, this machine alone."""
-    cluster = shared()
+    cluster = spool.shared
     if cluster is not None:
         nodes = [n.to_json() for n in cluster.nodes()]
     else:
@@ -66,7 +65,7 @@ def cmd_nodes(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_store(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     """``agentd store init``: ``main`` created or migrated the schema already."""
-    cluster = shared()
+    cluster = spool.shared
     if cluster is None:
         raise UsageError(
             "no shared store is given; name one with --store URL, $AGENTD_STORE or `store`."

@@ -16,7 +16,7 @@ from supervisor.commands.context import named_spool, store_url
 from supervisor.commands.parsing import Commands
 from supervisor.coordination import already_running, running_pid, supervisor_info
 from supervisor.status import load_state, status_row
-from supervisor.stores import postgres_store, record_store, shared
+from supervisor.stores import postgres_store, record_store
 from supervisor.submit import existing_task, listed_tasks
 from worker import credentials
 from worker.config import Config
@@ -70,7 +70,7 @@ def cmd_start(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         return _detach(args, spool)
     # (the daemon holds its secrets already: ``main`` took them over first of all)
     # the store's URL, for the workers, through their pipe (as read, when it was)
-    url = store_url(args, config, spool) if shared() is not None else None
+    url = store_url(args, config, spool) if spool.shared is not None else None
     if url is not None and credentials.held().get(credentials.STORE) != url:
         credentials.hold(credentials.held().with_value(credentials.STORE, url))
     if url is not None and running_pid(spool) is None:  # (else this start is refused)

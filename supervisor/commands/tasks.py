@@ -261,7 +261,7 @@ def cmd_history(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.json:
         out(rows)
         return 0
-    spec = store_for(spool.root).load_spec(task.id)
+    spec = store_for(spool).load_spec(task.id)
     if spec.forked_from:
         print(f"{task.id} was forked from {spec.forked_from['task']} at turn "
               f"{spec.forked_from['turn']}")  # fmt: skip

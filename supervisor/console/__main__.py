@@ -22,7 +22,7 @@ from supervisor.console import console_url
 from supervisor.console.app import Announcer, Console
 from supervisor.console.server import WORKERS, ConsoleServer, tls_context
 from supervisor.console.tokens import token_store
-from supervisor.stores import use_shared
+from supervisor.stores import open_shared
 from worker import credentials
 from worker.config import Config, load_config
 from worker.descendants import dies_with
@@ -89,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(config_path)
         spool = Spool(Path(args.spool))
         if (url := held.get(credentials.STORE)) is not None:
-            use_shared(url, node=args.node, lease=config.cluster.lease)
+            spool = spool.on(open_shared(url, node=args.node, lease=config.cluster.lease))
         sock = socket.socket(fileno=args.fd)
-        return asyncio.run(serve(spool, config, config_path, sock))
+        try:
+            return asyncio.run(serve(spool, config, config_path, sock))
+        finally:
+            if spool.shared is not None:
+                spool.shared.close()
     except AgentdError as exc:
         Announcer(sys.stdout).failed_to_start(str(exc))
         return exc.exit_code

@@ -94,7 +94,7 @@ def tasks(call: Call) -> list[Any]:
 
 def task(call: Call) -> JSON:
     found = existing_task(call.spool, call.task)
-    events, _ = store_for(call.spool.root).read_events(found.id)
+    events, _ = store_for(call.spool).read_events(found.id)
     return {"task": _row(call, found.id), "history": history.history_rows(found), "events": events}
 
 

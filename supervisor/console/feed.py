@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from supervisor.overview import supervisor_json, task_row
-from supervisor.stores import shared, store_for
+from supervisor.stores import store_for
 from worker.budget import BUILTIN_PRICES, Price
 from worker.errors import AgentdError
 from worker.spool import Spool
@@ -112,8 +112,8 @@ class RowFeed:
     def _scan(self, prints: dict[str, Any], rows: dict[str, Row]) -> list[Row]:
         """(Off the loop.) The rows that changed since the scan that left ``prints`` and
         ``rows`` (copies, brought up to date here)."""
-        store = store_for(self.spool.root)
-        cluster = shared()
+        store = store_for(self.spool)
+        cluster = self.spool.shared
         leases = cluster.leases() if cluster is not None else None
         node = supervisor_json(self.spool)["node"]
         changed: list[Row] = []

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor.stores import shared
 from worker.errors import NotFoundError, RecordConflictError, UsageError
 from worker.events import utc_now
 from worker.spool import Spool
@@ -150,7 +149,7 @@ class SpoolTokens:
 def token_store(spool: Spool) -> TokenStore:
     """Where this process's API tokens are: the shared store's table on a cluster (every
     node accepts them), else the spool's file."""
-    cluster = shared()
+    cluster = spool.shared
     return cluster if cluster is not None else SpoolTokens(spool)
 
 

@@ -101,7 +101,6 @@ from typing import Any
 import psutil
 
 from supervisor.pgcluster import ThrowawayCluster
-from supervisor.stores import forget_shared
 from tests.chaos import nodefaults
 from tests.chaos.effect_tools import EFFECTS_ENV, JITTER_ENV, read_log
 from tests.chaos.nodeaudit import (
@@ -251,13 +250,10 @@ class Node(Daemon):
         return super().command("--store", self.url, "--node", self.name, *args)
 
     def cli(self, *args: str) -> tuple[int, str, str]:
-        """``agentd --store URL --node NAME ARGS`` in this process; the store it used is
-        closed after (a command done), so that a campaign's hundreds of commands do not
-        keep hundreds of connections open."""
-        try:
-            return super().cli("--store", self.url, "--node", self.name, *args)
-        finally:
-            forget_shared()
+        """``agentd --store URL --node NAME ARGS`` in this process (which closes the store
+        it opened when the command is done, so that a campaign's hundreds of commands do not
+        keep hundreds of connections open)."""
+        return super().cli("--store", self.url, "--node", self.name, *args)
 
     @property
     def pid(self) -> int | None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import stores
 from supervisor.daemon import Supervisor
 from supervisor.placement import ClusterPlacement
 from supervisor.slot import TaskSlot
@@ -31,7 +30,7 @@ class Node:
     """A daemon of node ``a`` on the cluster, whose worker starts are recorded."""
 
     def __init__(self, root: Path, store: MemorySharedStore, clock: ManualClock) -> None:
-        self.spool = Spool(root)
+        self.spool = Spool(root).on(store)  # (what ``agentd --store`` hands the daemon)
         self.store = store
         self.clock = clock
         self.daemon = Supervisor(self.spool, Config(), preload=False, clock=clock)
@@ -63,12 +62,8 @@ def cluster(clock: ManualClock) -> MemoryCluster:
 
 
 @pytest.fixture
-def node(
-    tmp_path: Path, cluster: MemoryCluster, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Node]:
-    store = cluster.store("a", lease=LEASE)
-    monkeypatch.setattr(stores, "_shared", store)  # (what ``use_shared`` does for PostgreSQL)
-    made = Node(tmp_path / "spool", store, clock)
+def node(tmp_path: Path, cluster: MemoryCluster, clock: ManualClock) -> Iterator[Node]:
+    made = Node(tmp_path / "spool", cluster.store("a", lease=LEASE), clock)
     yield made
     made.placement.leave()
 

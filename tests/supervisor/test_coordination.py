@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import stores
 from supervisor.coordination import (
     ClusterCoordination,
     Coordination,
@@ -31,7 +30,7 @@ LEASE = 30.0
 
 @pytest.fixture(params=["spool", "cluster"])
 def setting(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[Coordination, TaskDir, Spool]]:
     spool = Spool(tmp_path / "spool").ensure()
     if request.param == "spool":
@@ -39,20 +38,23 @@ def setting(
         yield SpoolCoordination(spool), task, spool
         return
     cluster = MemoryCluster(clock=ManualClock()).store("a", lease=LEASE)
-    monkeypatch.setattr(stores, "_shared", cluster)
     new_task(cluster, "t1")
+    spool = spool.on(cluster)
     yield ClusterCoordination(cluster), spool.task("t1"), spool
 
 
-def test_the_process_s_coordination_is_its_shared_store_s_once_it_has_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_spool_s_coordination_is_its_shared_store_s_when_it_is_on_one(
+    tmp_path: Path,
 ) -> None:
     spool = Spool(tmp_path / "spool")
     assert isinstance(coordination(spool), SpoolCoordination)
     cluster = MemoryCluster(clock=ManualClock()).store("a", lease=LEASE)
-    monkeypatch.setattr(stores, "_shared", cluster)
-    chosen = coordination(spool)
+    chosen = coordination(spool.on(cluster))
     assert isinstance(chosen, ClusterCoordination) and chosen.cluster is cluster
+    task = spool.on(cluster).task("t1")  # a task of it, and the spool it is in, the same
+    again = coordination(task.spool)
+    assert task.shared is cluster and isinstance(again, ClusterCoordination)
+    assert spool.task("t1").shared is None  # (its own files: the cache keeps them apart)
 
 
 def test_the_operator_lock_lets_one_command_in_at_a_time(

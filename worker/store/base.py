@@ -521,6 +521,11 @@ class SharedStore(TaskStore, Protocol):
         """Close its connections (it reconnects if used again)."""
         ...
 
+    def __hash__(self) -> int:
+        """Hashable (by identity, as any object): a spool's ``TaskDir``s are cached by the
+        store they are on (``worker.spool``)."""
+        ...
+
     def check_fence(self, owner: Owner) -> None:
         """``FencedError`` unless ``owner`` still owns the task (a read: writes nothing)."""
         ...
