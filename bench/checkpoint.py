@@ -63,6 +63,7 @@ from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
 from worker.records import CallOutcome
+from worker.records import Record as Written
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import SNAPSHOT_MAGIC, SNAPSHOT_TRAILER, TaskState
 from worker.store.durable import dump_json, load_json
@@ -240,7 +241,7 @@ class TimedLoop(AgentLoop):
         plain_record, plain_snapshot = recorder.record, recorder.maybe_snapshot
         plain_call, plain_run = self.turns.call, self.tool_calls.run
 
-        def record(*records: JSON, **kw: Any) -> None:
+        def record(*records: Written, **kw: Any) -> None:
             self._timed_record(plain_record, *records, **kw)
 
         def maybe_snapshot() -> None:
@@ -316,7 +317,7 @@ class TimedLoop(AgentLoop):
             self.heartbeat.update = update  # type: ignore[method-assign]
         return state
 
-    def _timed_record(self, plain: Callable[..., None], *records: JSON, **kw: Any) -> None:
+    def _timed_record(self, plain: Callable[..., None], *records: Written, **kw: Any) -> None:
         self._in_append = self._in_heartbeat = self._syncs = 0
         t0 = time.perf_counter_ns()
         plain(*records, **kw)

@@ -42,7 +42,7 @@ class Announcer:
         self.daemon = daemon
         # the last operator's action on each task since its last hook: what the next
         # hook's payload says led to it (``by``, ``via``; docs/design.md section 15)
-        self._acted: dict[str, dict[str, str]] = {}
+        self._acted: dict[str, dict[str, Any]] = {}
         self._status = ""  # the status line systemd was last told
         self.info: dict[str, Any] = {}  # supervisor.json (``publish_info``), once ready
 

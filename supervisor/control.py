@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +90,7 @@ def change_record(
     request_name: str,
     move: Move,
     *,
-    asked: dict[str, Any] | None = None,
+    asked: Mapping[str, Any] | None = None,
 ) -> bool:
     """Make ``move`` on the task record now if no daemon runs (True), else leave
     ``request_name`` for the daemon, which makes the same move (False). ``asked``: what

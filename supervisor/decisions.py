@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from supervisor.coordination import operator_lock
 from supervisor.operator import Operator, fields_of
@@ -23,7 +22,7 @@ from supervisor.status import held_calls, load_state
 from supervisor.stores import store_of
 from worker.errors import AgentdError, NotFoundError, StateConflictError
 from worker.events import Event, record_event, utc_now
-from worker.protocol import ENDED, TaskStatus, decision_fields
+from worker.protocol import ENDED, Decision, TaskStatus, decision_fields
 from worker.spool import TaskDir
 from worker.store.base import Unreadable
 
@@ -112,7 +111,7 @@ def decide(
     reason: str | None = None,
     result: str | None = None,
     operator: Operator | None = None,
-) -> dict[str, Any]:
+) -> Decision:
     """Durably record an operator's decision on one held call of ``task``; refused once
     the task was cancelled (under the operator lock, so a racing cancel has one winner).
     ``operator``: who decided, and through what (docs/design.md section 15), kept in the
@@ -130,7 +129,7 @@ def _decide(
     reason: str | None,
     result: str | None,
     who: Operator | None,
-) -> dict[str, Any]:
+) -> Decision:
     record = TaskRecord.load(task)
     rows = {row["call_id"]: row for row in held_calls(task)}
     if call_id not in rows:
@@ -139,15 +138,15 @@ def _decide(
             f"`agentd dangling {task.id}` lists the calls that wait for a decision."
         )
     row = rows[call_id]
-    decision = {
+    decision: Decision = {
         "call_id": call_id,
         "attempt": row["attempt"],
         "action": action,
         "reason": reason,
         "result": result,
         "decided_at": utc_now(),
+        **fields_of(who),
     }
-    decision |= fields_of(who)
     store = store_of(task)
     key, attempt = row["idempotency_key"], row["attempt"]
     if not store.record_decision(task.id, key, attempt, decision):

@@ -43,7 +43,7 @@ from worker.config import Config
 from worker.errors import IrreversibleError, SpoolError, StateConflictError, UsageError
 from worker.events import Event, record_event, utc_now
 from worker.models.base import Usage
-from worker.records import CallOutcome, RecordKind
+from worker.records import CallOutcome, ForkBaseRecord, Origin, RecordKind, UserRecord
 from worker.spool import Spool, TaskDir, validate_task_id
 from worker.state import Call, TaskState
 from worker.store.base import Snapshot
@@ -369,12 +369,9 @@ def fork(
     scene.usage_total, scene.spend_total = scene.usage, scene.spend
     scene.turns = [t for t in scene.turns if not t.rewound]
     origin = {"task": parent_id, "turn": at}
-    records: list[dict[str, Any]] = [
-        {
-            "k": RecordKind.BASE,
-            "scene": scene.to_snapshot(0),
-            "from": {**origin, **fields_of(operator)},
-        }
+    base: Origin = {"task": parent_id, "turn": at, **fields_of(operator)}
+    records: list[ForkBaseRecord | UserRecord] = [
+        {"k": RecordKind.BASE, "scene": scene.to_snapshot(0), "from": base}
     ]
     if prompt:
         records.append({"k": RecordKind.USER, "content": [{"type": "text", "text": prompt}]})

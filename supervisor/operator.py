@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from worker.records import Who
+
 
 class Via(StrEnum):
     """How an operator's action came (the ``via`` field)."""
@@ -60,7 +62,7 @@ class Operator:
             return None
         return cls(by, Via(via))
 
-    def fields(self) -> dict[str, str]:
+    def fields(self) -> Who:
         """``{"by": ..., "via": ...}``: what a record or an event carries."""
         return {"by": self.by, "via": str(self.via)}
 
@@ -68,6 +70,6 @@ class Operator:
         return f"by {self.by} via {self.via}"
 
 
-def fields_of(operator: Operator | None) -> dict[str, str]:
+def fields_of(operator: Operator | None) -> Who:
     """``operator.fields()``, or nothing for an automatic action."""
     return operator.fields() if operator is not None else {}

@@ -32,6 +32,7 @@ from worker.errors import ConfigError
 from worker.mcp import catalog
 from worker.mcp.catalog import EffectFrom
 from worker.mcp.servers import Placement, ServerFailed, ToolServers
+from worker.records import RemoteTool
 from worker.spool import Spool, TaskDir
 from worker.tool_calls import tool_environment, tool_secret_files
 from worker.tools.builtin import BUILTIN_TOOLS
@@ -74,7 +75,7 @@ def local_rows(
     return rows
 
 
-def remote_rows(tools: list[catalog.RemoteTool], policy: Mapping[str, str]) -> list[ToolRow]:
+def remote_rows(tools: list[RemoteTool], policy: Mapping[str, str]) -> list[ToolRow]:
     rows = []
     for entry in tools:
         effect, effect_from = catalog.with_policy(

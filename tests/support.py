@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ from worker.config import Config
 from worker.loop import AgentLoop
 from worker.models.base import JSON, Model, ModelReply, ModelRequest
 from worker.models.scripted import ScriptedModel
+from worker.records import SHAPES, RecordKind
 from worker.spool import Spool, TaskDir, TaskSpec
 from worker.state import TaskState
 from worker.store.files import FileStore
@@ -150,13 +153,87 @@ def reply(*blocks: JSON, **fields: Any) -> JSON:
 # -- journals and transcripts -----------------------------------------------------------
 
 
-def journal_records(task: TaskDir) -> list[JSON]:
+def journal_records(task: TaskDir, *, shaped: bool = True) -> list[JSON]:
     """Every whole record of the task's journal (read-only; a torn tail is left alone);
-    none while the journal does not exist yet."""
+    none while the journal does not exist yet. Each is checked against its kind's shape
+    (``worker.records``: ``misshapen``) unless ``shaped`` is False (a test's own records)."""
     try:
-        return [record for record, _ in read_file(task.journal).records]
+        records = [record for record, _ in read_file(task.journal).records]
     except FileNotFoundError:
         return []
+    if shaped:
+        assert misshapen(records) == [], f"records of task {task.id} not of their kind's shape"
+    return records
+
+
+def misshapen(records: Iterable[JSON]) -> list[str]:
+    """What is wrong with each record that is not of its kind's shape (``worker.records``):
+    a kind that is not one, a field missing, one no shape names (``at`` aside: what
+    appends a record stamps it), a value of another type."""
+    wrong: list[str] = []
+    for record in records:
+        kind = record.get("k")
+        if kind not in set(RecordKind):
+            wrong.append(f"{kind!r} is no record kind: {record}")
+            continue
+        wrong += [f"{kind}: {e}" for e in shape_errors(record, SHAPES[RecordKind(kind)], {"at"})]
+    return wrong
+
+
+def shape_errors(
+    value: Any, hint: Any, stamps: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
+    """Why ``value`` (parsed JSON) is not of type ``hint`` (a TypedDict of ``worker.records``,
+    or what its fields are typed with), or nothing. ``stamps``: keys any record may carry."""
+    origin = typing.get_origin(hint)
+    if typing.is_typeddict(hint):
+        if not isinstance(value, dict):
+            return [f"{value!r} is not an object"]
+        # (read with include_extras: on Python 3.11 under ``from __future__ import
+        # annotations``, ``__required_keys__`` counts a NotRequired field as required)
+        fields = typing.get_type_hints(hint, include_extras=True)
+        errors = [
+            f"{key!r} is no field of it" for key in value if key not in fields and key not in stamps
+        ]
+        for key, declared in fields.items():
+            optional = typing.get_origin(declared) is typing.NotRequired
+            if key not in value:
+                errors += [] if optional else [f"{key!r} is missing"]
+            else:
+                field = typing.get_args(declared)[0] if optional else declared
+                errors += [f"{key}: {e}" for e in shape_errors(value[key], field)]
+        return errors
+    if origin is typing.Literal:
+        return (
+            [] if value in typing.get_args(hint) else [f"{value!r} is not {typing.get_args(hint)}"]
+        )
+    if origin in (typing.Union, types.UnionType):
+        ways = [shape_errors(value, arm) for arm in typing.get_args(hint)]
+        return [] if [] in ways else [f"{value!r} is none of {hint}"]
+    if hint is Any:
+        return []
+    if hint is type(None):
+        return [] if value is None else [f"{value!r} is not null"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{value!r} is not a list"]
+        return [e for item in value for e in shape_errors(item, typing.get_args(hint)[0])]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{value!r} is not an object"]
+        return [e for item in value.values() for e in shape_errors(item, typing.get_args(hint)[1])]
+    if isinstance(hint, type) and issubclass(hint, str):  # str, and StrEnums by their values
+        ok = isinstance(value, str) and (hint is str or value in {str(m) for m in hint})  # type: ignore[attr-defined]
+        return [] if ok else [f"{value!r} is not a {hint.__name__}"]
+    if hint is int:
+        return (
+            []
+            if isinstance(value, int) and not isinstance(value, bool)
+            else [f"{value!r} is not an int"]
+        )
+    if hint is bool:
+        return [] if isinstance(value, bool) else [f"{value!r} is not a bool"]
+    raise TypeError(f"no check for {hint!r}")
 
 
 def of_kind(records: Iterable[JSON], kind: str) -> list[JSON]:

@@ -20,12 +20,11 @@ from typing import Any
 
 from worker.errors import InvalidIdError
 from worker.events import Event
-from worker.models.base import JSON
 from worker.outcome import Outcome
 from worker.protocol import ExitCode, decision_fields
 from worker.reconcile import Action, plan
 from worker.recorder import Recorder
-from worker.records import CallOutcome, RecordKind
+from worker.records import CallOutcome, DecisionRecord, HeldCall, RecordKind
 from worker.state import Call
 from worker.store.base import Owner, Unreadable
 from worker.tool_calls import ToolCalls
@@ -104,8 +103,13 @@ class DanglingCalls:
             taken = owner.previous if owner is not None else None
             if taken is not None:  # (a claim took the task from a node that stopped renewing)
                 why = f"{why}; {taken.told()}"
-            hold = {"call_id": call.call_id, "attempt": call.attempt, "tool": call.tool}
-            recorder.record({"k": RecordKind.HOLD, "calls": [{**hold, "why": why}]})
+            held: HeldCall = {
+                "call_id": call.call_id,
+                "attempt": call.attempt,
+                "tool": call.tool,
+                "why": why,
+            }
+            recorder.record({"k": RecordKind.HOLD, "calls": [held]})
             recorder.event(Event.DANGLING_HELD, level="warning", why=why, **fields)
             told = f"dangling {call.tool} call {call.call_id}: {why}"
             return Outcome("held", told, ExitCode.HELD)
@@ -133,12 +137,11 @@ class DanglingCalls:
             where = f"decisions/{call.key}.{call.attempt}.json"
             self.recorder.event(Event.DECISION_INVALID, level="error", file=where, error=str(exc))
             return
-        action = decision.pop("action")
-        record: JSON = {
+        action = decision["action"]
+        record: DecisionRecord = {
             "k": RecordKind.DECISION,
             "call_id": call.call_id,
             "attempt": call.attempt,
-            "action": action,
             **decision,
         }
         self.recorder.record(record)

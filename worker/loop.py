@@ -60,7 +60,7 @@ from worker.models.base import Model
 from worker.outcome import Outcome, storage_outcome, write_exit
 from worker.protocol import ExitCode
 from worker.recorder import SNAPSHOT_EVERY, Recorder
-from worker.records import RecordKind
+from worker.records import RecordKind, ToolsRecord, VcsRecord
 from worker.spans import RunSpans
 from worker.spool import Spool, TaskSpec
 from worker.state import TaskState
@@ -334,10 +334,15 @@ class AgentLoop:
             self.recorder.event(Event.VCS_CAPTURE_FAILED, level="warning", error=str(exc))
             self._git = None
             return
-        record = {"k": RecordKind.VCS, "turn": self.state.turn, "commit": point.commit}
+        record: VcsRecord = {
+            "k": RecordKind.VCS,
+            "turn": self.state.turn,
+            "commit": point.commit,
+            "snapshot": point.snapshot,
+        }
         # not synced on its own: the next record's fdatasync carries it, and a lost one
         # only means this boundary has no file snapshot
-        self.recorder.record({**record, "snapshot": point.snapshot}, sync=False)
+        self.recorder.record(record, sync=False)
 
     def _offer_tools(self) -> Outcome | None:
         """Decide the task's tools from its patterns (``--tools``, else ``[tools]
@@ -358,7 +363,13 @@ class AgentLoop:
                 chosen = mcp_tools.offer(patterns, self.local_tools, self.servers)
             except ServerFailed as exc:
                 return Outcome("stopped", str(exc), ExitCode.TOOLS)
-            self.recorder.record({"k": catalog.RECORD_KIND, **chosen}, sync=False)
+            listed: ToolsRecord = {
+                "k": RecordKind.TOOLS,
+                "local": chosen["local"],
+                "mcp": chosen["mcp"],
+                "listed": chosen["listed"],
+            }
+            self.recorder.record(listed, sync=False)
             recorded = self.state.tools or {}
         self.tool_calls.tools = mcp_tools.registry(
             catalog.tool_list(recorded), self.local_tools, self.servers

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum, StrEnum
-from typing import Any, TypedDict, TypeGuard
+from typing import Any, NotRequired, TypedDict, TypeGuard
 
 from worker.store.durable import load_json
 
@@ -156,7 +156,18 @@ def parse_heartbeat(data: bytes) -> HeartbeatData | None:
 # -- the exit record --------------------------------------------------------------------
 
 
-def exit_record(code: ExitCode, state: str, reason: str, *, pid: int, at: str) -> dict[str, Any]:
+class ExitRecord(TypedDict):
+    """A worker's last words for the daemon (``exit.json``, or its row): how it ended
+    (its exit code and the state it reached), why, which worker, and when."""
+
+    code: int
+    state: str
+    reason: str
+    pid: int
+    at: str
+
+
+def exit_record(code: ExitCode, state: str, reason: str, *, pid: int, at: str) -> ExitRecord:
     """The worker's last words for the daemon: how it ended and why."""
     return {"code": int(code), "state": state, "reason": reason, "pid": pid, "at": at}
 
@@ -190,28 +201,58 @@ class DecisionAction(StrEnum):
 
 
 DECISION_ACTIONS = frozenset(DecisionAction)
-#: Text fields of a decision the worker records with it, when they are strings.
-DECISION_TEXTS = ("reason", "result", "by", "via")
 
 
-def parse_decision(data: bytes) -> dict[str, str]:
+class Decision(TypedDict):
+    """An operator's decision on a held call, as ``agentd approve-dangling`` (or the
+    console) writes it for the worker: the call and its attempt, the action and its text,
+    when, and who (docs/design.md section 15)."""
+
+    call_id: str
+    attempt: int
+    action: str  # a DecisionAction
+    reason: str | None
+    result: str | None
+    decided_at: str
+    by: NotRequired[str]
+    via: NotRequired[str]
+
+
+class DecisionFields(TypedDict):
+    """What the worker records of a decision (its ``decision`` record, ``worker.records``):
+    the action, and the text fields it carries when they are strings: a skip's reason, a
+    supplied result, who decided and through what (docs/design.md section 15)."""
+
+    action: str  # a DecisionAction
+    reason: NotRequired[str]
+    result: NotRequired[str]
+    by: NotRequired[str]
+    via: NotRequired[str]
+
+
+def parse_decision(data: bytes) -> DecisionFields:
     """The decision in ``data`` (a decision file's bytes) as the worker records it: its
     ``action`` and the text fields it carries. ValueError, whose text is the one the
     worker logs as ``decision_invalid``, when the worker cannot apply it."""
     return decision_fields(load_json(data))
 
 
-def decision_fields(decision: Any) -> dict[str, str]:
+def decision_fields(decision: Any) -> DecisionFields:
     """``parse_decision`` of a decision already parsed as JSON (as a store returns it)."""
     if not isinstance(decision, dict):
         decision = {}
     action = decision.get("action")
     if action not in DECISION_ACTIONS:
         raise ValueError("bad action")
-    fields = {"action": str(action)}
-    for name in DECISION_TEXTS:
-        if isinstance(decision.get(name), str):
-            fields[name] = decision[name]
+    fields: DecisionFields = {"action": str(action)}
+    if isinstance(reason := decision.get("reason"), str):
+        fields["reason"] = reason
+    if isinstance(result := decision.get("result"), str):
+        fields["result"] = result
+    if isinstance(by := decision.get("by"), str):
+        fields["by"] = by
+    if isinstance(via := decision.get("via"), str):
+        fields["via"] = via
     return fields
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from worker.budget import spend_json
@@ -24,7 +25,7 @@ from worker.events import Event, event_line, utc_now
 from worker.heartbeat import Heartbeat
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
-from worker.records import RecordKind
+from worker.records import Record, RecordKind
 from worker.redactor import redact
 from worker.state import TaskState
 from worker.store import replay
@@ -38,7 +39,7 @@ SNAPSHOT_EVERY = 100  # turns between snapshots, at least
 SNAPSHOT_GROWTH = 3
 
 
-def without_secrets(record: JSON) -> JSON:
+def without_secrets(record: Mapping[str, Any]) -> Mapping[str, Any]:
     """``record`` as it may be recorded and sent to the model: a result's content (a tool's
     output, a reconcile answer, an operator's; its text, or the text of each of its text
     blocks) with every secret the worker knows of replaced, so a tool that found the key
@@ -119,9 +120,10 @@ class Recorder:
             raise RuntimeError("AgentLoop.open() must be called before recording")
         return self.journal
 
-    def record(self, *records: JSON, sync: bool = True, hold: bool = False) -> None:
-        """Append ``records`` (durable when this returns, unless ``sync`` is False) and
-        fold them in; with ``hold``, they ride on the next record's write instead."""
+    def record(self, *records: Record, sync: bool = True, hold: bool = False) -> None:
+        """Append ``records``, each of its kind's shape (``worker.records``), stamped with
+        ``at`` (durable when this returns, unless ``sync`` is False) and fold them in;
+        with ``hold``, they ride on the next record's write instead."""
         stamped = [{**without_secrets(r), "at": utc_now()} for r in records]
         if hold:
             self.writer.hold(stamped)

@@ -32,7 +32,7 @@ from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
 from worker.recorder import Recorder
-from worker.records import CallOutcome, RecordKind
+from worker.records import CallOutcome, RecordKind, ResultRecord
 from worker.spans import RunSpans
 from worker.state import Call
 from worker.store.base import TaskStore
@@ -307,7 +307,7 @@ class ToolCalls:
                 "again: it may or may not have taken effect",
             )
 
-    def keep_result(self, result: JSON) -> None:
+    def keep_result(self, result: ResultRecord) -> None:
         """Record the result of a call that ran. Deferred: the next intent's sync, or the
         background sync during the next model call, or the end record makes it durable; a
         kill loses nothing written.
@@ -343,7 +343,7 @@ class ToolCalls:
                         raise
         recorder.event(Event.RESULT_WRITTEN, call_id=result["call_id"])
 
-    def _written_meanwhile(self, result: JSON) -> bool:
+    def _written_meanwhile(self, result: ResultRecord) -> bool:
         """Whether ``result`` is among what the journal holds after its last record known
         here (``Recorder.reopen``)."""
         records = self.recorder.reopen()

@@ -36,7 +36,6 @@ from worker.errors import ContextTooLongError, ModelError
 from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import (
-    JSON,
     Model,
     ModelReply,
     ModelRequest,
@@ -45,7 +44,7 @@ from worker.models.base import (
 )
 from worker.models.retry import call_with_retries
 from worker.recorder import Recorder
-from worker.records import CallOutcome, RecordKind
+from worker.records import CallOutcome, CompactionRecord, RecordKind, ResultRecord, TurnRecord
 from worker.spans import ChatSpan, RunSpans
 from worker.spool import TaskSpec
 from worker.tools.registry import ToolRegistry
@@ -197,18 +196,19 @@ class ModelTurns:
                 raise ModelError(f"{exc}: {self._too_long_advice()}") from None
             return  # the loop asks again, on the compacted transcript
         message = {"role": "assistant", "content": reply.content}
-        records: list[JSON] = [
-            {
-                "k": RecordKind.TURN,
-                "turn": state.turn + 1,
-                "message": message,
-                "stop_reason": reply.stop_reason,
-                "usage": reply.usage.to_json(),
-                "model": reply.model,
-            }
-            | ({} if reply.context_tokens is None else {"tokens_used": reply.context_tokens})
-            | ({"id": reply.id} if reply.id else {})
-        ]
+        turn: TurnRecord = {
+            "k": RecordKind.TURN,
+            "turn": state.turn + 1,
+            "message": message,
+            "stop_reason": reply.stop_reason,
+            "usage": reply.usage.to_json(),
+            "model": reply.model,
+        }
+        if reply.context_tokens is not None:
+            turn["tokens_used"] = reply.context_tokens
+        if reply.id:
+            turn["id"] = reply.id
+        records: list[TurnRecord | ResultRecord] = [turn]
         if reply.stop_reason == "max_tokens":  # tool input may be cut: never run it
             records += [
                 {
@@ -280,21 +280,21 @@ class ModelTurns:
         after = compaction.estimate_tokens(
             before, messages, compaction.compacted(state.prompt, summary, messages[at:])
         )
-        self.recorder.record(
-            {
-                "k": RecordKind.COMPACTION,
-                "summary": summary,
-                "keep": len(messages) - at,
-                "first": first,
-                "last": last,
-                "usage": reply.usage.to_json(),
-                "model": reply.model,
-                "tokens_before": before,
-                "tokens_after": after,
-                "trigger": trigger,
-            }
-            | ({"id": reply.id} if reply.id else {})
-        )
+        record: CompactionRecord = {
+            "k": RecordKind.COMPACTION,
+            "summary": summary,
+            "keep": len(messages) - at,
+            "first": first,
+            "last": last,
+            "usage": reply.usage.to_json(),
+            "model": reply.model,
+            "tokens_before": before,
+            "tokens_after": after,
+            "trigger": trigger,
+        }
+        if reply.id:
+            record["id"] = reply.id
+        self.recorder.record(record)
         self.recorder.event(
             Event.COMPACTION,
             strategy="client",

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from collections.abc import Iterator
 
 from tests.codewalk import REPO, compared_with, found_in_code, reads_key, texts
-from worker.records import CallOutcome, RecordKind
+from tests.support import misshapen
+from worker.records import SHAPES, CallOutcome, RecordKind
 from worker.state import TaskState
 from worker.store.base import record_bytes
 
@@ -132,3 +134,23 @@ def test_a_kind_is_written_as_its_text() -> None:
     what this one writes are the same records."""
     for kind in RecordKind:
         assert record_bytes({"k": kind}) == record_bytes({"k": kind.value})
+
+
+def test_each_kind_has_one_shape_and_the_check_of_a_shape_can_fail() -> None:
+    assert set(SHAPES) == set(RecordKind)
+    assert len({id(shape) for shape in SHAPES.values()}) == len(RecordKind)
+    intent = {"k": "intent", "call_id": "c1", "tool": "t", "effect": "unsafe", "key": "k1"}
+    assert misshapen([{**intent, "attempt": 1, "at": "now"}]) == []  # (``at``: any record's)
+    assert misshapen([intent]) == ["intent: 'attempt' is missing"]
+    assert misshapen([{**intent, "attempt": True}]) == ["intent: attempt: True is not an int"]
+    assert misshapen([{"k": "nope"}]) == ["'nope' is no record kind: {'k': 'nope'}"]
+    held = {"k": "hold", "calls": [{"call_id": "c1", "attempt": 1, "tool": "t"}]}
+    assert misshapen([held]) == ["hold: calls: 'why' is missing"]
+
+
+def test_an_intent_carries_no_input() -> None:
+    """The input of a call is its turn's ``tool_use`` block, never copied into its intent
+    (the issue: two documents said it was, and the code never wrote it)."""
+    assert "input" not in typing.get_type_hints(SHAPES[RecordKind.INTENT])
+    page = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    assert "its input is in the turn's\n`tool_use` block, not copied" in page

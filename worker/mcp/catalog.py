@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any
 
 from worker.errors import TaskSpecError
 from worker.mcp.naming import (
@@ -41,11 +41,8 @@ from worker.mcp.naming import (
     servers_reached,
 )
 from worker.mcp.settings import McpServer
-from worker.records import RecordKind
+from worker.records import RemoteTool, ToolList
 from worker.tools.effect import Effect
-
-#: The journal record that holds a task's tool list.
-RECORD_KIND = RecordKind.TOOLS
 
 
 class EffectFrom(StrEnum):
@@ -56,26 +53,6 @@ class EffectFrom(StrEnum):
     EFFECTS = "effects"  # [mcp.servers.NAME] effects
     POLICY = "policy"  # [tools.policy] decides its dangling calls
     DEFAULT = "default"  # nothing said more: unsafe
-
-
-class RemoteTool(TypedDict):
-    """One MCP tool of a task's recorded list."""
-
-    name: str  # what the model sees
-    server: str
-    tool: str  # the server's own name for it
-    description: str
-    input_schema: dict[str, Any]
-    effect: str
-    effect_from: str
-
-
-class ToolList(TypedDict):
-    """A task's recorded tools (the ``tools`` record without its ``k`` and ``at``)."""
-
-    local: list[str]
-    mcp: list[RemoteTool]
-    listed: dict[str, list[str]]  # every tool each listed server offered: what changes are told by
 
 
 def effect_of(

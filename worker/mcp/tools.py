@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.mcp import catalog
-from worker.mcp.catalog import ToolList
 from worker.mcp.naming import servers_reached
 from worker.mcp.servers import ToolServers
+from worker.records import RemoteTool, ToolList
 from worker.tools.effect import Effect
 from worker.tools.registry import ToolRegistry
 from worker.tools.tool import Tool, ToolContext, ToolError, ToolResult
@@ -73,7 +73,7 @@ def offer(patterns: Sequence[str], local: ToolRegistry, servers: ToolServers | N
     """The tools ``patterns`` offer a task at its first start: the local tools they name,
     and the tools of every server they may reach, each of which is listed now
     (``ServerFailed`` when one cannot be: the task must not start without its list)."""
-    remote: list[catalog.RemoteTool] = []
+    remote: list[RemoteTool] = []
     listed: dict[str, list[str]] = {}
     if servers is not None:
         for name in servers_reached(patterns, servers.names):

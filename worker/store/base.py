@@ -397,7 +397,9 @@ class TaskStore(Protocol):
 
     # -- operator decisions and the cancel ----------------------------------------------
 
-    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+    def record_decision(
+        self, task_id: str, key: str, attempt: int, decision: Mapping[str, Any]
+    ) -> bool:
         """Durably record the decision on ``attempt`` of the call with idempotency
         ``key``, unless one is recorded already: True for the one writer that wins."""
         ...
@@ -469,7 +471,7 @@ class TaskStore(Protocol):
 
     def read_heartbeat(self, task_id: str) -> JSON | None: ...
 
-    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+    def publish_exit(self, task_id: str, outcome: Mapping[str, Any]) -> None:
         """The worker's last words (the exit record), durably."""
         ...
 

@@ -334,7 +334,9 @@ class FileStore:
 
     # -- operator decisions and the cancel ----------------------------------------------
 
-    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+    def record_decision(
+        self, task_id: str, key: str, attempt: int, decision: Mapping[str, Any]
+    ) -> bool:
         task = self.task(task_id)
         path = task.decision_file(key, attempt)
         refuse_symlinks(task)
@@ -472,7 +474,7 @@ class FileStore:
         beat = seen.beats[task_id]
         return dict(beat) if beat is not None else None
 
-    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+    def publish_exit(self, task_id: str, outcome: Mapping[str, Any]) -> None:
         atomic_write_json(self.task(task_id).exit, outcome)
 
     def read_exit(self, task_id: str) -> JSON | None:

@@ -282,7 +282,9 @@ class MemoryStore:
 
     # -- operator decisions and the cancel ----------------------------------------------
 
-    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+    def record_decision(
+        self, task_id: str, key: str, attempt: int, decision: Mapping[str, Any]
+    ) -> bool:
         slot = (validate_call_id(key), attempt)
         with self.guard:
             decisions = self.get(task_id).decisions
@@ -375,7 +377,7 @@ class MemoryStore:
             data = self.get(task_id).heartbeat
         return None if data is None else dict(load_json(data))
 
-    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+    def publish_exit(self, task_id: str, outcome: Mapping[str, Any]) -> None:
         data = dump_json(outcome)
         with self.guard:
             self.get(task_id).exit = data

@@ -121,7 +121,9 @@ class TaskRows:
 
     # -- operator decisions and the cancel ---------------------------------------------
 
-    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+    def record_decision(
+        self, task_id: str, key: str, attempt: int, decision: Mapping[str, Any]
+    ) -> bool:
         """One winner by the primary key (task, key, attempt): the losers' inserts find
         the row there and do nothing."""
         params = {"key": validate_call_id(key), "attempt": attempt, "decision": jsonb(decision)}
@@ -314,7 +316,7 @@ class TaskRows:
         )
         return None if beat is None else _beat_here(dict(beat), age)
 
-    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+    def publish_exit(self, task_id: str, outcome: Mapping[str, Any]) -> None:
         self.db.done(
             """
             WITH done AS (

@@ -173,7 +173,9 @@ class PostgresStore:
     def load_script(self, task_id: str) -> bytes:
         return self._tasks.load_script(task_id)
 
-    def record_decision(self, task_id: str, key: str, attempt: int, decision: JSON) -> bool:
+    def record_decision(
+        self, task_id: str, key: str, attempt: int, decision: Mapping[str, Any]
+    ) -> bool:
         return self._tasks.record_decision(task_id, key, attempt, decision)
 
     def read_decision(self, task_id: str, key: str, attempt: int) -> JSON | None:
@@ -223,7 +225,7 @@ class PostgresStore:
     def read_heartbeat(self, task_id: str) -> JSON | None:
         return self._tasks.read_heartbeat(task_id)
 
-    def publish_exit(self, task_id: str, outcome: JSON) -> None:
+    def publish_exit(self, task_id: str, outcome: Mapping[str, Any]) -> None:
         self._tasks.publish_exit(task_id, outcome)
 
     def read_exit(self, task_id: str) -> JSON | None:
