@@ -325,7 +325,11 @@ def test_an_operators_result_for_a_held_mcp_call(tmp_path: Path) -> None:
         tools=["mcp__f__count"],
     )
     proc = made.start()
-    poll_for((made.workspace / "ledger").exists, timeout=60, what="the count made")
+    ledger = made.workspace / "ledger"
+    # the count's line, not its file: the file is there from the server's open, and the
+    # server dies with the worker (bwrap's --die-with-parent), perhaps before it writes
+    poll_for(lambda: ledger.exists() and ledger.read_text().endswith("\n"), timeout=60,
+             what="the count made")  # fmt: skip
     kill9(proc)
     code, _ = made.run()
     assert code == ExitCode.HELD
@@ -334,7 +338,7 @@ def test_an_operators_result_for_a_held_mcp_call(tmp_path: Path) -> None:
     assert code == ExitCode.DONE, err
     (result,) = made.results()["c1"]
     assert (result["outcome"], result["content"]) == ("operator", "counted once, checked by hand")
-    assert len((made.workspace / "ledger").read_text().splitlines()) == 1  # never run again
+    assert len(ledger.read_text().splitlines()) == 1  # never run again
     assert_paired(made.transcript())
 
 
