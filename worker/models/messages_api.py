@@ -213,6 +213,8 @@ class MessagesAPIModel:
         return client
 
     def _stream(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ModelReply:
+        import anthropic  # noqa: PLC0415  (imported already: ``complete`` did)
+
         # the beta API's stream and message types are the same shapes as the GA ones'
         manager: contextlib.AbstractContextManager[Any] = (
             client.beta.messages.stream(**params)
@@ -235,6 +237,15 @@ class MessagesAPIModel:
             except (ValueError, RuntimeError) as exc:  # bad JSON, events out of order
                 raise self._retryable(
                     f"The Anthropic API sent a malformed stream ({exc})"
+                ) from None
+            # Once the stream has begun, silence is a stall and a broken connection a
+            # stream that broke off, however the SDK wraps httpx's error (anthropic 2.17
+            # wraps them as it does a request's: APITimeoutError, APIConnectionError)
+            except anthropic.APITimeoutError:
+                raise self._retryable(f"The Anthropic API stream stalled{self._after()}") from None
+            except anthropic.APIConnectionError as exc:
+                raise self._retryable(
+                    f"The Anthropic API stream broke off ({_cause(exc)})"
                 ) from None
             if not stopped:
                 raise self._retryable("The Anthropic API stream ended before message_stop")
