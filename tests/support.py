@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import signal
@@ -180,6 +181,12 @@ def misshapen(records: Iterable[JSON]) -> list[str]:
     return wrong
 
 
+@functools.cache
+def _fields(shape: Any) -> dict[str, Any]:
+    """The fields of a TypedDict, read once (a test polls a growing journal)."""
+    return typing.get_type_hints(shape, include_extras=True)
+
+
 def shape_errors(
     value: Any, hint: Any, stamps: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
@@ -191,7 +198,7 @@ def shape_errors(
             return [f"{value!r} is not an object"]
         # (read with include_extras: on Python 3.11 under ``from __future__ import
         # annotations``, ``__required_keys__`` counts a NotRequired field as required)
-        fields = typing.get_type_hints(hint, include_extras=True)
+        fields = _fields(hint)
         errors = [
             f"{key!r} is no field of it" for key in value if key not in fields and key not in stamps
         ]
