@@ -9,7 +9,7 @@ read in one statement (``TaskStore.read_all``), each with the node that runs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
 from supervisor.coordination import running_pid, supervisor_info
@@ -52,16 +52,22 @@ def supervisor_json(spool: Spool) -> dict[str, Any]:
     }
 
 
+#: How the status document reads one task's row: ``status_row``, or the running daemon's
+#: rows, kept while the task's files stay as they were (``supervisor.status_socket``).
+RowReader = Callable[[TaskDir, Mapping[str, Price]], dict[str, Any]]
+
+
 def task_row(
     task: TaskDir,
     leases: dict[str, str] | None,
     node: str | None,
     prices: Mapping[str, Price] = BUILTIN_PRICES,
+    read: RowReader = status_row,
 ) -> dict[str, Any]:
     """One task's row of the status document: ``status_row`` (its ``cost_usd`` at
-    ``prices``: ``Config.price_table``) with its ``node`` (from ``leases`` on a shared
-    store; else ``node``, this machine's, while its worker runs)."""
-    row = status_row(task, prices)
+    ``prices``: ``Config.price_table``; ``read``: how it is read) with its ``node`` (from
+    ``leases`` on a shared store; else ``node``, this machine's, while its worker runs)."""
+    row = dict(read(task, prices))
     if leases is not None:
         row["node"] = leases.get(task.id)
     else:
@@ -70,11 +76,15 @@ def task_row(
 
 
 def status_document(
-    spool: Spool, task_id: str | None = None, prices: Mapping[str, Price] = BUILTIN_PRICES
+    spool: Spool,
+    task_id: str | None = None,
+    prices: Mapping[str, Price] = BUILTIN_PRICES,
+    read: RowReader = status_row,
 ) -> dict[str, Any]:
     """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``);
     on a shared store every task of the cluster, each with the node that runs it, and
-    ``nodes``; each ``cost_usd`` at ``prices`` (``Config.price_table``)."""
+    ``nodes``; each ``cost_usd`` at ``prices`` (``Config.price_table``); each row read
+    with ``read``."""
     store = store_for(spool)
     cluster = spool.shared
     leases = cluster.leases() if cluster is not None else None
@@ -84,7 +94,7 @@ def status_document(
         task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
         for task in task_dirs:
             if store.exists(task.id):
-                rows.append(task_row(task, leases, sup["node"], prices))
+                rows.append(task_row(task, leases, sup["node"], prices, read))
     doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
     if cluster is not None:  # the node of this spool's daemon, else the one asking
         sup["node"] = sup["node"] or cluster.node

@@ -58,6 +58,8 @@ class Settings:
         self.config = config
         self.config_path = config_path
         self.worker_config = config_path  # what workers read (WORKER_CONFIG once accepted)
+        # the bytes of the file accepted (b"": none, the defaults); None before the first
+        self.accepted: bytes | None = None
         self.credentials = credentials.held()
         self.emit = emit
 
@@ -88,6 +90,7 @@ class Settings:
             )
             return False
         self.config = config
+        self.accepted = data or b""
         self.worker_config = self.spool_root / WORKER_CONFIG if data is not None else None
         return True
 

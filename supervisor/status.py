@@ -112,7 +112,17 @@ def status_row(task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES) -> d
     age is read on the monotonic clock, as the daemon's verdicts are: a stepped wall clock
     never shows an age below 0 or an hour off. ``prices``: what ``cost_usd`` is reckoned
     at (``Config.price_table``)."""
+    return status_row_of(task, prices)[0]
+
+
+def status_row_of(
+    task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES
+) -> tuple[dict[str, Any], bool]:
+    """``status_row``, and whether the row follows from the task's files alone: False
+    while a worker runs the task (its heartbeat's age moves on by itself) and for a task
+    of `agentd run` (whether its run is alive is a lock, not a file's contents)."""
     record = TaskRecord.load(task)
+    by_files = record.state != TaskStatus.RUNNING and not record.foreground
     if (
         record.state == TaskStatus.RUNNING
         and record.foreground
@@ -162,7 +172,7 @@ def status_row(task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES) -> d
         tokens_used = used if type(used) is int and turn else None
         made = beat.get("compactions")
         compactions = made if type(made) is int else compactions
-    return {
+    row: dict[str, Any] = {
         "id": task.id,
         "state": record.state,
         "pid": record.pid if running else None,
@@ -189,3 +199,4 @@ def status_row(task: TaskDir, prices: Mapping[str, Price] = BUILTIN_PRICES) -> d
         "cost_usd": cost_usd(spend, prices) if spend is not None else None,
         "budget": budget_of(task, spec),
     }
+    return row, by_files

@@ -1,9 +1,11 @@
 """What the daemon shows outside its log: ``/metrics`` (``[metrics] listen``,
 ``supervisor.metrics``), the console's process (``[console] listen``, docs/design.md
-section 12) and traces over OTLP (``[telemetry]``, section 14). A role of the daemon
+section 12), traces over OTLP (``[telemetry]``, section 14) and the status document on
+``SPOOL/status.sock`` (``supervisor.status_socket``). A role of the daemon
 (``supervisor.daemon.Supervisor``): each is started before the node joins or a worker
-runs, so an address that cannot be bound stops the start in one line; a reload moves the
-console; the stop closes all three.
+runs, so an address that cannot be bound stops the start in one line (but the status
+socket: without it `status` reads the files, as with no daemon); a reload moves the
+console; the stop closes all four.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.metrics import MetricsServer, Sample, listen_error
 from supervisor.reload import Settings
+from supervisor.status_socket import StatusSocket
 from supervisor.traces import TraceAssembler, TraceExporter, exporter_for
 from worker import credentials
 from worker.config import Config
@@ -50,6 +53,7 @@ class Surfaces:
         self.metrics: MetricsServer | None = None
         self.console: ConsoleProcess | None = None
         self.traces: TraceExporter | None = None
+        self.status: StatusSocket | None = None
 
     @property
     def config(self) -> Config:
@@ -69,8 +73,11 @@ class Surfaces:
         self._serve_metrics(sample)
         self._serve_console()
         self._export_traces(relay)
+        self._serve_status()
 
     def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
         if self.metrics is not None:
             self.metrics.stop()
         if self.console is not None:
@@ -94,6 +101,18 @@ class Surfaces:
             raise listen_error("[metrics] listen", listen, exc) from None
         self.metrics = server
         self.emit(Event.METRICS_SERVING, listen=listen)
+
+    def _serve_status(self) -> None:
+        """Answer `status --json` on ``SPOOL/status.sock``; a socket that cannot be bound
+        is said (``status_socket_failed``) and the daemon serves on without it."""
+        settings = self.settings
+        status = StatusSocket(self.spool, lambda: settings.config, lambda: settings.accepted)
+        try:
+            status.start()
+        except OSError as exc:
+            self.emit(Event.STATUS_SOCKET_FAILED, level="warning", error=str(exc))
+            return
+        self.status = status
 
     def _serve_console(self, *, wait: bool = True) -> None:
         """Serve the console from a process of its own (``supervisor.console.process``).

@@ -12,7 +12,7 @@ from tests import postgres
 from tests.daemon import subreaper
 from tests.processes import is_process_test
 from tests.support import make_spool
-from worker import config, credentials
+from worker import credentials, paths
 from worker.spool import Spool
 
 
@@ -33,7 +33,7 @@ def _no_discovered_config(
     test puts a file there. Processes the test starts inherit ``XDG_CONFIG_HOME``."""
     empty = tmp_path_factory.mktemp("no-config")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(empty / "xdg"))
-    monkeypatch.setattr(config, "SYSTEM_CONFIG", empty / "etc" / "agentd.toml")
+    monkeypatch.setattr(paths, "SYSTEM_CONFIG", empty / "etc" / "agentd.toml")
 
 
 @pytest.fixture(autouse=True)

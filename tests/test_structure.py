@@ -126,14 +126,15 @@ def test_no_import_circle_among_agentd_modules() -> None:
 
 
 def test_the_command_line_is_a_leaf() -> None:
-    """Only the entry points (``python -m supervisor``, the man page's renderer) import the
-    command line, ``supervisor.cli`` and its ``supervisor.commands``: they parse and print,
-    and every other module raises what they print."""
+    """Only the entry points (``agentd`` and ``python -m supervisor``: ``supervisor.entry``;
+    the man page's renderer) import the command line, ``supervisor.cli`` and its
+    ``supervisor.commands``: they parse and print, and every other module raises what
+    they print."""
     graph = import_graph()
     cli = {m for m in graph if m == "supervisor.cli" or m.startswith("supervisor.commands")}
     assert {"supervisor.cli", "supervisor.commands.tasks"} <= cli  # the walk reads them
     importers = {m for m, deps in graph.items() if deps & cli and m not in cli}
-    assert importers == {"supervisor.__main__", "supervisor.manpage"}
+    assert importers == {"supervisor.entry", "supervisor.manpage"}
 
 
 #: A class past this many lines carries more than one concept (issue: a Supervisor of

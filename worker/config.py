@@ -4,8 +4,8 @@ Keys and defaults are documented in ``config/agentd.toml``; the names are part o
 public contract (docs/design.md section 2). Durations are seconds (floats).
 
 ``load_config()`` finds the file (docs/design.md section 2: an explicit path, else
-``$AGENTD_CONFIG``, else the first that exists of ``user_config_path()`` and
-``SYSTEM_CONFIG``, else none: the defaults), parses it and validates every value.
+``$AGENTD_CONFIG``, else the first that exists of ``paths.user_config_path()`` and
+``paths.SYSTEM_CONFIG``, else none: the defaults), parses it and validates every value.
 Anything wrong raises ``ConfigError`` (exit 78) with one line that names the file, the
 key and what is allowed. ``default_config_text()`` is the commented default file that
 ``agentd init`` writes; ``config/agentd.toml`` is a copy of it (a test keeps the two equal).
@@ -29,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn, cast
 
+from worker import paths
 from worker.budget import (
     PRICE_KEYS,
     Budget,
@@ -42,19 +43,9 @@ from worker.errors import ConfigError
 from worker.mcp import settings as mcp_settings
 from worker.mcp.naming import TOOL_PATTERN
 from worker.mcp.settings import McpConfig
+from worker.paths import CONFIG_FILE_LIMIT
 from worker.store.durable import read_regular
 from worker.tools.sandbox import SandboxMode
-
-#: The environment variable that names the config file when no path is given.
-CONFIG_ENV = "AGENTD_CONFIG"
-#: A config file is read up to this many bytes and one more, never further: a wrong path
-#: (``/dev/zero``, a log) is refused in one line instead of being read into memory.
-CONFIG_FILE_LIMIT = 1024 * 1024
-
-#: The machine-wide config file, read when no other is named or found in the user's
-#: config folder; ``agentd init --system`` writes it. Looked up at each call, so a test
-#: can point it elsewhere.
-SYSTEM_CONFIG = Path("/etc/agentd/agentd.toml")
 
 #: What ``[tools.policy]`` may say about a tool's dangling calls on resume.
 TOOL_POLICIES = ("rerun", "hold")
@@ -274,29 +265,11 @@ class Config:
 # -- loading ---------------------------------------------------------------------------
 
 
-def user_config_path(environ: Mapping[str, str] = os.environ) -> Path:
-    """``$XDG_CONFIG_HOME/agentd/agentd.toml`` (``~/.config/agentd/agentd.toml``): the
-    file ``agentd init`` writes and discovery looks at first."""
-    base = environ.get("XDG_CONFIG_HOME") or ""
-    if not os.path.isabs(base):  # the XDG spec: a relative value is to be ignored
-        base = str(Path(environ.get("HOME") or Path.home()) / ".config")
-    return Path(base) / "agentd" / "agentd.toml"
-
-
-def discovered_config(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The config file nobody named: the first that exists of the user's and the
-    machine's (``SYSTEM_CONFIG``), or None for the built-in defaults."""
-    for candidate in (user_config_path(environ), SYSTEM_CONFIG):
-        if candidate.exists():
-            return candidate
-    return None
-
-
 def load_config(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> Config:
     """Read and validate the config file; the defaults when there is none.
 
     The file is ``path`` when given, else ``$AGENTD_CONFIG`` when set and non-empty,
-    else ``discovered_config()``; with none of them ``Config()`` is returned. A file
+    else ``paths.discovered_config()``; with none of them ``Config()`` is returned. A file
     that was named but does not exist is an error, not a silent fallback to the
     defaults. ``Config.source`` says which file was read, so that the daemon hands its
     workers the very same one.
@@ -312,9 +285,9 @@ def read_config(
     it has not (or could not) reload never reaches a worker."""
     how = ""
     if path is None:
-        if named := environ.get(CONFIG_ENV, ""):
-            path, how = Path(named), f" (named by ${CONFIG_ENV})"
-        elif (path := discovered_config(environ)) is None:
+        if named := environ.get(paths.CONFIG_ENV, ""):
+            path, how = Path(named), f" (named by ${paths.CONFIG_ENV})"
+        elif (path := paths.discovered_config(environ)) is None:
             return Config(), None
     try:
         data = read_regular(path, CONFIG_FILE_LIMIT, follow_symlinks=True)

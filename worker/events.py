@@ -62,6 +62,7 @@ class Event(StrEnum):
     FORKSERVER_EXITED = "forkserver_exited"
     METRICS_SERVING = "metrics_serving"
     METRICS_FAILED = "metrics_failed"
+    STATUS_SOCKET_FAILED = "status_socket_failed"
     TRACES_EXPORTING = "traces_exporting"
     CONSOLE_SERVING = "console_serving"
     CONSOLE_READY = "console_ready"

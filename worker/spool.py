@@ -52,13 +52,6 @@ def new_task_id() -> str:
     return f"t-{os.urandom(4).hex()}"
 
 
-def default_spool(environ: Mapping[str, str] = os.environ) -> Path:
-    if state := environ.get("STATE_DIRECTORY"):
-        return Path(state.split(":")[0])
-    xdg = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "agentd"
-
-
 @dataclass(frozen=True)
 class TaskSpec:
     """What a task is asked to do: written once by ``agentd submit``."""

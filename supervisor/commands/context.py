@@ -15,8 +15,9 @@ from supervisor.submit import checked_text, read_text_input
 from worker import credentials
 from worker.config import NODE_NAME, Config
 from worker.errors import SpoolError, UsageError, quoted
+from worker.paths import default_spool
 from worker.protocol import NODE_ENV
-from worker.spool import Spool, default_spool
+from worker.spool import Spool
 
 
 def named_spool(args: argparse.Namespace) -> tuple[Path, str] | None:

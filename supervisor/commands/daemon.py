@@ -239,7 +239,7 @@ def cmd_demo(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import unit  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
-    from worker.config import CONFIG_ENV, SYSTEM_CONFIG  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
+    from worker.paths import CONFIG_ENV, SYSTEM_CONFIG  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     # The user unit serves what this user's CLI resolves; the system unit the machine's
     # config and its StateDirectory, unless the operator names others.

@@ -10,6 +10,7 @@ from pathlib import Path
 from supervisor.commands.context import out, resolve_spool
 from supervisor.commands.parsing import Commands, json_flag
 from supervisor.submit import existing_task
+from worker import paths
 from worker.config import Config, load_config
 from worker.errors import AgentdError, ConfigError, UsageError
 from worker.spool import Spool
@@ -64,9 +65,9 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.path is not None:
         path = Path(args.path)
     elif args.system:
-        path = config_module.SYSTEM_CONFIG
+        path = paths.SYSTEM_CONFIG
     else:
-        path = config_module.user_config_path()
+        path = paths.user_config_path()
     if path.exists() and not args.force:
         raise AgentdError(f"{path} exists; edit it, or give --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,6 @@ def cmd_init(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import hooks  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
-    from worker import config as config_module  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
     from worker.tools.registry import ToolRegistry  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
     if args.file is not None:
@@ -112,7 +112,7 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
     if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
         facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
-        looked = f"{config_module.user_config_path()} or {config_module.SYSTEM_CONFIG}"
+        looked = f"{paths.user_config_path()} or {paths.SYSTEM_CONFIG}"
         facts.insert(0, f"no file at {looked}")
     print(f"{source}: ok ({'; '.join(facts)})")
     return 0

@@ -26,7 +26,7 @@ from tests.support import (
     tool_use,
     worker_env,
 )
-from worker import config as config_module
+from worker import paths
 from worker.config import load_config
 from worker.spool import Spool
 
@@ -47,7 +47,7 @@ def xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``/etc/agentd/agentd.toml``, moved where a test may write it."""
     path = tmp_path / "etc" / "agentd" / "agentd.toml"
-    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", path)
+    monkeypatch.setattr(paths, "SYSTEM_CONFIG", path)
     return path
 
 
@@ -99,7 +99,7 @@ def test_discovery_order_named_then_xdg_then_system_then_defaults(
     assert load_config(environ=env).source is None
     # without XDG_CONFIG_HOME (or with a relative one, which the XDG spec ignores): ~/.config
     home = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": "relative/dir"}
-    assert config_module.user_config_path(home) == tmp_path / "home/.config/agentd/agentd.toml"
+    assert paths.user_config_path(home) == tmp_path / "home/.config/agentd/agentd.toml"
 
 
 def test_init_writes_where_discovery_reads(

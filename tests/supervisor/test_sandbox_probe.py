@@ -104,10 +104,10 @@ def test_init_system_writes_sandbox_required(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from supervisor import cli
-    from worker import config as config_module
+    from worker import paths
 
     path = tmp_path / "etc" / "agentd" / "agentd.toml"
-    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", path)
+    monkeypatch.setattr(paths, "SYSTEM_CONFIG", path)
     assert cli.main(["init", "--system"]) == 0
     assert capsys.readouterr().out == f"wrote {path}\n"
     assert load_config(path).tools.sandbox is SandboxMode.REQUIRED

@@ -324,11 +324,12 @@ class TaskStore(Protocol):
     def exists(self, task_id: str) -> bool: ...
 
     def rest_mark(self, task_id: str, now_ns: int | None = None) -> tuple[int, ...] | None:
-        """A mark of what a daemon's rescan reads of the task (its record, requests,
-        cancel and pause, decisions, events and journal) that moves whenever any of it
-        changes, or None when no mark can be trusted now (at ``now_ns``, wall-clock
-        nanoseconds): the rescan then reads the task. A backend with no cheap mark gives
-        None always."""
+        """A mark of what a daemon's rescan, and a status row it keeps
+        (``supervisor.status_socket``), read of the task (its record, spec, heartbeat and
+        snapshot, requests, cancel and pause, decisions and budget changes, events and
+        journal) that moves whenever any of it changes, or None when no mark can be
+        trusted now (at ``now_ns``, wall-clock nanoseconds): the rescan then reads the
+        task. A backend with no cheap mark gives None always."""
         ...
 
     def read_all(self) -> contextlib.AbstractContextManager[None]:
