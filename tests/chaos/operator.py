@@ -287,7 +287,8 @@ class Tally:
     rewind_races: int = 0
     rewinds_first: int = 0  # rewind races the rewind won (the cancel came after it)
     two_winners: int = 0
-    decided_then_cancelled: int = 0  # both exit 0, one after the other (``in_sequence``)
+    decided_then_cancelled: int = 0  # both exit 0, one after the other (``sequence``)
+    same_millisecond: int = 0  # both exit 0, the result and the cancel stamped alike
     orphans: int = 0  # workers that outlived the daemon, their task cancelled meanwhile
     no_winner: int = 0
     cancel_won: int = 0
@@ -450,8 +451,12 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
         if kind == "decision":
             tally.decision_races += 1
             winners = (cancel.code == 0) + (other.code == 0)
-            if winners == 2 and in_sequence(daemon, name):
+            order = sequence(daemon, name) if winners == 2 else None
+            if order == "after":
                 tally.decided_then_cancelled += 1
+            elif order == "tie":
+                tally.same_millisecond += 1
+                tally.note(f"{name}: both won in the same millisecond ({row['state']})")
             elif winners == 2:
                 tally.two_winners += 1
                 tally.note(f"{name}: both won ({row['state']})")
@@ -478,19 +483,24 @@ def judge(daemon: Daemon, tally: Tally, outcomes: list[tuple[str, str, Result, R
             tally.note(f"{name}: cancel exited 0, task {row['state']}")
 
 
-def in_sequence(daemon: Daemon, name: str) -> bool:
-    """Whether the decided call's result was recorded before the cancel was: the decision
-    was carried out in full, and the cancel then stopped a running task (no contention:
-    ``record_cancel`` loses only while a decided call is not carried out)."""
+def sequence(daemon: Daemon, name: str) -> str | None:
+    """When the decided call's result was recorded, against the cancel: ``"after"`` when
+    the cancel came later (the decision was carried out in full, and the cancel then
+    stopped a running task: no contention, ``record_cancel`` loses only while a decided
+    call is not carried out), ``"tie"`` in the same millisecond (both stamps are ISO 8601
+    UTC to the millisecond: the order is not told), else None (no result, or the cancel
+    first: two winners)."""
     task = daemon.task(name)
     call_id = first_call(daemon, name)
     results = [r for r in of_kind(journal_records(task), "result") if r["call_id"] == call_id]
     try:
-        cancelled_at = json.loads(task.cancellation.read_text())["cancelled_at"]
+        cancelled_at = str(json.loads(task.cancellation.read_text())["cancelled_at"])
     except (OSError, ValueError, KeyError):
-        return False
-    # both stamps are ISO 8601 UTC to the millisecond: a tie is not counted as a sequence
-    return bool(results) and str(results[0]["at"]) < str(cancelled_at)
+        return None
+    if not results:
+        return None
+    result_at = str(results[0]["at"])
+    return "after" if result_at < cancelled_at else "tie" if result_at == cancelled_at else None
 
 
 def ran_again(daemon: Daemon, names: list[str], restart: bool) -> int:
@@ -581,6 +591,11 @@ def figures_of(tally: Tally) -> list[Figure]:
             FAULT,
             "decision carried out, then the task cancelled (not a race)",
             tally.decided_then_cancelled,
+        ),
+        Figure(
+            FAULT,
+            "both exited 0, the result and the cancel in the same millisecond (order untold)",
+            tally.same_millisecond,
         ),
         v("races with no winner", tally.no_winner),
         v("cancels exited 0 whose task did not end cancelled", tally.cancel_not_in_force),
