@@ -19,9 +19,11 @@ verdict                 when
                         moved or ran out, which only the store can tell (elsewhere a
                         stop nobody asked for is a crash)
 ``LockWait``            another process holds the task's lock (exit 6)
-``Wait``                a storage fault (exit 7), no resources (exit 8), or an MCP server
+``Wait``                a storage fault (exit 7), no resources (exit 8), an MCP server
                         that could not list its tools at the task's first start (exit
-                        9): a wait on ``policy.wait_for_storage``'s schedule, never a crash
+                        9), or a verdict exit whose exit record the store could not give
+                        (a shared store away: its worker, started again, says it again):
+                        a wait on ``policy.wait_for_storage``'s schedule, never a crash
 ``Restart``             a crash (any other code, a signal, a hang): ``policy.decide``
 ``GaveUp``              a crash loop: ``policy.decide`` gave up
 =====================  ==========================================================
@@ -66,6 +68,8 @@ class WorkerExit:
     said: str | None  # the reason in its own exit record (written by this very worker)
     progressed: bool  # its journal grew while it ran
     turn: int  # the turn it was on: its journal's last, else its last heartbeat's
+    # why its exit record could not be read (the store at fault), when its code needs it
+    unread: str | None = None
 
     @property
     def last_exit(self) -> dict[str, Any]:
@@ -151,6 +155,9 @@ class GaveUp:
 
 Verdict = Cancelled | Ended | Held | Requeued | Fenced | LockWait | Wait | Restart | GaveUp
 
+#: The exits whose verdict carries the reason in the worker's exit record.
+SAYS_WHY = frozenset({ExitCode.DONE, ExitCode.FAILED, ExitCode.CONFIG, ExitCode.HELD})
+
 #: What a wait says when the worker could not say why.
 UNSAID = {
     WaitKind.STORAGE: "the worker could not write to its store",
@@ -166,6 +173,14 @@ def settle(
     code = ended.code
     if ended.kill_reason == KillReason.CANCEL:
         return Cancelled()
+    if ended.unread is not None and code in SAYS_WHY:
+        # a done, failed or held task without its reason: not settled on a guess. Its
+        # journal holds the end (or the hold), so a worker started again ends the same
+        # way and says why, once the store gives its records again.
+        if view.stopping:
+            return Requeued()
+        unread = f"the exit record could not be read: {ended.unread}"
+        return waiting(WaitKind.STORAGE, view.storage_waits + 1, unread, policy, rng)
     if code == ExitCode.DONE:
         return Ended(TaskStatus.DONE, ended.said)
     if code in (ExitCode.FAILED, ExitCode.CONFIG):

@@ -216,24 +216,28 @@ def worker_exit(
 ) -> WorkerExit:
     """How ``worker`` ended, as ``exits.settle`` judges it: what it said in its exit record
     (a verdict exit's reason), and what its journal shows (read only for an exit that is
-    no verdict of the worker's own, or a storage fault: a crash is judged by them)."""
-    said = last_words(worker, code) if code in VERDICT_EXITS else None
+    no verdict of the worker's own, or a storage fault: a crash is judged by them). Words
+    the store could not give are ``unread``, with why."""
+    said = unread = None
+    if code in VERDICT_EXITS:
+        try:
+            said = last_words(worker, code)
+        except StorageError as exc:
+            unread = str(exc)
     progressed, turn = False, beat_turn
     if code not in VERDICT_EXITS or code == ExitCode.STORAGE:
         progress = journal_progress(worker)
         progressed = progress.grew
         turn = beat_turn if progress.turn is None else progress.turn
-    return WorkerExit(code, sig, worker.kill_reason, said, progressed, turn)
+    return WorkerExit(code, sig, worker.kill_reason, said, progressed, turn, unread)
 
 
 def last_words(worker: WorkerProcess, code: int | None) -> str | None:
-    """The reason ``worker`` gave in its exit record (None when it wrote none: a shared
-    store away, say). A worker that says its task ended but could not write the record (a
-    full disk) leaves the end in its journal: that reason, with a word on the record."""
-    try:
-        said = exit_record_reason(store_of(worker.task).read_exit(worker.task.id), worker.pid)
-    except StorageError:
-        return None
+    """The reason ``worker`` gave in its exit record (None when it wrote none), or
+    ``StorageError`` when the store cannot say (a shared store away). A worker that says its
+    task ended but could not write the record (a full disk) leaves the end in its journal:
+    that reason, with a word on the record."""
+    said = exit_record_reason(store_of(worker.task).read_exit(worker.task.id), worker.pid)
     if said is not None or code not in (ExitCode.DONE, ExitCode.FAILED, ExitCode.CONFIG):
         return said
     try:

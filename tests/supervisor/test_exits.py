@@ -23,8 +23,9 @@ def ended(
     said: str | None = None,
     progressed: bool = False,
     turn: int = 4,
+    unread: str | None = None,
 ) -> WorkerExit:
-    return WorkerExit(code, sig, kill, said, progressed, turn)
+    return WorkerExit(code, sig, kill, said, progressed, turn, unread)
 
 
 def verdict(exit_: WorkerExit, view: TaskView | None = None) -> exits.Verdict:
@@ -65,6 +66,28 @@ def test_a_storage_fault_is_a_wait_whose_run_restarts_after_progress() -> None:
     assert isinstance(again, exits.Wait) and again.waits == 1
     assert again.why == exits.UNSAID[WaitKind.STORAGE]  # the worker could not say why
     assert again.delay < first.delay  # a new run of waits polls closely again
+
+
+@pytest.mark.parametrize("code", [ExitCode.DONE, ExitCode.FAILED, ExitCode.CONFIG, ExitCode.HELD])
+def test_a_verdict_whose_exit_record_the_store_could_not_give_waits_for_the_store(
+    code: ExitCode,
+) -> None:
+    # not `done` with no reason: the worker, started again on its ended journal, says it
+    got = verdict(ended(code, unread="the database is away"), TaskView(storage_waits=2))
+    assert isinstance(got, exits.Wait)
+    assert (got.kind, got.waits) == (WaitKind.STORAGE, 3)
+    assert got.reason == "storage_fault: the exit record could not be read: the database is away"
+    stopping = verdict(ended(code, unread="away"), TaskView(stopping=True))
+    assert stopping == exits.Requeued()  # (the next start says it)
+    cancelled = verdict(ended(code, kill=KillReason.CANCEL, unread="away"))
+    assert cancelled == exits.Cancelled()
+
+
+def test_an_exit_whose_words_are_only_its_why_is_judged_without_them() -> None:
+    got = verdict(ended(ExitCode.STORAGE, unread="away"))
+    assert isinstance(got, exits.Wait) and got.why == exits.UNSAID[WaitKind.STORAGE]
+    stopped = verdict(ended(ExitCode.STOPPED, unread="away"), TaskView(shared=True))
+    assert stopped == exits.Fenced()
 
 
 def test_no_resources_is_a_wait_never_a_crash_whatever_the_count() -> None:

@@ -12,15 +12,19 @@ from pathlib import Path
 import psutil
 import pytest
 
+from supervisor.stores import store_of
 from supervisor.workers import (
     Progress,
     WorkerProcess,
     adopt_claimed,
     journal_progress,
     process_started,
+    worker_exit,
 )
 from tests.support import make_spool, reply, scripted_task, text
+from worker.errors import StorageError
 from worker.identity import boot_id, start_ticks
+from worker.protocol import ExitCode
 from worker.spool import TaskDir
 from worker.store.base import Cursor, Owner
 from worker.store.journal import Journal
@@ -68,6 +72,26 @@ def test_a_tail_that_is_not_a_record_is_judged_by_size(tmp_path: Path) -> None:
     with task.journal.open("ab") as f:
         f.write(b"\x07\x00\x00\x00torn")  # a torn frame: no whole record, some bytes
     assert journal_progress(worker) == Progress(True, None)
+
+
+def test_a_verdict_exit_says_what_its_record_says_or_why_the_store_could_not_give_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = _task(tmp_path)
+    worker = WorkerProcess(task, pid=4321, pidfd=-1, popen=None)
+    store = store_of(task)
+    store.publish_exit(task.id, {"pid": 4321, "code": 0, "reason": "end_turn"})
+    heard = worker_exit(worker, ExitCode.DONE, None, 3)
+    assert (heard.said, heard.unread) == ("end_turn", None)
+
+    def away(task_id: str) -> None:
+        raise StorageError("the database is away")
+
+    monkeypatch.setattr(store, "read_exit", away)
+    unheard = worker_exit(worker, ExitCode.DONE, None, 3)
+    assert (unheard.said, unheard.unread) == (None, "the database is away")
+    crashed = worker_exit(worker, None, "SIGKILL", 3)  # (no verdict: no words asked for)
+    assert (crashed.said, crashed.unread) == (None, None)
 
 
 def test_a_process_that_cannot_be_read_has_no_start_time(monkeypatch: pytest.MonkeyPatch) -> None:
