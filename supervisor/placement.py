@@ -438,30 +438,39 @@ class ClusterPlacement:
             self._store_away(exc)
             return
         self._store_back()
-        for owner in owners:
-            task = daemon.spool.task(owner.task_id)
-            try:
-                record = TaskRecord.load(task)
-            except StorageError:  # the database went away after the claim: the lease ends
-                continue
-            slot = daemon.slots[task.id] = TaskSlot(task, record, owner=owner)
-            daemon.relay.track(task.id, from_end=True)
-            taken: dict[str, Any] = {}
-            if owner.previous is not None:  # (from a node that let its lease stand still)
-                taken["taken_over"] = owner.previous.to_json()
-            daemon.emit(Event.TASK_CLAIMED, slot, node=owner.holder, epoch=owner.epoch, **taken)
-            if owner.previous is not None:  # its node died, froze or was cut off: ours now
-                previous = owner.previous.node
-                daemon.emit(Event.TASK_ADOPTED, slot, node=owner.holder, from_node=previous)
+        # every claim is told as it was made, before any worker starts: the tenth task of a
+        # takeover was claimed with the first, not nine worker starts later
+        claimed = [slot for owner in owners if (slot := self._claimed(owner)) is not None]
+        for slot in claimed:
             unseen = self._unseen_workspace(slot)
             if unseen is not None:
-                self._unseen[task.id] = now + UNSEEN_PATIENCE
+                self._unseen[slot.task.id] = now + UNSEEN_PATIENCE
                 daemon.emit(Event.WORKSPACE_UNSEEN, slot, level="warning", why=unseen)
                 daemon.save(slot, TaskStatus.QUEUED, reason=unseen)
             elif daemon.requests.cancel_requested(slot):
                 daemon.requests.cancel(slot)
             else:
                 daemon.launcher.start(slot)
+
+    def _claimed(self, owner: Owner) -> TaskSlot | None:
+        """The slot of a task just claimed, its claim (and a takeover) told; None when the
+        database went away after the claim (the lease ends)."""
+        daemon = self.daemon
+        task = daemon.spool.task(owner.task_id)
+        try:
+            record = TaskRecord.load(task)
+        except StorageError:
+            return None
+        slot = daemon.slots[task.id] = TaskSlot(task, record, owner=owner)
+        daemon.relay.track(task.id, from_end=True)
+        taken: dict[str, Any] = {}
+        if owner.previous is not None:  # (from a node that let its lease stand still)
+            taken["taken_over"] = owner.previous.to_json()
+        daemon.emit(Event.TASK_CLAIMED, slot, node=owner.holder, epoch=owner.epoch, **taken)
+        if owner.previous is not None:  # its node died, froze or was cut off: ours now
+            previous = owner.previous.node
+            daemon.emit(Event.TASK_ADOPTED, slot, node=owner.holder, from_node=previous)
+        return slot
 
     def _store_away(self, exc: StorageError) -> None:
         """A claim or a renewal met a shared store at fault (away, read-only, refusing the

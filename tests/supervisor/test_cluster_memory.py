@@ -187,3 +187,20 @@ def test_a_fresh_claim_is_not_said_adopted(node: Node) -> None:
         Event.TASK_SUBMITTED,
         Event.TASK_CLAIMED,
     ]
+
+
+def test_every_claim_of_one_round_is_told_before_any_of_its_workers_starts(node: Node) -> None:
+    """A takeover of many tasks: each ``task_claimed`` is stamped when the claim was made,
+    not after the workers of the tasks claimed with it started."""
+    node.placement.join(lambda: None)
+    for name in ("t1", "t2", "t3"):
+        submit(node, name)
+    told_at_start: list[int] = []
+
+    def start(slot: TaskSlot) -> None:
+        claims = [node.store.read_events(t)[0] for t in ("t1", "t2", "t3")]
+        told_at_start.append(sum(e["event"] == Event.TASK_CLAIMED for es in claims for e in es))
+
+    node.daemon.launcher.start = start  # type: ignore[method-assign]
+    node.placement.schedule(3, node.clock())
+    assert told_at_start == [3, 3, 3]
