@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from supervisor.ask import ASK, OK, SOCKET
-from supervisor.overview import status_document
+from supervisor.overview import RowReader, status_document
 from supervisor.status import status_row_of
 from supervisor.stores import store_of
 from worker.budget import Price
@@ -53,7 +53,8 @@ QUESTION_TIMEOUT = 2.0
 
 class RowCache:
     """Each task's status row, kept while its files stay as they were (module docstring).
-    ``row`` is an ``overview.RowReader``; ``clock``: now on the file clock, in ns."""
+    ``reader()`` is an answer's ``overview.RowReader``; ``clock``: now on the file clock,
+    in ns."""
 
     def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
         self.clock = clock
@@ -62,12 +63,21 @@ class RowCache:
         self.read = 0  # rows read from the files, for the tests and the bench
         self.kept = 0  # rows answered from what was kept
 
-    def row(self, task: TaskDir, prices: Mapping[str, Price]) -> dict[str, Any]:
+    def reader(self) -> RowReader:
+        """The row reader of one answer: the file clock read once for all its rows. A
+        clock read before a row only makes more of its files look fresh (read, not kept)."""
+        now = self.clock()
+        return lambda task, prices: self.row(task, prices, now)
+
+    def row(
+        self, task: TaskDir, prices: Mapping[str, Price], now: int | None = None
+    ) -> dict[str, Any]:
         if prices != self._prices:  # a reload that changed the price table
             self._rows.clear()
             self._prices = prices
         store = store_of(task)
-        mark = store.rest_mark(task.id, self.clock())
+        now = self.clock() if now is None else now
+        mark = store.rest_mark(task.id, now)
         kept = self._rows.pop(task.id, None)
         if mark is not None and kept is not None and kept[0] == mark:
             self._rows[task.id] = kept
@@ -75,7 +85,7 @@ class RowCache:
             return kept[1]
         row, by_files = status_row_of(task, prices)
         self.read += 1
-        if mark is not None and by_files and store.rest_mark(task.id, self.clock()) == mark:
+        if mark is not None and by_files and store.rest_mark(task.id, now) == mark:
             self._rows[task.id] = (mark, row)  # (nothing changed while it was read)
         return row
 
@@ -193,6 +203,6 @@ class StatusSocket:
         if named != b"1" and settings.spool is not None:
             return b"no: a spool the config names\n"
         with self._lock:
-            doc = status_document(self.spool, None, settings.price_table, self.cache.row)
+            doc = status_document(self.spool, None, settings.price_table, self.cache.reader())
             self.cache.forget({row["id"] for row in doc["tasks"]})
         return OK + json.dumps(doc, indent=2, default=str).encode() + b"\n"

@@ -283,3 +283,30 @@ def test_a_row_of_a_running_or_foreground_task_is_never_kept(tmp_path: Path) -> 
     cache.row(settled, {**BUILTIN_PRICES})
     cache.row(settled, {})
     assert (cache.read, cache.kept) == (6, 2)
+
+
+def test_one_answer_reads_the_file_clock_once_and_a_change_after_it_is_read_again(
+    tmp_path: Path,
+) -> None:
+    spool = make_spool(tmp_path)
+    tasks = [scripted_task(spool, DONE, name=f"t{n}") for n in range(3)]
+    reads: list[int] = []
+
+    def clock() -> int:
+        reads.append(1)
+        return max(map(ctime_of_newest, tasks)) + 3_000_000_000
+
+    cache = RowCache(clock)
+    for _ in range(2):
+        read = cache.reader()
+        for task in tasks:
+            read(task, BUILTIN_PRICES)
+    assert (len(reads), cache.read, cache.kept) == (2, 3, 3)
+    # a file changed after the answer read its clock is newer than that "now": it is read,
+    # and not kept, however often the answer asks for it
+    atomic_write_json(tasks[0].state, {**read_json(tasks[0].state), "reason": "later"})
+    cache.clock = lambda: ctime_of_newest(tasks[0]) - 1
+    read = cache.reader()
+    assert read(tasks[0], BUILTIN_PRICES)["reason"] == "later"
+    assert read(tasks[0], BUILTIN_PRICES)["reason"] == "later"
+    assert (cache.read, cache.kept) == (5, 3)
