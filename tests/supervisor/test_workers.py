@@ -21,7 +21,7 @@ from supervisor.workers import (
     process_started,
     worker_exit,
 )
-from tests.support import make_spool, reply, scripted_task, text
+from tests.support import journal_records, make_spool, reply, run_worker, scripted_task, text
 from worker.errors import StorageError
 from worker.identity import boot_id, start_ticks
 from worker.protocol import ExitCode
@@ -92,6 +92,25 @@ def test_a_verdict_exit_says_what_its_record_says_or_why_the_store_could_not_giv
     assert (unheard.said, unheard.unread) == (None, "the database is away")
     crashed = worker_exit(worker, None, "SIGKILL", 3)  # (no verdict: no words asked for)
     assert (crashed.said, crashed.unread) == (None, None)
+
+
+def test_a_worker_started_again_on_an_ended_journal_ends_the_same_way_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """What a wait on an unread exit record counts on (``exits.settle``): the next worker
+    finds the end in the journal, calls no model (the script has no reply left) and
+    writes its exit record again."""
+    task = _task(tmp_path)
+    assert run_worker(task) == ExitCode.DONE
+    before = journal_records(task)
+    store = store_of(task)
+    first = store.read_exit(task.id)
+    assert first is not None and first["reason"] == "end_turn"
+    task.exit.unlink()  # (the record a daemon could not read)
+    assert run_worker(task) == ExitCode.DONE
+    again = store.read_exit(task.id)
+    assert again is not None and again["reason"] == "end_turn" and again["pid"] != first["pid"]
+    assert journal_records(task) == before
 
 
 def test_a_process_that_cannot_be_read_has_no_start_time(monkeypatch: pytest.MonkeyPatch) -> None:
