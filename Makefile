@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@# byte-compiled, as pip compiles a package it installs: an editable install where
 	@# PYTHONDONTWRITEBYTECODE is set would compile every module at every command and
 	@# at every fresh worker's start
-	$(BIN)/python -m compileall -q worker supervisor > /dev/null
+	$(BIN)/python -m compileall -q agentd worker supervisor > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -36,8 +36,8 @@ agentd.1: $(STAMP) supervisor/cli.py $(wildcard supervisor/commands/*.py) superv
 	$(BIN)/python -m supervisor.manpage man > $@
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker supervisor tests bench
-	$(BIN)/ruff format --check worker supervisor tests bench
+	$(BIN)/ruff check agentd worker supervisor tests bench
+	$(BIN)/ruff format --check agentd worker supervisor tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
