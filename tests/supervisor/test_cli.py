@@ -7,6 +7,7 @@ Most cases call ``supervisor.cli.main([...])`` in this process; a few run the in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -55,7 +56,18 @@ TASK_FIELDS = {
     "workspace",
     "updated_at",
 }
-DANGLING_FIELDS = {"task", "call_id", "tool", "input", "effect", "idempotency_key", "started_at"}
+DANGLING_FIELDS = {
+    "task",
+    "call_id",
+    "tool",
+    "input",
+    "effect",
+    "idempotency_key",
+    "started_at",
+    "stage",
+    "attempt",
+    "input_sha256",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -496,6 +508,9 @@ def test_dangling_json_lists_held_calls_with_the_documented_fields(
     assert row["tool"] == "run_command" and row["effect"] == "unsafe"
     assert row["input"] == {"command": "charge --card 4242", "timeout": 30}
     assert row["idempotency_key"].startswith("agentd-")
+    assert (row["stage"], row["attempt"]) == ("unknown", 1)
+    canonical = b'{"command":"charge --card 4242","timeout":30}'  # RFC 8785
+    assert row["input_sha256"] == hashlib.sha256(canonical).hexdigest()
     assert row["started_at"].endswith("Z")
     assert json.loads(agentd("dangling", task.id, "--json")[1]) == [row]
     assert json.loads(agentd("dangling", "not-held", "--json")[1]) == []
