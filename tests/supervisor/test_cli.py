@@ -22,7 +22,7 @@ from supervisor import cli
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
 from supervisor.submit import PROMPT_FILE_LIMIT, RESULT_FILE_LIMIT, SCRIPT_FILE_LIMIT
-from tests.support import REPO, make_loop, reply, scripted_task, text, tool_use
+from tests.support import DANGLING_FIELDS, REPO, make_loop, reply, scripted_task, text, tool_use
 from worker.config import Config
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
@@ -55,18 +55,6 @@ TASK_FIELDS = {
     "reason",
     "workspace",
     "updated_at",
-}
-DANGLING_FIELDS = {
-    "task",
-    "call_id",
-    "tool",
-    "input",
-    "effect",
-    "idempotency_key",
-    "started_at",
-    "stage",
-    "attempt",
-    "input_sha256",
 }
 
 

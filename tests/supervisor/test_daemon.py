@@ -48,6 +48,7 @@ from tests.daemon import (
     worker_pids,
 )
 from tests.support import (
+    DANGLING_FIELDS,
     REPO,
     assert_paired,
     journal_records,
@@ -497,18 +498,6 @@ def test_garbage_task_folders_fail_with_a_reason_and_the_daemon_keeps_serving(
 #: first time and quick when an operator has it re-run.
 CHARGE = "if [ -e charged ]; then echo second run; else touch charged; exec sleep 30; fi"
 DECISION_FORMS = ("rerun", "skip", "result", "result-file", "all")
-DANGLING_FIELDS = {
-    "task",
-    "call_id",
-    "tool",
-    "input",
-    "effect",
-    "idempotency_key",
-    "started_at",
-    "stage",
-    "attempt",
-    "input_sha256",
-}
 
 
 def charge_script() -> list[dict[str, Any]]:
