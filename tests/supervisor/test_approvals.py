@@ -40,8 +40,9 @@ def submit(daemon: Daemon, name: str, blocks: list[dict[str, Any]], *options: st
     """``agentd submit`` of a scripted task whose first reply makes ``blocks``; its workspace."""
     script = daemon.root / f"{name}.json"
     script.write_text(json.dumps({"responses": [reply(*blocks), reply(text("Done."))]}))
-    done = daemon.run_cli("submit", "--name", name, "--prompt", "go", "--script", str(script),
-                          *options)  # fmt: skip
+    done = daemon.run_cli(
+        "submit", "--name", name, "--prompt", "go", "--script", str(script), *options
+    )
     assert done.returncode == 0, done.stderr
     return daemon.task(name).path / "workspace"
 
@@ -78,13 +79,11 @@ def test_a_call_asked_before_it_runs_waits_and_runs_once_approved(daemon: Daemon
     hook = daemon.root / "held-hook"
     poll_for(lambda: hook.exists() and "ask-run" in hook.read_text(), 30, what="on_held")
     # a decision for an attempt that is not the held one is refused, and names the held one
-    stale = daemon.run_cli("approve-dangling", "ask-run", "toolu_ask1", "--attempt", "2",
-                           "--rerun")  # fmt: skip
+    stale = daemon.run_cli("approve-dangling", "ask-run", "toolu_ask1", "--attempt", "2", "--rerun")
     assert stale.returncode == 3, stale
     assert "attempt 1" in stale.stderr and "agentd dangling ask-run" in stale.stderr
     assert len(stale.stderr.strip().splitlines()) == 1
-    done = daemon.run_cli("approve-dangling", "ask-run", "toolu_ask1", "--attempt", "1",
-                          "--rerun")  # fmt: skip
+    done = daemon.run_cli("approve-dangling", "ask-run", "toolu_ask1", "--attempt", "1", "--rerun")
     assert (done.returncode, done.stdout) == (0, "ask-run toolu_ask1 attempt 1: rerun\n"), done
     daemon.wait_state("ask-run", "done")
     assert (workspace / "ledger").read_text() == "charged\n"  # run once, for the first time
@@ -97,8 +96,9 @@ def test_an_asked_call_refused_tells_the_model_it_was_not_approved(daemon: Daemo
     assert daemon.wait_state("ask-skip", "held")["reason"] == "approval: crash"
     (held,) = held_rows(daemon, "ask-skip")
     assert (held["stage"], held["effect"]) == ("before", "idempotent")
-    done = daemon.run_cli("approve-dangling", "ask-skip", "--all", "--skip", "--reason",
-                          "not today")  # fmt: skip
+    done = daemon.run_cli(
+        "approve-dangling", "ask-skip", "--all", "--skip", "--reason", "not today"
+    )
     assert (done.returncode, done.stdout) == (0, "ask-skip toolu_ask2 attempt 1: skip\n"), done
     daemon.wait_state("ask-skip", "done")
     result = result_of(daemon, "ask-skip", "toolu_ask2")
@@ -110,8 +110,13 @@ def test_an_asked_call_refused_tells_the_model_it_was_not_approved(daemon: Daemo
 def test_a_rerun_cut_off_is_a_new_attempt_never_run_again_on_the_old_decision(
     daemon: Daemon,
 ) -> None:
-    workspace = submit(daemon, "ask-kill", [tool_use("run_command", "toolu_k", command=CHARGE,
-                                                     timeout=90)], "--ask", "run_command")  # fmt: skip
+    workspace = submit(
+        daemon,
+        "ask-kill",
+        [tool_use("run_command", "toolu_k", command=CHARGE, timeout=90)],
+        "--ask",
+        "run_command",
+    )
     daemon.wait_state("ask-kill", "held")
     ledger = workspace / "ledger"
     done = daemon.run_cli("approve-dangling", "ask-kill", "toolu_k", "--rerun")
@@ -128,15 +133,15 @@ def test_a_rerun_cut_off_is_a_new_attempt_never_run_again_on_the_old_decision(
     assert (held["stage"], held["attempt"]) == ("unknown", 2)
     assert ledger.read_text() == "charged\n"  # not run again on the old decision
     # the old attempt's decision again: refused, and so is a bare re-run with no terminal
-    stale = daemon.run_cli("approve-dangling", "ask-kill", "toolu_k", "--attempt", "1",
-                           "--rerun")  # fmt: skip
+    stale = daemon.run_cli("approve-dangling", "ask-kill", "toolu_k", "--attempt", "1", "--rerun")
     assert stale.returncode == 3 and "attempt 2" in stale.stderr, stale
     bare = daemon.run_cli("approve-dangling", "ask-kill", "toolu_k")
     assert bare.returncode == 2 and "--rerun" in bare.stderr, bare
     assert len(bare.stderr.strip().splitlines()) == 1
     assert not list(daemon.task("ask-kill").decisions.glob("*.2.json"))
-    done = daemon.run_cli("approve-dangling", "ask-kill", "toolu_k", "--attempt", "2",
-                          "--result", "charged once")  # fmt: skip
+    done = daemon.run_cli(
+        "approve-dangling", "ask-kill", "toolu_k", "--attempt", "2", "--result", "charged once"
+    )
     assert (done.returncode, done.stdout) == (0, "ask-kill toolu_k attempt 2: result\n"), done
     daemon.wait_state("ask-kill", "done")
     assert ledger.read_text() == "charged\n"
@@ -145,11 +150,13 @@ def test_a_rerun_cut_off_is_a_new_attempt_never_run_again_on_the_old_decision(
 
 
 def test_an_unsafe_call_of_unknown_outcome_is_rerun_only_when_said(daemon: Daemon) -> None:
-    submit(daemon, "unsafe-bare", [tool_use("run_command", "toolu_u", command=CHARGE,
-                                            timeout=90)])  # fmt: skip
+    submit(daemon, "unsafe-bare", [tool_use("run_command", "toolu_u", command=CHARGE, timeout=90)])
     ledger = daemon.task("unsafe-bare").path / "workspace" / "ledger"
-    row = daemon.wait_row("unsafe-bare", lambda r: r["phase"] == "tool:run_command" and
-                          ledger.exists(), what="the charge")  # fmt: skip
+    row = daemon.wait_row(
+        "unsafe-bare",
+        lambda r: r["phase"] == "tool:run_command" and ledger.exists(),
+        what="the charge",
+    )
     os.kill(row["pid"], signal.SIGKILL)
     daemon.wait_state("unsafe-bare", "held")
     for args in (["toolu_u"], ["--all"]):

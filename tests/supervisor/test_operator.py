@@ -159,7 +159,10 @@ def test_cancel_racing_approve_has_exactly_one_winner(daemon: Daemon, up: bool) 
     outcomes = {}
     try:
         for i, name in enumerate(names):
-            pair: list[tuple[str, ...]] = [("cancel", name), ("approve-dangling", name, "--all", "--rerun")]
+            pair: list[tuple[str, ...]] = [
+                ("cancel", name),
+                ("approve-dangling", name, "--all", "--rerun"),
+            ]
             one, other = pair if i % 2 else pair[::-1]
             first, second = race(daemon, one, other, gap=0.0)
             outcomes[name] = (first, second) if i % 2 else (second, first)
