@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from supervisor.status import load_state
-from tests.daemon import Daemon, config_text
+from tests.daemon import Daemon, config_text, parse_time
 from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.canonical import input_sha256
 
@@ -170,3 +170,65 @@ def test_an_unsafe_call_of_unknown_outcome_is_rerun_only_when_said(daemon: Daemo
     assert (done.returncode, done.stdout) == (0, "unsafe-bare toolu_u attempt 1: skip\n"), done
     daemon.wait_state("unsafe-bare", "done")
     assert ledger.read_text() == "charged\n"
+
+
+@pytest.fixture
+def timed(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """A daemon with the ``[approvals]`` keys its test gives (``request.param``)."""
+    daemon = Daemon(tmp_path, config_text(extra=f"[approvals]\n{request.param}\n"))
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.cleanup()
+
+
+@pytest.mark.parametrize("timed", ['ask_timeout = "2s"'], indirect=True)
+def test_an_asked_call_not_answered_in_time_is_skipped(timed: Daemon) -> None:
+    command = {"command": "echo charged >> ledger", "timeout": 30}
+    workspace = submit(
+        timed, "ask-late", [tool_use("run_command", "toolu_l", **command)], "--ask", "run_command"
+    )
+    row = timed.wait_state("ask-late", "done", "failed", timeout=60)
+    assert row["state"] == "done", row
+    result = result_of(timed, "ask-late", "toolu_l")
+    assert result["content"] == "not executed: this call was not approved (no approval within 2s)"
+    assert result["outcome"] == "skipped" and not (workspace / "ledger").exists()
+    decided = timed.events("ask-late", "dangling_decided")  # (made, then applied)
+    assert decided and all(e["action"] == "skip" and "by" not in e for e in decided)
+    (asked,) = timed.events("ask-late", "approval_requested")
+    (decision,) = of_kind(journal_records(timed.task("ask-late")), "decision")
+    waited = parse_time(decision["at"]) - parse_time(asked["timestamp"])
+    assert waited >= 2.0, waited
+
+
+@pytest.mark.parametrize("timed", ['expire_after = "1h"'], indirect=True)
+def test_a_decision_no_worker_used_before_it_expired_is_void(timed: Daemon) -> None:
+    command = {"command": "echo charged >> ledger", "timeout": 30}
+    workspace = submit(
+        timed, "ask-old", [tool_use("run_command", "toolu_o", **command)], "--ask", "run_command"
+    )
+    timed.wait_state("ask-old", "held")
+    timed.stop()
+    try:
+        done = timed.run_cli("approve-dangling", "ask-old", "toolu_o", "--rerun")
+        assert done.returncode == 0, done
+        # the decision was made two hours ago, and no worker used it since
+        (made,) = timed.task("ask-old").decisions.iterdir()
+        decision = json.loads(made.read_text())
+        decision["decided_at"] = "2000-01-01T00:00:00.000Z"
+        made.write_text(json.dumps(decision))
+    finally:
+        timed.start()
+    row = timed.wait_row("ask-old", lambda r: r["state"] == "held" and r["pid"] is None)
+    assert row["reason"] == "approval: run_command"
+    (expired,) = timed.events("ask-old", "approval_expired")
+    assert (expired["level"], expired["attempt"]) == ("warning", 2)
+    (held,) = held_rows(timed, "ask-old")
+    assert (held["stage"], held["attempt"]) == ("before", 2)
+    assert not (workspace / "ledger").exists()
+    assert of_kind(journal_records(timed.task("ask-old")), "decision") == []
+    done = timed.run_cli("approve-dangling", "ask-old", "toolu_o", "--attempt", "2", "--rerun")
+    assert done.returncode == 0, done
+    timed.wait_state("ask-old", "done")
+    assert (workspace / "ledger").read_text() == "charged\n"
