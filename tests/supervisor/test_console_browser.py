@@ -212,9 +212,9 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
             assert "outcome is unknown" in asked[0] and CHARGE.split(";")[0][:20] in asked[0]
             assert not task_decisions(daemon, "invoice-run")
             # every decision names the attempt it was made on
-            with page.expect_request(lambda r: "/decisions" in r.url) as posted:
+            with page.expect_request(lambda r: "/decisions" in r.url) as decision:
                 card.get_by_role("button", name="Skip").click()
-            assert json.loads(posted.value.post_data or "{}")["attempt"] == held["attempt"]
+            assert json.loads(decision.value.post_data or "{}")["attempt"] == held["attempt"]
             expect(page.locator("#flash")).to_have_text(f"invoice-run {held['call_id']}: skipped")
 
             # the task finishes, and the open page shows it without a reload
