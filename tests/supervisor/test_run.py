@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -376,10 +376,11 @@ def held_at_a_charge(fg: Foreground, name: str) -> None:
     assert proc.wait(timeout=30) == 130
 
 
-def on_a_terminal(fg: Foreground, *args: str) -> tuple[Terminal, Path]:
-    """``agentd run ARGS`` on a real terminal; the file its exit code is written to."""
+def on_a_terminal(fg: Foreground, *args: str, verb: str = "run") -> tuple[Terminal, Path]:
+    """``agentd run ARGS`` (or another ``verb``) on a real terminal; the file its exit
+    code is written to."""
     status = fg.root / f"status-{uuid.uuid4().hex[:8]}"
-    command = shlex.join(fg.command("run", *args))
+    command = shlex.join(fg.command(verb, *args))
     env = worker_env({"NO_COLOR": "1"})
     terminal = Terminal(f"{command}; echo $? > {status}; sleep 60", env, width=150, height=40)
     return terminal, status
@@ -493,6 +494,15 @@ def test_the_demo_kills_a_run_partway_and_resume_charges_each_invoice_once(
     assert done.stdout.count("charged 10 EUR\n") >= 6
 
 
+def answer(terminal: Terminal, question: str, *keys: str) -> str:
+    """Wait for ``question`` on ``terminal``, then type ``keys``; the screen it was asked on."""
+    poll_for(lambda: question in terminal.screen(), 30, what=question)
+    shown = terminal.screen()
+    if keys:
+        terminal.keys(*keys)
+    return shown
+
+
 @needs_tmux
 def test_a_call_asked_before_it_runs_is_put_to_the_person_and_runs_once_approved(
     fg: Foreground,
@@ -502,8 +512,7 @@ def test_a_call_asked_before_it_runs_is_put_to_the_person_and_runs_once_approved
     responses = [reply(tool_use("slow_charge", seconds=0, tag="a")), reply(text("Done."))]
     terminal, status = on_a_terminal(fg, *fg.new("approved", responses, "--ask", "slow_*"))
     try:
-        poll_for(lambda: "run it [r], refuse it [s]" in terminal.screen(), 30, what="the prompt")
-        shown = terminal.screen()
+        shown = answer(terminal, "run it [r], refuse it [s]")
         assert "it has not run: it waits for your approval" in shown, shown
         assert fg.ledger("approved") == []
         terminal.keys("r", "Enter")
@@ -524,18 +533,12 @@ def test_approve_dangling_on_a_terminal_shows_the_call_and_asks(fg: Foreground) 
     held_at_a_charge(fg, "shown")
     assert fg.run("--resume", "shown")[0] == 3  # (no terminal: held, for approve-dangling)
     (row,) = json.loads(fg.cli("dangling", "shown", "--json")[1])
-    status = fg.root / "approve-status"
-    command = shlex.join(fg.command("approve-dangling", "shown", row["call_id"]))
-    env = worker_env({"NO_COLOR": "1"})
-    for answer, code in (("n", "1"), ("y", "0")):
-        status.unlink(missing_ok=True)
-        terminal = Terminal(f"{command}; echo $? > {status}; sleep 60", env, width=150, height=40)
+    for said, code in (("n", "1"), ("y", "0")):
+        terminal, status = on_a_terminal(fg, "shown", row["call_id"], verb="approve-dangling")
         try:
-            poll_for(lambda: "run it again? [y/N]" in terminal.screen(), 30, what="the question")
-            shown = terminal.screen()
+            shown = answer(terminal, "run it again? [y/N]", said, "Enter")
             assert "slow_charge (unsafe), attempt 1, started" in shown, shown
             assert '"tag": "a"' in shown and "its outcome is unknown" in shown, shown
-            terminal.keys(answer, "Enter")
             poll_for(status.exists, 30, what="the command to end")
             shown = terminal.screen()
         finally:
