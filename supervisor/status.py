@@ -23,6 +23,9 @@ from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
 
+#: A held call's ``stage`` (docs/guides/tools.md): it waits for an approval before it
+#: runs at all, or it started and its outcome is unknown (section 5).
+STAGE_BEFORE, STAGE_UNKNOWN = "before", "unknown"
 #: How much of a failed model call's error REASON shows (the log has it whole).
 RETRY_ERROR_LIMIT = 160
 
@@ -72,11 +75,24 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
                 "effect": call.effect,
                 "idempotency_key": call.key,
                 "attempt": call.attempt,
+                "input_sha256": _input_sha256(call.input),
                 "started_at": call.started_at,
+                "stage": STAGE_BEFORE if call.asked else STAGE_UNKNOWN,
                 "why": hold.get("why"),
             }
         )
     return rows
+
+
+def _input_sha256(value: Any) -> str | None:
+    """The held call's ``input_sha256`` (docs/guides/tools.md); None for an input
+    no JSON can carry (never one a model sent)."""
+    from worker.canonical import NotCanonical, input_sha256  # noqa: PLC0415  (a held call's alone: status starts fast)
+
+    try:
+        return input_sha256(value)
+    except NotCanonical:
+        return None
 
 
 def retrying(beat: HeartbeatData | None) -> str | None:

@@ -487,3 +487,18 @@ class Terminal:
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, check=False)
+
+
+#: The fields of a row of `agentd dangling --json` (docs/design.md section 3; docs/guides/tools.md).
+DANGLING_FIELDS = {
+    "task",
+    "call_id",
+    "tool",
+    "input",
+    "effect",
+    "idempotency_key",
+    "started_at",
+    "stage",
+    "attempt",
+    "input_sha256",
+}

@@ -11,8 +11,10 @@ Records (see worker/store/journal.py for the frame format)::
 
     turn      {"turn", "message", "stop_reason", "usage", "model", "tokens_used"?, "at"}
               ``tokens_used``: when the usage's own sum is not it (a server compaction)
-    intent    {"call_id", "tool", "effect", "key", "attempt", "at"}   (its input: the
-              turn's ``tool_use`` block, recorded once)
+    intent    {"call_id", "tool", "effect", "key", "attempt", "asked"?, "renewed"?, "at"}
+              (its input: the turn's ``tool_use`` block, recorded once); ``asked``: the
+              call waits for an approval before it runs; ``renewed``: not a start, the
+              attempt held again (a decision that expired)
     result    {"call_id", "content", "is_error", "outcome", "at"}
     user      {"content": [blocks], "at"}                 an extra user message
     hold      {"calls": [{"call_id", "attempt"}], "at"}   awaiting an operator
@@ -105,6 +107,9 @@ class Call:
     started_at: str | None = None
     result: JSON | None = None  # the result record once there is one
     decision: JSON | None = None  # the decision record for the current attempt
+    #: its current attempt waits for an operator's approval before it runs at all
+    #: (docs/guides/tools.md): its intent was recorded with ``"asked": true``
+    asked: bool = False
 
     @property
     def dangling(self) -> bool:
@@ -248,7 +253,11 @@ class TaskState:
         call.attempt = int(record.get("attempt", call.attempt + 1))
         call.effect = record.get("effect")
         call.key = record.get("key")
-        call.started_at = record.get("at")
+        if not record.get("renewed") or record.get("asked"):
+            # (a call of unknown outcome held again keeps its start; one asked again is
+            # asked now)
+            call.started_at = record.get("at")
+        call.asked = bool(record.get("asked", False))
         call.decision = None
 
     def _apply_result(self, record: JSON) -> None:

@@ -7,6 +7,7 @@ Most cases call ``supervisor.cli.main([...])`` in this process; a few run the in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from supervisor import cli
 from supervisor.record import TaskRecord
 from supervisor.status import held_calls, load_state, status_row
 from supervisor.submit import PROMPT_FILE_LIMIT, RESULT_FILE_LIMIT, SCRIPT_FILE_LIMIT
-from tests.support import REPO, make_loop, reply, scripted_task, text, tool_use
+from tests.support import DANGLING_FIELDS, REPO, make_loop, reply, scripted_task, text, tool_use
 from worker.config import Config
 from worker.protocol import TaskStatus
 from worker.spool import Spool, TaskDir
@@ -55,7 +56,6 @@ TASK_FIELDS = {
     "workspace",
     "updated_at",
 }
-DANGLING_FIELDS = {"task", "call_id", "tool", "input", "effect", "idempotency_key", "started_at"}
 
 
 @pytest.fixture(autouse=True)
@@ -496,6 +496,9 @@ def test_dangling_json_lists_held_calls_with_the_documented_fields(
     assert row["tool"] == "run_command" and row["effect"] == "unsafe"
     assert row["input"] == {"command": "charge --card 4242", "timeout": 30}
     assert row["idempotency_key"].startswith("agentd-")
+    assert (row["stage"], row["attempt"]) == ("unknown", 1)
+    canonical = b'{"command":"charge --card 4242","timeout":30}'  # RFC 8785
+    assert row["input_sha256"] == hashlib.sha256(canonical).hexdigest()
     assert row["started_at"].endswith("Z")
     assert json.loads(agentd("dangling", task.id, "--json")[1]) == [row]
     assert json.loads(agentd("dangling", "not-held", "--json")[1]) == []
@@ -511,7 +514,7 @@ def test_approve_dangling_with_the_daemon_down_is_durable_and_queues_the_task(
     task, call_id = held
     journal = task.journal.read_bytes()
     code, out, err = agentd("approve-dangling", task.id, call_id, "--skip", "--reason", "no")
-    assert (code, out, err) == (0, f"{task.id} {call_id}: skip\n", "")
+    assert (code, out, err) == (0, f"{task.id} {call_id} attempt 1: skip\n", "")
     (decision_file,) = task.decisions.iterdir()
     decision = json.loads(decision_file.read_text())
     assert (decision["call_id"], decision["action"], decision["reason"]) == (call_id, "skip", "no")

@@ -48,6 +48,7 @@ from tests.daemon import (
     worker_pids,
 )
 from tests.support import (
+    DANGLING_FIELDS,
     REPO,
     assert_paired,
     journal_records,
@@ -497,7 +498,6 @@ def test_garbage_task_folders_fail_with_a_reason_and_the_daemon_keeps_serving(
 #: first time and quick when an operator has it re-run.
 CHARGE = "if [ -e charged ]; then echo second run; else touch charged; exec sleep 30; fi"
 DECISION_FORMS = ("rerun", "skip", "result", "result-file", "all")
-DANGLING_FIELDS = {"task", "call_id", "tool", "input", "effect", "idempotency_key", "started_at"}
 
 
 def charge_script() -> list[dict[str, Any]]:
@@ -588,7 +588,7 @@ def test_an_unsafe_dangling_call_holds_the_task_and_is_listed(held: Held) -> Non
 def decide_args(held: Held, name: str, form: str) -> list[str]:
     call = held.calls[name]
     if form == "rerun":
-        return ["approve-dangling", name, call]
+        return ["approve-dangling", name, call, "--rerun"]
     if form == "skip":
         return ["approve-dangling", name, call, "--skip", "--reason", "refunded by hand"]
     if form == "result":
@@ -598,7 +598,7 @@ def decide_args(held: Held, name: str, form: str) -> list[str]:
         path.write_text("receipt 42: charged once\n")
         return ["approve-dangling", name, call, "--result-file", str(path)]
     assert form == "all"
-    return ["approve-dangling", name, "--all"]
+    return ["approve-dangling", name, "--all", "--rerun"]
 
 
 def check_decided(held: Held, name: str, form: str) -> None:
