@@ -19,6 +19,7 @@ from pathlib import Path
 from supervisor.commands import (
     cluster,
     console,
+    conversations,
     daemon,
     housekeeping,
     interventions,
@@ -36,7 +37,17 @@ from worker.redactor import without_password
 from worker.spool import Spool
 
 #: The groups of commands, each declaring its own (``add_parser``).
-GROUPS = (daemon, tasks, run, interventions, housekeeping, cluster, console, setup)
+GROUPS = (
+    daemon,
+    tasks,
+    run,
+    interventions,
+    conversations,
+    housekeeping,
+    cluster,
+    console,
+    setup,
+)
 
 #: The commands in the order ``agentd --help``, the man page and the completions list them.
 LISTED = (
@@ -56,6 +67,7 @@ LISTED = (
     "history",
     "rewind",
     "fork",
+    "continue",
     "prune",
     "archive",
     "restore",

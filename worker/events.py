@@ -90,6 +90,7 @@ class Event(StrEnum):
     TASK_RESUMED = "task_resumed"
     TASK_RETRIED = "task_retried"
     TASK_REWOUND = "task_rewound"
+    TASK_CONTINUED = "task_continued"
     TASK_FORKED = "task_forked"
     TASK_DONE = "task_done"
     TASK_FAILED = "task_failed"
