@@ -68,6 +68,7 @@ LISTED = (
     "rewind",
     "fork",
     "continue",
+    "say",
     "prune",
     "archive",
     "restore",

@@ -91,6 +91,7 @@ class Event(StrEnum):
     TASK_RETRIED = "task_retried"
     TASK_REWOUND = "task_rewound"
     TASK_CONTINUED = "task_continued"
+    MESSAGE_ADDED = "message_added"
     TASK_FORKED = "task_forked"
     TASK_DONE = "task_done"
     TASK_FAILED = "task_failed"

@@ -102,6 +102,8 @@ class UserRecord(Who):
 
     k: Literal[RecordKind.USER]
     content: list[dict[str, Any]]
+    message: NotRequired[int]  # an operator's message (``agentd say``): its number
+    at: NotRequired[str]
 
 
 class RemoteTool(TypedDict):

@@ -12,6 +12,7 @@ from supervisor.operator import Operator
 from supervisor.submit import PROMPT_FILE_LIMIT
 from worker.config import Config
 from worker.errors import UsageError
+from worker.messages import MESSAGE_LIMIT
 from worker.spool import Spool
 
 
@@ -20,6 +21,10 @@ def add_parser(commands: Commands) -> None:
     task_arg(p)
     p.add_argument("--prompt", metavar="TEXT", help="the new user message")
     p.add_argument("--prompt-file", metavar="FILE", help="as --prompt, read from FILE")
+    p = commands.add("say", cmd_say, "add a message to a live task, before its next model call")
+    task_arg(p)
+    p.add_argument("text", nargs="?", metavar="TEXT", help="the message")
+    p.add_argument("--file", metavar="FILE", help="the message, read from FILE")
 
 
 def cmd_continue(args: argparse.Namespace, config: Config, spool: Spool) -> int:
@@ -38,4 +43,15 @@ def cmd_continue(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             f"on here, `agentd retry {args.task}` hands it to the daemon",
             file=sys.stderr,
         )
+    return 0
+
+
+def cmd_say(args: argparse.Namespace, config: Config, spool: Spool) -> int:
+    from supervisor.conversations import say  # noqa: PLC0415  (only this command)
+
+    if (args.text is None) == (args.file is None):
+        raise UsageError("give the message: TEXT or --file FILE.")
+    text = text_or_file(args.text, args.file, "message", MESSAGE_LIMIT) or ""
+    number = say(spool, args.task, text, operator=Operator.here())
+    print(f"{args.task}: message {number} added; it joins before the task's next model call")
     return 0

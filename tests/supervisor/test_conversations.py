@@ -5,6 +5,8 @@ task is refused with what to do instead. Real processes: ``agentd run``, a daemo
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.daemon import Daemon, config_text
-from tests.support import journal_records, poll_for, reply, text, worker_env
-from worker.spool import Spool
+from tests.support import journal_records, poll_for, reply, text, tool_use, worker_env
+from worker.spool import Spool, TaskDir
 
 pytestmark = pytest.mark.process
 
@@ -132,3 +134,115 @@ def test_only_a_done_task_is_continued_and_a_refusal_changes_nothing(tmp_path: P
         assert [p.read_bytes() for p in sorted((spool / "tasks").rglob("journal"))] == before
     assert agentd(spool, "continue", "q").returncode == 2
     assert agentd(spool, "continue", "q", "--prompt", " ").returncode == 2
+
+
+def said_records(task: TaskDir) -> list[dict[str, Any]]:
+    return [r for r in journal_records(task) if r["k"] == "user" and "message" in r]
+
+
+def worker_pid(daemon: Daemon, name: str) -> int:
+    row = daemon.wait_row(name, lambda r: r["pid"], what="its worker")
+    pid: int = row["pid"]
+    return pid
+
+
+def test_say_to_a_running_task_joins_once_across_kills_after_it_and_after_its_model_call(
+    tmp_path: Path,
+) -> None:
+    daemon = Daemon(tmp_path, config_text())
+    daemon.start()
+    try:
+        script = [
+            reply(text("Waiting."), tool_use("stall", seconds=3)),  # idempotent: re-run
+            reply(text("Noted the message."), delay=2.0),
+        ]
+        daemon.submit(script, name="s1")
+        task = daemon.task("s1")
+        row = daemon.wait_row("s1", lambda r: r["phase"] == "tool:stall", what="the tool call")
+        first = row["pid"]
+        code, out, err = daemon.cli("say", "s1", "Also mind the tests.")
+        assert code == 0 and "message 1 added" in out, err
+        os.kill(first, signal.SIGKILL)  # right after the message was accepted
+        poll_for(lambda: said_records(task), 60, what="the message in the journal")
+        # ... and right after the model call that carried it began (turn 2 not recorded)
+        second = worker_pid(daemon, "s1")
+        assert second != first
+        os.kill(second, signal.SIGKILL)
+        daemon.wait_state("s1", "done", "failed")
+    finally:
+        daemon.stop()
+    said = said_records(task)
+    assert len(said) == 1 and said[0]["message"] == 1 and said[0]["via"] == "cli"
+    records = journal_records(task)
+    at = records.index(said[0])
+    # after the first turn's tool result, before the second turn
+    kinds = [r["k"] for r in records[:at]]
+    assert kinds.count("turn") == 1 and kinds[-1] == "result"
+    assert [r["k"] for r in records[at + 1 :]].count("turn") == 1
+    lines = [
+        json.loads(x) for x in agentd(daemon.spool.root, "show", "s1", "--json").stdout.splitlines()
+    ]
+    texts = [line.get("text") for line in lines]
+    assert texts.count("Also mind the tests.") == 1
+    assert texts.index("Also mind the tests.") < texts.index("Noted the message.")
+    message = next(line for line in lines if line.get("text") == "Also mind the tests.")
+    assert message["by"] and message["via"] == "cli" and message["message"] == 1
+    shown = agentd(daemon.spool.root, "show", "s1").stdout
+    assert "user (by " in shown and "Also mind the tests." in shown
+
+
+def test_say_to_a_held_task_waits_for_the_decision_and_a_rewind_before_it_drops_it(
+    tmp_path: Path,
+) -> None:
+    daemon = Daemon(tmp_path, config_text())
+    daemon.start()
+    try:
+        charge = "if [ -e charged ]; then echo again; else touch charged; exec sleep 30; fi"
+        script = [
+            reply(text("Charging."), tool_use("run_command", command=charge, timeout=60)),
+            reply(text("Charged, and read your note.")),
+            reply(text("Done again.")),
+        ]
+        daemon.submit(script, name="h1")
+        task = daemon.task("h1")
+        charged = task.path / "workspace" / "charged"
+        row = daemon.wait_row("h1", lambda r: r["phase"] == "tool:run_command" and charged.exists())
+        os.kill(row["pid"], signal.SIGKILL)
+        row = daemon.wait_state("h1", "held")
+        code, _, err = daemon.cli("say", "h1", "Use the sandbox account.")
+        assert code == 0, err
+        assert said_records(task) == []  # it waits with the task
+        (call,) = row["dangling"]
+        code, _, err = daemon.cli(
+            "approve-dangling", "h1", call["call_id"], "--result", "charged once"
+        )
+        assert code == 0, err
+        daemon.wait_state("h1", "done", "failed")
+        records = journal_records(task)
+        (said,) = said_records(task)
+        at = records.index(said)
+        assert records[at - 1]["k"] == "result"  # joined after the decided result
+        # a rewind to before it takes it off the live branch; it is not taken again
+        code, _, err = daemon.cli("rewind", "h1", "--to", "0", "--yes")
+        assert code == 0, err
+        daemon.wait_state("h1", "done", "failed")
+    finally:
+        daemon.stop()
+    texts = [
+        json.loads(x).get("text")
+        for x in agentd(daemon.spool.root, "show", "h1", "--json").stdout.splitlines()
+    ]
+    assert "Use the sandbox account." not in texts
+    assert len(said_records(task)) == 1  # in the history, once
+
+
+def test_say_is_refused_for_an_ended_task(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    path = script(tmp_path, "One.")
+    assert (
+        agentd(spool, "run", "--name", "d", "--prompt", "x", "--script", str(path)).returncode == 0
+    )
+    refused = agentd(spool, "say", "d", "more")
+    assert refused.returncode == 3 and "agentd continue d" in refused.stderr
+    assert agentd(spool, "say", "d").returncode == 2
+    assert agentd(spool, "say", "nope", "hi").returncode == 3
