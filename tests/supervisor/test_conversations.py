@@ -246,3 +246,29 @@ def test_say_is_refused_for_an_ended_task(tmp_path: Path) -> None:
     assert refused.returncode == 3 and "agentd continue d" in refused.stderr
     assert agentd(spool, "say", "d").returncode == 2
     assert agentd(spool, "say", "nope", "hi").returncode == 3
+
+
+def test_say_to_a_task_whose_context_is_compacted_is_taken_once(tmp_path: Path) -> None:
+    from tests.worker.test_compaction import compacting_script
+
+    context = (
+        "[model]\nmax_tokens = 50\n[context]\nwindow = 200\ncompact_at = 0.5\nkeep_turns = 1\n"
+    )
+    daemon = Daemon(tmp_path, config_text(extra=context))
+    daemon.start()
+    try:
+        responses = compacting_script()["responses"]
+        responses[0] = {**responses[0], "delay": 2.0}
+        daemon.submit(responses, name="long")
+        task = daemon.task("long")
+        worker_pid(daemon, "long")
+        code, _, err = daemon.cli("say", "long", "Name the files in order.")
+        assert code == 0, err
+        daemon.wait_state("long", "done", "failed")
+    finally:
+        daemon.stop()
+    records = journal_records(task)
+    (said,) = said_records(task)
+    at = records.index(said)
+    assert [r for r in records[at:] if r["k"] == "compaction"]  # compacted after it joined
+    assert status(daemon.spool.root, "long")["state"] == "done"
