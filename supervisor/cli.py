@@ -16,7 +16,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor.commands import cluster, console, daemon, interventions, run, setup, tasks
+from supervisor.commands import (
+    cluster,
+    console,
+    conversations,
+    daemon,
+    housekeeping,
+    interventions,
+    run,
+    setup,
+    tasks,
+)
 from supervisor.commands.context import check_named_spool, node_name, resolve_spool, store_url
 from supervisor.commands.parsing import Commands, Handler, Parser
 from supervisor.stores import open_shared, recorded_store
@@ -27,7 +37,17 @@ from worker.redactor import without_password
 from worker.spool import Spool
 
 #: The groups of commands, each declaring its own (``add_parser``).
-GROUPS = (daemon, tasks, run, interventions, cluster, console, setup)
+GROUPS = (
+    daemon,
+    tasks,
+    run,
+    interventions,
+    conversations,
+    housekeeping,
+    cluster,
+    console,
+    setup,
+)
 
 #: The commands in the order ``agentd --help``, the man page and the completions list them.
 LISTED = (
@@ -47,6 +67,11 @@ LISTED = (
     "history",
     "rewind",
     "fork",
+    "continue",
+    "say",
+    "prune",
+    "archive",
+    "restore",
     "console",
     "nodes",
     "store",

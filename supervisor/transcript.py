@@ -73,9 +73,12 @@ class _Fold:
             for block in (record.get("message") or {}).get("content", []):
                 yield from self._block(block, "assistant")
         elif kind == RecordKind.USER:
+            # an operator's words (``agentd say``, ``continue``) say who and how
+            who: JSON = {k: record[k] for k in ("by", "via", "message") if k in record}
             for block in record.get("content", []):
                 if block.get("type") == "text":
-                    yield {"turn": self.turn, "kind": "text", "role": "user", "text": block["text"]}
+                    line = {"turn": self.turn, "kind": "text", "role": "user"}
+                    yield {**line, "text": block["text"], **who}
         elif kind == RecordKind.INTENT:
             self.effects[str(record["call_id"])] = str(record.get("effect") or "")
         elif kind == RecordKind.RESULT:
@@ -277,6 +280,8 @@ class Renderer:
         kind = line.get("kind")
         if kind == "text":
             who = "" if line.get("role") == "assistant" or turn == 0 else "user: "
+            said = " ".join(f"{k} {line[k]}" for k in ("by", "via") if line.get(k))
+            who = f"user ({said}): " if said and who else who
             print(who + self._cut(str(line.get("text", ""))), file=self.out)
         elif kind == "tool_use":
             shown = json.dumps(line.get("input"), ensure_ascii=False)

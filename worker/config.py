@@ -275,6 +275,39 @@ class TelemetryConfig:
     capture_content: bool = False  # prompts, replies and tool text in the spans
 
 
+def age_text(seconds: float) -> str:
+    """An age as a person says it: whole days, else hours, minutes or seconds."""
+    for unit in ("d", "h", "m"):
+        if seconds >= PERIOD_UNITS[unit]:
+            return f"{int(seconds // PERIOD_UNITS[unit])}{unit}"
+    return f"{int(seconds)}s"
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """How long an ended task is kept (docs/design.md section 20; ``supervisor.retention``):
+    a period per end state, None keeping it forever; ``archive_to``, a folder each task is
+    archived into before the daemon removes it."""
+
+    done: float | None = None
+    failed: float | None = None
+    cancelled: float | None = None
+    archive_to: Path | None = None
+
+    def period(self, state: str) -> float | None:
+        """The period of ``state`` (an end state), or None: kept forever."""
+        value = getattr(self, state, None) if state in RETENTION_STATES else None
+        return value if isinstance(value, float) else None
+
+    @property
+    def any(self) -> bool:
+        return any(self.period(state) is not None for state in RETENTION_STATES)
+
+
+#: The states ``[retention]`` names: a task ended in one of them may be removed.
+RETENTION_STATES = ("done", "failed", "cancelled")
+
+
 @dataclass(frozen=True)
 class Config:
     spool: Path | None = None
@@ -298,6 +331,7 @@ class Config:
     prices: Mapping[str, Price] = field(default_factory=lambda: MappingProxyType({}))
     telemetry: TelemetryConfig = TelemetryConfig()
     approvals: ApprovalsConfig = ApprovalsConfig()
+    retention: RetentionConfig = RetentionConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
     @property
@@ -466,6 +500,8 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         expire_after=t.period("expire_after"), ask_timeout=t.period("ask_timeout")
     )
 
+    retention = _retention(top.table("retention"))
+
     return Config(
         spool=spool,
         max_workers=max_workers,
@@ -486,6 +522,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         prices=prices,
         telemetry=telemetry,
         approvals=approvals,
+        retention=retention,
         source=source,
     )
 
@@ -863,6 +900,27 @@ def _file_path(t: _Table, key: str) -> Path | None:
     return path if path.is_absolute() else t.source.parent.absolute() / path
 
 
+def _retention(t: _Table) -> RetentionConfig:
+    periods: dict[str, float | None] = {}
+    for state in RETENTION_STATES:
+        value = t.value(state)
+        periods[state] = None if value is None else parse_period(value)
+        if value is not None and periods[state] is None:
+            t.fail(
+                state,
+                "must be a period greater than 0: seconds, or a string with a unit "
+                f'such as "90m", "24h" or "30d"; got {_show(value)}',
+            )
+    archive_to = t.value("archive_to")
+    folder: Path | None = None
+    if archive_to is not None:
+        if not isinstance(archive_to, str) or not archive_to.strip() or "\0" in archive_to:
+            t.fail("archive_to", f"must be the path of a folder, got {_show(archive_to)}")
+        folder = Path(os.path.expanduser(archive_to))
+        folder = folder if folder.is_absolute() else t.source.parent.absolute() / folder
+    return RetentionConfig(**periods, archive_to=folder)
+
+
 def _listen(metrics: _Table, example: str = "127.0.0.1:9464") -> str:
     """``metrics.listen`` (``console.listen``): "" or HOST:PORT. The host is never implied:
     an address without one would be every interface, and metrics leave the machine only
@@ -1011,6 +1069,14 @@ def config_document(config: Config) -> dict[str, Any]:
         for f in fields(ApprovalsConfig)
         if getattr(config.approvals, f.name) is not None
     }
+    retention = config.retention
+    doc["retention"] = {  # kept forever is no key: TOML has no null
+        state: period_text(seconds)
+        for state in RETENTION_STATES
+        if (seconds := retention.period(state)) is not None
+    }
+    if retention.archive_to is not None:
+        doc["retention"]["archive_to"] = str(retention.archive_to)
     return doc
 
 
@@ -1221,6 +1287,14 @@ used this long after it was made is void: the call is held again as a new attemp
 (event approval_expired). ask_timeout: a call asked before it runs and not answered
 this long after it was asked is skipped; the model is told "no approval within 1h"
 (the period as given).""",
+    "retention": """\
+How long an ended task is kept (docs/guides/operating.md#retention); no key: forever.
+A period is seconds or a string with a unit ("90m", "24h", "30d"), counted from
+when the task ended. The daemon removes the tasks past their period at its start and
+then every hour (event task_removed); a queued, running, backoff or held task, and one
+that `agentd run` owns, is never removed. archive_to names a folder where each task is
+archived (agentd archive's format) before it is removed. `agentd prune --dry-run` shows
+what would go.""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
@@ -1247,6 +1321,9 @@ url = "https://mcp.example.com/mcp"
 headers = {Authorization = "Bearer ${cred:tracker_token}"}""",
     "budget": "usd = 5.0\ntokens = 2000000",
     "approvals": 'expire_after = "24h"\nask_timeout = "1h"',
+    "retention": (
+        'done = "30d"\nfailed = "90d"\ncancelled = "7d"\narchive_to = "/var/backups/agentd"'
+    ),
     "prices": '[prices."my-proxy-model"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3',
 }
 

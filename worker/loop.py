@@ -56,16 +56,17 @@ from worker.heartbeat import Heartbeat
 from worker.mcp import catalog
 from worker.mcp import tools as mcp_tools
 from worker.mcp.servers import Backoff, Placement, ServerFailed, ToolServers
+from worker.messages import MESSAGE_KEY, said_fields
 from worker.metrics import StepMetrics
 from worker.models.base import Model
 from worker.outcome import Outcome, storage_outcome, write_exit
 from worker.protocol import ExitCode
 from worker.recorder import SNAPSHOT_EVERY, Recorder
-from worker.records import RecordKind, ToolsRecord, VcsRecord
+from worker.records import RecordKind, ToolsRecord, UserRecord, VcsRecord
 from worker.spans import RunSpans
 from worker.spool import Spool, TaskSpec
 from worker.state import TaskState
-from worker.store.base import JournalWriter, Owner, TaskStore
+from worker.store.base import JournalWriter, Owner, TaskStore, Unreadable
 from worker.tool_calls import OtherWorkspaces, ToolCalls, tool_environment, tool_secret_files
 from worker.tools.registry import ToolRegistry
 from worker.tools.sandbox import mode_for, sandbox_for
@@ -152,6 +153,7 @@ class AgentLoop:
             else None
         )
         #: the workspace's git, as decided at submit (None: its files are not recorded)
+        self._unreadable_messages: set[int] = set()  # told once each (``_take_messages``)
         self._git = (
             vcs.git_of(spec.git, Spool(spool).task(spec.id).git, self.sandbox) if spool else None
         )
@@ -303,6 +305,8 @@ class AgentLoop:
                 continue
             self._checkpoint_workspace()
             self.recorder.maybe_snapshot()
+            if self._take_messages():
+                continue  # (the user spoke last: the model answers, whatever it said before)
             ending = self._ending()
             if ending is not None:
                 return self._end(*ending)
@@ -314,6 +318,39 @@ class AgentLoop:
             if self.turns.compaction_due():
                 self.turns.compact("threshold", self.tools)
             self.turns.call(self.tools)
+
+    def _take_messages(self) -> bool:
+        """Record each message an operator said to the task that no branch has recorded yet
+        (``worker.messages``), as a user message before the next model call; True if one
+        was. One that cannot be read is said once (``decision_invalid``) and waited on."""
+        store, task_id = self.recorder.store, self.recorder.task_id
+        taken = False
+        while True:
+            number = self.state.said + 1
+            try:
+                data = store.read_decision(task_id, MESSAGE_KEY, number)
+                said = None if data is None else said_fields(data)
+            except (Unreadable, ValueError) as exc:
+                if number not in self._unreadable_messages:
+                    self._unreadable_messages.add(number)
+                    where = store.decision_name(task_id, MESSAGE_KEY, number)
+                    self.recorder.event(
+                        Event.DECISION_INVALID, level="error", file=where, error=str(exc)
+                    )
+                return taken
+            if said is None:
+                return taken
+            record: UserRecord = {
+                "k": RecordKind.USER,
+                "content": [{"type": "text", "text": said["text"]}],
+                "message": number,
+                "at": said["at"],
+            }
+            for key in ("by", "via"):
+                if key in said:
+                    record[key] = said[key]
+            self.recorder.record(record)
+            taken = True
 
     def _ending(self) -> tuple[str, str] | None:
         """Why the task ends now, or None to call the model again."""

@@ -94,12 +94,16 @@ ForkBaseRecord = TypedDict(
 )
 
 
-class UserRecord(TypedDict):
-    """A user message beside the prompt: a fork's extra prompt, or "continue" after a
-    reply cut off at max_tokens. ``content``: the Messages API's content blocks."""
+class UserRecord(Who):
+    """A user message beside the prompt: a fork's extra prompt, "continue" after a reply
+    cut off at max_tokens, or an operator's new instruction to a done task (``agentd
+    continue``: ``by`` and ``via`` name them). ``content``: the Messages API's content
+    blocks."""
 
     k: Literal[RecordKind.USER]
     content: list[dict[str, Any]]
+    message: NotRequired[int]  # an operator's message (``agentd say``): its number
+    at: NotRequired[str]
 
 
 class RemoteTool(TypedDict):

@@ -178,6 +178,9 @@ class TaskState:
     vcs: dict[int, JSON] = field(default_factory=dict)  # turn -> workspace VCS state
     compactions: list[CompactionInfo] = field(default_factory=list)  # every branch's
     tools: JSON | None = None  # the tools record (worker.mcp.catalog); None: not recorded
+    #: the highest operator message (``agentd say``, ``worker.messages``) recorded on any
+    #: branch: a rewind past one does not make it pending again
+    said: int = 0
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -273,6 +276,8 @@ class TaskState:
 
     def _apply_user(self, record: JSON) -> None:
         self._append_user(list(record["content"]))
+        if isinstance(number := record.get("message"), int):
+            self.said = max(self.said, number)
         self.stop_reason = None  # the user spoke last: the model answers next
         self.ended = None
 
@@ -441,6 +446,7 @@ class TaskState:
             "ended": self.ended,
             "epoch": self.epoch,
             "retries": self.retries,
+            "said": self.said,
             "turns": [
                 {**vars(t), "usage": t.usage.to_json()}  # TurnInfo with usage as JSON
                 for t in self.turns
@@ -489,6 +495,7 @@ class TaskState:
             ended=data["ended"],
             epoch=data["epoch"],
             retries=data.get("retries", 0),
+            said=data.get("said", 0),  # (a scene of a release before messages: none)
             turns=turns,
             records=data["records"],
             boundaries=None,

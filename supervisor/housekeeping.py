@@ -1,0 +1,106 @@
+"""``Housekeeper``: the daemon's part that applies ``[retention]`` (docs/design.md section
+20) at its start and then every ``PERIOD`` seconds, on a thread of its own so that a
+prune of thousands of tasks never holds up supervision.
+
+It is handed what it needs and nothing more: the spool, the config in use (a callable: a
+reload moves it), ``log`` for the events it says, and ``forget``, which the daemon's loop
+runs for each task removed (its slot, its relay cursor). It never sees the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from supervisor import retention
+from worker.config import Config
+from worker.errors import AgentdError
+from worker.events import Event
+from worker.spool import Spool
+
+#: Seconds between two passes of ``[retention]``.
+PERIOD = 3600.0
+
+
+class Housekeeper:
+    def __init__(
+        self,
+        spool: Spool,
+        config: Callable[[], Config],
+        log: Callable[..., None],
+        forget: Callable[[str], None],
+    ) -> None:
+        self.spool = spool
+        self.config = config
+        self.log = log
+        self.forget = forget
+        self.next_pass = 0.0  # on the daemon's clock: at once, then every PERIOD
+        self.removed_total = 0
+        self._running: asyncio.Task[list[Removal]] | None = None
+
+    def due(self, now: float) -> None:
+        """Start a pass when one is due and none runs (the daemon's tick calls this)."""
+        if now < self.next_pass or (self._running is not None and not self._running.done()):
+            return
+        self.next_pass = now + PERIOD
+        finished = retention.finish_removals(self.spool)
+        for task_id in finished:
+            self.log(Event.TASK_REMOVED, task=task_id, why="a removal cut off before, finished")
+            self.forget(task_id)
+        if not self.config().retention.any:
+            return
+        self._running = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self._pass, self.config())
+        )
+        self._running.add_done_callback(self._done)
+
+    def _pass(self, config: Config) -> list[Removal]:
+        """On a thread: remove every task past its period (what each removal said, for
+        the loop to log: the daemon's log is written from its loop)."""
+        now = datetime.now(UTC)
+        done: list[Removal] = []
+        selection = retention.Selection()
+        for task, why in list(retention.candidates(self.spool, selection, config.retention, now)):
+            try:
+                archive = retention.remove(
+                    self.spool, task.id, archive_to=config.retention.archive_to
+                )
+            except (AgentdError, OSError) as exc:  # (a retry came first, a full disk, ...)
+                done.append(Removal(task.id, str(exc), None, failed=True))
+                continue
+            done.append(Removal(task.id, why, archive))
+        return done
+
+    def _done(self, running: asyncio.Task[list[Removal]]) -> None:
+        if running.cancelled():
+            return
+        failure = running.exception()
+        if failure is not None:
+            self.log(Event.TASK_REMOVE_FAILED, level="error", why=str(failure))
+            return
+        for removal in running.result():
+            if removal.failed:
+                self.log(
+                    Event.TASK_REMOVE_FAILED, level="warning", task=removal.task, why=removal.why
+                )
+                continue
+            told: dict[str, Any] = {}
+            if removal.archive is not None:
+                told["archive"] = str(removal.archive)
+            self.log(Event.TASK_REMOVED, task=removal.task, why=removal.why, **told)
+            self.removed_total += 1
+            self.forget(removal.task)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What one removal of a pass came to."""
+
+    task: str
+    why: str
+    archive: Path | None
+    failed: bool = False
