@@ -183,8 +183,6 @@ class Supervisor:
         self.settler = ExitSettler(self)  # what a worker's exit means for its task
         self.reloader = Reloader(self)  # what SIGHUP does
         self.requests = Requests(self)  # what commands asked of a task
-        # [retention]: ended tasks removed at start and hourly, on a thread of its own
-        self.housekeeper = Housekeeper(spool, lambda: self.config, self.emit, self.forget)
         self.forkserver = (
             ForkServer(
                 spool.root / "forkserver.log",
@@ -223,6 +221,9 @@ class Supervisor:
         self.relay = EventRelay(
             self.log, self.store, self.announcer.relayed, kept=CursorFiles(spool.relay_dir)
         )
+        self.housekeeper = Housekeeper(  # [retention], at start and hourly
+            spool, lambda: self.config, self.emit, self.slots, self.relay.forget
+        )
         hook_env = {k: v for k, v in worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self.announcer.hook_failed)
         # /metrics, the console and traces (``supervisor.surfaces``)
@@ -248,12 +249,6 @@ class Supervisor:
     ) -> None:
         """Log ``event``; a task's also goes to its events file (``Announcer.emit``)."""
         self.announcer.emit(event, slot, level, **kw)
-
-    def forget(self, task_id: str) -> None:
-        """Let go of a task at rest that is gone from the store (pruned)."""
-        if (slot := self.slots.get(task_id)) is None or not (slot.worker or slot.starting):
-            self.slots.pop(task_id, None)
-            self.relay.forget(task_id)
 
     def save(
         self,
@@ -472,7 +467,6 @@ class Supervisor:
         watchdog = self.notifier.watchdog_interval()
         next_dog = 0.0
         next_reap = 0.0
-        spool_only = self.spool.shared is None  # (a cluster's tasks are not pruned yet)
         while True:
             # every period, on its instants (the watch's: TICK is a multiple of GRID), and
             # often enough for systemd's watchdog (a reload moves it)
@@ -484,8 +478,7 @@ class Supervisor:
                 self.notifier.watchdog()
                 # less half a period: a tick a hair early on its instant still pings
                 next_dog = now + watchdog - period / 2
-            if spool_only:
-                self.housekeeper.due(now)
+            self.housekeeper.due(now)
             if now >= next_reap:
                 next_reap = now + 5.0
                 self._reap()

@@ -3,8 +3,8 @@
 prune of thousands of tasks never holds up supervision.
 
 It is handed what it needs and nothing more: the spool, the config in use (a callable: a
-reload moves it), ``log`` for the events it says, and ``forget``, which the daemon's loop
-runs for each task removed (its slot, its relay cursor). It never sees the daemon.
+reload moves it), ``log`` for the events it says, and what it lets go of for each task
+removed (the daemon's slots, the relay's cursor). It never sees the daemon.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import retention
+from supervisor.slot import TaskSlot
 from worker.config import Config
 from worker.errors import AgentdError
 from worker.events import Event
@@ -32,19 +33,30 @@ class Housekeeper:
         spool: Spool,
         config: Callable[[], Config],
         log: Callable[..., None],
-        forget: Callable[[str], None],
+        slots: dict[str, TaskSlot],
+        unrelay: Callable[[str], None],
     ) -> None:
         self.spool = spool
         self.config = config
         self.log = log
-        self.forget = forget
+        self.slots = slots  # the daemon's: a removed task's slot is let go
+        self.unrelay = unrelay  # the relay's cursor of a removed task, let go
         self.next_pass = 0.0  # on the daemon's clock: at once, then every PERIOD
         self.removed_total = 0
         self._running: asyncio.Task[list[Removal]] | None = None
 
+    def forget(self, task_id: str) -> None:
+        """Let go of a task at rest that is gone from the store (pruned)."""
+        if (slot := self.slots.get(task_id)) is None or not (slot.worker or slot.starting):
+            self.slots.pop(task_id, None)
+            self.unrelay(task_id)
+
     def due(self, now: float) -> None:
-        """Start a pass when one is due and none runs (the daemon's tick calls this)."""
-        if now < self.next_pass or (self._running is not None and not self._running.done()):
+        """Start a pass when one is due and none runs (the daemon's tick calls this); only
+        on a spool's files (a shared store's tasks are not pruned yet)."""
+        if self.spool.shared is not None or now < self.next_pass:
+            return
+        if self._running is not None and not self._running.done():
             return
         self.next_pass = now + PERIOD
         finished = retention.finish_removals(self.spool)

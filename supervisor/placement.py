@@ -228,7 +228,7 @@ class LocalPlacement:
         self._resting.pop(task_id, None)
         if not daemon.store.exists(task_id):
             if slot is not None:
-                daemon.forget(task_id)  # removed (`agentd prune`): nothing of it is left
+                daemon.housekeeper.forget(task_id)  # removed (`agentd prune`)
             return
         if slot is None:
             slot = daemon.slots[task.id] = TaskSlot(task, TaskRecord.load(task))
