@@ -12,6 +12,9 @@ same code as the CLI command of the same name.
 | ``POST /api/tasks/ID/retry``              | ``retry``   | ``retry``                 |
 | ``POST /api/tasks/ID/rewind``             | ``rewind``  | ``rewind``                |
 | ``POST /api/tasks/ID/fork``               | ``fork``    | ``fork``                  |
+| ``POST /api/tasks``                       | ``submit_task`` | ``submit``            |
+| ``POST /api/tasks/ID/continue``           | ``continue_task`` | ``continue``        |
+| ``POST /api/tasks/ID/messages``           | ``say``     | ``say``                   |
 
 ``ROUTES`` is the table the console dispatches on: a new request is one more ``Route``.
 A function runs on one of the console's threads (never its event loop: the CLI's code
@@ -24,11 +27,13 @@ says (``refusal``): 404 for no such task or call, 409 for a state that does not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, TypeVar
 
 from supervisor import actions, history, overview, transcript
@@ -202,6 +207,111 @@ def fork(call: Call) -> JSON:
     return {"task": _row(call, report.task), "fork": {"workspace": report.workspace}}
 
 
+def submit_task(call: Call) -> JSON:
+    """``agentd submit``: the same fields (``prompt``, ``name``, ``model``, ``script``,
+    ``tools``, ``system``, ``max_turns``, ``workspace``, ``budget_usd``,
+    ``budget_tokens``, ``ask``), the same defaults and the same checks and refusals. A
+    ``script`` is the script itself (an object, or its JSON text), not a file's name."""
+    from supervisor.budgets import parse_tokens, parse_usd  # noqa: PLC0415  (submit alone)
+    from supervisor.coordination import ring  # noqa: PLC0415  (the same)
+    from supervisor.submit import submit  # noqa: PLC0415  (the same)
+    from worker.budget import Budget  # noqa: PLC0415  (the same)
+
+    body = call.body
+    if body.get("harness") is not None:
+        raise UsageError('"harness": this agentd runs its own loop only; leave it out')
+    prompt = _text(body, "prompt", required=True) or ""
+    budget = call.config.budget  # each field given replaces its [budget] default
+    if body.get("budget_usd") is not None:
+        budget = Budget(parse_usd(_number(body, "budget_usd"), '"budget_usd"'), budget.tokens)
+    if body.get("budget_tokens") is not None:
+        tokens = parse_tokens(_number(body, "budget_tokens"), '"budget_tokens"')
+        budget = Budget(budget.usd, tokens)
+    max_turns = (
+        _int(body, "max_turns", "the most turns it may take") if "max_turns" in body else 100
+    )
+    workspace = _text(body, "workspace")
+    with _script_file(call, body.get("script")) as script:
+        made = submit(
+            call.spool,
+            call.config,
+            prompt=prompt,
+            name=_text(body, "name") or None,
+            model=_text(body, "model") or None,
+            script=script,
+            tools=_names(body, "tools"),
+            system=_text(body, "system") or None,
+            max_turns=max_turns,
+            workspace=Path(workspace) if workspace else None,
+            budget=budget,
+            ask=_names(body, "ask") or (),
+        )
+    ring(call.spool, made.id)
+    return {"task": _row(call, made.id)}
+
+
+@contextlib.contextmanager
+def _script_file(call: Call, script: Any) -> Iterator[Path | None]:
+    """The request's ``script`` as the file ``submit`` reads (in the spool's own temp
+    folder, removed after), or None."""
+    if script is None:
+        yield None
+        return
+    if isinstance(script, dict):
+        data = json.dumps(script).encode()
+    elif isinstance(script, str):
+        data = script.encode()
+    else:
+        raise UsageError('"script" must be the script: an object with "responses"')
+    import tempfile  # noqa: PLC0415  (a submit with a script alone)
+
+    from worker.store.durable import private_dir  # noqa: PLC0415  (the same)
+
+    folder = private_dir(call.spool.tmp_dir)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".script-", suffix=".json") as f:
+        f.write(data)
+        f.flush()
+        yield Path(f.name)
+
+
+def _number(body: Mapping[str, Any], name: str) -> str:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise UsageError(f'"{name}" must be a number, or "none" for no limit')
+    return str(value)
+
+
+def _names(body: Mapping[str, Any], name: str) -> list[str] | None:
+    """A list of tool names and globs: a JSON array, or a comma-separated string."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f'"{name}" must be a list of tool names (or "a,b")')
+    return [v.strip() for v in value]
+
+
+def continue_task(call: Call) -> JSON:
+    """``agentd continue``: ``prompt``, the done task's new instruction."""
+    from supervisor.conversations import continue_task as go_on  # noqa: PLC0415
+
+    prompt = _text(call.body, "prompt", required=True) or ""
+    turn, _ = go_on(call.spool, call.config, call.task, prompt, operator=call.operator)
+    return {"task": _row(call, call.task), "after_turn": turn}
+
+
+def say(call: Call) -> JSON:
+    """``agentd say``: ``text``, a message for the live task."""
+    from supervisor.conversations import say as add  # noqa: PLC0415
+
+    number = add(
+        call.spool, call.task, _text(call.body, "text", required=True) or "", operator=call.operator
+    )
+    return {"task": _row(call, call.task), "message": number}
+
+
 #: What the console answers, in the order it looks.
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/tasks", tasks),
@@ -214,6 +324,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/tasks/{task}/rewind", rewind),
     Route("POST", "/api/tasks/{task}/budget", budget),
     Route("POST", "/api/tasks/{task}/fork", fork, HTTPStatus.CREATED),
+    Route("POST", "/api/tasks", submit_task, HTTPStatus.CREATED),
+    Route("POST", "/api/tasks/{task}/continue", continue_task),
+    Route("POST", "/api/tasks/{task}/messages", say),
 )
 
 
