@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.commands.context import out, text_or_file
 from supervisor.commands.parsing import Command, Commands, json_flag, task_arg
@@ -25,6 +25,9 @@ from supervisor.submit import PROMPT_FILE_LIMIT, existing_task, submit
 from worker.config import Config
 from worker.errors import UsageError
 from worker.spool import Spool, TaskDir
+
+if TYPE_CHECKING:
+    from supervisor.selection import Selection
 
 
 def add_parser(commands: Commands) -> None:
@@ -41,6 +44,15 @@ def add_parser(commands: Commands) -> None:
     p.add_argument(
         "--interval", type=float, metavar="S", help="with --watch: seconds between (default 2)"
     )
+    p.add_argument("--state", metavar="STATES", help="only tasks in these states: held,failed")
+    p.add_argument("--text", metavar="TEXT", help="only tasks whose id or reason holds TEXT")
+    p.add_argument(
+        "--sort",
+        metavar="ORDER",
+        help="name (default), age (newest first), -age, state (held first)",
+    )
+    p.add_argument("--limit", metavar="N", help="at most N tasks; the JSON's next goes on")
+    p.add_argument("--after", metavar="CURSOR", help="the page after CURSOR (a page's next)")
     p = commands.add("logs", cmd_logs, "a task's lifecycle events and a line per turn")
     task_arg(p)
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the task ends")
@@ -187,8 +199,13 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     # one another, a blank line apart, with no escape codes at all.
     redraw = args.watch and sys.stdout.isatty()
     first = True
+    selection = _selection(args)
     while True:
         doc = status_document(spool, args.task, config.price_table)
+        if selection is not None:
+            doc["tasks"], following = selection.apply(doc["tasks"])
+            if selection.limit is not None:
+                doc["next"] = following
         if args.json:
             text = json.dumps(doc, indent=2, default=str)
         else:
@@ -207,6 +224,19 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             time.sleep(interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _selection(args: argparse.Namespace) -> Selection | None:
+    """``--state``, ``--text``, ``--sort``, ``--limit``, ``--after`` (docs/design.md section
+    20), or None when none is given."""
+    from supervisor.selection import Selection  # noqa: PLC0415  (only a selection needs it)
+
+    given = (args.state, args.text, args.sort, args.limit, args.after)
+    if all(value is None for value in given):
+        return None
+    return Selection.parse(
+        states=args.state, text=args.text, sort=args.sort, limit=args.limit, after=args.after
+    )
 
 
 def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:

@@ -93,8 +93,24 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 # -- reads --------------------------------------------------------------------------------
 
 
-def tasks(call: Call) -> list[Any]:
-    return list(overview.status_document(call.spool, prices=call.config.price_table)["tasks"])
+def tasks(call: Call) -> list[Any] | JSON:
+    """``status --json``'s tasks; with ``state``, ``q``, ``sort``, ``limit`` or ``after``
+    (docs/design.md section 20), ``{"tasks": [the rows that match], "next": CURSOR}``."""
+    rows = list(overview.status_document(call.spool, prices=call.config.price_table)["tasks"])
+    asked = {k: call.query.get(k) for k in ("state", "q", "sort", "limit", "after")}
+    if all(value is None for value in asked.values()):
+        return rows
+    from supervisor.selection import Selection  # noqa: PLC0415  (a selection alone needs it)
+
+    selection = Selection.parse(
+        states=asked["state"],
+        text=asked["q"],
+        sort=asked["sort"],
+        limit=asked["limit"],
+        after=asked["after"],
+    )
+    page, following = selection.apply(rows)
+    return {"tasks": page, "next": following}
 
 
 def task(call: Call) -> JSON:

@@ -112,3 +112,28 @@ def test_continue_and_messages_through_the_api(api: tuple[Daemon, Client]) -> No
     assert client.post("/api/tasks/nope/continue", {"prompt": "x"}).status == 404
     users = [r for r in journal_records(daemon.task("conv")) if r["k"] == "user"]
     assert users[-1]["via"] == "api" and users[-1]["content"][0]["text"] == "Carry on."
+
+
+def test_the_task_list_filters_sorts_and_pages(api: tuple[Daemon, Client]) -> None:
+    daemon, client = api
+    for name in ("pg-1", "pg-2", "pg-3"):
+        assert (
+            client.post("/api/tasks", {"prompt": "x", "name": name, "script": SCRIPT}).status == 201
+        )
+    for name in ("pg-1", "pg-2", "pg-3"):
+        daemon.wait_state(name, "done")
+    whole = client.get("/api/tasks").json()
+    assert isinstance(whole, list)  # no selection: status --json's list, as before
+    seen, after = [], ""
+    while True:
+        answer = client.get(f"/api/tasks?q=pg-&sort=-age&limit=2{after}")
+        assert answer.status == 200, answer.json()
+        page = answer.json()
+        seen += [row["id"] for row in page["tasks"]]
+        if page["next"] is None:
+            break
+        after = f"&after={page['next']}"
+    assert seen == ["pg-1", "pg-2", "pg-3"]
+    held = client.get("/api/tasks?state=held").json()
+    assert held["tasks"] == [] and held["next"] is None
+    assert client.get("/api/tasks?sort=size").status == 400
