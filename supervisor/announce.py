@@ -153,6 +153,14 @@ class Announcer:
         path = daemon.spool.root / "supervisor.json"
         daemon.backlog.replace("supervisor.json", lambda: atomic_write_json(path, info))
 
+    def spool_measured(self, size: int) -> None:
+        """The spool's size, measured (``supervisor.housekeeping``): in the metrics and in
+        ``supervisor.json``, where ``status`` shows it."""
+        self.daemon.metrics.spool_bytes = size
+        if self.info:
+            self.info["spool_bytes"] = size
+            self.publish_info()
+
     def publish_status(self) -> None:
         """systemd's status line (``STATUS=``): the tasks in each state, when it changed."""
         if not self.daemon.notifier.enabled:  # no systemd to tell: spare counting every task

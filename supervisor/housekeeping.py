@@ -23,8 +23,9 @@ from worker.errors import AgentdError
 from worker.events import Event
 from worker.spool import Spool
 
-#: Seconds between two passes of ``[retention]``.
+#: Seconds between two passes of ``[retention]``, and between two measures of the spool.
 PERIOD = 3600.0
+SIZE_PERIOD = 300.0
 
 
 class Housekeeper:
@@ -35,26 +36,37 @@ class Housekeeper:
         log: Callable[..., None],
         slots: dict[str, TaskSlot],
         unrelay: Callable[[str], None],
+        measured: Callable[[int], None],
+        removed: Callable[[], None],
     ) -> None:
         self.spool = spool
         self.config = config
         self.log = log
         self.slots = slots  # the daemon's: a removed task's slot is let go
         self.unrelay = unrelay  # the relay's cursor of a removed task, let go
+        self.measured = measured  # told the spool's size in bytes, each time it is measured
+        self.removed = removed  # told each task removed
+        self.next_measure = 0.0
+        self._measuring: asyncio.Task[int] | None = None
         self.next_pass = 0.0  # on the daemon's clock: at once, then every PERIOD
-        self.removed_total = 0
         self._running: asyncio.Task[list[Removal]] | None = None
 
     def forget(self, task_id: str) -> None:
         """Let go of a task at rest that is gone from the store (pruned)."""
-        if (slot := self.slots.get(task_id)) is None or not (slot.worker or slot.starting):
-            self.slots.pop(task_id, None)
-            self.unrelay(task_id)
+        slot = self.slots.get(task_id)
+        if slot is not None and (slot.worker is not None or slot.starting):
+            return
+        if self.slots.pop(task_id, None) is not None:
+            self.removed()
+        self.unrelay(task_id)
 
     def due(self, now: float) -> None:
         """Start a pass when one is due and none runs (the daemon's tick calls this); only
         on a spool's files (a shared store's tasks are not pruned yet)."""
-        if self.spool.shared is not None or now < self.next_pass:
+        if self.spool.shared is not None:
+            return
+        self._measure(now)
+        if now < self.next_pass:
             return
         if self._running is not None and not self._running.done():
             return
@@ -69,6 +81,20 @@ class Housekeeper:
             asyncio.to_thread(self._pass, self.config())
         )
         self._running.add_done_callback(self._done)
+
+    def _measure(self, now: float) -> None:
+        """Measure the spool's size on a thread, every ``SIZE_PERIOD`` seconds."""
+        if now < self.next_measure or (self._measuring and not self._measuring.done()):
+            return
+        self.next_measure = now + SIZE_PERIOD
+        self._measuring = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(retention.spool_bytes, self.spool)
+        )
+        self._measuring.add_done_callback(
+            lambda done: (
+                None if done.cancelled() or done.exception() else self.measured(done.result())
+            )
+        )
 
     def _pass(self, config: Config) -> list[Removal]:
         """On a thread: remove every task past its period (what each removal said, for
@@ -104,7 +130,6 @@ class Housekeeper:
             if removal.archive is not None:
                 told["archive"] = str(removal.archive)
             self.log(Event.TASK_REMOVED, task=removal.task, why=removal.why, **told)
-            self.removed_total += 1
             self.forget(removal.task)
 
 

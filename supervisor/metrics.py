@@ -181,6 +181,10 @@ class Sample:
     nodes: int | None = None
     #: run_command runs under bwrap (the daemon's probe at start)
     sandbox_available: bool = False
+    #: tasks removed by retention or a prune the daemon saw, and the spool's size in bytes
+    #: as last measured (None: not yet, or a shared store)
+    tasks_removed: int = 0
+    spool_bytes: int | None = None
 
 
 class Metrics:
@@ -195,6 +199,8 @@ class Metrics:
         self.lease_lost = 0  # tasks a shared store's other nodes took over from this one
         self.compactions = 0  # context compactions, counted as their events are relayed
         self.sandbox_available = False  # the daemon's probe at start found bwrap working
+        self.tasks_removed = 0  # tasks removed ([retention], or a prune the daemon let go of)
+        self.spool_bytes: int | None = None  # the spool's size, measured now and then
         self.checkpoint = Histogram(CHECKPOINT_BOUNDS)
         self.model_call = Histogram(CALL_BOUNDS)
         self.tool_call: dict[str, Histogram] = {}
@@ -202,6 +208,10 @@ class Metrics:
         self.cost: dict[str, Decimal] = {}  # USD by model, exact until it is exposed
         self._seen: dict[str, tuple[int, dict[str, Any]]] = {}  # task: (pid, last metrics)
         self._held: dict[str, tuple[str, int]] = {}  # task: (record updated_at, held calls)
+
+    def removed(self) -> None:
+        """A task was removed from the spool (``agentd_tasks_removed_total``)."""
+        self.tasks_removed += 1
 
     # -- folding workers' heartbeats ------------------------------------------------------
 
@@ -305,6 +315,8 @@ class Metrics:
             lease_lost=self.lease_lost if nodes is not None else None,
             nodes=nodes,
             sandbox_available=self.sandbox_available,
+            tasks_removed=self.tasks_removed,
+            spool_bytes=self.spool_bytes,
         )
 
 
@@ -340,9 +352,15 @@ def families(sample: Sample) -> Iterator[Metric]:
         ("agentd_crash_loops", "Tasks failed with reason crash_loop.", sample.crash_loops),
         ("agentd_storage_faults", "Storage-fault episodes met.", sample.storage_faults),
         ("agentd_compactions", "Context compactions.", sample.compactions),
+        ("agentd_tasks_removed", "Ended tasks removed (retention, prune).", sample.tasks_removed),
     )
     for name, documentation, value in counters:
         yield CounterMetricFamily(name, documentation, value=value)
+    yield GaugeMetricFamily(
+        "agentd_spool_bytes",
+        "Bytes the spool's files take (measured every few minutes; NaN before the first).",
+        value=math.nan if sample.spool_bytes is None else sample.spool_bytes,
+    )
     if sample.lease_lost is not None:
         yield CounterMetricFamily(
             "agentd_lease_lost",

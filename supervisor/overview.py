@@ -49,6 +49,8 @@ def supervisor_json(spool: Spool) -> dict[str, Any]:
         "node": info.get("node") if pid else None,
         # how run_command runs, as the daemon probed it at start (docs/design.md section 3)
         "sandbox": info.get("sandbox") if pid else None,
+        # the spool's size as the daemon last measured it (docs/design.md section 20)
+        "spool_bytes": info.get("spool_bytes") if pid else None,
     }
 
 

@@ -490,3 +490,13 @@ def _unpack(
     if sha.hexdigest() != listed.get("sha256") or member.size != listed.get("size"):
         raise _bad(archive, f"{member.name} does not match its SHA-256 in the manifest")
     os.utime(dest, (member.mtime, member.mtime))
+
+
+def spool_bytes(spool: Spool) -> int:
+    """The bytes the spool's files take (their allocated blocks), symlinks not followed."""
+    total = 0
+    for folder, _, names in os.walk(spool.root, followlinks=False):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total

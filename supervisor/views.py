@@ -43,6 +43,16 @@ from worker.store.base import START, Cursor
 ELLIPSIS = "…"
 
 
+def human_bytes(size: int) -> str:
+    """A size the way ``du -h`` says one: ``812K``, ``3.4M``, ``1.2G``."""
+    shown = float(size)
+    for unit in ("B", "K", "M", "G", "T"):
+        if shown < 1024 or unit == "T":
+            return f"{shown:.0f}{unit}" if unit == "B" or shown >= 10 else f"{shown:.1f}{unit}"
+        shown /= 1024
+    return f"{size}B"
+
+
 def human_age(seconds: float | None) -> str:
     """A duration the way kubectl's AGE column shows one: ``42s``, ``5m10s``, ``3h``."""
     if seconds is None:
@@ -119,6 +129,8 @@ def render_status(
         lines[0] += f"; run_command sandbox: {sup['sandbox']}"
     if sup.get("cgroups"):
         lines[0] += f"; cgroups: {sup['cgroups']}"
+    if isinstance(sup.get("spool_bytes"), int):
+        lines[0] += f"; spool {human_bytes(sup['spool_bytes'])}"
     header = (
         "TASK",
         "STATE",

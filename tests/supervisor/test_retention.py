@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.console import free_port
 from tests.daemon import Daemon, config_text
 from tests.faults.common import require_strace
+from tests.supervisor.test_metrics import Scraper
 from tests.support import poll_for, reply, text, worker_env
 from worker.spool import Spool
 
@@ -281,9 +283,10 @@ def test_a_kill_9_of_prune_at_each_step_leaves_the_task_whole_or_gone(
 def test_the_daemon_applies_retention_at_start_and_finishes_a_cut_off_removal(
     spool: Path, tmp_path: Path
 ) -> None:
-    daemon = Daemon(
-        tmp_path / "d", config_text(extra='[retention]\ndone = "30d"\ncancelled = "7d"\n')
-    )
+    port = free_port()
+    retained = '[retention]\ndone = "30d"\ncancelled = "7d"\n'
+    metrics = f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    daemon = Daemon(tmp_path / "d", config_text(extra=retained + metrics))
     daemon.spool = Spool(spool)
     # a removal killed after its rename: the folder waits in removed/
     half = spool / "removed" / "zz.1.2"
@@ -304,5 +307,12 @@ def test_the_daemon_applies_retention_at_start_and_finishes_a_cut_off_removal(
         ok(agentd(spool, "prune", "d-new"))
         assert "d-new" not in states(spool)
         assert daemon.proc is not None and daemon.proc.poll() is None
+        # its metrics count them, and measure the spool; status shows its size
+        scraper = Scraper(daemon, port)
+        scraper.wait("agentd_tasks_removed_total", lambda v: v >= 3, "the removals counted")
+        assert scraper.value("agentd_spool_bytes") > 0
+        sup = json.loads(ok(agentd(spool, "status", "--json")))["supervisor"]
+        assert sup["spool_bytes"] > 0
+        assert "; spool " in ok(agentd(spool, "status")).splitlines()[0]
     finally:
         daemon.stop()
