@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -37,7 +39,8 @@ from tests.supervisor.test_daemon import CHARGE, Held
 from tests.support import poll_for, reply, text, tool_use
 from worker.budget import Budget
 
-USER = "carol-ops"
+#: The user the tests run as: whom a login or a token acts for (never ``$LOGNAME``).
+USER = pwd.getpwuid(os.getuid()).pw_name
 #: The daemon's API key: it appears in no answer of the console.
 API_KEY = "sk-ant-api03-console-test-key-0123456789abcdef"
 #: A name a reverse proxy serves the console by (``[console] hostnames``).
@@ -48,7 +51,7 @@ class Console:
     def __init__(self, daemon: Daemon, port: int) -> None:
         self.daemon = daemon
         self.port = port
-        self.env = {"LOGNAME": USER}
+        self.env = {"LOGNAME": "mallory", "USER": "mallory"}  # what a process says of itself
 
     def client(self) -> Client:
         return logged_in(self.daemon, self.port, self.env)
@@ -112,8 +115,43 @@ def test_the_login_url_opens_once_sets_a_session_cookie_and_drops_its_token(
     assert failed[-1]["level"] == "warning"
 
 
+def test_a_head_of_the_login_url_takes_nothing_and_the_persons_get_logs_in(
+    console: Console,
+) -> None:
+    """A chat's link previewer sends a HEAD of the URL before the person clicks it: the
+    ticket is not taken and no session is set; the person's own GET then logs in."""
+    url = login_url(console.daemon, console.env)
+    parts = urlsplit(url)
+    previewer = Client(console.port)
+    for _ in range(2):
+        looked = previewer.request("HEAD", f"{parts.path}?{parts.query}")
+        assert looked.status == 200, looked
+        assert looked.header("Set-Cookie") is None and not previewer.cookies
+        assert looked.header("Location") is None
+    browser = Client(console.port)
+    assert browser.login(url).status == 303
+    assert browser.get("/api/session").json()["by"] == USER
+    assert Client(console.port).login(url).status == 401  # (still once: the GET took it)
+
+
+def test_a_login_and_a_token_act_for_the_real_user_whatever_logname_says(
+    console: Console,
+) -> None:
+    """``LOGNAME=mallory USER=mallory agentd console`` (and ``--token``): the login and
+    the token act for the name of the real uid of the process that made them."""
+    assert console.env["LOGNAME"] == "mallory" != USER
+    assert console.client().get("/api/session").json()["by"] == USER
+    minted = console.daemon.run_cli("console", "--token", env=console.env)
+    assert minted.returncode == 0, minted
+    assert f"for {USER}," in minted.stderr and "mallory" not in minted.stderr
+    script = Client(console.port, bearer=minted.stdout.strip())
+    assert script.get("/api/session").json() == {"by": USER, "via": "api"}
+    listed = console.daemon.run_cli("console", "--list-tokens", env=console.env).stdout
+    assert "mallory" not in listed
+
+
 def test_an_expired_login_url_is_refused(console: Console) -> None:
-    secret = LoginTickets(console.daemon.spool).issue(USER, ttl=-1.0)
+    secret = LoginTickets(console.daemon.spool).issue(ttl=-1.0)
     client = Client(console.port)
     assert client.login(f"/?token={secret}").status == 401
     assert not client.cookies
