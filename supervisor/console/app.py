@@ -207,7 +207,7 @@ class Console:
         try:
             return await self._respond(request)
         except (AgentdError, OSError) as exc:  # a token's lookup in a store away, a bad form
-            answer = api.refusal(exc)
+            answer = api.refusal(exc, self.spool)
             if answer is None:
                 raise
             status, body, said = answer
@@ -362,7 +362,7 @@ class Console:
         try:
             data = await self.off_loop(run)
         except Exception as exc:  # (each is answered; a bug is logged too)
-            answer = api.refusal(exc)
+            answer = api.refusal(exc, self.spool)
             if answer is None:
                 self.announce.error(request.path, exc)
                 answer = (HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error: "

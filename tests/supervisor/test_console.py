@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import socket
 import time
@@ -430,6 +431,40 @@ def test_refusals_carry_the_clis_line_and_their_code(console: Console, held: Hel
     assert again.status == 409 and "already cancelled" in again.json()["error"]
     cancelled = console.daemon.events("h-cancel", "task_cancelled")
     assert cancelled and cancelled[-1]["via"] == "console" and cancelled[-1]["by"] == USER
+
+
+def test_no_refusal_names_the_spools_path(console: Console) -> None:
+    """A refusal carries the CLI's line without the spool's absolute path (where the
+    daemon keeps its files): no such task (404), a fork onto a folder that is no task
+    (409), bad input (400), a task folder that is a symlink (500)."""
+    daemon = console.daemon
+    daemon.submit([reply(text("Done."))], name="placed")
+    daemon.wait_state("placed", "done")
+    tasks = daemon.spool.root / "tasks"
+    (tasks / "squat").mkdir()
+    (tasks / "squat" / "notes.txt").write_text("someone's files")
+    (tasks / "linked").symlink_to(daemon.root)
+    browser = console.client()
+    try:
+        cases: list[tuple[str, str, dict[str, Any] | None, int, str]] = [
+            ("POST", "/api/tasks/no-such/cancel", {}, 404, "no task 'no-such'; `agentd status`"),
+            ("GET", "/api/tasks/no-such", None, 404, "no task 'no-such'; `agentd status`"),
+            ("POST", "/api/tasks/placed/fork", {"at": 0, "name": "squat"}, 409,
+             "tasks/squat exists and is no task"),
+            ("POST", "/api/tasks/placed/rewind", {"to": "soon"}, 400, "a turn number"),
+            ("GET", "/api/tasks/linked", None, 500, "tasks/linked is a symlink"),
+        ]  # fmt: skip
+        for method, path, body, status, words in cases:
+            answer = browser.request(method, path, body)
+            assert answer.status == status, (path, answer)
+            error = answer.json()["error"]
+            assert words in error, (path, error)
+            for root in {str(daemon.spool.root), os.path.realpath(daemon.spool.root)}:
+                assert root not in error, (path, error)
+            assert "/tmp" not in error and "\n" not in error, (path, error)
+    finally:
+        (tasks / "linked").unlink()
+        shutil.rmtree(tasks / "squat")
 
 
 def test_a_rewind_that_would_undo_calls_needs_yes_and_lists_them(console: Console) -> None:
