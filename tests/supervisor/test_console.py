@@ -587,6 +587,52 @@ def test_the_stream_sends_a_row_per_change(console: Console) -> None:
         assert states[-1] == "done" and len(states) == len(set(states)), states
 
 
+def open_stream(port: int, header: str) -> tuple[socket.socket, Any]:
+    """``GET /api/stream`` with ``header`` (its credentials), once its first row came."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(f"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{header}\r\n\r\n".encode())
+    reader = conn.makefile("rb")
+    assert reader.readline().startswith(b"HTTP/1.1 200 ")
+    while not reader.readline().startswith(b"data: "):
+        pass
+    return conn, reader
+
+
+def ends_within(conn: socket.socket, reader: Any, seconds: float) -> float:
+    """The seconds until the server closes the stream, read as it comes; a test failure
+    when it is still open after ``seconds``."""
+    start = time.monotonic()
+    deadline = start + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        conn.settimeout(left)
+        try:
+            if not reader.readline():
+                return time.monotonic() - start
+        except TimeoutError:
+            break
+    raise AssertionError(f"the stream was still open {seconds:g} s later")
+
+
+def test_a_revoked_tokens_stream_ends_within_two_seconds(console: Console) -> None:
+    """``agentd console --revoke ID`` ends the event stream opened with the token within
+    2 s (docs/design.md section 12), a quiet stream too; a logout ends its session's."""
+    daemon = console.daemon
+    daemon.submit([reply(text("streamed"))], name="to-stream")
+    minted = daemon.run_cli("console", "--token")
+    assert minted.returncode == 0, minted
+    token_id = minted.stderr.split("API token ", 1)[1].split()[0]
+    conn, reader = open_stream(console.port, f"Authorization: Bearer {minted.stdout.strip()}")
+    with conn, reader:
+        assert daemon.run_cli("console", "--revoke", token_id).returncode == 0
+        assert ends_within(conn, reader, 2.0) <= 2.0
+    browser = console.client()
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    conn, reader = open_stream(console.port, f"Cookie: {cookie}")
+    with conn, reader:
+        assert browser.post("/logout").status == 200
+        assert ends_within(conn, reader, 2.0) <= 2.0
+
+
 def test_the_console_process_is_restarted_when_it_dies(console: Console) -> None:
     info = json.loads((console.daemon.spool.root / "supervisor.json").read_text())
     assert info["console"] == f"http://127.0.0.1:{console.port}/"
