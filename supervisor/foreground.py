@@ -63,8 +63,9 @@ from worker import credentials
 from worker.budget import budget_hold
 from worker.config import Config
 from worker.descendants import become_subreaper
-from worker.errors import StateConflictError, StorageError, UsageError
+from worker.errors import LockBusyError, StateConflictError, StorageError, UsageError
 from worker.events import Event, record_event
+from worker.lock import TaskLock
 from worker.protocol import (
     RETRIES_ENV,
     VERDICT_EXITS,
@@ -75,6 +76,8 @@ from worker.spool import Spool, TaskDir
 #: Seconds between two looks at the journal, the heartbeat and a cancel while a worker
 #: runs (its exit is seen at once: its pidfd).
 POLL = 0.1
+#: In the task folder: the flock of the ``agentd run`` that runs the task (``claim``).
+FOREGROUND_LOCK = "foreground.lock"
 
 
 class RunExit(IntEnum):
@@ -86,11 +89,27 @@ class RunExit(IntEnum):
     INTERRUPTED = 130
 
 
+def claim(task: TaskDir) -> TaskLock:
+    """This process's claim to run ``task`` in the foreground, held until it lets it go or
+    ends (an flock on ``FOREGROUND_LOCK``: the kernel drops it with the process, a kill -9
+    too, and its descriptor is not inherited by the worker). Taken before ``prepare`` reads
+    anything: of two ``agentd run`` of one task, the second is refused (exit 3) before it
+    writes, so the record stays the first one's while its worker starts and runs."""
+    try:
+        return TaskLock(task.path / FOREGROUND_LOCK).acquire()
+    except LockBusyError as exc:
+        raise StateConflictError(
+            f"task {task.id} is being run by another `agentd run` (pid {exc.holder_pid}); "
+            f"`agentd logs {task.id} --follow` watches it."
+        ) from None
+
+
 def prepare(task: TaskDir, spool: Spool) -> TaskRecord | None:
     """Take ``task`` into the foreground for ``agentd run --resume``: its record, marked,
     or None when the task is done already (nothing to run). Refused (exit 3) when it was
     cancelled, when a worker runs it (a daemon's, or another ``agentd run``'s), and when it
-    is a daemon's task while that daemon runs. A failed task is retried."""
+    is a daemon's task while that daemon runs. A failed task is retried. The caller holds
+    the task's ``claim``."""
     refuse_shared(shared=spool.shared is not None)
     store = store_of(task)
     with operator_lock(task):

@@ -69,7 +69,14 @@ def _same(event: Mapping[str, Any], line: Mapping[str, Any]) -> bool:
 def daemons_own(event: Mapping[str, Any]) -> bool:
     """Whether the daemon wrote ``event`` itself (its mark, or an earlier release's)."""
     mark, value = DAEMON_MARK
-    return event.get(mark) == value or (event.get("by") == "daemon" and "via" not in event)
+    return event.get(mark) == value or earlier_mark(event)
+
+
+def earlier_mark(event: Mapping[str, Any]) -> bool:
+    """Whether ``event`` carries the mark of an earlier release's daemon, ``"by":
+    "daemon"`` with no ``via``: no person (a line of the daemon's own today names, in
+    ``by``, the operator whose action it carried out)."""
+    return event.get("by") == "daemon" and "via" not in event
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from supervisor.operator import shown_by
 from supervisor.stores import store_for
 from supervisor.submit import existing_task
 from worker.budget import Price, cost_usd
@@ -319,7 +320,7 @@ class Renderer:
         elif kind == "decision":
             action = line.get("action")
             what = DECIDED.get(str(action), str(action))
-            who = " ".join(f"{k} {line[k]}" for k in ("by", "via") if line.get(k))
+            who = " ".join(f"{k} {shown_by(str(line[k]))}" for k in ("by", "via") if line.get(k))
             detail = line.get("reason") or line.get("result")
             text = f"✓ decided: {line.get('tool')} call {line.get('call_id')} {what}"
             text += f" ({who})" if who else ""

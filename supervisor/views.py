@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from supervisor.record import ARRIVALS, TaskRecord
-from supervisor.relay import daemons_own
+from supervisor.relay import earlier_mark
 from supervisor.stores import store_of
 from worker.events import Event
 from worker.protocol import FINAL_STATES
@@ -318,7 +318,7 @@ def shown_outcome(call: Mapping[str, Any]) -> str:
 def log_line(event: Mapping[str, Any]) -> str:
     """One event as a line of text: time, level, name, then its fields in logfmt."""
     fields = {k: v for k, v in event.items() if k not in _COLUMNS}
-    if daemons_own(event):
+    if earlier_mark(event):
         fields.pop("by", None)  # an earlier release's mark, not a person
     if event.get("event") == Event.TURN:
         calls = fields.pop("tool_calls", [])

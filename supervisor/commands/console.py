@@ -53,7 +53,7 @@ def cmd_console(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if not isinstance(url, str) or not url:
         where = "" if pid is not None else f" (agentd is not running on {spool.root})"
         raise AgentdError(f"the console is off: set [console] listen and reload{where}")
-    secret = tokens.LoginTickets(spool).issue(Operator.here().by)
+    secret = tokens.LoginTickets(spool).issue()
     print(f"{url}?token={secret}")
     minutes = round(tokens.LOGIN_TTL / 60)
     print(f"agentd: a one-time login link: open it within {minutes} minutes", file=sys.stderr)

@@ -49,12 +49,14 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
                 "was made with."
             )
         task = existing_task(spool, args.resume)
+        claim = foreground.claim(task)
         record = foreground.prepare(task, spool)
         if record is None:
             print(f"{task.id}: done already ({TaskRecord.load(task).reason or 'ended'})")
             return 0
     else:
         task = submitted(args, config, spool, foreground=True)
+        claim = foreground.claim(task)
         ring(spool, task.id)  # a daemon on the spool sees it at once, and leaves it alone
         print(f"agentd: task {task.id}", file=sys.stderr, flush=True)
     terminal = sys.stdin is not None and sys.stdin.isatty()
@@ -72,7 +74,8 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         resume_line=foreground.resume_command(task.id, _agentd_prefix(args)),
         show_from_start=args.resume is None,
     )
-    return int(run.run())
+    with claim:  # (held while the run runs the task: a second `agentd run` of it is refused)
+        return int(run.run())
 
 
 def _agentd_prefix(args: argparse.Namespace) -> str:

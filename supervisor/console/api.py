@@ -22,13 +22,15 @@ reads and waits), gets a ``Call`` (the spool, the config, who acts and the reque
 parts) and returns the JSON to answer with; what it raises is answered as its exit code
 says (``refusal``): 404 for no such task or call, 409 for a state that does not allow it,
 400 for bad input (with ``calls`` for a rewind that needs ``yes``), 503 with
-``Retry-After`` while the store is at fault, each with the CLI's one line.
+``Retry-After`` while the store is at fault, each with the CLI's one line without the
+spool's path (``unplaced``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -420,24 +422,38 @@ def parse_body(data: bytes, content_type: str | None) -> dict[str, Any]:
 # -- refusals -------------------------------------------------------------------------------
 
 
-def refusal(exc: BaseException) -> tuple[int, JSON, dict[str, str]] | None:
+def refusal(exc: BaseException, spool: Spool) -> tuple[int, JSON, dict[str, str]] | None:
     """The status, body and headers that answer ``exc`` (raised by an API function), or
-    None when it is no refusal the CLI knows (a bug: 500, and the log says)."""
+    None when it is no refusal the CLI knows (a bug: 500, and the log says). The body's
+    line is the CLI's, without ``spool``'s path (``unplaced``)."""
     fault = storage_fault(exc)
     if fault is not None:  # a wait, never a verdict (invariant 8): try again
         return (
             HTTPStatus.SERVICE_UNAVAILABLE,
-            {"error": str(fault)},
+            {"error": unplaced(str(fault), spool)},
             {"Retry-After": str(RETRY_AFTER)},
         )
+    line = unplaced(str(exc), spool)
     if isinstance(exc, IrreversibleError):
-        return HTTPStatus.BAD_REQUEST, {"error": str(exc), "calls": exc.calls}, {}
+        return HTTPStatus.BAD_REQUEST, {"error": line, "calls": exc.calls}, {}
     if isinstance(exc, UsageError):
-        return HTTPStatus.BAD_REQUEST, {"error": str(exc)}, {}
+        return HTTPStatus.BAD_REQUEST, {"error": line}, {}
     if isinstance(exc, NotFoundError):
-        return HTTPStatus.NOT_FOUND, {"error": str(exc)}, {}
+        return HTTPStatus.NOT_FOUND, {"error": line}, {}
     if isinstance(exc, StateConflictError):
-        return HTTPStatus.CONFLICT, {"error": str(exc)}, {}
+        return HTTPStatus.CONFLICT, {"error": line}, {}
     if isinstance(exc, AgentdError):
-        return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": str(exc)}, {}
+        return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": line}, {}
     return None
+
+
+def unplaced(line: str, spool: Spool) -> str:
+    """The CLI's ``line`` without the spool's absolute path, which tells a client of the
+    console where the daemon keeps its files (and its user's home): a file of the spool is
+    named by its path within it (``tasks/ID/journal``), "in SPOOL" is left out, and the
+    spool itself is "the spool"."""
+    for root in {str(spool.root), os.path.realpath(spool.root)}:
+        line = line.replace(root + os.sep, "")
+        line = re.sub(rf" (?:in|on|under) {re.escape(root)}(?=[;:,.)\s]|$)", "", line)
+        line = line.replace(root, "the spool")
+    return line

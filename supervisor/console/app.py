@@ -9,7 +9,9 @@
 then one of:
 
 * ``GET /?token=T`` (or any page path): the one-time login of ``agentd console``; a
-  session cookie is set and the browser sent to the same path without the token;
+  session cookie is set and the browser sent to the same path without the token. A
+  ``HEAD`` of it (a chat's link previewer looks before the person clicks) is answered
+  without taking the ticket or setting a cookie;
 * ``GET /``: the page (``static/console.html``, with the session's CSRF token in it), for
   a session; ``GET /static/...``: its script and style sheet (no secret in them: served
   to anyone who passes the Host check);
@@ -84,6 +86,8 @@ PAGES = ("/", "/index.html")
 FAILED_LOGINS_PER_MINUTE = 10
 #: Streams open at once; more are refused (503) until one ends.
 MAX_STREAMS = 32
+#: What a HEAD of a login URL is told (a link previewer's: only a GET takes the ticket).
+LOGIN_LINK = "a one-time login link of agentd's console: open it in a browser to log in"
 NOT_LOGGED_IN = (
     "not logged in: open the URL `agentd console` prints on the daemon's machine, or "
     "send Authorization: Bearer TOKEN (`agentd console --token`)"
@@ -203,7 +207,7 @@ class Console:
         try:
             return await self._respond(request)
         except (AgentdError, OSError) as exc:  # a token's lookup in a store away, a bad form
-            answer = api.refusal(exc)
+            answer = api.refusal(exc, self.spool)
             if answer is None:
                 raise
             status, body, said = answer
@@ -233,6 +237,9 @@ class Console:
             name, kind = STATIC[path]
             return Response(HTTPStatus.OK, _static(name), kind)
         if request.method in ("GET", "HEAD") and "token" in request.query and path in PAGES:
+            if request.method == "HEAD":  # a link previewer's look: the ticket stays
+                page = _page("agentd", LOGIN_LINK)
+                return Response(HTTPStatus.OK, page, "text/html; charset=utf-8")
             return await self._login(request)
         if path == "/logout" and request.method == "POST":
             return self._logout(request)
@@ -355,7 +362,7 @@ class Console:
         try:
             data = await self.off_loop(run)
         except Exception as exc:  # (each is answered; a bug is logged too)
-            answer = api.refusal(exc)
+            answer = api.refusal(exc, self.spool)
             if answer is None:
                 self.announce.error(request.path, exc)
                 answer = (HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error: "

@@ -9,8 +9,9 @@ Bounds: at most ``MAX_CONNECTIONS`` connections at once (one more is closed as i
 each must send its request within the limits of ``supervisor.console.http`` (size and
 time: a slow or silent client is cut off) and take its answer within ``WRITE_TIMEOUT``;
 a TLS handshake has ``HEAD_TIMEOUT`` seconds. A stream (``GET /api/stream``) is a
-connection too: it gets a comment every ``KEEPALIVE`` seconds, and ends when its session
-or token does, or when it falls ``STREAM_BACKLOG`` rows behind.
+connection too: it gets a comment after ``KEEPALIVE`` quiet seconds, ends within two
+``ALIVE_CHECK`` intervals of its session's end or its token's revocation (checked whether
+rows come or not), and ends when it falls ``STREAM_BACKLOG`` rows behind.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ WORKERS = 4
 #: Seconds between two comments on an idle stream (proxies keep it open; a gone client
 #: is found).
 KEEPALIVE = 15.0
-#: Seconds between two checks that a stream's session or token still holds.
-ALIVE_CHECK = 5.0
+#: Seconds between two checks that a stream's session or token still holds: a stream of a
+#: revoked token or an ended session ends within two of them (docs/design.md section 12).
+ALIVE_CHECK = 1.0
 
 
 class ConsoleServer:
@@ -148,16 +150,15 @@ class ConsoleServer:
             await write(writer, b"retry: 3000\n\n")
             queue = await self.console.feed.subscribe()
             loop = asyncio.get_running_loop()
-            checked = loop.time()
+            checked = written = loop.time()
             while True:
-                try:
-                    row = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                try:  # (woken at least every ALIVE_CHECK: a quiet stream is checked too)
+                    row = await asyncio.wait_for(queue.get(), ALIVE_CHECK)
                 except TimeoutError:
                     row = None
-                    if queue.empty():
-                        await write(writer, b": keep-alive\n\n")
-                if loop.time() - checked >= ALIVE_CHECK:  # (not each row: a token is a read)
-                    checked = loop.time()
+                now = loop.time()
+                if now - checked >= ALIVE_CHECK:  # (not each row: a token is a read)
+                    checked = now
                     held = (
                         await self.console.off_loop(stream.alive)
                         if stream.reads
@@ -168,8 +169,12 @@ class ConsoleServer:
                 if row is None:
                     if self.console.feed.dropped(queue):
                         return
+                    if now - written >= KEEPALIVE:
+                        await write(writer, b": keep-alive\n\n")
+                        written = now
                     continue
                 await write(writer, b"event: task\ndata: " + dump_json(row) + b"\n\n")
+                written = loop.time()
         finally:
             self.console.streams -= 1
             if queue is not None:

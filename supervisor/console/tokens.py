@@ -8,9 +8,11 @@
   (0600, written whole under a lock); on a shared store in its ``console_tokens`` table
   (``SharedStore.add_token``...), so that every node's console accepts them.
 * A **login ticket** (``agentd console``) opens the page once: the URL it prints carries a
-  secret whose digest names a file of ``SPOOL/console/logins`` (with who asked and until
-  when, ``LOGIN_TTL``). The console takes it by removing that file: of two requests with
-  the same URL, one logs in. Tickets are local to the node whose console the URL names.
+  secret whose digest names a file of ``SPOOL/console/logins`` (until when, ``LOGIN_TTL``;
+  who asked is the file's owner). The console takes it by removing that file: of two
+  requests with the same URL, one logs in. Only a GET takes it: a HEAD (a link
+  previewer's look at the URL) is answered without it. Tickets are local to the node
+  whose console the URL names.
 
 Nothing here ever holds a token or a ticket once it is handed out: only digests are
 kept, compared by lookup, and no answer of the console carries one.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from supervisor.operator import user_name
 from worker.errors import NotFoundError, RecordConflictError, UsageError
 from worker.events import utc_now
 from worker.spool import Spool
@@ -37,7 +40,9 @@ from worker.store.base import JSON
 from worker.store.durable import (
     atomic_write_json,
     dump_json,
+    load_json,
     open_private,
+    open_regular,
     private_dir,
     read_json,
     write_exclusive,
@@ -50,6 +55,8 @@ LOGIN_TTL = 300.0
 #: An API token's id: what ``--list-tokens`` shows and ``--revoke`` takes.
 TOKEN_ID = re.compile(r"tok-[0-9a-f]{8}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+#: Bytes of a login ticket's file read at most (it is a few dozen).
+TICKET_LIMIT = 4096
 
 
 def digest(secret: str) -> str:
@@ -195,32 +202,35 @@ class LoginTickets:
         self.folder = spool.root / "console" / "logins"
         self.clock = clock
 
-    def issue(self, by: str, ttl: float = LOGIN_TTL) -> str:
-        """A new ticket for ``by``, good once within ``ttl`` seconds: the secret of the URL."""
+    def issue(self, ttl: float = LOGIN_TTL) -> str:
+        """A new ticket, good once within ``ttl`` seconds: the secret of the URL. Whom it
+        logs in is the user whose process made it: its file's owner (``redeem``)."""
         secret = secrets.token_urlsafe(32)
         path = private_dir(self.folder) / f"{digest(secret)}.json"
-        write_exclusive(path, dump_json({"by": by, "expires": self.clock() + ttl}))
+        write_exclusive(path, dump_json({"expires": self.clock() + ttl}))
         self.sweep()
         return secret
 
     def redeem(self, secret: str) -> str | None:
-        """Who the ticket ``secret`` was issued to, taking it (it opens nothing again);
-        None when there is no such ticket, it was taken, or it expired."""
+        """Who the ticket ``secret`` logs in, taking it (it opens nothing again); None when
+        there is no such ticket, it was taken, or it expired. Who: the name of the uid that
+        owns its file (``operator.user_name``), the ``agentd console`` that made it, never
+        a name written in it (docs/design.md section 15)."""
         if not secret or len(secret) > 128:
             return None
         name = digest(secret)
         path = self.folder / f"{name}.json"
         try:
-            data = read_json(path)
+            with os.fdopen(open_regular(path), "rb") as file:
+                owner = os.fstat(file.fileno()).st_uid
+                data = load_json(file.read(TICKET_LIMIT))
             path.unlink()  # of two requests with one ticket, one unlinks it: that one wins
         except (OSError, ValueError):
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("by"), str):
-            return None
-        expires = data.get("expires")
+        expires = data.get("expires") if isinstance(data, dict) else None
         if not isinstance(expires, int | float) or expires < self.clock():
             return None
-        return str(data["by"])
+        return user_name(owner)
 
     def sweep(self) -> None:
         """Remove the tickets that expired (a URL nobody opened)."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -37,7 +40,8 @@ from tests.supervisor.test_daemon import CHARGE, Held
 from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.budget import Budget
 
-USER = "carol-ops"
+#: The user the tests run as: whom a login or a token acts for (never ``$LOGNAME``).
+USER = pwd.getpwuid(os.getuid()).pw_name
 #: The daemon's API key: it appears in no answer of the console.
 API_KEY = "sk-ant-api03-console-test-key-0123456789abcdef"
 #: A name a reverse proxy serves the console by (``[console] hostnames``).
@@ -48,7 +52,7 @@ class Console:
     def __init__(self, daemon: Daemon, port: int) -> None:
         self.daemon = daemon
         self.port = port
-        self.env = {"LOGNAME": USER}
+        self.env = {"LOGNAME": "mallory", "USER": "mallory"}  # what a process says of itself
 
     def client(self) -> Client:
         return logged_in(self.daemon, self.port, self.env)
@@ -112,8 +116,43 @@ def test_the_login_url_opens_once_sets_a_session_cookie_and_drops_its_token(
     assert failed[-1]["level"] == "warning"
 
 
+def test_a_head_of_the_login_url_takes_nothing_and_the_persons_get_logs_in(
+    console: Console,
+) -> None:
+    """A chat's link previewer sends a HEAD of the URL before the person clicks it: the
+    ticket is not taken and no session is set; the person's own GET then logs in."""
+    url = login_url(console.daemon, console.env)
+    parts = urlsplit(url)
+    previewer = Client(console.port)
+    for _ in range(2):
+        looked = previewer.request("HEAD", f"{parts.path}?{parts.query}")
+        assert looked.status == 200, looked
+        assert looked.header("Set-Cookie") is None and not previewer.cookies
+        assert looked.header("Location") is None
+    browser = Client(console.port)
+    assert browser.login(url).status == 303
+    assert browser.get("/api/session").json()["by"] == USER
+    assert Client(console.port).login(url).status == 401  # (still once: the GET took it)
+
+
+def test_a_login_and_a_token_act_for_the_real_user_whatever_logname_says(
+    console: Console,
+) -> None:
+    """``LOGNAME=mallory USER=mallory agentd console`` (and ``--token``): the login and
+    the token act for the name of the real uid of the process that made them."""
+    assert console.env["LOGNAME"] == "mallory" != USER
+    assert console.client().get("/api/session").json()["by"] == USER
+    minted = console.daemon.run_cli("console", "--token", env=console.env)
+    assert minted.returncode == 0, minted
+    assert f"for {USER}," in minted.stderr and "mallory" not in minted.stderr
+    script = Client(console.port, bearer=minted.stdout.strip())
+    assert script.get("/api/session").json() == {"by": USER, "via": "api"}
+    listed = console.daemon.run_cli("console", "--list-tokens", env=console.env).stdout
+    assert "mallory" not in listed
+
+
 def test_an_expired_login_url_is_refused(console: Console) -> None:
-    secret = LoginTickets(console.daemon.spool).issue(USER, ttl=-1.0)
+    secret = LoginTickets(console.daemon.spool).issue(ttl=-1.0)
     client = Client(console.port)
     assert client.login(f"/?token={secret}").status == 401
     assert not client.cookies
@@ -418,6 +457,40 @@ def test_refusals_carry_the_clis_line_and_their_code(console: Console, held: Hel
     assert cancelled and cancelled[-1]["via"] == "console" and cancelled[-1]["by"] == USER
 
 
+def test_no_refusal_names_the_spools_path(console: Console) -> None:
+    """A refusal carries the CLI's line without the spool's absolute path (where the
+    daemon keeps its files): no such task (404), a fork onto a folder that is no task
+    (409), bad input (400), a task folder that is a symlink (500)."""
+    daemon = console.daemon
+    daemon.submit([reply(text("Done."))], name="placed")
+    daemon.wait_state("placed", "done")
+    tasks = daemon.spool.root / "tasks"
+    (tasks / "squat").mkdir()
+    (tasks / "squat" / "notes.txt").write_text("someone's files")
+    (tasks / "linked").symlink_to(daemon.root)
+    browser = console.client()
+    try:
+        cases: list[tuple[str, str, dict[str, Any] | None, int, str]] = [
+            ("POST", "/api/tasks/no-such/cancel", {}, 404, "no task 'no-such'; `agentd status`"),
+            ("GET", "/api/tasks/no-such", None, 404, "no task 'no-such'; `agentd status`"),
+            ("POST", "/api/tasks/placed/fork", {"at": 0, "name": "squat"}, 409,
+             "tasks/squat exists and is no task"),
+            ("POST", "/api/tasks/placed/rewind", {"to": "soon"}, 400, "a turn number"),
+            ("GET", "/api/tasks/linked", None, 500, "tasks/linked is a symlink"),
+        ]  # fmt: skip
+        for method, path, body, status, words in cases:
+            answer = browser.request(method, path, body)
+            assert answer.status == status, (path, answer)
+            error = answer.json()["error"]
+            assert words in error, (path, error)
+            for root in {str(daemon.spool.root), os.path.realpath(daemon.spool.root)}:
+                assert root not in error, (path, error)
+            assert "/tmp" not in error and "\n" not in error, (path, error)
+    finally:
+        (tasks / "linked").unlink()
+        shutil.rmtree(tasks / "squat")
+
+
 def test_a_rewind_that_would_undo_calls_needs_yes_and_lists_them(console: Console) -> None:
     daemon = console.daemon
     daemon.submit(
@@ -536,6 +609,52 @@ def test_the_stream_sends_a_row_per_change(console: Console) -> None:
             if row["id"] == "streamed":
                 states.append(row["state"])
         assert states[-1] == "done" and len(states) == len(set(states)), states
+
+
+def open_stream(port: int, header: str) -> tuple[socket.socket, Any]:
+    """``GET /api/stream`` with ``header`` (its credentials), once its first row came."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(f"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{header}\r\n\r\n".encode())
+    reader = conn.makefile("rb")
+    assert reader.readline().startswith(b"HTTP/1.1 200 ")
+    while not reader.readline().startswith(b"data: "):
+        pass
+    return conn, reader
+
+
+def ends_within(conn: socket.socket, reader: Any, seconds: float) -> float:
+    """The seconds until the server closes the stream, read as it comes; a test failure
+    when it is still open after ``seconds``."""
+    start = time.monotonic()
+    deadline = start + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        conn.settimeout(left)
+        try:
+            if not reader.readline():
+                return time.monotonic() - start
+        except TimeoutError:
+            break
+    raise AssertionError(f"the stream was still open {seconds:g} s later")
+
+
+def test_a_revoked_tokens_stream_ends_within_two_seconds(console: Console) -> None:
+    """``agentd console --revoke ID`` ends the event stream opened with the token within
+    2 s (docs/design.md section 12), a quiet stream too; a logout ends its session's."""
+    daemon = console.daemon
+    daemon.submit([reply(text("streamed"))], name="to-stream")
+    minted = daemon.run_cli("console", "--token")
+    assert minted.returncode == 0, minted
+    token_id = minted.stderr.split("API token ", 1)[1].split()[0]
+    conn, reader = open_stream(console.port, f"Authorization: Bearer {minted.stdout.strip()}")
+    with conn, reader:
+        assert daemon.run_cli("console", "--revoke", token_id).returncode == 0
+        assert ends_within(conn, reader, 2.0) <= 2.0
+    browser = console.client()
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    conn, reader = open_stream(console.port, f"Cookie: {cookie}")
+    with conn, reader:
+        assert browser.post("/logout").status == 200
+        assert ends_within(conn, reader, 2.0) <= 2.0
 
 
 def test_the_console_process_is_restarted_when_it_dies(console: Console) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import pwd
 import shutil
 import signal
 import tempfile
@@ -155,7 +156,7 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
     daemon, port = console
     seed(daemon)
     shots = Path(os.environ.get("AGENTD_CONSOLE_SCREENSHOTS") or tmp_path)
-    url = login_url(daemon, {"LOGNAME": "alice"})
+    url = login_url(daemon, {"LOGNAME": "alice", "USER": "alice"})  # (not whom it logs in)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -222,7 +223,7 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
             expect(page.locator('tr[data-task="invoice-run"] .badge')).to_have_text("done")
             expect(page.locator("#inbox-count")).to_be_hidden()
             decided = daemon.events("invoice-run", "dangling_decided")[0]
-            assert (decided["by"], decided["via"]) == ("alice", "console")
+            assert (decided["by"], decided["via"]) == (pwd.getpwuid(os.getuid()).pw_name, "console")
 
             # another site's page posts to the console with the operator's cookie: refused
             attacker = AttackerSite(port)

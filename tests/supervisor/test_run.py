@@ -38,6 +38,7 @@ from tests.support import (
     tool_use,
     worker_env,
 )
+from worker.lock import holder_pid
 from worker.store.files import FileStore
 
 CONFIG = (
@@ -320,6 +321,39 @@ def test_resume_refuses_submit_options_and_ends_done_and_cancelled_tasks(
     assert fg.cli("cancel", "gone")[0] == 0
     code, _, err = fg.run("--resume", "gone")
     assert code == 3 and "cancelled" in err
+
+
+#: Rounds of two ``agentd run --resume`` of one task started together.
+RACE_ROUNDS = 4
+
+
+def test_two_resumes_of_one_task_at_once_leave_the_record_the_winners(fg: Foreground) -> None:
+    """Two ``agentd run --resume`` of one task started together, round after round: one
+    runs it; the other exits 3 with one line and writes nothing, so that while the
+    winner's worker runs the record says running, with that worker's pid."""
+    script = str(fg.script([reply(text("Slowly done."), delay=2.0)]))
+    for n in range(RACE_ROUNDS):
+        race_once(fg, f"race-{n}", script)
+
+
+def race_once(fg: Foreground, name: str, script: str) -> None:
+    done = fg.cli("submit", "--name", name, "--prompt", "x", "--script", script)
+    assert done[0] == 0, done
+    task = fg.task(name)
+    runs = [fg.start_run("--resume", name) for _ in range(2)]
+    ended = poll_for(lambda: [r for r in runs if r[0].poll() is not None], 60, what="a loser")
+    ((loser, _, said),) = ended
+    ((winner, _, _),) = [r for r in runs if r[0] is not loser]
+    holder = poll_for(lambda: holder_pid(task.lock), 30, what="the winner's worker at work")
+    record = TaskRecord.load(task)
+    assert winner.poll() is None, "the winner ended before the record was read"
+    assert (record.state, record.pid, record.foreground) == ("running", holder, True), record
+    assert loser.returncode == 3, said.read_text()
+    line = said.read_text()
+    assert line.startswith("agentd: ") and line.count("\n") == 1, line
+    assert "another `agentd run`" in line or "is running" in line, line
+    assert winner.wait(timeout=60) == 0
+    assert TaskRecord.load(task).state == "done"
 
 
 def test_resume_of_a_failed_task_retries_it(fg: Foreground) -> None:

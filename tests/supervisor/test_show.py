@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import getpass
 import io
 import json
 import os
+import pwd
 import re
 from typing import Any
 
@@ -124,7 +124,7 @@ def test_a_hold_and_its_decision_are_shown_with_the_result(
     assert (result["outcome"], result["content"]) == ("operator", "charged once, checked")
     _, out, _ = show(spool, "s4", capsys=capsys)
     assert f"‖ held: charge call {call_id}" in out
-    who = f"(by {getpass.getuser()} via cli)"  # docs/design.md section 15
+    who = f"(by {pwd.getpwuid(os.getuid()).pw_name} via cli)"  # docs/design.md section 15
     assert f"✓ decided: charge call {call_id} result recorded {who}: charged once, checked" in out
 
 

@@ -1,13 +1,16 @@
 # ruff: noqa: F811  (the fixtures of test_cli, imported: each test names them again)
 """Who did what (docs/design.md section 15): every operator action records ``by`` (the Unix
 user) and ``via`` in what it writes, and ``history``, ``logs``, ``show``, the events, the
-daemon's log and the hooks' payloads show them; automatic actions carry neither."""
+daemon's log and the hooks' payloads show them; automatic actions carry neither. ``by`` is
+the name of the process's real uid, whatever ``$LOGNAME`` and ``$USER`` say."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,13 +43,22 @@ from tests.support import text as text_block
 from worker.events import read_events
 from worker.spool import Spool, TaskDir
 
-USER = "alice-ops"
+#: The user these tests run as: the name of the real uid, what every action records.
+USER = pwd.getpwuid(os.getuid()).pw_name
+#: What a process may say of itself, and no action records.
+CLAIMED = {"LOGNAME": "mallory", "USER": "mallory"}
 
 
 @pytest.fixture(autouse=True)
 def _user(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Commands run as ``USER`` (``getpass.getuser`` reads ``$LOGNAME`` first)."""
-    monkeypatch.setenv("LOGNAME", USER)
+    """Commands run with ``$LOGNAME`` and ``$USER`` naming someone else."""
+    for name, value in CLAIMED.items():
+        monkeypatch.setenv(name, value)
+
+
+def cli_process(spool: Spool, *args: str) -> subprocess.CompletedProcess[str]:
+    """``agentd ARGS`` as its own process, with ``CLAIMED`` in its environment."""
+    return Daemon(spool.root.parent, config_text()).run_cli(*args, env=CLAIMED, timeout=60)
 
 
 def events(task: TaskDir, name: str) -> list[dict[str, Any]]:
@@ -54,7 +66,7 @@ def events(task: TaskDir, name: str) -> list[dict[str, Any]]:
 
 
 def test_operator_fields_and_what_is_no_operator() -> None:
-    assert Operator.here().fields() == {"by": USER, "via": "cli"}
+    assert Operator.here().fields() == {"by": USER, "via": "cli"}  # not $LOGNAME
     assert Operator.of({"by": "bob", "via": "console"}) == Operator("bob", Via.CONSOLE)
     # the mark of an earlier release's daemon, and anything else, is nobody
     for record in ({"by": "daemon"}, {"by": "", "via": "cli"}, {"via": "cli"}, None):
@@ -95,6 +107,71 @@ def test_a_cancel_names_its_operator_in_its_record_and_its_event(agentd: Run, sp
     assert stamp is not None and (stamp["by"], stamp["via"]) == (USER, "cli")
     (event,) = events(task, "task_cancelled")  # (a cancel with no daemon is logged too)
     assert (event["by"], event["via"]) == (USER, "cli")
+
+
+def test_by_is_the_real_users_name_never_what_the_environment_says(
+    held: tuple[TaskDir, str], spool: Spool
+) -> None:
+    """``LOGNAME=mallory USER=mallory agentd approve-dangling`` and ``cancel``, each its own
+    process: each records the name of its real uid (docs/design.md section 15)."""
+    task, call_id = held
+    done = cli_process(spool, "approve-dangling", task.id, call_id, "--skip", "--reason", "no")
+    assert done.returncode == 0, done
+    decision = json.loads(next(task.decisions.iterdir()).read_text())
+    assert (decision["by"], decision["via"]) == (USER, "cli")
+    other = scripted_task(spool, [reply(text_block("hi"))], name="cancelled-by")
+    done = cli_process(spool, "cancel", other.id)
+    assert done.returncode == 0, done
+    stamp = store_of(other).read_cancel(other.id)
+    assert stamp is not None and (stamp["by"], stamp["via"]) == (USER, "cli")
+    for made in (task, other):
+        assert "mallory" not in made.events.read_text()
+
+
+def test_a_name_that_is_no_plain_user_name_is_recorded_as_the_uid() -> None:
+    from supervisor.operator import plain, user_name
+
+    assert user_name(os.getuid()) == USER
+    unknown = next(uid for uid in range(3_000_000, 3_001_000) if not _known(uid))
+    assert user_name(unknown) == str(unknown)  # no name in the password database
+    for name in ("alice", "bob.ops", "_svc-1", "a" * 32):
+        assert plain(name), name
+    for name in ("mal\nlory", "-x", ".x", "a b", "a" * 33, "", "é"):
+        assert not plain(name), name
+
+
+def _known(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def test_a_record_naming_an_odd_by_is_shown_quoted_on_its_line(
+    agentd: Run, held: tuple[TaskDir, str]
+) -> None:
+    """A decision and a cancel line whose ``by`` has a newline (an earlier release took it
+    from ``$LOGNAME``): ``logs``, ``history`` and ``show`` show each, quoted, on one line."""
+    task, call_id = held
+    odd = "mal\nlory"
+    assert agentd("approve-dangling", task.id, call_id, "--skip", "--reason", "no")[0] == 0
+    path = next(task.decisions.iterdir())
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"by": odd}))
+    assert run_to_end(task) == "done"
+    line = {"event": "task_cancelled", "timestamp": "2026-01-01T00:00:00.000Z", "level": "info",
+            "task": task.id, "by": odd, "via": "cli", "origin": "daemon"}  # fmt: skip
+    with task.events.open("a") as events_file:
+        events_file.write(json.dumps(line) + "\n")
+    quoted = json.dumps(odd)
+    logged = agentd("logs", task.id)[1]
+    assert f"task_cancelled by={quoted} via=cli" in logged
+    assert f"action=skip by={quoted} via=cli" in logged
+    assert f"skip by {quoted} via cli" in agentd("history", task.id)[1]
+    assert f"(by {quoted} via cli)" in agentd("show", task.id)[1]
+    for command in ("logs", "history", "show"):
+        out = agentd(command, task.id)[1]
+        assert not [x for x in out.splitlines() if x.startswith("lory")], (command, out)
 
 
 def test_a_retry_names_its_operator(agentd: Run, spool: Spool) -> None:
@@ -146,7 +223,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     with subreaper():
         made = Daemon(tmp_path / "d", config_text() + hooks_table(on_done=hook))
         try:
-            made.start(env={"LOGNAME": USER})
+            made.start(env=CLAIMED)
             yield made
         finally:
             made.cleanup()
@@ -167,7 +244,7 @@ def test_the_daemon_logs_who_and_the_next_hook_says_who_led_to_it(
     os.kill(row["pid"], signal.SIGKILL)
     daemon.wait_state(name, "held")
     (call,) = json.loads(daemon.cli("dangling", name, "--json")[1])
-    other = {"LOGNAME": "bob-ops"}
+    other = {"LOGNAME": "bob-ops", "USER": "bob-ops"}  # said by the process: not recorded
     done = daemon.run_cli("approve-dangling", name, call["call_id"], "--skip", env=other)
     assert done.returncode == 0, done
     daemon.wait_state(name, "done")
@@ -179,7 +256,7 @@ def test_the_daemon_logs_who_and_the_next_hook_says_who_led_to_it(
         what="the on_done hook",
     )["stdin"]
     assert (payload["by"], payload["via"], payload["acted"]) == (
-        "bob-ops",
+        USER,
         "cli",
         "dangling_decided",
     )
@@ -188,17 +265,20 @@ def test_the_daemon_logs_who_and_the_next_hook_says_who_led_to_it(
         10,
         what="the decision in the daemon's log",
     )
-    assert all(e["by"] == "bob-ops" and e["via"] == "cli" for e in logged), logged
+    assert all(e["by"] == USER and e["via"] == "cli" for e in logged), logged
 
     # a cancel the daemon applies (its worker runs), and a retry it takes from its request
     daemon.submit([{"content": [text_block("slow")], "delay": 60}], name="slow")
     daemon.wait_state("slow", "running")
     assert daemon.run_cli("cancel", "slow", env=other).returncode == 0
     (cancelled,) = poll_for(lambda: daemon.events("slow", "task_cancelled"), 20, what="cancel")
-    assert (cancelled["by"], cancelled["via"], cancelled["origin"]) == ("bob-ops", "cli", "daemon")
+    assert (cancelled["by"], cancelled["via"], cancelled["origin"]) == (USER, "cli", "daemon")
+    # `agentd logs` shows who, on the daemon's own line of the cancel it carried out too
+    (line,) = [x for x in daemon.cli("logs", "slow")[1].splitlines() if "task_cancelled" in x]
+    assert f"by={USER} via=cli" in line, line
     # a script that ends before the task does fails it; its retry is the daemon's to take
     daemon.submit([reply(tool_use("list_dir"))], name="short")
     daemon.wait_state("short", "failed")
     assert daemon.run_cli("retry", "short", env=other).returncode == 0
     (retried,) = poll_for(lambda: daemon.events("short", "task_retried"), 20, what="retry")
-    assert (retried["by"], retried["via"], retried["origin"]) == ("bob-ops", "cli", "daemon")
+    assert (retried["by"], retried["via"], retried["origin"]) == (USER, "cli", "daemon")

@@ -158,12 +158,34 @@ def test_a_server_that_cannot_start_fails_its_calls_with_backoff(servers: Server
     pool = servers(
         {"f": {"command": fault_server("--fail-start")}}, backoff=Backoff(initial=60, maximum=60)
     )
-    with pytest.raises(ServerFailed, match="mcp: f: cannot start"):
+    with pytest.raises(ServerFailed, match="mcp: f: echo: not called: cannot start"):
         pool.call("f", "echo", {}, "k", 30)
     with pytest.raises(ServerFailed, match="starting it again in"):
         pool.call("f", "echo", {}, "k", 30)  # in backoff: refused, not started
     (failed,) = servers.named("mcp_server_failed")  # reported once per failure
     assert failed["server"] == "f" and "cannot start" in failed["error"]
+
+
+def test_a_call_while_its_server_waits_to_start_again_names_the_tool_called(
+    servers: Servers,
+) -> None:
+    """A real server dies in a call of ``die``, is started again, and runs past its timeout
+    in a call of ``hang``: it waits out its backoff, and each call made meanwhile is
+    refused naming the tool called, then the failure it waits on."""
+    pool = servers(
+        {"f": {"command": fault_server(), "timeout": 1}}, backoff=Backoff(initial=60, maximum=60)
+    )
+    with pytest.raises(OutcomeUnknown, match=r"^mcp: f: die: "):
+        pool.call("f", "die", {}, "k", 30)
+    with pytest.raises(OutcomeUnknown, match=r"^mcp: f: hang: "):
+        pool.call("f", "hang", {}, "k", 1)
+    for tool in ("echo", "die"):
+        with pytest.raises(ServerFailed) as refused:
+            pool.call("f", tool, {"text": "x"}, "k", 30)
+        said = str(refused.value)
+        assert said.startswith(f"mcp: f: {tool}: not called: "), said
+        assert "a call of hang ran past its timeout; starting it again in" in said, said
+        assert refused.value.tool == tool
 
 
 def test_a_server_that_cannot_list_its_tools(servers: Servers) -> None:

@@ -18,8 +18,9 @@ Supervision, per server (docs/design.md section 11):
 * a server found dead at a call (it died between calls) is started again at once; a start
   that fails, or a death in a call, counts a failure, and each failure in a row makes the
   next start wait longer (``[restart]`` backoff: ``backoff_initial`` doubling up to
-  ``backoff_max``). Meanwhile its calls get error results (``ServerFailed``, reported once
-  per failure as ``mcp_server_failed``); a call that succeeds clears the count;
+  ``backoff_max``). Meanwhile its calls get error results (``ServerFailed``, which
+  names the tool called, then the failure waited on; reported once per failure as
+  ``mcp_server_failed``); a call that succeeds clears the count;
 * a call past its ``timeout`` is cancelled (``notifications/cancelled``), its server
   killed, and its outcome is unknown (``OutcomeUnknown``), as is a call in flight when its
   server dies: the loop settles it by the dangling-call rules;
@@ -66,16 +67,21 @@ START_LIMIT = 60.0
 #: Seconds past a call's own timeout before the worker stops waiting for the event loop
 #: itself (a wedged SDK): the server is killed, and the outcome is unknown.
 WEDGE_MARGIN = 5.0
+#: Seconds a kill of a server waits for the servers' thread to carry it out.
+KILL_WAIT = 5.0
 
 
 class ServerFailed(ToolError):
     """A server could not be started, or waits to be started again: the call did not
-    reach it (an error result saying so)."""
+    reach it (an error result saying so, which names the ``tool`` called, if any: the
+    failure it waits on may have been another tool's call)."""
 
-    def __init__(self, server: str, why: str) -> None:
-        super().__init__(f"mcp: {server}: {why}")
+    def __init__(self, server: str, why: str, tool: str | None = None) -> None:
+        called = f"{tool}: not called: " if tool else ""
+        super().__init__(f"mcp: {server}: {called}{why}")
         self.server = server
         self.why = why
+        self.tool = tool
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,10 @@ class ToolServers:
         worker), a server's start included: the call's own timeout is cut to what is left."""
         started = time.monotonic()
         server = self._servers[name]
-        connection = self._ready(server)
+        try:
+            connection = self._ready(server)
+        except ServerFailed as exc:  # (its why may be another tool's call: this one is named)
+            raise ServerFailed(name, exc.why, tool) from None
         if budget is not None:
             timeout = max(0.1, min(timeout, budget - (time.monotonic() - started) - CANCEL_GRACE))
         if connection.tools_changed:
@@ -246,10 +255,12 @@ class ToolServers:
         return result
 
     def _kill(self, connection: Connection) -> None:
-        """Kill a server now, on the servers' thread (its events are that loop's)."""
-        loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(connection.kill)
+        """Kill a server now, on the servers' thread (its events are that loop's), and
+        return once it is done: the next call finds the connection dead, and is refused
+        or starts the server again, never sent to the server being killed."""
+        if self._loop is not None:
+            with contextlib.suppress(Exception):  # (a wedged loop: the close deals with it)
+                self._run(_kill(connection), KILL_WAIT)
 
     def close(self) -> None:
         """Stop every server (stdin, TERM, KILL, each ``grace`` apart, all at once), then
@@ -425,6 +436,10 @@ class ToolServers:
             for server in self._servers.values():
                 if server.connection is not None:
                     group.start_soon(server.connection.close)
+
+
+async def _kill(connection: Connection) -> None:
+    connection.kill()
 
 
 def connection_end(connection: Connection) -> str:
