@@ -252,7 +252,15 @@ def finish_removals(spool: Spool) -> list[str]:
 def archive_path(folder: Path, task_id: str) -> Path:
     """Where ``[retention] archive_to`` keeps a task's archive: ``ID-YYYYmmddTHHMMSSZ``."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return private_dir(folder) / f"{task_id}-{stamp}.tar.gz"
+    return _folder_of_archives(folder) / f"{task_id}-{stamp}.tar.gz"
+
+
+def _folder_of_archives(folder: Path) -> Path:
+    """``folder``, made 0700 (with its parents) when missing; one that exists is the
+    operator's and keeps its mode (an archive written into /tmp never tightens /tmp)."""
+    if not folder.is_dir():
+        folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    return folder
 
 
 def _files(task: TaskDir) -> Iterator[tuple[str, Path]]:
@@ -311,7 +319,7 @@ def write_archive(
         "created_at": utc_now(),
         "tasks": entries,
     }
-    private_dir(dest.parent)
+    _folder_of_archives(dest.parent)
     temp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)

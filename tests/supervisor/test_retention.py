@@ -187,7 +187,13 @@ def test_archive_prune_restore_round_trip_byte_for_byte(spool: Path, tmp_path: P
         for name in ("d-old", "f-old")
     }
     archive = tmp_path / "out" / "old.tar.gz"
+    tmp_path.chmod(0o755)  # a folder of the operator's: an archive never changes its mode
     out = ok(agentd(spool, "archive", "d-old", "f-old", "--to", str(archive)))
+    assert oct(tmp_path.stat().st_mode & 0o777) == "0o755"
+    assert oct(archive.parent.stat().st_mode & 0o777) == "0o700"  # made for it: private
+    beside = tmp_path / "beside.tar.gz"
+    ok(agentd(spool, "archive", "d-new", "--to", str(beside)))
+    assert oct(tmp_path.stat().st_mode & 0o777) == "0o755"
     assert "archived d-old (done" in out and archive.exists()
     assert oct(archive.stat().st_mode & 0o777) == "0o600"
     with tarfile.open(archive) as tar:
