@@ -67,6 +67,7 @@ def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         print(
             f"{r['task']}  {r['call_id']}  {r['tool']} ({r['effect']})  started {r['started_at']}"
             f"\n    input: {json.dumps(r['input'])[:300]}\n    key:   {r['idempotency_key']}"
+            f"\n    look:  {r.get('workspace') or '-'} (the task's workspace)"
             f"\n    decide: agentd approve-dangling {r['task']} {r['call_id']} "
             "[--skip --reason TEXT | --result TEXT]"
         )

@@ -98,11 +98,13 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
     with a reason, or record its result; None at the end of input (the task stays held)."""
     from supervisor.hold_prompt import Answer  # noqa: PLC0415  (only `run` needs it)
 
+    # (the transcript's own line says "‖ held" once; this is what the decision needs)
     shown = json.dumps(call.get("input"), ensure_ascii=False)
+    where = f"\n    workspace: {call['workspace']}" if call.get("workspace") else ""
     print(
-        f"‖ held: {call['tool']} ({call.get('effect')}) call {call['call_id']}: {call.get('why')}"
-        f"\n    input: {shown[:2000]}\n    its outcome is unknown: it may or may not have "
-        "taken effect.",
+        f"    to decide: {call['tool']} ({call.get('effect')}) call {call['call_id']}: "
+        f"{call.get('why')}\n    input: {shown[:2000]}{where}\n    its outcome is unknown: it "
+        "may or may not have taken effect (look in the workspace).",
         file=sys.stderr,
     )
     while True:
@@ -140,7 +142,7 @@ def ask_budget_at_terminal(reason: str, budget: Any, refusal: str | None) -> Any
     if refusal is not None:
         print(f"agentd: {refusal}", file=sys.stderr)
     else:
-        print(f"‖ held: {reason}", file=sys.stderr)
+        print(f"    to decide: the task is held on its {reason}", file=sys.stderr)
     now_usd = "none" if budget.usd is None else f"{budget.usd:.2f}"
     now_tokens = "none" if budget.tokens is None else str(budget.tokens)
     while True:

@@ -365,6 +365,7 @@ function heldCall(call) {
     el("h3", {}, el("a", { href: `#/tasks/${encodeURIComponent(call.task)}` }, call.task), ` · ${call.tool} `, badge(call.effect, "effect")),
     el("p", { class: "muted" }, `call ${call.call_id}, started ${call.started_at}: ${call.why || "its outcome is unknown"}`),
     el("pre", {}, json(call.input)),
+    call.workspace ? el("p", { class: "workspace" }, "look in: ", el("code", {}, call.workspace)) : null,
     el("div", { class: "decide" },
       el("button", { onclick: () => decide("rerun", {}, "re-run") }, "Re-run"),
       el("span", { class: "group" }, reason, el("button", { onclick: () => decide("skip", { reason: reason.value || null }, "skipped") }, "Skip")),
