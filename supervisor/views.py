@@ -31,6 +31,7 @@ from typing import Any
 from supervisor.record import ARRIVALS, TaskRecord
 from supervisor.relay import daemons_own
 from supervisor.stores import store_of
+from worker.budget import usd_text
 from worker.events import Event
 from worker.protocol import FINAL_STATES
 from worker.records import CallOutcome
@@ -166,12 +167,13 @@ def render_status(
 
 def human_cost(cost: Any, budget: Any) -> str:
     """COST: the spend in dollars to the cent (a smaller one to four places), ``-`` when a
-    model has no price, and ``/`` the USD budget when there is one."""
+    model has no price, and ``/`` the USD budget when there is one (one below a cent at
+    the precision of the cost)."""
     if not isinstance(cost, int | float):
         shown = "-"
     else:
         shown = f"${cost:.2f}" if cost >= 0.01 or cost == 0 else f"${cost:.4f}"
-    return shown + (f"/{budget:.2f}" if isinstance(budget, int | float) else "")
+    return shown + (f"/{usd_text(budget)}" if isinstance(budget, int | float) else "")
 
 
 def _reason(t: Mapping[str, Any]) -> str:

@@ -138,12 +138,13 @@ def ask_budget_at_terminal(reason: str, budget: Any, refusal: str | None) -> Any
     end of input (the task stays held)."""
     from supervisor.budgets import KEEP, parse_tokens, parse_usd  # noqa: PLC0415  (only `run` needs it)
     from supervisor.hold_prompt import BudgetAnswer  # noqa: PLC0415  (the same)
+    from worker.budget import usd_text  # noqa: PLC0415  (the same)
 
     if refusal is not None:
         print(f"agentd: {refusal}", file=sys.stderr)
     else:
         print(f"    to decide: the task is held on its {reason}", file=sys.stderr)
-    now_usd = "none" if budget.usd is None else f"{budget.usd:.2f}"
+    now_usd = "none" if budget.usd is None else usd_text(budget.usd)
     now_tokens = "none" if budget.tokens is None else str(budget.tokens)
     while True:
         usd = _read_answer(f"new budget in US dollars (now {now_usd}; a number, none, or Enter "

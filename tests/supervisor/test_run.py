@@ -445,6 +445,23 @@ def test_a_budget_hold_without_a_terminal_exits_3_with_the_budget_line(fg: Foreg
     assert code == 2 and "--budget-usd" in err  # submit's options go with a new task only
 
 
+def test_a_budget_below_a_cent_is_shown_at_the_precision_of_the_cost(fg: Foreground) -> None:
+    """$0.0018 spent of a $0.001 budget: said as it is, never as "$0.01 of $0.00"."""
+    usage = {"input_tokens": 100, "output_tokens": 100}  # $0.0003 + $0.0015 on Sonnet 4
+    responses = [reply(text("step"), tool_use("list_dir"), usage=usage), reply(text("Done."))]
+    args = fg.new("tiny", responses, "--model", "claude-sonnet-4-6", "--budget-usd", "0.001")
+    code, out, err = fg.run(*args)
+    assert code == 3, err
+    assert "‖ held: budget: $0.0018 of $0.001" in out
+    assert fg.row("tiny")["reason"] == "budget: $0.0018 of $0.001"
+    code, _, err = fg.cli("budget", "tiny", "--usd", "0.0005")
+    assert code == 3 and "$0.0005 is below the $0.0018 spent so far" in err, err
+    code, out, _ = fg.cli("status", "tiny")
+    assert code == 0 and "$0.0018/0.001" in out, out
+    code, out, _ = fg.cli("budget", "tiny", "--usd", "1.5")  # a cent or more: to the cent
+    assert code == 0 and "budget $1.50, no token limit" in out, out
+
+
 @needs_tmux
 def test_a_budget_hold_asks_for_a_new_budget_at_the_prompt(fg: Foreground) -> None:
     args = fg.new("asked-budget", paid_turns(), "--model", "claude-sonnet-4-6")

@@ -146,7 +146,12 @@ function cost(row) {
   const spent = row.cost_usd;
   const shown = typeof spent !== "number" ? "-" : spent >= 0.01 || spent === 0 ? `$${spent.toFixed(2)}` : `$${spent.toFixed(4)}`;
   const budget = row.budget?.usd;
-  return typeof budget === "number" ? `${shown}/${budget.toFixed(2)}` : shown;
+  return typeof budget === "number" ? `${shown}/${usd(budget)}` : shown;
+}
+
+// A USD budget to the cent, one below a cent at the precision of the cost (as the CLI).
+function usd(limit) {
+  return limit > 0 && limit < 0.01 ? String(Number(limit.toFixed(6))) : limit.toFixed(2);
 }
 
 function taskCells(row) {
