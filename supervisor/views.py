@@ -301,8 +301,12 @@ class TaskLog:
 
 def shown_outcome(call: Mapping[str, Any]) -> str:
     """A tool call's outcome as the text views show it: ``error`` for a result whose
-    ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``)."""
-    return CallOutcome.ERROR if call.get("is_error") else str(call.get("outcome"))
+    ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``), but for a call
+    that was never run, skipped by an operator or cut off: it says so, as it did not err."""
+    outcome = str(call.get("outcome"))
+    if call.get("is_error") and outcome not in (CallOutcome.SKIPPED, CallOutcome.NOT_RUN):
+        return CallOutcome.ERROR
+    return outcome
 
 
 def log_line(event: Mapping[str, Any]) -> str:
