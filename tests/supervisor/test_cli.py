@@ -140,7 +140,7 @@ def set_state(task: TaskDir, state: str, reason: str | None = None) -> None:
         (["submit", "--prompt", "x", "--tools", "read_file,teleport"], ["teleport"]),
         (["submit", "--prompt", "x", "--script", "/nonexistent/script.json"], ["script"]),
         (["submit", "--prompt", "x", "--model", "scripted"], ["--script"]),
-        (["status", "--json", "--watch", "extra", "more"], ["unrecognized"]),
+        (["history", "t1", "extra", "more"], ["unrecognized"]),
         (["rewind", "t1"], ["--to"]),
     ],
 )

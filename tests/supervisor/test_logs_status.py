@@ -215,6 +215,45 @@ def test_logs_follow_keeps_going_while_held_and_ends_after_the_decision(daemon: 
     assert "tools=run_command:rerun" in first_turn, first_turn
 
 
+def test_logs_follow_without_a_task_follows_every_task(
+    daemon: Daemon, finished: str, tmp_path: Any
+) -> None:
+    """As ``journalctl -f``: a task there before says its last ``-n`` lines; each task
+    submitted meanwhile says all of its lines, each after its id, until Ctrl-C."""
+    refused = daemon.run_cli("logs")
+    assert refused.returncode == 2 and "--follow alone" in refused.stderr
+    out = tmp_path / "every.log"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            daemon.command("logs", "--follow", "-n", "1"), cwd=REPO, env=worker_env(),
+            stdout=sink, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:  # (its first look is over once the finished task's last line is out)
+        poll_for(lambda: f"{finished}  " in out.read_text(), 30, what="the first look")
+        first = daemon.submit(twenty_turns(delay=0.05)[-3:], name="every-a")
+        second = daemon.submit(twenty_turns(delay=0.05)[-4:], name="every-b")
+        daemon.wait_state(first, "done")
+        daemon.wait_state(second, "done")
+
+        def both_ended() -> list[str] | None:
+            said = out.read_text().splitlines()
+            ends = {line.split()[0] for line in said if line.split()[3:4] == ["task_done"]}
+            return said if {first, second} <= ends else None
+
+        said = poll_for(both_ended, 30, what="both tasks' ends")
+        assert proc.poll() is None  # it follows on: no end of its own
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    for task_id, turns in ((first, 3), (second, 4)):
+        own = [line.split()[3] for line in said if line.startswith(f"{task_id}  ")]
+        assert own.count("turn") == turns and own[-1] == "task_done", said
+    old = [line.split()[3] for line in said if line.startswith(f"{finished}  ")]
+    assert old == ["task_done"], said  # its last line alone
+
+
 def test_logs_follow_of_a_finished_task_returns_at_once(daemon: Daemon, finished: str) -> None:
     start = time.monotonic()
     out = lines(daemon.run_cli("logs", finished, "-f", "-n", "1"))
@@ -269,6 +308,17 @@ def test_status_has_age_tokens_cost_and_context_columns(daemon: Daemon, finished
     assert row[3] == str(TURNS) and row[4] == human_count(spent), row
     assert header[5] == "COST" and row[5] == f"${doc['cost_usd']:.2f}", row
     assert header[6] == "CONTEXT" and row[6] == str(doc["tokens_used"]), row
+
+
+def test_status_takes_several_tasks(daemon: Daemon, finished: str) -> None:
+    other = daemon.submit([reply(text("Hello."))], name="several")
+    daemon.wait_state(other, "done")
+    doc = json.loads(daemon.run_cli("status", other, finished, other, "--json").stdout)
+    assert [t["id"] for t in doc["tasks"]] == [other, finished]  # as given, each once
+    shown = lines(daemon.run_cli("status", finished, other))
+    assert [line.split()[0] for line in shown[2:]] == [finished, other], shown
+    missing = daemon.run_cli("status", finished, "no-such-task")
+    assert missing.returncode != 0 and "no-such-task" in missing.stderr
 
 
 def test_status_json_adds_tokens_used_and_created_at(daemon: Daemon, finished: str) -> None:
