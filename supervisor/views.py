@@ -33,7 +33,7 @@ from supervisor.relay import daemons_own
 from supervisor.stores import store_of
 from worker.budget import usd_text
 from worker.events import Event
-from worker.protocol import FINAL_STATES
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.records import CallOutcome
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
@@ -90,8 +90,29 @@ def cut(line: str, width: int | None) -> str:
     return line[: max(width - 1, 0)] + ELLIPSIS
 
 
+#: Where ``status --watch`` puts a task: what needs a person first (held, then failed
+#: or waiting to restart, running, queued), the ended last (``by_attention``).
+ATTENTION = {
+    TaskStatus.HELD: 0,
+    TaskStatus.FAILED: 1,
+    TaskStatus.BACKOFF: 1,
+    TaskStatus.RUNNING: 2,
+    TaskStatus.QUEUED: 3,
+}
+
+
+def by_attention(tasks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The status rows in ``ATTENTION``'s order, the latest change first within each."""
+    newest = sorted(tasks, key=lambda t: str(t.get("updated_at") or ""), reverse=True)
+    return sorted(newest, key=lambda t: ATTENTION.get(t["state"], len(ATTENTION)))
+
+
 def render_status(
-    doc: Mapping[str, Any], *, width: int | None = None, now: float | None = None
+    doc: Mapping[str, Any],
+    *,
+    width: int | None = None,
+    now: float | None = None,
+    height: int | None = None,
 ) -> str:
     """The ``agentd status`` table for a status document (``supervisor.overview.status_document``).
 
@@ -101,7 +122,9 @@ def render_status(
     CONTEXT is ``tokens_used``, the context the model saw at its last
     call plus what it wrote, the counter that drives compaction (``-`` before the first
     turn). REASON is the last column, so cutting a row at ``width`` cuts the
-    reason; ``width`` None (stdout is not a terminal) cuts nothing. On a shared store
+    reason; ``width`` None (stdout is not a terminal) cuts nothing. With ``height`` (the
+    terminal's lines), the rows that do not fit under the header are left out, and a
+    last line says how many. On a shared store
     (``nodes`` in the document) a NODE column says which node runs each task, and the
     first line how many nodes are alive.
     """
@@ -162,6 +185,16 @@ def render_status(
         lines.append(cut(f"{cells}  {row[-1]}".rstrip(), width))
     if not doc["tasks"]:
         lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
+    # (the screen's last line is the cursor's: a text as tall as the screen scrolls its
+    # first line, the header, away; the daemon's line, not cut, may take several)
+    head = sum(-(-len(line) // width) if width else 1 for line in lines[:2])
+    if height is not None and head + len(lines) - 2 > height - 1:
+        shown = max(height - 2 - head, 0)  # the header, the rows, the note, the cursor
+        hidden = len(lines) - 2 - shown
+        note = (
+            f"… {hidden} more task(s) not shown: a taller terminal shows them, or `agentd status`"
+        )
+        lines = [*lines[: 2 + shown], cut(note, width)]
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -193,9 +193,14 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         if args.json:
             text = json.dumps(doc, indent=2, default=str)
         else:
-            from supervisor.views import render_status  # noqa: PLC0415  (the table alone needs it: --json starts faster)
+            from supervisor.views import by_attention, render_status  # noqa: PLC0415  (the table alone needs it: --json starts faster)
 
-            text = render_status(doc, width=table_width())
+            height = None
+            if redraw:  # a screen: what needs a person first, under a header that stays
+                height = shutil.get_terminal_size().lines
+                if not args.task:
+                    doc["tasks"] = by_attention(doc["tasks"])
+            text = render_status(doc, width=table_width(), height=height)
         if redraw:
             text = REDRAW + text
         elif not first:

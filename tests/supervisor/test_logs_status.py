@@ -22,6 +22,7 @@ from supervisor.record import TaskRecord
 from supervisor.views import END_GRACE, human_cost, human_count, log_line, render_status
 from tests.daemon import Daemon
 from tests.support import REPO, Terminal, poll_for, reply, text, tool_use, worker_env
+from worker.budget import Budget
 
 CONFIG = (
     "max_workers = 4\n"
@@ -375,25 +376,67 @@ def test_status_interval_needs_watch(daemon: Daemon) -> None:
         assert done.returncode == 2 and "--interval" in done.stderr, done
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason: str) -> None:
+def watched(daemon: Daemon, words: str, *, redraws: int, height: int = 30) -> str:
+    """``status --watch`` on a real terminal ``height`` lines tall: its screen once it has
+    been redrawn ``redraws`` times and shows ``words``."""
     command = " ".join(daemon.command("status", "--watch", "--interval", "0.3"))
-    terminal = Terminal(command, status_env())
+    terminal = Terminal(command, status_env(), height=height)
     try:
         screens: list[str] = []
 
         def redrawn() -> bool:
             screens.append(terminal.screen())
-            return len(screens) > 10 and "REASON" in screens[-1]
+            return len(screens) > redraws and words in screens[-1]
 
         poll_for(redrawn, 20, interval=0.1, what="a few redraws")
     finally:
         terminal.close()
-    screen = screens[-1].splitlines()
-    assert screen[0].startswith("agentd running"), screens[-1]
+    return screens[-1]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason: str) -> None:
+    shown = watched(daemon, "REASON", redraws=10)
+    screen = shown.splitlines()
+    assert screen[0].startswith("agentd running"), shown
     assert sum("REASON" in line for line in screen) == 1, "each redraw replaces the last"
     row = next(line for line in screen if line.startswith(long_reason + " "))
     assert len(row) == 120 and row.endswith("…"), row
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_status_watch_on_a_short_terminal_keeps_its_header_and_puts_holds_first(
+    daemon: Daemon, finished: str, long_reason: str
+) -> None:
+    """Ten lines of screen and more tasks than fit: the header stays on top, the held and
+    the running tasks come first (whatever their names), and a last line says how many
+    rows are not shown."""
+    paid = {"input_tokens": 100_000, "output_tokens": 10_000}  # $0.45 a turn on Sonnet 4
+    daemon.submit(
+        [reply(text(f"step {n}"), tool_use("list_dir"), usage=paid) for n in (1, 2)],
+        name="zz-held", model="claude-sonnet-4-6", budget=Budget(usd=0.5),
+    )  # fmt: skip
+    daemon.submit([reply(text("Thinking."), delay=120)], name="zz-running")
+    for n in range(6):
+        daemon.submit([reply(text("Hello."))], name=f"aa-done-{n}")
+    daemon.wait_state("zz-held", "held")
+    daemon.wait_state("zz-running", "running")
+    for n in range(6):
+        daemon.wait_state(f"aa-done-{n}", "done")
+    total = len(json.loads(daemon.run_cli("status", "--json").stdout)["tasks"])
+    try:
+        shown = watched(daemon, "not shown", redraws=5, height=10)
+    finally:
+        daemon.run_cli("cancel", "zz-running")
+    screen = shown.splitlines()
+    assert len(screen) == 10 and screen[0].startswith("agentd running"), shown
+    top = next(i for i, line in enumerate(screen) if line.startswith("TASK "))  # (a wrapped line)
+    rows = [line.split()[:2] for line in screen[top + 1 :] if line.strip()]
+    assert rows[0] == ["zz-held", "held"], shown
+    assert rows[1] == ["zz-running", "running"], shown
+    note = rows.pop()
+    assert note[0] == "…" and int(note[1]) == total - len(rows), shown
+    assert "more task(s) not shown" in shown
 
 
 # -- the text form ----------------------------------------------------------------------
