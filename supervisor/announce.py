@@ -18,12 +18,13 @@ import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from supervisor.hooks import HOOK_STATES
+from supervisor.hooks import HOOK_STATES, HoldKind
 from supervisor.metrics import Sample
 from supervisor.operator import Operator
 from supervisor.relay import DAEMON_MARK
 from supervisor.status import held_calls
 from worker import credentials
+from worker.budget import budget_hold
 from worker.errors import AgentdError
 from worker.events import Event, event_line, utc_now
 from worker.protocol import TaskStatus
@@ -99,6 +100,11 @@ class Announcer:
             except (AgentdError, OSError, ValueError) as exc:  # a journal it cannot read
                 payload["dangling"] = []
                 self.emit(Event.HOOK_FAILED, slot, level="warning", hook=key, why=f"{exc}")
+            # what the hold waits for: a call's decision, or a budget (its own event name)
+            on_budget = not payload["dangling"] and budget_hold(slot.record.reason)
+            payload["kind"] = HoldKind.BUDGET if on_budget else HoldKind.CALL
+            if on_budget:
+                payload["event"] = Event.BUDGET_EXHAUSTED
         daemon.hooks.run(key, command, payload)
 
     def relayed(self, task_id: str, event: Mapping[str, Any]) -> None:

@@ -12,6 +12,8 @@ supervisor lock and apply the change themselves.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,7 +131,47 @@ def cmd_completion(args: argparse.Namespace, config: Config, spool: Spool) -> in
     return 0
 
 
+#: The hidden command the completion scripts ask for ids with (``complete``); never
+#: listed: it is no command of a person's.
+COMPLETE = "__complete"
+#: The global options that take a value (what ``complete`` steps over to find a command).
+GLOBAL_VALUES = ("--spool", "--config", "--store", "--node", "--log-format")
+
+
+def complete(argv: Sequence[str]) -> int | None:
+    """``agentd [--spool DIR] [--config FILE] __complete tasks`` prints the spool's task
+    ids, ``... __complete calls TASK`` the held calls of TASK, one a line: what the shell
+    completion scripts offer (``supervisor.clidoc``). Nothing, and exit 0, when there is
+    nothing to read; None when ``argv``'s command is another."""
+    words = list(argv)
+    at = 0
+    while at < len(words) and words[at].startswith("-"):
+        at += 2 if words[at] in GLOBAL_VALUES else 1
+    if at >= len(words) or words[at] != COMPLETE:
+        return None
+    from supervisor.overview import dangling_rows  # noqa: PLC0415  (only completion needs it)
+    from supervisor.submit import listed_tasks  # noqa: PLC0415  (the same)
+
+    what = words[at + 1 :]
+    ids: list[str] = []
+    with contextlib.suppress(AgentdError, OSError, ValueError, SystemExit):
+        with contextlib.redirect_stderr(io.StringIO()):  # (a word argparse refuses)
+            args = build_parser().parse_args([*words[:at], "status"])
+        config = load_config(Path(args.config) if args.config else None)
+        spool = resolve_spool(args, config)
+        if what == ["tasks"]:
+            ids = [task.id for task in listed_tasks(spool)]
+        elif len(what) == 2 and what[0] == "calls":
+            ids = [str(row["call_id"]) for row in dangling_rows(spool, what[1])]
+    for found in ids:
+        print(found)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    completed = complete(sys.argv[1:] if argv is None else argv)
+    if completed is not None:
+        return completed
     try:
         args = build_parser().parse_args(argv)
         config = (

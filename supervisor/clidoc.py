@@ -6,8 +6,11 @@ Everything comes from the argparse parser of ``supervisor.cli`` (handed in: this
 imports nothing of agentd's, so the CLI and its renderings have no import circle), walked
 once by ``describe``: a new option appears in the completion scripts and the man page without
 being written down twice. How an option's value completes follows from the parser too:
-its ``choices`` when it has some, folders for a ``DIR`` metavar, files for ``FILE``,
-nothing for free text (``TEXT``, ``ID``, ``TASK``...).
+its ``choices`` when it has some, folders for a ``DIR`` metavar, files for ``FILE``, the
+spool's task ids for ``TASK`` and a task's held calls for ``CALL_ID`` (asked of agentd
+itself, ``agentd [--spool DIR] [--config FILE] __complete tasks|calls TASK``: the
+``--spool`` and ``--config`` typed on the line are passed on), nothing for free text
+(``TEXT``, ``ID``...).
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["flag", "dir", "file", "choice", "text"]
+Kind = Literal["flag", "dir", "file", "choice", "task", "call", "text"]
+#: The metavars whose values are ids agentd lists (``agentd __complete``).
+IDS: dict[str, Kind] = {"TASK": "task", "CALL_ID": "call"}
+#: The global options a completion passes on to ``agentd __complete``.
+PASSED_ON = ("--spool", "--config")
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,7 @@ class Argument:
     kind: Kind
     choices: tuple[str, ...] = ()
     optional: bool = True
+    repeats: bool = False  # a positional given any number of times (``status A B C``)
 
     @property
     def takes_value(self) -> bool:
@@ -84,6 +92,8 @@ def _arguments(
             kind = "choice"
         elif metavar in ("DIR", "FILE", "PATH"):
             kind = "dir" if metavar == "DIR" else "file"
+        elif metavar in IDS:
+            kind = IDS[metavar]
         else:
             kind = "text"
         help_text = "" if action.help in (None, argparse.SUPPRESS) else str(action.help)
@@ -93,7 +103,8 @@ def _arguments(
             help_text,
             kind,
             choices,
-            optional=not action.required if action.option_strings else action.nargs == "?",
+            optional=not action.required if action.option_strings else action.nargs in ("?", "*"),
+            repeats=not action.option_strings and action.nargs in ("*", "+"),
         )
         (options if action.option_strings else positionals).append(argument)
     return tuple(options), tuple(positionals)
@@ -126,23 +137,30 @@ def bash(cli: CommandLine) -> str:
         f'        "{scope} {i}") {_bash_values(p)}; return ;;'
         for scope, _, positionals in scopes
         for i, p in enumerate(positionals)
-        if p.kind != "text"
+        if p.kind != "text" and not p.repeats
+    ] + [  # (after the others: a pattern that takes any count)
+        f'        "{scope} "*) {_bash_values(p)}; return ;;'
+        for scope, _, positionals in scopes
+        for p in positionals
+        if p.kind != "text" and p.repeats
     ]
+    passed_on = "|".join(f'" {flag}"' for flag in PASSED_ON)
     commands = " ".join(c.name for c in cli.commands)
     return f"""\
 # bash completion for {cli.prog}; generated from its argument parser.
 # Load it with: source <({cli.prog} completion bash)
 {fn}() {{
     local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}}
-    local cmd="" npos=0 i w words=""
+    local cmd="" npos=0 i w words="" ctx=() pos=()
     COMPREPLY=()
     for ((i = 1; i < COMP_CWORD; i++)); do
         w=${{COMP_WORDS[i]}}
         case "$cmd $w" in
+            {passed_on}) ctx+=("$w" "${{COMP_WORDS[i+1]/#\\~/$HOME}}"); i=$((i + 1)) ;;
             {"|".join(takes_value)}) i=$((i + 1)) ;;
             *" -"*) ;;
             " "*) cmd=$w ;;
-            *) npos=$((npos + 1)) ;;
+            *) npos=$((npos + 1)); pos+=("$w") ;;
         esac
     done
     case "$cmd $prev" in
@@ -166,6 +184,10 @@ complete -F {fn} {cli.prog}
 
 
 def _bash_values(argument: Argument) -> str:
+    if argument.kind in ("task", "call"):  # (the ids agentd lists, on the spool typed)
+        asked = "tasks" if argument.kind == "task" else 'calls "${pos[0]}"'
+        ids = f'$("${{COMP_WORDS[0]}}" "${{ctx[@]}}" __complete {asked} 2>/dev/null)'
+        return f'mapfile -t COMPREPLY < <(compgen -W "{ids}" -- "$cur")'
     if argument.kind == "choice":
         return f'mapfile -t COMPREPLY < <(compgen -W "{" ".join(argument.choices)}" -- "$cur")'
     if argument.kind in ("dir", "file"):
@@ -183,6 +205,10 @@ def zsh(cli: CommandLine) -> str:
     """A zsh completion function for ``compinit`` (``#compdef``), also usable with
     ``source <(agentd completion zsh)`` once compinit has run."""
     fn = f"_{cli.prog}"
+    passed_on = "\n".join(
+        f"        [[ -n ${{opt_args[{flag}]}} ]] && _{cli.prog}_ctx+=({flag} ${{opt_args[{flag}]}})"
+        for flag in PASSED_ON
+    )
     described = "\n".join(f"        {_zsh_quote(f'{c.name}:{c.help}')}" for c in cli.commands)
     cases = "\n".join(
         f"        {c.name}) _arguments {_zsh_specs(c.options, c.positionals)} ;;"
@@ -204,11 +230,20 @@ def zsh(cli: CommandLine) -> str:
         )
         _describe -t commands '{cli.prog} command' commands ;;
     argument)
+        local -a _{cli.prog}_ctx  # (the spool and config typed: where the ids are)
+{passed_on}
         case $line[1] in
 {cases}
         esac ;;
     esac
 }}
+{fn}_ids() {{
+    local -a ids
+    ids=(${{(f)"$({cli.prog} $_{cli.prog}_ctx __complete "$@" 2>/dev/null)"}})
+    compadd -a ids
+}}
+{fn}_tasks() {{ {fn}_ids tasks }}
+{fn}_calls() {{ {fn}_ids calls "$line[1]" }}
 if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
     {fn} "$@"
 else
@@ -231,15 +266,17 @@ def _zsh_specs(options: Iterable[Argument], positionals: Iterable[Argument]) -> 
                 specs.append(_zsh_quote(f"{flag}[{text}]"))
     for i, positional in enumerate(positionals, 1):
         colon = "::" if positional.optional else ":"
+        where = "*" if positional.repeats else str(i)
         message = _zsh_escape(f"{positional.metavar}: {positional.help}")
-        specs.append(_zsh_quote(f"{i}{colon}{message}:{_zsh_action(positional)}"))
+        specs.append(_zsh_quote(f"{where}{colon}{message}:{_zsh_action(positional)}"))
     return " ".join(specs)
 
 
 def _zsh_action(argument: Argument) -> str:
     if argument.kind == "choice":
         return "(" + " ".join(argument.choices) + ")"
-    return {"dir": "_files -/", "file": "_files"}.get(argument.kind, " ")
+    ids = {"task": "_agentd_tasks", "call": "_agentd_calls"}
+    return {"dir": "_files -/", "file": "_files", **ids}.get(argument.kind, " ")
 
 
 def _zsh_escape(text: str) -> str:
@@ -260,6 +297,7 @@ def fish(cli: CommandLine) -> str:
         f"# fish completion for {prog}; generated from its argument parser.",
         f"# Load it with: {prog} completion fish | source",
         f"complete -c {prog} -f",
+        _fish_ids(prog, [f for o in cli.options if o.takes_value for f in o.flags]),
     ]
     no_command = "__fish_use_subcommand"
     lines += [
@@ -270,8 +308,16 @@ def fish(cli: CommandLine) -> str:
     for command in cli.commands:
         seen = _fish_quote(f"__fish_seen_subcommand_from {command.name}")
         lines += [_fish_option(prog, seen, o) for o in command.options]
-        for positional in command.positionals:
-            if positional.kind == "choice":
+        for i, positional in enumerate(command.positionals):
+            if positional.kind in ("task", "call"):
+                where = "" if positional.repeats else f"; and __{prog}_npos {i}"
+                when = _fish_quote(f"__fish_seen_subcommand_from {command.name}{where}")
+                asked = "tasks" if positional.kind == "task" else "calls"
+                lines.append(
+                    f"complete -c {prog} -n {when} -a '(__{prog}_ids {asked})' "
+                    f"-d {_fish_quote(positional.help)}"
+                )
+            elif positional.kind == "choice":
                 values = _fish_quote(" ".join(positional.choices))
                 lines.append(
                     f"complete -c {prog} -n {seen} -a {values} -d {_fish_quote(positional.help)}"
@@ -279,6 +325,49 @@ def fish(cli: CommandLine) -> str:
             elif positional.kind in ("file", "dir"):
                 lines.append(f"complete -c {prog} -n {seen} -F")
     return "\n".join(lines) + "\n"
+
+
+def _fish_ids(prog: str, valued: Sequence[str]) -> str:
+    """The functions the ids complete through: ``__PROG_scan`` reads the line (the spool
+    and config given, the positionals after the command), ``__PROG_ids`` asks agentd,
+    ``__PROG_npos N`` is true while N positionals are given."""
+    return f"""\
+function __{prog}_scan
+    set -g __{prog}_ctx
+    set -g __{prog}_pos
+    set -l cmd
+    set -l words (commandline -opc)
+    set -l i 2
+    while test $i -le (count $words)
+        set -l w $words[$i]
+        if test -z "$cmd"
+            if contains -- $w {" ".join(PASSED_ON)}
+                set i (math $i + 1)
+                set -a __{prog}_ctx $w $words[$i]
+            else if contains -- $w {" ".join(f for f in valued if f not in PASSED_ON)}
+                set i (math $i + 1)
+            else if not string match -q -- '-*' $w
+                set cmd $w
+            end
+        else if not string match -q -- '-*' $w
+            set -a __{prog}_pos $w
+        end
+        set i (math $i + 1)
+    end
+end
+function __{prog}_ids
+    command -q {prog}; or return  # (not on PATH: nothing to ask)
+    __{prog}_scan
+    if test "$argv[1]" = calls
+        {prog} $__{prog}_ctx __complete calls $__{prog}_pos[1] 2>/dev/null
+    else
+        {prog} $__{prog}_ctx __complete tasks 2>/dev/null
+    end
+end
+function __{prog}_npos
+    __{prog}_scan
+    test (count $__{prog}_pos) -eq $argv[1]
+end"""
 
 
 def _fish_option(prog: str, condition: str, option: Argument) -> str:
@@ -290,6 +379,8 @@ def _fish_option(prog: str, condition: str, option: Argument) -> str:
         "file": " -r -F",
         "dir": " -x -a '(__fish_complete_directories)'",
         "choice": f" -x -a {_fish_quote(' '.join(option.choices))}",
+        "task": f" -x -a '(__{prog}_ids tasks)'",
+        "call": f" -x -a '(__{prog}_ids calls)'",
         "text": " -x",
     }[option.kind]
     return (

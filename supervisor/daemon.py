@@ -367,7 +367,7 @@ class Supervisor:
             "sandbox": sandbox,
             "ready": True,
             "cgroups": self.cgroups.verdict,
-            "console": self.surfaces.console_url,
+            **self.surfaces.console_info(),
         }
         self.announcer.publish_info()
         self.notifier.ready()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -325,14 +326,13 @@ def next_commands(kept: Path | None) -> list[tuple[str, str]]:
 
 
 def _agentd_as_typed() -> str:
-    """``agentd`` when that is the one on PATH, else this environment's script as a path
-    from the current folder (``.venv/bin/agentd`` after ``make demo``)."""
+    """``agentd`` when that is the one on PATH, else this environment's script by its
+    absolute path (``.../.venv/bin/agentd`` after ``make demo``): a line that works from
+    any folder."""
     script = Path(sys.executable).with_name("agentd")
     if shutil.which("agentd") == str(script):
         return "agentd"
-    if script.is_relative_to(Path.cwd()):
-        return str(script.relative_to(Path.cwd()))
-    return str(script)
+    return shlex.quote(str(script))
 
 
 # -- agentd demo --cluster ------------------------------------------------------------------
@@ -522,7 +522,8 @@ def cluster_next_commands() -> list[tuple[str, str]]:
     """How to run the same by hand, with a throwaway server of one's own."""
     agentd = _agentd_as_typed()
     return [
-        ("python -m supervisor.pgcluster up", "a throwaway PostgreSQL: prints its folder and URL"),
+        (f"{shlex.quote(sys.executable)} -m supervisor.pgcluster up",
+         "a throwaway PostgreSQL: prints its folder and URL"),
         (f"AGENTD_STORE=URL {agentd} --spool /tmp/a --node a start --detach",
          "a node (and another with --spool /tmp/b --node b)"),
         (f"AGENTD_STORE=URL {agentd} status", "the whole cluster, from any node: `node` per task"),

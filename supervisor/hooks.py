@@ -5,9 +5,11 @@ command, an argv list. The daemon runs it as itself (not in any sandbox: a hook 
 operator's own code, which pages someone or opens a ticket) with:
 
 * the event as one JSON object on standard input: ``event``, ``task``, ``reason``,
-  ``node``, ``timestamp``, and for a hold ``dangling``, the held calls as
-  ``agentd dangling --json`` shows them; when an operator's action led to the state, who
-  took it (``by``, ``via``) and its event (``acted``; docs/design.md section 15);
+  ``node``, ``timestamp``, and for a hold ``kind`` (``HoldKind``: what it waits for)
+  and ``dangling``, the held calls as ``agentd dangling --json`` shows them (a hold on
+  a budget has none, and the event ``budget_exhausted``); when an operator's action
+  led to the state, who took it (``by``, ``via``) and its event (``acted``;
+  docs/design.md section 15);
 * ``AGENTD_EVENT`` and ``AGENTD_TASK`` in its environment, which is the daemon's
   without any credential (``worker.credentials.without_credentials``), without libpq's
   variables (``PGPASSWORD``, ``PGPASSFILE``...: ``without_libpq``) and without the
@@ -37,6 +39,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
@@ -55,6 +58,14 @@ HOOK_STATES = {
     TaskStatus.FAILED: ("on_failed", Event.TASK_FAILED),
     TaskStatus.DONE: ("on_done", Event.TASK_DONE),
 }
+
+
+class HoldKind(StrEnum):
+    """What an ``on_held`` hook's hold waits for (its payload's ``kind``)."""
+
+    CALL = "call"  # a call whose outcome is unknown: ``agentd approve-dangling``
+    BUDGET = "budget"  # its budget, spent: ``agentd budget`` (event ``budget_exhausted``)
+
 
 #: Characters of a failed hook's stderr kept for ``hook_failed``.
 STDERR_TAIL = 300

@@ -9,7 +9,7 @@ read in one statement (``TaskStore.read_all``), each with the node that runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from supervisor.coordination import running_pid, supervisor_info
@@ -79,21 +79,22 @@ def task_row(
 
 def status_document(
     spool: Spool,
-    task_id: str | None = None,
+    task_id: str | Sequence[str] | None = None,
     prices: Mapping[str, Price] = BUILTIN_PRICES,
     read: RowReader = status_row,
 ) -> dict[str, Any]:
-    """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``);
-    on a shared store every task of the cluster, each with the node that runs it, and
-    ``nodes``; each ``cost_usd`` at ``prices`` (``Config.price_table``); each row read
-    with ``read``."""
+    """docs/design.md section 3: the daemon that answers, and every task (or ``task_id``,
+    one id or several, each once, in the order given); on a shared store every task of
+    the cluster, each with the node that runs it, and ``nodes``; each ``cost_usd`` at
+    ``prices`` (``Config.price_table``); each row read with ``read``."""
+    named = [task_id] if isinstance(task_id, str) else list(dict.fromkeys(task_id or ()))
     store = store_for(spool)
     cluster = spool.shared
     leases = cluster.leases() if cluster is not None else None
     rows = []
     sup = supervisor_json(spool)
     with store.read_all():
-        task_dirs = listed_tasks(spool) if task_id is None else [existing_task(spool, task_id)]
+        task_dirs = [existing_task(spool, t) for t in named] if named else listed_tasks(spool)
         for task in task_dirs:
             if store.exists(task.id):
                 rows.append(task_row(task, leases, sup["node"], prices, read))

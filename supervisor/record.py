@@ -207,6 +207,25 @@ class TaskRecord:
         self.move_to(TaskStatus.QUEUED, task_id)
         self.reason = None
 
+    def moves(self) -> dict[str, bool]:
+        """Which of an operator's moves this record allows, as the checks above answer
+        (the console offers these alone): ``cancel``, ``retry``, ``rewind`` (never after a
+        cancel, which is final) and ``fork`` (always: a fork is a new task)."""
+
+        def allowed(check: Callable[[str], None]) -> bool:
+            try:
+                check("")
+            except StateConflictError:
+                return False
+            return True
+
+        return {
+            "cancel": allowed(self.check_cancel),
+            "retry": allowed(self.check_retry),
+            "rewind": self.state != TaskStatus.CANCELLED,
+            "fork": True,
+        }
+
     def _queue(self, task_id: str) -> None:
         self.move_to(TaskStatus.QUEUED, task_id)
         self.reason, self.crashes = None, []

@@ -177,6 +177,6 @@ class Reloader:
         if daemon.forks is not None:  # the standby read the old config ahead: a new one
             daemon.forks.renew_standby()
         if daemon.surfaces.reload(before) and daemon.announcer.info:  # the console moved
-            daemon.announcer.info["console"] = daemon.surfaces.console_url
+            daemon.announcer.info.update(daemon.surfaces.console_info())
             daemon.announcer.publish_info()
         daemon.wake()

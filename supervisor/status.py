@@ -56,11 +56,19 @@ def beat_age(beat: HeartbeatData) -> float:
     return Beat.of(beat, time.time(), mono).age(mono)
 
 
-def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, Any]]:
-    """The task's dangling calls that wait for an operator, as `agentd dangling` shows them.
-    Read from the snapshot on: a held call is one of the latest turn's, which a snapshot
-    carries, so a long task's holds cost the records after its snapshot, not its history."""
+def held_calls(
+    task: TaskDir, state: TaskState | None = None, spec: TaskSpec | None = None
+) -> list[dict[str, Any]]:
+    """The task's dangling calls that wait for an operator, as `agentd dangling` shows them,
+    with the task's workspace (where to look for what a call did). Read from the snapshot
+    on: a held call is one of the latest turn's, which a snapshot carries, so a long
+    task's holds cost the records after its snapshot, not its history."""
     state = state or load_state(task, full=False)
+    workspace: str | None = None
+    if state.held:
+        with contextlib.suppress(SpoolError, TaskSpecError, NotFoundError):
+            spec = spec or store_of(task).load_spec(task.id)
+            workspace = str(task.workspace_for(spec))
     rows = []
     for hold in state.held:
         call: Call | None = state.calls.get(hold["call_id"])
@@ -79,6 +87,7 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
                 "started_at": call.started_at,
                 "stage": STAGE_BEFORE if call.asked else STAGE_UNKNOWN,
                 "why": hold.get("why"),
+                "workspace": workspace,
             }
         )
     return rows
@@ -176,7 +185,7 @@ def status_row_of(
             }
             spend = spend if spend is not None else state.spend_total
             if record.state == TaskStatus.HELD:
-                dangling = held_calls(task, state)
+                dangling = held_calls(task, state, spec)
     if running and beat is not None:
         turn = int(beat.get("turn", turn))
         beat_usage = beat.get("usage") or {}

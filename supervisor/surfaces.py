@@ -52,6 +52,7 @@ class Surfaces:
         self.environ = environ  # the console's environment: the workers' (no secret)
         self.metrics: MetricsServer | None = None
         self.console: ConsoleProcess | None = None
+        self.console_error: str | None = None  # why ``[console] listen`` is not served
         self.traces: TraceExporter | None = None
         self.status: StatusSocket | None = None
 
@@ -62,6 +63,15 @@ class Surfaces:
     @property
     def console_url(self) -> str | None:
         return self.console.url if self.console is not None else None
+
+    def console_info(self) -> dict[str, str | None]:
+        """What ``supervisor.json`` says of the console: its URL, the address the daemon's
+        config gives it, and why it is not served there (what ``agentd console`` tells)."""
+        return {
+            "console": self.console_url,
+            "console_listen": self.config.console.listen,
+            "console_error": self.console_error,
+        }
 
     def pids(self) -> set[int]:
         """The processes of its own (the console's): no stray to sweep."""
@@ -135,6 +145,7 @@ class Surfaces:
         try:
             console.start(wait=wait)
         except AgentdError as exc:
+            self.console_error = str(exc)
             self.emit(
                 Event.CONSOLE_FAILED,
                 level="error",
@@ -142,7 +153,7 @@ class Surfaces:
                 error=str(exc),
             )
             raise
-        self.console = console
+        self.console, self.console_error = console, None
 
     def reload(self, before: Config) -> bool:
         """A reload's ``[console]``: read again by the running console, or a console
@@ -156,7 +167,9 @@ class Surfaces:
             self.console.reload()
             return False
         if self.console is None and console.address is None:
-            return False
+            changed = self.console_error is not None
+            self.console_error = None
+            return changed
         if self.console is not None:
             self.console.stop()
             self.console = None

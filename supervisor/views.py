@@ -31,8 +31,9 @@ from typing import Any
 from supervisor.record import ARRIVALS, TaskRecord
 from supervisor.relay import earlier_mark
 from supervisor.stores import store_of
+from worker.budget import usd_text
 from worker.events import Event
-from worker.protocol import FINAL_STATES
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.records import CallOutcome
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
@@ -99,8 +100,29 @@ def cut(line: str, width: int | None) -> str:
     return line[: max(width - 1, 0)] + ELLIPSIS
 
 
+#: Where ``status --watch`` puts a task: what needs a person first (held, then failed
+#: or waiting to restart, running, queued), the ended last (``by_attention``).
+ATTENTION = {
+    TaskStatus.HELD: 0,
+    TaskStatus.FAILED: 1,
+    TaskStatus.BACKOFF: 1,
+    TaskStatus.RUNNING: 2,
+    TaskStatus.QUEUED: 3,
+}
+
+
+def by_attention(tasks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The status rows in ``ATTENTION``'s order, the latest change first within each."""
+    newest = sorted(tasks, key=lambda t: str(t.get("updated_at") or ""), reverse=True)
+    return sorted(newest, key=lambda t: ATTENTION.get(t["state"], len(ATTENTION)))
+
+
 def render_status(
-    doc: Mapping[str, Any], *, width: int | None = None, now: float | None = None
+    doc: Mapping[str, Any],
+    *,
+    width: int | None = None,
+    now: float | None = None,
+    height: int | None = None,
 ) -> str:
     """The ``agentd status`` table for a status document (``supervisor.overview.status_document``).
 
@@ -110,7 +132,9 @@ def render_status(
     CONTEXT is ``tokens_used``, the context the model saw at its last
     call plus what it wrote, the counter that drives compaction (``-`` before the first
     turn). REASON is the last column, so cutting a row at ``width`` cuts the
-    reason; ``width`` None (stdout is not a terminal) cuts nothing. On a shared store
+    reason; ``width`` None (stdout is not a terminal) cuts nothing. With ``height`` (the
+    terminal's lines), the rows that do not fit under the header are left out, and a
+    last line says how many. On a shared store
     (``nodes`` in the document) a NODE column says which node runs each task, and the
     first line how many nodes are alive.
     """
@@ -173,17 +197,28 @@ def render_status(
         lines.append(cut(f"{cells}  {row[-1]}".rstrip(), width))
     if not doc["tasks"]:
         lines.append("no tasks; add one with `agentd submit --prompt TEXT`")
+    # (the screen's last line is the cursor's: a text as tall as the screen scrolls its
+    # first line, the header, away; the daemon's line, not cut, may take several)
+    head = sum(-(-len(line) // width) if width else 1 for line in lines[:2])
+    if height is not None and head + len(lines) - 2 > height - 1:
+        shown = max(height - 2 - head, 0)  # the header, the rows, the note, the cursor
+        hidden = len(lines) - 2 - shown
+        note = (
+            f"… {hidden} more task(s) not shown: a taller terminal shows them, or `agentd status`"
+        )
+        lines = [*lines[: 2 + shown], cut(note, width)]
     return "\n".join(line.rstrip() for line in lines)
 
 
 def human_cost(cost: Any, budget: Any) -> str:
     """COST: the spend in dollars to the cent (a smaller one to four places), ``-`` when a
-    model has no price, and ``/`` the USD budget when there is one."""
+    model has no price, and ``/`` the USD budget when there is one (one below a cent at
+    the precision of the cost)."""
     if not isinstance(cost, int | float):
         shown = "-"
     else:
         shown = f"${cost:.2f}" if cost >= 0.01 or cost == 0 else f"${cost:.4f}"
-    return shown + (f"/{budget:.2f}" if isinstance(budget, int | float) else "")
+    return shown + (f"/{usd_text(budget)}" if isinstance(budget, int | float) else "")
 
 
 def _reason(t: Mapping[str, Any]) -> str:
@@ -311,8 +346,12 @@ class TaskLog:
 
 def shown_outcome(call: Mapping[str, Any]) -> str:
     """A tool call's outcome as the text views show it: ``error`` for a result whose
-    ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``)."""
-    return CallOutcome.ERROR if call.get("is_error") else str(call.get("outcome"))
+    ``is_error`` is set (the JSON keeps ``outcome`` and says ``is_error``), but for a call
+    that was never run, skipped by an operator or cut off: it says so, as it did not err."""
+    outcome = str(call.get("outcome"))
+    if call.get("is_error") and outcome not in (CallOutcome.SKIPPED, CallOutcome.NOT_RUN):
+        return CallOutcome.ERROR
+    return outcome
 
 
 def log_line(event: Mapping[str, Any]) -> str:

@@ -216,7 +216,7 @@ class Budget:
                     f'add [prices."{models.split(", ")[0]}"] to the config'
                 )
             if spent >= Decimal(str(self.usd)):
-                return f"budget: ${dollars(spent)} of ${self.usd:.2f}"
+                return f"budget: ${dollars(spent)} of ${usd_text(self.usd)}"
         if self.tokens is not None:
             used = total_tokens(spend)
             if used >= self.tokens:
@@ -228,15 +228,33 @@ class Budget:
         if self.usd is not None:
             spent = cost(spend, prices)
             if spent is not None and Decimal(str(self.usd)) < spent:
-                return f"${self.usd:.2f} is below the ${dollars(spent)} spent so far"
+                return f"${usd_text(self.usd)} is below the ${dollars(spent)} spent so far"
         if self.tokens is not None and self.tokens < (used := total_tokens(spend)):
             return f"{self.tokens} tokens is below the {used} spent so far"
         return None
 
 
+#: A cent: the precision amounts are shown at from here up (``budget: $1.35 of $1.00``).
+CENT = Decimal("0.01")
+#: The precision of a cost (``usd``): what an amount below a cent is shown at.
+COST_PRECISION = Decimal("0.000001")
+
+
 def dollars(amount: Decimal) -> Decimal:
-    """``amount`` rounded up to the cent: what a budget's reason shows as spent."""
-    return amount.quantize(Decimal("0.01"), ROUND_CEILING)
+    """``amount`` rounded up to the cent: what a budget's reason shows as spent; an
+    amount below a cent at the precision of the cost (rounded up there), so that a
+    spend of $0.0012 is not shown as the $0.01 it is not."""
+    if 0 < amount < CENT:
+        return amount.quantize(COST_PRECISION, ROUND_CEILING).normalize()
+    return amount.quantize(CENT, ROUND_CEILING)
+
+
+def usd_text(limit: float) -> str:
+    """A USD budget as the messages show it: to the cent (``1.00``) from a cent up, at the
+    precision of the cost below (``0.005``, not the ``0.01`` or ``0.00`` it is not)."""
+    if 0 < limit < 0.01:
+        return format(Decimal(str(limit)).quantize(COST_PRECISION).normalize(), "f")
+    return f"{limit:.2f}"
 
 
 #: What a budget hold's reason starts with (``Budget.reached``).

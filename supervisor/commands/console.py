@@ -48,13 +48,44 @@ def cmd_console(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         tokens.revoke(store, args.revoke)
         print(f"{args.revoke}: revoked")
         return 0
-    pid = running_pid(spool)
-    url = (supervisor_info(spool) or {}).get("console") if pid is not None else None
-    if not isinstance(url, str) or not url:
-        where = "" if pid is not None else f" (agentd is not running on {spool.root})"
-        raise AgentdError(f"the console is off: set [console] listen and reload{where}")
+    url = console_url(config, spool)
     secret = tokens.LoginTickets(spool).issue()
     print(f"{url}?token={secret}")
     minutes = round(tokens.LOGIN_TTL / 60)
     print(f"agentd: a one-time login link: open it within {minutes} minutes", file=sys.stderr)
     return 0
+
+
+def console_url(config: Config, spool: Spool) -> str:
+    """The URL the running daemon serves its console on; each case where there is none is
+    said as it is: no daemon, no ``[console] listen``, a listen not yet reloaded, or an
+    address the daemon could not serve (its ``console_failed``)."""
+    listen = config.console.listen
+    pid = running_pid(spool)
+    if pid is None:
+        if not listen:
+            raise AgentdError(
+                f"the console is off: set [console] listen, then `agentd start` "
+                f"(agentd is not running on {spool.root})"
+            )
+        raise AgentdError(
+            f"agentd is not running on {spool.root}: `agentd start` serves the console on {listen}"
+        )
+    info = supervisor_info(spool) or {}
+    url = info.get("console")
+    if isinstance(url, str) and url:
+        return url
+    served = info.get("console_listen")
+    error = info.get("console_error")
+    if served and error:
+        raise AgentdError(
+            f"the console could not serve on {served}: {error} (the daemon's log says "
+            f"console_failed); free the address or change [console] listen, then "
+            f"`agentd reload`"
+        )
+    if listen and listen != served:
+        raise AgentdError(
+            f"the running daemon (pid {pid}) has not read [console] listen = {listen} "
+            f"yet: `agentd reload`"
+        )
+    raise AgentdError("the console is off: set [console] listen and `agentd reload`")

@@ -77,6 +77,7 @@ def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         print(
             f"{r['task']}  {r['call_id']}  {r['tool']} ({r['effect']})  attempt {r['attempt']}  "
             f"{what}\n    input: {json.dumps(r['input'])[:300]}\n    key:   {r['idempotency_key']}"
+            f"\n    look:  {r.get('workspace') or '-'} (the task's workspace)"
             f"\n    decide: agentd approve-dangling {r['task']} {r['call_id']} --attempt "
             f"{r['attempt']} (--rerun | --skip --reason TEXT | --result TEXT)"
         )
@@ -180,6 +181,7 @@ def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 def cmd_budget(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.budgets import KEEP, change_budget, parse_tokens, parse_usd  # noqa: PLC0415  (only this command needs it)
+    from worker.budget import usd_text  # noqa: PLC0415  (the same)
 
     change = change_budget(
         spool,
@@ -191,7 +193,7 @@ def cmd_budget(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     )
     after = change.after
     limits = [
-        f"${after.usd:.2f}" if after.usd is not None else "no USD limit",
+        f"${usd_text(after.usd)}" if after.usd is not None else "no USD limit",
         f"{after.tokens} tokens" if after.tokens is not None else "no token limit",
     ]
     spent = f"${change.cost_usd:.6f}" if change.cost_usd is not None else "an unknown cost"

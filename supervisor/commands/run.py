@@ -102,16 +102,18 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
     from supervisor.hold_prompt import Answer  # noqa: PLC0415  (only `run` needs it)
     from supervisor.status import STAGE_BEFORE  # noqa: PLC0415  (the same)
 
+    # (the transcript's own line says "‖ held" once; this is what the decision needs)
     shown = json.dumps(call.get("input"), ensure_ascii=False)
     before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: docs/guides/tools.md)
     known = (
         "it has not run: it waits for your approval."
         if before
-        else "its outcome is unknown: it may or may not have taken effect."
+        else "its outcome is unknown: it may or may not have taken effect (look in the workspace)."
     )
+    where = f"\n    workspace: {call['workspace']}" if call.get("workspace") else ""
     print(
-        f"‖ held: {call['tool']} ({call.get('effect')}) call {call['call_id']}: {call.get('why')}"
-        f"\n    input: {shown[:2000]}\n    {known}",
+        f"    to decide: {call['tool']} ({call.get('effect')}) call {call['call_id']}: "
+        f"{call.get('why')}\n    input: {shown[:2000]}{where}\n    {known}",
         file=sys.stderr,
     )
     question = (
@@ -150,12 +152,13 @@ def ask_budget_at_terminal(reason: str, budget: Any, refusal: str | None) -> Any
     end of input (the task stays held)."""
     from supervisor.budgets import KEEP, parse_tokens, parse_usd  # noqa: PLC0415  (only `run` needs it)
     from supervisor.hold_prompt import BudgetAnswer  # noqa: PLC0415  (the same)
+    from worker.budget import usd_text  # noqa: PLC0415  (the same)
 
     if refusal is not None:
         print(f"agentd: {refusal}", file=sys.stderr)
     else:
-        print(f"‖ held: {reason}", file=sys.stderr)
-    now_usd = "none" if budget.usd is None else f"{budget.usd:.2f}"
+        print(f"    to decide: the task is held on its {reason}", file=sys.stderr)
+    now_usd = "none" if budget.usd is None else usd_text(budget.usd)
     now_tokens = "none" if budget.tokens is None else str(budget.tokens)
     while True:
         usd = _read_answer(f"new budget in US dollars (now {now_usd}; a number, none, or Enter "

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ def add_parser(commands: Commands) -> None:
     p = commands.add("submit", cmd_submit, "submit a task; prints its id", reads_spool=False)
     task_options(p)
     p = commands.add("status", cmd_status, "show the supervisor and every task")
-    task_arg(p, optional=True)
+    p.add_argument("task", nargs="*", metavar="TASK", help="only these tasks (default: all)")
     json_flag(p, "the supervisor and the tasks")
     p.add_argument(
         "--watch",
@@ -54,8 +55,15 @@ def add_parser(commands: Commands) -> None:
     p.add_argument("--limit", metavar="N", help="at most N tasks; the JSON's next goes on")
     p.add_argument("--after", metavar="CURSOR", help="the page after CURSOR (a page's next)")
     p = commands.add("logs", cmd_logs, "a task's lifecycle events and a line per turn")
-    task_arg(p)
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the task ends")
+    p.add_argument(
+        "task", nargs="?", metavar="TASK", help="the task id (with --follow: default every task)"
+    )
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing until the task ends (no TASK: every task's, until Ctrl-C)",
+    )
     p.add_argument(
         "-n",
         "--lines",
@@ -209,9 +217,14 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         if args.json:
             text = json.dumps(doc, indent=2, default=str)
         else:
-            from supervisor.views import render_status  # noqa: PLC0415  (the table alone needs it: --json starts faster)
+            from supervisor.views import by_attention, render_status  # noqa: PLC0415  (the table alone needs it: --json starts faster)
 
-            text = render_status(doc, width=table_width())
+            height = None
+            if redraw:  # a screen: what needs a person first, under a header that stays
+                height = shutil.get_terminal_size().lines
+                if not args.task:
+                    doc["tasks"] = by_attention(doc["tasks"])
+            text = render_status(doc, width=table_width(), height=height)
         if redraw:
             text = REDRAW + text
         elif not first:
@@ -242,10 +255,14 @@ def _selection(args: argparse.Namespace) -> Selection | None:
 def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor.views import TaskLog, log_line  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    task = existing_task(spool, args.task)
     if args.lines is not None and args.lines < 0:
         raise UsageError(f"-n must be 0 or more lines, not {args.lines}.")
     show = (lambda e: json.dumps(e, ensure_ascii=False, default=str)) if args.json else log_line
+    if args.task is None:
+        if not args.follow:
+            raise UsageError("give a TASK, or --follow alone to follow every task.")
+        return follow_every_task(spool, show, args.lines, named=not args.json)
+    task = existing_task(spool, args.task)
     log = TaskLog(task)
     entries = log.read(settled=args.follow)
     if args.lines is not None:
@@ -271,6 +288,35 @@ def cmd_logs(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 #: How often ``logs --follow`` looks for new events and turns.
 FOLLOW_POLL = 0.25
+
+
+def follow_every_task(
+    spool: Spool, show: Callable[[dict[str, Any]], str], lines: int | None, *, named: bool
+) -> int:
+    """``agentd logs --follow`` with no task (as ``journalctl -f``): the lines of every
+    task as they come, until Ctrl-C (``named``: each after its task's id); a task's turn
+    once its calls have their outcomes. A task there at the start shows its last
+    ``lines`` (none by default) and then what is new; a task submitted meanwhile shows
+    all of its lines."""
+    from supervisor.submit import listed_tasks  # noqa: PLC0415  (only this command needs it)
+    from supervisor.views import TaskLog  # noqa: PLC0415  (the same)
+
+    logs: dict[str, TaskLog] = {}
+    first = True
+    try:
+        while True:
+            for task in listed_tasks(spool):
+                log = logs.get(task.id)
+                entries = (log or logs.setdefault(task.id, TaskLog(task))).read(settled=True)
+                if log is None and first:
+                    entries = entries[len(entries) - lines :] if lines else []
+                for entry in entries:
+                    print(f"{task.id}  {show(entry)}" if named else show(entry))
+            first = False
+            sys.stdout.flush()
+            time.sleep(FOLLOW_POLL)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_show(args: argparse.Namespace, config: Config, spool: Spool) -> int:

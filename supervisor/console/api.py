@@ -42,6 +42,7 @@ from supervisor import actions, history, overview, transcript
 from supervisor.budgets import KEEP, Unchanged, change_budget, parse_tokens, parse_usd
 from supervisor.control import Fenced
 from supervisor.operator import Operator
+from supervisor.record import TaskRecord
 from supervisor.stores import store_for
 from supervisor.submit import checked_text, existing_task
 from worker.config import Config
@@ -118,7 +119,12 @@ def tasks(call: Call) -> list[Any] | JSON:
 def task(call: Call) -> JSON:
     found = existing_task(call.spool, call.task)
     events, _ = store_for(call.spool).read_events(found.id)
-    return {"task": _row(call, found.id), "history": history.history_rows(found), "events": events}
+    return {
+        "task": _row(call, found.id),
+        "history": history.history_rows(found),
+        "events": events,
+        "actions": TaskRecord.load(found).moves(),  # what the page offers (the CLI's checks)
+    }
 
 
 def messages(call: Call) -> list[Any]:

@@ -105,6 +105,8 @@ def test_a_dollar_budget_holds_at_turn_3_across_a_kill_and_a_raise_resumes_it(
 
     hook = poll_for(lambda: _read_json(tmp_path / "held.json"), 20, what="the on_held hook")
     assert hook["reason"] == "budget: $1.35 of $1.00" and hook["dangling"] == []
+    # told apart from a held call without reading the reason
+    assert (hook["kind"], hook["event"]) == ("budget", "budget_exhausted")
     exhausted = poll_for(
         lambda: [e for e in daemon.log_events() if e.get("event") == "budget_exhausted"],
         20,

@@ -140,7 +140,7 @@ def set_state(task: TaskDir, state: str, reason: str | None = None) -> None:
         (["submit", "--prompt", "x", "--tools", "read_file,teleport"], ["teleport"]),
         (["submit", "--prompt", "x", "--script", "/nonexistent/script.json"], ["script"]),
         (["submit", "--prompt", "x", "--model", "scripted"], ["--script"]),
-        (["status", "--json", "--watch", "extra", "more"], ["unrecognized"]),
+        (["history", "t1", "extra", "more"], ["unrecognized"]),
         (["rewind", "t1"], ["--to"]),
     ],
 )
@@ -504,6 +504,9 @@ def test_dangling_json_lists_held_calls_with_the_documented_fields(
     assert json.loads(agentd("dangling", "not-held", "--json")[1]) == []
     code, out, _ = agentd("dangling")
     assert f"agentd approve-dangling {task.id} {call_id}" in out
+    # where to look for what the call did: the task's workspace, in both forms
+    assert row["workspace"] == str(task.path / "workspace")
+    assert f"look:  {task.path / 'workspace'} (the task's workspace)" in out
     status: dict[str, Any] = json.loads(agentd("status", task.id, "--json")[1])["tasks"][0]
     assert status["state"] == "held" and [d["call_id"] for d in status["dangling"]] == [call_id]
 

@@ -15,8 +15,9 @@ import pytest
 
 from supervisor import cli, clidoc
 from supervisor.commands.parsing import Commands, Parser
-from tests.supervisor.test_cli import AGENTD
+from tests.supervisor.test_cli import AGENTD, agentd, held, spool  # noqa: F401  (fixtures)
 from tests.support import REPO
+from worker.spool import Spool
 
 PARSER = cli.build_parser()
 CLI = clidoc.describe(PARSER)
@@ -128,6 +129,110 @@ def test_bash_completes_commands_options_and_values(bash_script: Path, tmp_path:
     assert got == ["script.json"]
     assert bash_complete(bash_script, "--spool", "", cwd=tmp_path) == ["folder"]
     assert bash_complete(bash_script, "submit", "--prompt", "", cwd=tmp_path) == []
+
+
+# -- task ids and call ids, asked of agentd -------------------------------------------------
+
+#: The shells run the agentd under test by the name a user types.
+ON_PATH = {**os.environ, "PATH": f"{AGENTD.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture
+def two_tasks(request: pytest.FixtureRequest) -> tuple[Spool, str, str]:
+    """A spool with a held task (``test_cli``'s ``held``: its call's id) and another."""
+    task, call_id = request.getfixturevalue("held")
+    home = task.spool
+    done = subprocess.run(
+        [str(AGENTD), "--spool", str(home.root), "submit", "--prompt", "p", "--name", "other"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "other" and task.id == "held-task"
+    return home, task.id, call_id
+
+
+def test_bash_completes_task_ids_and_call_ids(
+    bash_script: Path, two_tasks: tuple[Spool, str, str]
+) -> None:
+    home, task, call_id = two_tasks
+    on = ["--spool", str(home.root)]
+
+    def ids(*words: str) -> list[str]:
+        done = subprocess.run(
+            ["bash", "--norc", "--noprofile", "-c", BASH_CALL, "bash", str(bash_script),
+             "agentd", *on, *words],
+            capture_output=True, text=True, timeout=30, check=False, env=ON_PATH,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done
+        return done.stdout.split()
+
+    assert ids("logs", "") == [task, "other"]
+    assert ids("cancel", "o") == ["other"]
+    assert ids("status", task, "") == [task, "other"]  # any number of tasks
+    assert ids("run", "--resume", "h") == [task]
+    assert ids("approve-dangling", task, "") == [call_id]
+    assert ids("approve-dangling", "other", "") == []  # no held call: nothing
+    assert ids("history", task, "") == []  # one task: nothing after it
+
+
+def test_agentd_complete_is_silent_where_there_is_nothing_to_list(tmp_path: Path) -> None:
+    for words in (["tasks"], ["calls", "nope"], ["what"]):
+        done = subprocess.run(
+            [str(AGENTD), "--spool", str(tmp_path / "none"), "__complete", *words],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert "__complete" not in PARSER.format_help()  # no command of a person's
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_completes_task_ids_and_call_ids(
+    tmp_path: Path, two_tasks: tuple[Spool, str, str]
+) -> None:
+    script = tmp_path / "_agentd"
+    script.write_text(completion("zsh"))
+    home, task, call_id = two_tasks
+    offered = (  # compadd, as the completion system calls it, printing what it is given
+        f"autoload -Uz compinit && compinit -u -D -d {tmp_path}/zcd; source {script}; "
+        'compadd() {{ print -l -- "${{(@P)2}}" }}; '
+        f"_agentd_ctx=(--spool {home.root}); line=({{}}); {{}}"
+    )
+    for line, call, expected in (
+        ("", "_agentd_tasks", [task, "other"]),
+        (task, "_agentd_calls", [call_id]),
+    ):
+        done = subprocess.run(
+            ["zsh", "-fc", offered.format(line, call)],
+            capture_output=True, text=True, timeout=30, check=False, env=ON_PATH,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done
+        assert done.stdout.split() == expected
+    # the spec of each TASK and CALL_ID names those functions
+    assert "'1:TASK\\: the task id:_agentd_tasks'" in script.read_text()
+    assert ":_agentd_calls'" in script.read_text()
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_completes_task_ids_and_call_ids(
+    tmp_path: Path, two_tasks: tuple[Spool, str, str]
+) -> None:
+    def ids(line: str) -> list[str]:
+        done = subprocess.run(
+            ["fish", "--no-config", "-c",
+             f"source {script}; complete -C 'agentd --spool {home.root} {line}'"],
+            capture_output=True, text=True, timeout=30, check=False,
+            env={**ON_PATH, "HOME": str(tmp_path)},
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done
+        return sorted(row.split("\t")[0] for row in done.stdout.splitlines())
+
+    home, task, call_id = two_tasks
+    script = tmp_path / "agentd.fish"
+    script.write_text(completion("fish"))
+    assert ids("logs ") == sorted([task, "other"])
+    assert ids("status queued-one ") == sorted([task, "other"])
+    assert ids("run --resume ") == sorted([task, "other"])
+    assert ids(f"approve-dangling {task} ") == [call_id]
+    assert ids("approve-dangling ") == sorted([task, "other"])
 
 
 # -- zsh and fish, where installed ---------------------------------------------------------

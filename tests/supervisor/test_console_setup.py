@@ -110,12 +110,60 @@ def test_agentd_console_when_the_console_is_off(tmp_path: Path, daemons: list[Da
     daemon.spool.ensure()
     down = daemon.run_cli("console")
     assert down.returncode == 1 and down.stdout == ""
-    assert down.stderr.startswith("agentd: the console is off: set [console] listen and reload")
+    assert down.stderr.startswith(
+        "agentd: the console is off: set [console] listen, then `agentd start`"
+    )
     daemon.start()
     off = daemon.run_cli("console")
     assert (off.returncode, off.stdout) == (1, "")
-    assert off.stderr == "agentd: the console is off: set [console] listen and reload\n"
+    assert off.stderr == "agentd: the console is off: set [console] listen and `agentd reload`\n"
     assert console_children(daemon) == []  # no process, no socket
+
+
+def test_agentd_console_says_each_reason_it_has_no_url(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """A listen set but no daemon; a listen the daemon has not read; a listen it could not
+    serve (its ``console_failed``): each said as it is, none as "the console is off"."""
+    port = free_port()
+    daemon = Daemon(tmp_path, config_text())
+    daemons.append(daemon)
+    daemon.config_path.write_text(config_text(extra=console_table(port)))
+    daemon.spool.ensure()
+    down = daemon.run_cli("console")
+    assert down.returncode == 1
+    assert down.stderr == (
+        f"agentd: agentd is not running on {daemon.spool.root}: `agentd start` serves the "
+        f"console on 127.0.0.1:{port}\n"
+    )
+    daemon.config_path.write_text(config_text())
+    daemon.start()
+    daemon.config_path.write_text(config_text(extra=console_table(port)))
+    unread = daemon.run_cli("console")
+    assert unread.returncode == 1 and "has not read [console] listen" in unread.stderr
+    assert "`agentd reload`" in unread.stderr
+    with socket.socket() as taken:  # the port taken: the reload cannot serve it
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        assert daemon.proc is not None
+        os.kill(daemon.proc.pid, signal.SIGHUP)
+
+        def refused() -> str | None:
+            done = daemon.run_cli("console")
+            return done.stderr if "could not serve" in done.stderr else None
+
+        said = poll_for(refused, 30, interval=0.2, what="the console's failure said")
+    (line,) = said.splitlines()
+    assert line.startswith(f"agentd: the console could not serve on 127.0.0.1:{port}: ")
+    assert "another process listens there" in line and "console_failed" in line
+    assert "is off" not in line
+    os.kill(daemon.proc.pid, signal.SIGHUP)  # the port free again: a reload serves it
+
+    def url_printed() -> str | None:
+        done = daemon.run_cli("console")
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    assert poll_for(url_printed, 30, interval=0.2, what="the console after a reload")
 
 
 @pytest.mark.parametrize("detach", [False, True], ids=["foreground", "detached"])

@@ -3,15 +3,17 @@ leaves a spool on which those commands work."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from supervisor.demo import LEASE, run_cluster_demo
+from supervisor.demo import LEASE, cluster_next_commands, run_cluster_demo
 from supervisor.pgcluster import HOW_TO_GET, find_binaries
 from tests.postgres import server_binaries
 from tests.supervisor.test_cli import AGENTD, run_agentd
@@ -74,3 +76,36 @@ def test_demo_cluster_refuses_keep_in_one_line() -> None:
     done = run_agentd("demo", "--cluster", "--keep")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "keeps nothing" in done.stderr
+
+
+def test_demo_cluster_try_next_lines_work_from_another_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines are printed where `make demo-cluster` ran (the repository's root) and
+    typed wherever the user is next: each program is named so that it runs from there."""
+    server_binaries()
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    lines = [command for command, _ in cluster_next_commands()]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    up = subprocess.run(
+        shlex.split(lines[0]),
+        cwd=elsewhere, capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert up.returncode == 0, (lines[0], up.stderr)
+    folder, url = up.stdout.split()
+    try:
+        for line in lines[1:]:
+            argv = shlex.split(line.replace("AGENTD_STORE=URL ", ""))
+            assert Path(argv[0]).name == "agentd"
+            ran = subprocess.run(
+                [argv[0], "--version"], cwd=elsewhere, capture_output=True, text=True,
+                timeout=60, env={**env, "AGENTD_STORE": url}, check=False,
+            )  # fmt: skip
+            assert ran.returncode == 0, (line, ran.stderr)
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "supervisor.pgcluster", "down", folder],
+            capture_output=True, timeout=120, check=False,
+        )  # fmt: skip

@@ -183,6 +183,7 @@ def test_a_hold_reaches_the_daemons_stream_as_a_warning_and_its_hook_gets_the_js
     seen = poll_for(hook_output, 10, what="the hook")
     event = seen["stdin"]
     assert event["event"] == "dangling_held" and event["task"] == "held-1"
+    assert event["kind"] == "call"
     assert event["reason"] == row["reason"] and event["node"]
     (call,) = event["dangling"]
     assert call["call_id"] == row["dangling"][0]["call_id"] and call["tool"] == "run_command"

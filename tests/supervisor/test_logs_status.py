@@ -22,6 +22,7 @@ from supervisor.record import TaskRecord
 from supervisor.views import END_GRACE, human_cost, human_count, log_line, render_status
 from tests.daemon import Daemon
 from tests.support import REPO, Terminal, poll_for, reply, text, tool_use, worker_env
+from worker.budget import Budget
 
 CONFIG = (
     "max_workers = 4\n"
@@ -215,6 +216,45 @@ def test_logs_follow_keeps_going_while_held_and_ends_after_the_decision(daemon: 
     assert "tools=run_command:rerun" in first_turn, first_turn
 
 
+def test_logs_follow_without_a_task_follows_every_task(
+    daemon: Daemon, finished: str, tmp_path: Any
+) -> None:
+    """As ``journalctl -f``: a task there before says its last ``-n`` lines; each task
+    submitted meanwhile says all of its lines, each after its id, until Ctrl-C."""
+    refused = daemon.run_cli("logs")
+    assert refused.returncode == 2 and "--follow alone" in refused.stderr
+    out = tmp_path / "every.log"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            daemon.command("logs", "--follow", "-n", "1"), cwd=REPO, env=worker_env(),
+            stdout=sink, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:  # (its first look is over once the finished task's last line is out)
+        poll_for(lambda: f"{finished}  " in out.read_text(), 30, what="the first look")
+        first = daemon.submit(twenty_turns(delay=0.05)[-3:], name="every-a")
+        second = daemon.submit(twenty_turns(delay=0.05)[-4:], name="every-b")
+        daemon.wait_state(first, "done")
+        daemon.wait_state(second, "done")
+
+        def both_ended() -> list[str] | None:
+            said = out.read_text().splitlines()
+            ends = {line.split()[0] for line in said if line.split()[3:4] == ["task_done"]}
+            return said if {first, second} <= ends else None
+
+        said = poll_for(both_ended, 30, what="both tasks' ends")
+        assert proc.poll() is None  # it follows on: no end of its own
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    for task_id, turns in ((first, 3), (second, 4)):
+        own = [line.split()[3] for line in said if line.startswith(f"{task_id}  ")]
+        assert own.count("turn") == turns and own[-1] == "task_done", said
+    old = [line.split()[3] for line in said if line.startswith(f"{finished}  ")]
+    assert old == ["task_done"], said  # its last line alone
+
+
 def test_logs_follow_of_a_finished_task_returns_at_once(daemon: Daemon, finished: str) -> None:
     start = time.monotonic()
     out = lines(daemon.run_cli("logs", finished, "-f", "-n", "1"))
@@ -271,6 +311,17 @@ def test_status_has_age_tokens_cost_and_context_columns(daemon: Daemon, finished
     assert header[6] == "CONTEXT" and row[6] == str(doc["tokens_used"]), row
 
 
+def test_status_takes_several_tasks(daemon: Daemon, finished: str) -> None:
+    other = daemon.submit([reply(text("Hello."))], name="several")
+    daemon.wait_state(other, "done")
+    doc = json.loads(daemon.run_cli("status", other, finished, other, "--json").stdout)
+    assert [t["id"] for t in doc["tasks"]] == [other, finished]  # as given, each once
+    shown = lines(daemon.run_cli("status", finished, other))
+    assert [line.split()[0] for line in shown[2:]] == [finished, other], shown
+    missing = daemon.run_cli("status", finished, "no-such-task")
+    assert missing.returncode != 0 and "no-such-task" in missing.stderr
+
+
 def test_status_json_adds_tokens_used_and_created_at(daemon: Daemon, finished: str) -> None:
     doc = json.loads(daemon.run_cli("status", finished, "--json").stdout)["tasks"][0]
     last = json.loads(daemon.run_cli("history", finished, "--json").stdout)[-1]
@@ -325,25 +376,67 @@ def test_status_interval_needs_watch(daemon: Daemon) -> None:
         assert done.returncode == 2 and "--interval" in done.stderr, done
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason: str) -> None:
+def watched(daemon: Daemon, words: str, *, redraws: int, height: int = 30) -> str:
+    """``status --watch`` on a real terminal ``height`` lines tall: its screen once it has
+    been redrawn ``redraws`` times and shows ``words``."""
     command = " ".join(daemon.command("status", "--watch", "--interval", "0.3"))
-    terminal = Terminal(command, status_env())
+    terminal = Terminal(command, status_env(), height=height)
     try:
         screens: list[str] = []
 
         def redrawn() -> bool:
             screens.append(terminal.screen())
-            return len(screens) > 10 and "REASON" in screens[-1]
+            return len(screens) > redraws and words in screens[-1]
 
         poll_for(redrawn, 20, interval=0.1, what="a few redraws")
     finally:
         terminal.close()
-    screen = screens[-1].splitlines()
-    assert screen[0].startswith("agentd running"), screens[-1]
+    return screens[-1]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_status_watch_redraws_in_place_on_a_terminal(daemon: Daemon, long_reason: str) -> None:
+    shown = watched(daemon, "REASON", redraws=10)
+    screen = shown.splitlines()
+    assert screen[0].startswith("agentd running"), shown
     assert sum("REASON" in line for line in screen) == 1, "each redraw replaces the last"
     row = next(line for line in screen if line.startswith(long_reason + " "))
     assert len(row) == 120 and row.endswith("…"), row
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_status_watch_on_a_short_terminal_keeps_its_header_and_puts_holds_first(
+    daemon: Daemon, finished: str, long_reason: str
+) -> None:
+    """Ten lines of screen and more tasks than fit: the header stays on top, the held and
+    the running tasks come first (whatever their names), and a last line says how many
+    rows are not shown."""
+    paid = {"input_tokens": 100_000, "output_tokens": 10_000}  # $0.45 a turn on Sonnet 4
+    daemon.submit(
+        [reply(text(f"step {n}"), tool_use("list_dir"), usage=paid) for n in (1, 2)],
+        name="zz-held", model="claude-sonnet-4-6", budget=Budget(usd=0.5),
+    )  # fmt: skip
+    daemon.submit([reply(text("Thinking."), delay=120)], name="zz-running")
+    for n in range(6):
+        daemon.submit([reply(text("Hello."))], name=f"aa-done-{n}")
+    daemon.wait_state("zz-held", "held")
+    daemon.wait_state("zz-running", "running")
+    for n in range(6):
+        daemon.wait_state(f"aa-done-{n}", "done")
+    total = len(json.loads(daemon.run_cli("status", "--json").stdout)["tasks"])
+    try:
+        shown = watched(daemon, "not shown", redraws=5, height=10)
+    finally:
+        daemon.run_cli("cancel", "zz-running")
+    screen = shown.splitlines()
+    assert len(screen) == 10 and screen[0].startswith("agentd running"), shown
+    top = next(i for i, line in enumerate(screen) if line.startswith("TASK "))  # (a wrapped line)
+    rows = [line.split()[:2] for line in screen[top + 1 :] if line.strip()]
+    assert rows[0] == ["zz-held", "held"], shown
+    assert rows[1] == ["zz-running", "running"], shown
+    note = rows.pop()
+    assert note[0] == "…" and int(note[1]) == total - len(rows), shown
+    assert "more task(s) not shown" in shown
 
 
 # -- the text form ----------------------------------------------------------------------

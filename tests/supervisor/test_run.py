@@ -426,6 +426,7 @@ def test_a_held_call_is_answered_at_the_prompt_on_a_terminal(fg: Foreground) -> 
     terminal, status = on_a_terminal(fg, "--resume", "asked")
     try:
         poll_for(lambda: "record its result [x]?" in terminal.screen(), 30, what="the prompt")
+        asked = terminal.screen()
         terminal.keys("s", "Enter")
         poll_for(lambda: "why" in terminal.screen(), 10, what="the question for a reason")
         terminal.keys("the card was not charged", "Enter")
@@ -434,6 +435,8 @@ def test_a_held_call_is_answered_at_the_prompt_on_a_terminal(fg: Foreground) -> 
     finally:
         terminal.close()
     assert status.read_text().strip() == "0", shown
+    # where to look before deciding: the task's workspace
+    assert f"workspace: {fg.task('asked').path / 'workspace'}" in asked, asked
     assert "skipped (by" in shown and "via run" in shown, shown
     decisions = [r for r in journal_records(fg.task("asked")) if r["k"] == "decision"]
     assert decisions[0]["action"] == "skip" and decisions[0]["via"] == "run"
@@ -478,6 +481,23 @@ def test_a_budget_hold_without_a_terminal_exits_3_with_the_budget_line(fg: Foreg
     assert code == 2 and "--budget-usd" in err  # submit's options go with a new task only
 
 
+def test_a_budget_below_a_cent_is_shown_at_the_precision_of_the_cost(fg: Foreground) -> None:
+    """$0.0018 spent of a $0.001 budget: said as it is, never as "$0.01 of $0.00"."""
+    usage = {"input_tokens": 100, "output_tokens": 100}  # $0.0003 + $0.0015 on Sonnet 4
+    responses = [reply(text("step"), tool_use("list_dir"), usage=usage), reply(text("Done."))]
+    args = fg.new("tiny", responses, "--model", "claude-sonnet-4-6", "--budget-usd", "0.001")
+    code, out, err = fg.run(*args)
+    assert code == 3, err
+    assert "‖ held: budget: $0.0018 of $0.001" in out
+    assert fg.row("tiny")["reason"] == "budget: $0.0018 of $0.001"
+    code, _, err = fg.cli("budget", "tiny", "--usd", "0.0005")
+    assert code == 3 and "$0.0005 is below the $0.0018 spent so far" in err, err
+    code, out, _ = fg.cli("status", "tiny")
+    assert code == 0 and "$0.0018/0.001" in out, out
+    code, out, _ = fg.cli("budget", "tiny", "--usd", "1.5")  # a cent or more: to the cent
+    assert code == 0 and "budget $1.50, no token limit" in out, out
+
+
 @needs_tmux
 def test_a_budget_hold_asks_for_a_new_budget_at_the_prompt(fg: Foreground) -> None:
     args = fg.new("asked-budget", paid_turns(), "--model", "claude-sonnet-4-6")
@@ -502,6 +522,26 @@ def test_a_budget_hold_asks_for_a_new_budget_at_the_prompt(fg: Foreground) -> No
     (changed,) = [e for e in fg.events("asked-budget") if e["event"] == "budget_changed"]
     assert changed["via"] == "run" and changed["budget"] == {"usd": 2.0, "tokens": None}
     assert fg.row("asked-budget")["cost_usd"] == 1.35
+
+
+@needs_tmux
+def test_a_hold_met_on_a_terminal_is_said_once(fg: Foreground) -> None:
+    """The transcript says "‖ held" and the prompt under it asks: the hold is not said a
+    second time by the prompt."""
+    script = str(fg.script(paid_turns()))
+    terminal, status = on_a_terminal(
+        fg, "--name", "said-once", "--prompt", "Work.", "--script", script,
+        "--model", "claude-sonnet-4-6", "--budget-usd", "0.5",
+    )  # fmt: skip
+    try:
+        poll_for(lambda: "new budget in US dollars" in terminal.screen(), 30, what="the prompt")
+        shown = terminal.screen()
+        terminal.keys("C-c")
+        poll_for(status.exists, 30, what="the run to end")
+    finally:
+        terminal.close()
+    assert shown.count("‖ held:") == 1, shown
+    assert "held on its budget: $0.90 of $0.50" in shown, shown
 
 
 # -- the demo -------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def test_a_decision_names_its_operator_in_the_decision_event_history_show_and_lo
     assert applied is not event and (applied["by"], applied["via"]) == (USER, "cli")
     (row,) = [r for r in json.loads(agentd("history", task.id, "--json")[1]) if r["tool_calls"]]
     assert row["tool_calls"][0]["decision"] == {"action": "skip", "by": USER, "via": "cli"}
-    assert f"run_command(unsafe: error; skip by {USER} via cli)" in agentd("history", task.id)[1]
+    assert f"run_command(unsafe: skipped; skip by {USER} via cli)" in agentd("history", task.id)[1]
     shown = [json.loads(line) for line in agentd("show", task.id, "--json")[1].splitlines()]
     (line,) = [s for s in shown if s["kind"] == "decision"]
     assert (line["by"], line["via"], line["reason"]) == (USER, "cli", "no")

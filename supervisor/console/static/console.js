@@ -13,6 +13,7 @@ const state = {
   view: null, // {name, task}
   refresh: null, // the open view's reload, called when a row it shows changes
   timer: 0,
+  bar: null, // the open task's action bar: kept current as the task moves (``update``)
 };
 
 // -- little helpers -------------------------------------------------------------------
@@ -39,6 +40,42 @@ function json(value) {
 function tokens(usage) {
   const n = (usage?.input_tokens || 0) + (usage?.output_tokens || 0);
   return n < 10000 ? String(n) : n < 1e6 ? `${(n / 1000).toFixed(1)}k` : `${(n / 1e6).toFixed(1)}M`;
+}
+
+// A duration as `agentd status`'s AGE column shows one (supervisor.views.human_age).
+function age(seconds) {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "-";
+  const s = Math.max(Math.floor(seconds), 0);
+  const minutes = Math.floor(s / 60), hours = Math.floor(s / 3600), days = Math.floor(s / 86400);
+  if (s < 120) return `${s}s`;
+  if (minutes < 10) return `${minutes}m${s % 60}s`;
+  if (hours < 3) return `${minutes}m`;
+  if (hours < 48) return hours < 8 ? `${hours}h${Math.floor((s % 3600) / 60)}m` : `${hours}h`;
+  return `${days}d`;
+}
+
+// Seconds from the ISO time ``from`` to ``to`` (now when not given); null when unknown.
+function since(from, to) {
+  const start = Date.parse(from || "");
+  const end = to ? Date.parse(to) : Date.now();
+  return Number.isNaN(start) || Number.isNaN(end) ? null : (end - start) / 1000;
+}
+
+// A task's age, counted on by the page's clock (``tick``) between rows.
+function ageOf(row) {
+  return el("span", { class: "age", "data-since": row.created_at || "" }, age(since(row.created_at)));
+}
+
+function tick() {
+  for (const node of document.querySelectorAll("[data-since]")) {
+    if (node.dataset.since) node.textContent = age(since(node.dataset.since));
+  }
+}
+
+// A tool call's outcome as `agentd history` shows it (supervisor.views.shown_outcome):
+// "error" for a result that is an error, but a skipped or unrun call says so.
+function shownOutcome(call) {
+  return call.is_error && !["skipped", "not_run"].includes(call.outcome) ? "error" : call.outcome;
 }
 
 function badge(text, kind) {
@@ -128,9 +165,13 @@ function moved(before, row) {
   return keys.some((k) => before[k] !== row[k]) || (before.dangling || []).length !== (row.dangling || []).length;
 }
 
+// What waits in the inbox: each held call, and each task held on its budget.
 function countHeld() {
   let held = 0;
-  for (const row of state.rows.values()) held += (row.dangling || []).length;
+  for (const row of state.rows.values()) {
+    const calls = (row.dangling || []).length;
+    held += calls || (row.state === "held" && (row.reason || "").startsWith("budget: ") ? 1 : 0);
+  }
   const count = document.getElementById("inbox-count");
   count.textContent = String(held);
   count.hidden = held === 0;
@@ -138,7 +179,7 @@ function countHeld() {
 
 // -- the tasks ------------------------------------------------------------------------
 
-const COLUMNS = ["Task", "State", "Turn", "Tokens", "Cost", "Context", "Restarts", "Node", "Heartbeat", "Phase", "Reason"];
+const COLUMNS = ["Task", "State", "Age", "Turn", "Tokens", "Cost", "Context", "Restarts", "Node", "Heartbeat", "Phase", "Reason"];
 
 // The spend in dollars to the cent (a smaller one to four places), "-" when a model has no
 // price, and "/" the USD budget when there is one: as `agentd status` shows it.
@@ -146,7 +187,12 @@ function cost(row) {
   const spent = row.cost_usd;
   const shown = typeof spent !== "number" ? "-" : spent >= 0.01 || spent === 0 ? `$${spent.toFixed(2)}` : `$${spent.toFixed(4)}`;
   const budget = row.budget?.usd;
-  return typeof budget === "number" ? `${shown}/${budget.toFixed(2)}` : shown;
+  return typeof budget === "number" ? `${shown}/${usd(budget)}` : shown;
+}
+
+// A USD budget to the cent, one below a cent at the precision of the cost (as the CLI).
+function usd(limit) {
+  return limit > 0 && limit < 0.01 ? String(Number(limit.toFixed(6))) : limit.toFixed(2);
 }
 
 function taskCells(row) {
@@ -155,6 +201,7 @@ function taskCells(row) {
   return [
     el("td", {}, el("a", { href: `#/tasks/${encodeURIComponent(row.id)}` }, row.id)),
     el("td", {}, badge(row.state)),
+    el("td", { class: "num" }, ageOf(row)),
     el("td", { class: "num" }, row.turn),
     el("td", { class: "num" }, tokens(row.usage)),
     el("td", { class: "num cost" }, cost(row)),
@@ -199,8 +246,17 @@ async function showTasks() {
 
 // -- one task -------------------------------------------------------------------------
 
+// Whether the task has ended (`done`, `failed`, `cancelled`: worker.protocol.FINAL_STATES).
+function ended(row) {
+  return ["done", "failed", "cancelled"].includes(row.state);
+}
+
 function facts(row) {
+  const took = ended(row) ? since(row.created_at, row.updated_at) : null;
   const pairs = [
+    ["submitted", row.created_at || "-"],
+    ["age", ageOf(row)],
+    ["duration", took === null ? (ended(row) ? "-" : "(not ended)") : `${age(took)} (ended ${row.updated_at})`],
     ["turn", row.turn],
     ["tokens", `${row.usage?.input_tokens || 0} in / ${row.usage?.output_tokens || 0} out`],
     ["cost", cost(row)],
@@ -212,14 +268,30 @@ function facts(row) {
     ["workspace", row.workspace || "-"],
   ];
   if (row.forked_from) pairs.push(["forked from", `${row.forked_from.task} at turn ${row.forked_from.turn}`]);
-  return el("dl", { class: "facts" }, pairs.map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+  return el("dl", { class: "facts" }, pairs.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v instanceof Node ? v : String(v))]));
 }
 
-function actionsBar(id, row) {
+// A number input whose value follows the task (``value(row)``) until a person types in
+// it; its max is always the task's turn now.
+function turnInput(label, row, value) {
+  const input = el("input", { type: "number", min: 0, max: row.turn, value: value(row), "aria-label": label });
+  input.addEventListener("input", () => { input.dataset.typed = "1"; });
+  input.follow = (now) => {
+    input.max = now.turn;
+    if (!input.dataset.typed || Number(input.value) > now.turn) input.value = value(now);
+  };
+  return input;
+}
+
+// The task's actions, each offered only where its state allows it (``moves``, from
+// GET /api/tasks/ID: the checks the CLI refuses with): no Cancel on an ended task, no
+// Retry on one that has not failed, no Rewind on a cancelled one or before turn 1.
+// ``update`` keeps the bar current as the task moves on (state.bar).
+function actionsBar(id, row, moves) {
   const base = `/api/tasks/${encodeURIComponent(id)}`;
-  const rewindTo = el("input", { type: "number", min: 0, max: row.turn, value: Math.max(0, row.turn - 1), "aria-label": "rewind to turn" });
+  const rewindTo = turnInput("rewind to turn", row, (r) => Math.max(0, r.turn - 1));
   const restore = el("input", { type: "checkbox", "aria-label": "restore the workspace" });
-  const forkAt = el("input", { type: "number", min: 0, max: row.turn, value: row.turn, "aria-label": "fork at turn" });
+  const forkAt = turnInput("fork at turn", row, (r) => r.turn);
   const forkName = el("input", { type: "text", placeholder: "name (optional)", "aria-label": "fork name" });
   const forkPrompt = el("input", { type: "text", placeholder: "extra message (optional)", "aria-label": "fork prompt" });
   const undo = el("div", { class: "undo", hidden: true });
@@ -238,26 +310,33 @@ function actionsBar(id, row) {
     }
   }
 
-  return el(
-    "section",
-    { class: "actions" },
+  const cancel = el("button", {
+    class: "danger",
+    onclick: () => confirm(`Cancel ${id} for good? A cancelled task takes no decision, rewind or retry.`)
+      && act(`${base}/cancel`, {}, `${id}: cancelled`),
+  }, "Cancel");
+  const retry = el("button", { onclick: () => act(`${base}/retry`, {}, `${id}: queued for retry`) }, "Retry");
+  const rewinding = el("span", { class: "group rewind" }, "Rewind to turn ", rewindTo,
+    el("label", {}, restore, " restore files"), el("button", { onclick: () => rewind(false) }, "Rewind"));
+  const forking = el("span", { class: "group fork" }, "Fork at turn ", forkAt, forkName, forkPrompt,
     el("button", {
-      class: "danger",
-      onclick: () => confirm(`Cancel ${id} for good? A cancelled task takes no decision, rewind or retry.`)
-        && act(`${base}/cancel`, {}, `${id}: cancelled`),
-    }, "Cancel"),
-    el("button", { onclick: () => act(`${base}/retry`, {}, `${id}: queued for retry`) }, "Retry"),
-    el("span", { class: "group" }, "Rewind to turn ", rewindTo, el("label", {}, restore, " restore files"),
-      el("button", { onclick: () => rewind(false) }, "Rewind")),
-    el("span", { class: "group" }, "Fork at turn ", forkAt, forkName, forkPrompt,
-      el("button", {
-        onclick: async () => {
-          const answer = await act(`${base}/fork`, { at: Number(forkAt.value), name: forkName.value || null, prompt: forkPrompt.value || null }, "forked");
-          if (answer.ok) location.hash = `#/tasks/${encodeURIComponent(answer.data.task.id)}`;
-        },
-      }, "Fork")),
-    undo,
-  );
+      onclick: async () => {
+        const answer = await act(`${base}/fork`, { at: Number(forkAt.value), name: forkName.value || null, prompt: forkPrompt.value || null }, "forked");
+        if (answer.ok) location.hash = `#/tasks/${encodeURIComponent(answer.data.task.id)}`;
+      },
+    }, "Fork"));
+
+  function update(now, allowed) {
+    cancel.hidden = !allowed?.cancel;
+    retry.hidden = !allowed?.retry;
+    rewinding.hidden = !allowed?.rewind || now.turn < 1;
+    forking.hidden = !allowed?.fork;
+    rewindTo.follow(now);
+    forkAt.follow(now);
+  }
+  update(row, moves);
+  state.bar = { task: id, update };
+  return el("section", { class: "actions" }, cancel, retry, rewinding, forking, undo);
 }
 
 function who(line) {
@@ -272,7 +351,7 @@ function timeline(history) {
         el("td", {}, `compacted turns ${r.first}–${r.last}: ${r.summary}`));
     }
     const calls = r.tool_calls.map((c) => el("span", { class: "call" }, `${c.tool} `,
-      badge(c.is_error ? "error" : c.outcome, c.is_error ? "failed" : c.outcome),
+      badge(shownOutcome(c), shownOutcome(c) === "error" ? "failed" : c.outcome),
       c.decision ? ` ${c.decision.action}${who(c.decision)}` : ""));
     const mark = r.rewound ? el("span", { class: "muted" }, ` rewound${r.rewind ? who(r.rewind) : ""}`) : "";
     return el("tr", { class: r.rewound ? "rewound" : "" }, el("td", { class: "num" }, r.turn), el("td", {}, r.at || ""),
@@ -331,8 +410,9 @@ function events(list) {
 async function showTask(id, again) {
   const base = `/api/tasks/${encodeURIComponent(id)}`;
   const [detail, lines] = await Promise.all([api("GET", base), api("GET", `${base}/messages`)]);
+  if (state.view?.name !== "task" || state.view.task !== id) return; // the person moved on
   if (!detail.ok) return flash(detail.data.error, "error");
-  const { task: row, history, events: list } = detail.data;
+  const { task: row, history, events: list, actions: moves } = detail.data;
   state.rows.set(row.id, row);
   const parts = {
     "task-head": [el("h1", {}, row.id, " ", badge(row.state)), row.reason ? el("p", { class: "reason" }, row.reason) : null, facts(row)],
@@ -343,11 +423,12 @@ async function showTask(id, again) {
   };
   if (again && document.getElementById("task-actions")) {
     for (const [key, children] of Object.entries(parts)) document.getElementById(key).replaceChildren(...children.filter(Boolean));
+    if (state.bar?.task === id) state.bar.update(row, moves);
     return;
   }
   document.getElementById("view").replaceChildren(
     el("div", { id: "task-head" }, parts["task-head"]),
-    el("div", { id: "task-actions" }, actionsBar(id, row)),
+    el("div", { id: "task-actions" }, actionsBar(id, row, moves)),
     el("div", { id: "task-timeline" }, parts["task-timeline"]),
     el("div", { id: "task-messages" }, parts["task-messages"]),
     el("div", { id: "task-events" }, parts["task-events"]),
@@ -380,6 +461,7 @@ function heldCall(call) {
     el("h3", {}, el("a", { href: `#/tasks/${encodeURIComponent(call.task)}` }, call.task), ` · ${call.tool} `, badge(call.effect, "effect")),
     el("p", { class: "muted" }, `call ${call.call_id}, attempt ${call.attempt}, ${known}`),
     el("pre", {}, json(call.input)),
+    call.workspace ? el("p", { class: "workspace" }, "look in: ", el("code", {}, call.workspace)) : null,
     el("div", { class: "decide" },
       el("button", { onclick: rerun }, before ? "Run" : "Re-run"),
       el("span", { class: "group" }, reason, el("button", { onclick: () => decide("skip", { reason: reason.value || null }, "skipped") }, "Skip")),
@@ -428,7 +510,12 @@ function route() {
   if (match) state.view = { name: "task", task: decodeURIComponent(match[1]) };
   else if (hash === "#/inbox") state.view = { name: "inbox" };
   else state.view = { name: "tasks" };
-  const show = { tasks: showTasks, task: (again) => showTask(state.view.task, again), inbox: showInbox }[state.view.name];
+  // a reload the last view had asked for is not this view's: dropped
+  clearTimeout(state.timer);
+  state.timer = 0;
+  state.bar = null;
+  const id = state.view.task; // (the page's own: the view changes with the next route)
+  const show = { tasks: showTasks, task: (again) => showTask(id, again), inbox: showInbox }[state.view.name];
   state.refresh = show;
   for (const link of document.querySelectorAll("nav a")) {
     link.classList.toggle("here", link.dataset.view === state.view.name);
@@ -446,6 +533,7 @@ async function start() {
   window.addEventListener("hashchange", route);
   route();
   listen();
+  setInterval(tick, 5000);
 }
 
 start();
