@@ -21,24 +21,22 @@ from typing import Any
 from worker.errors import UsageError
 from worker.protocol import TaskStatus
 
-#: What needs a person first (``--sort state``): held, then failed, waiting on a backoff,
-#: running, queued, and what has ended well or was cancelled.
-ATTENTION = (
-    TaskStatus.HELD,
-    TaskStatus.FAILED,
-    TaskStatus.BACKOFF,
-    TaskStatus.RUNNING,
-    TaskStatus.QUEUED,
-    TaskStatus.DONE,
-    TaskStatus.CANCELLED,
-)
+#: What needs a person first (``--sort state``, ``status --watch``): held, then failed or
+#: waiting to restart, running, queued, and what has ended last.
+ATTENTION: dict[str, int] = {
+    TaskStatus.HELD: 0,
+    TaskStatus.FAILED: 1,
+    TaskStatus.BACKOFF: 1,
+    TaskStatus.RUNNING: 2,
+    TaskStatus.QUEUED: 3,
+}
 #: ``--sort``: the orders a selection may be given in.
 SORTS = {
     "name": "by task id",
     "age": "the newest first",
     "-age": "the oldest first",
-    "state": "what needs a person first (held, failed, backoff, running, queued, done, "
-    "cancelled), the newest first within each",
+    "state": "what needs a person first (held, then failed or backoff, running, queued, "
+    "ended), the latest change first within each",
 }
 MAX_LIMIT = 10_000
 
@@ -95,9 +93,8 @@ class Selection:
         if self.sort == "-age":
             return [-born, row["id"]]
         if self.sort == "state":
-            state = row.get("state")
-            rank = ATTENTION.index(state) if state in ATTENTION else len(ATTENTION)
-            return [rank, born, row["id"]]
+            rank = ATTENTION.get(str(row.get("state")), len(ATTENTION))
+            return [rank, -_stamp(row.get("updated_at")), row["id"]]
         return [row["id"]]
 
     def matches(self, row: Mapping[str, Any]) -> bool:

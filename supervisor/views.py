@@ -33,7 +33,7 @@ from supervisor.relay import earlier_mark
 from supervisor.stores import store_of
 from worker.budget import usd_text
 from worker.events import Event
-from worker.protocol import FINAL_STATES, TaskStatus
+from worker.protocol import FINAL_STATES
 from worker.records import CallOutcome
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
@@ -100,21 +100,12 @@ def cut(line: str, width: int | None) -> str:
     return line[: max(width - 1, 0)] + ELLIPSIS
 
 
-#: Where ``status --watch`` puts a task: what needs a person first (held, then failed
-#: or waiting to restart, running, queued), the ended last (``by_attention``).
-ATTENTION = {
-    TaskStatus.HELD: 0,
-    TaskStatus.FAILED: 1,
-    TaskStatus.BACKOFF: 1,
-    TaskStatus.RUNNING: 2,
-    TaskStatus.QUEUED: 3,
-}
+def by_attention(tasks: Iterable[Mapping[str, Any]]) -> list[Any]:
+    """The status rows with what needs a person first (``selection.ATTENTION``), the
+    latest change first within each: ``status --sort state``'s order."""
+    from supervisor.selection import Selection  # noqa: PLC0415  (the watch alone needs it)
 
-
-def by_attention(tasks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The status rows in ``ATTENTION``'s order, the latest change first within each."""
-    newest = sorted(tasks, key=lambda t: str(t.get("updated_at") or ""), reverse=True)
-    return sorted(newest, key=lambda t: ATTENTION.get(t["state"], len(ATTENTION)))
+    return Selection(sort="state").apply(tasks)[0]
 
 
 def render_status(

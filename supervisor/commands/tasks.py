@@ -222,7 +222,7 @@ def cmd_status(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             height = None
             if redraw:  # a screen: what needs a person first, under a header that stays
                 height = shutil.get_terminal_size().lines
-                if not args.task:
+                if not args.task and selection is None:  # (an order asked for is kept)
                     doc["tasks"] = by_attention(doc["tasks"])
             text = render_status(doc, width=table_width(), height=height)
         if redraw:

@@ -63,11 +63,21 @@ def test_pages_cover_the_selection_once_in_order(
     assert [r["id"] for r in seen] == [r["id"] for r in expected]  # no gap, no repeat
 
 
-def test_state_order_puts_held_first_and_the_newest_first_within() -> None:
+def test_state_order_puts_held_first_and_the_latest_change_first_within() -> None:
     rows = [
         {"id": "a", "state": "done", "created_at": "2026-12-03T00:00:00Z"},
-        {"id": "b", "state": "held", "created_at": "2026-12-01T00:00:00Z"},
-        {"id": "c", "state": "held", "created_at": "2026-12-02T00:00:00Z"},
+        {
+            "id": "b",
+            "state": "held",
+            "created_at": "2026-12-01T00:00:00Z",
+            "updated_at": "2026-12-05T00:00:00Z",
+        },
+        {
+            "id": "c",
+            "state": "held",
+            "created_at": "2026-12-02T00:00:00Z",
+            "updated_at": "2026-12-06T00:00:00Z",
+        },
         {"id": "d", "state": "running", "created_at": "2026-12-04T00:00:00Z"},
         {
             "id": "e",
@@ -77,7 +87,7 @@ def test_state_order_puts_held_first_and_the_newest_first_within() -> None:
         },
     ]
     ordered, _ = Selection.parse(sort="state").apply(rows)
-    assert [r["id"] for r in ordered] == ["c", "b", "e", "d", "a"]
+    assert [r["id"] for r in ordered] == ["c", "b", "e", "d", "a"]  # the latest change first
     found, _ = Selection.parse(text="CRASH").apply(rows)
     assert [r["id"] for r in found] == ["e"]
     newest, _ = Selection.parse(sort="age").apply(rows)
