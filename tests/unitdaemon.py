@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from supervisor.unit import Installation, agentd_command, render
+from supervisor.unit import Installation, agentd_command, agentd_folders, render
 from tests import unitjail
 from tests.daemon import Daemon
 
@@ -40,7 +40,9 @@ USER = "nobody"
 
 def unit_text(*, allow_jit: bool = False) -> str:
     """What ``agentd unit`` prints for this installation."""
-    install = Installation(agentd_command(), Path("/etc/agentd/agentd.toml"), None)
+    install = Installation(
+        agentd_command(), Path("/etc/agentd/agentd.toml"), None, folders=agentd_folders()
+    )
     return render(install, user=False, allow_jit=allow_jit)
 
 

@@ -156,3 +156,27 @@ def _interpreter(path: Path, search_path: str | None) -> str | None:
         names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
         return shutil.which(names[0], path=search_path) if names else None
     return words[0]
+
+
+def hidden_why(argv: Sequence[str], search_path: str | None) -> str:
+    """Why a sandboxed ``argv`` may not find what it needs, in one clause, or ''. Said
+    with the error of a server that did not start (``worker.mcp.servers``)."""
+    if not argv:
+        return ""
+    found = installed(argv, search_path)
+    program = argv[0]
+    if not found.notes:
+        return ""
+    if "/" in program and not os.path.exists(program) and _in_tmp(Path(program)):
+        return (
+            f"{program} does not exist here: it is under the host's temporary folder, which "
+            "a daemon run by `agentd unit` (PrivateTmp=) has a fresh copy of; install the "
+            "server elsewhere (e.g. /opt)"
+        )
+    return "the sandbox shows a server the system's folders, its workspace and its " + (
+        "installation; " + "; ".join(found.notes)
+    )
+
+
+def _in_tmp(path: Path) -> bool:
+    return any(path.is_relative_to(folder) for folder in ("/tmp", "/var/tmp"))  # noqa: S108
