@@ -14,8 +14,10 @@ import json
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +224,30 @@ def test_under_the_old_unit_auto_runs_bare_and_says_so_required_refuses_to_start
     done = refused.run_cli("start")
     assert done.returncode == 78, done
     assert done.stderr.startswith("agentd: tools.sandbox: ") and done.stderr.count("\n") == 1
+
+
+def test_submit_refuses_a_workspace_in_the_hosts_tmp_which_the_unit_does_not_see(
+    tmp_path: Path, made: list[Daemon]
+) -> None:
+    """The unit's PrivateTmp= gives the daemon a /tmp of its own: ``submit --workspace``
+    of a folder in the host's /tmp says so in one line (exit 2) instead of queueing a task
+    whose workspace the daemon would make empty in its own /tmp. A folder the unit binds
+    back (its state directory) is taken (the control)."""
+    daemon = UnitDaemon(tmp_path / "d", '[tools]\nsandbox = "required"\n')
+    made.append(daemon)
+    daemon.start(timeout=60)
+    host_tmp = daemon.give(Path(tempfile.mkdtemp(prefix="agentd-ws-", dir="/tmp")))
+    try:
+        code, out, err = daemon.cli("submit", "--prompt", "x", "--workspace", str(host_tmp))
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1
+        assert f"--workspace {host_tmp}: the daemon on {daemon.spool.root}" in err
+        assert "has a /tmp of its own (systemd's PrivateTmp=), where this folder is not" in err
+        with daemon.as_user():
+            (daemon.root / "ws").mkdir()
+        code, out, err = daemon.cli(
+            "submit", "--prompt", "x", "--workspace", str(daemon.root / "ws")
+        )
+        assert code == 0, err
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)

@@ -402,3 +402,31 @@ def test_another_tasks_workspace_is_hidden_and_a_shared_one_stays_writable(
     assert SECRET not in out and not (later / "planted").exists()
     assert SECRET in sh(sandbox, mine, command.format(mine))  # its own, shared with t3
     assert (mine / "planted").read_text() == "x\n"
+
+
+def test_a_command_that_names_the_hosts_tmp_is_told_it_is_not_shown(outside_tmp: Path) -> None:
+    """A script a user put in the host's /tmp is not in the sandbox's own /tmp: the
+    result says so once, plainly; a path there that the host lacks too, the workspace's
+    own files and the spool's are not named."""
+    host_tmp = Path(tempfile.mkdtemp(prefix="agentd-host-tmp-", dir="/tmp"))
+    try:
+        script = host_tmp / "build.sh"
+        script.write_text("echo built\n")
+        spool = make_spool(host_tmp)
+        workspace = outside_tmp / "ws"
+        workspace.mkdir()
+        sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None)
+        out = sh(sandbox, workspace, f"sh {script}")
+        assert "built" not in out and "No such file" in out
+        tail = out.split("--- sandbox ---\n")[1]
+        assert tail == (
+            f"{script} is on the host's temporary folder, which this sandbox does not show "
+            "(its /tmp is its own, and it shows only the system's folders and the workspace): "
+            "copy what the command needs into the workspace\n"
+        )
+        quiet = f"ls {host_tmp}/absent {spool.root}/tasks; echo x > /tmp/mine; cat /tmp/mine"
+        assert "--- sandbox ---" not in sh(sandbox, workspace, quiet)
+        bare = sandbox_for(SandboxMode.OFF, True, spool=None, config=None)
+        assert "built" in sh(bare, workspace, f"sh {script}")  # the control: it is there
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)

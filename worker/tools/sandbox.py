@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ PRIVATE_TMP = "/tmp"  # noqa: S108  (a fresh tmpfs of the sandbox's own, not the
 #: memory, and a command that fills it gets ENOSPC instead of taking the host's memory.
 PRIVATE_TMP_SIZE = 256 * 1024 * 1024
 PROBE_TIMEOUT = 10.0  # seconds: bwrap starts in milliseconds when it works at all
+
+
+#: A path below the host's /tmp or /var/tmp named in a command (``Sandbox.unseen``).
+_HOST_TMP = re.compile(r"(?<![\w.~/-])/(?:var/)?tmp/[^\s'\";|&<>()`$*?]+")
 
 
 class SandboxMode(StrEnum):
@@ -156,6 +161,30 @@ class Sandbox:
             "--",
             *argv,
         ]
+
+    def unseen(self, command: str, workspace: Path) -> str:
+        """A note for a command that names a file under the host's /tmp or /var/tmp which
+        the sandbox does not show (its /tmp is its own: the file is not there), or ''.
+        A path of the spool, the config, a key or another task is never named."""
+        found: list[str] = []
+        for match in _HOST_TMP.finditer(command):
+            text = match.group(0).rstrip(".,:")
+            real = Path(os.path.realpath(text))
+            if not os.path.lexists(text) or real.is_relative_to(os.path.realpath(workspace)):
+                continue
+            if any(real.is_relative_to(os.path.realpath(h)) for h in self._hidden()):
+                continue
+            if text not in found:
+                found.append(text)
+        if not found:
+            return ""
+        named = ", ".join(found[:3]) + (" and more" if len(found) > 3 else "")
+        return (
+            f"{named} {'is' if len(found) == 1 else 'are'} on the host's temporary folder, "
+            "which this sandbox does not show (its /tmp is its own, and it shows only the "
+            "system's folders and the workspace): copy what the command needs into the "
+            "workspace"
+        )
 
     def _hidden(self) -> tuple[Path, ...]:
         return (*self.hidden, *self.others()) if self.others is not None else self.hidden
