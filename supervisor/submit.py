@@ -193,13 +193,18 @@ def refuse_unseen_workspace(spool: Spool, workspace: Path) -> None:
     here = Path(os.path.realpath(workspace))
     while not here.exists():  # (a folder to be made: the part of its path that is there)
         here = here.parent
+    root = f"/proc/{pid}/root"
     try:
         mine = os.stat(here)
-        theirs = os.stat(f"/proc/{pid}/root{here}")
+        os.stat(root)  # (its /proc entry may be out of sight: another /proc, hidepid)
+    except OSError:
+        return  # (not ours to look into)
+    try:
+        theirs = os.stat(f"{root}{here}")
     except FileNotFoundError:
         seen = False
     except OSError:
-        return  # (not ours to look into)
+        return
     else:
         seen = (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
     if seen:
