@@ -251,3 +251,31 @@ def test_submit_refuses_a_workspace_in_the_hosts_tmp_which_the_unit_does_not_see
         assert code == 0, err
     finally:
         shutil.rmtree(host_tmp, ignore_errors=True)
+
+
+def test_a_server_in_the_hosts_tmp_says_the_unit_has_a_tmp_of_its_own(
+    tmp_path: Path, made: list[Daemon]
+) -> None:
+    """An MCP server (a script, run by Python) a user put in the host's /tmp is not in the
+    /tmp of a daemon under the unit: `agentd config check` there fails in one line that
+    says so, after the server's own last words."""
+    host_tmp = Path(tempfile.mkdtemp(prefix="agentd-server-", dir="/tmp"))
+    try:
+        server = host_tmp / "server.py"
+        server.write_text("print('never reached')\n")
+        config = (
+            '[tools]\nsandbox = "required"\n'
+            f'[mcp.servers.mine]\ncommand = ["python3", "{server}"]\n'
+        )
+        daemon = UnitDaemon(tmp_path / "d", config)
+        made.append(daemon)
+        done = daemon.run_cli("config", "check", timeout=120)
+        assert done.returncode == 78, done
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "mcp.servers.mine: cannot start:" in done.stderr
+        assert (
+            f"{server} does not exist here: it is under the host's temporary folder, which a "
+            "daemon run by `agentd unit` (PrivateTmp=) has a fresh copy of" in done.stderr
+        )
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)

@@ -302,13 +302,12 @@ class ToolServers:
         return connection
 
     def _with_sandbox(self, server: _Server, why: str) -> str:
-        """``why`` a server did not start, and under bwrap why what it needs may not be
-        in its sandbox (``installation.hidden_why``): not found, or shown in part."""
+        """``why`` a server did not start, and why what it needs may not be there
+        (``installation.hidden_why``): under /tmp, not found, or shown in part."""
         command = server.settings.command
-        if not command or self.placement.sandbox.verdict() != "bwrap":
-            return why
         path = {**self.placement.env, **server.settings.env}.get("PATH")
-        hidden = hidden_why(command, path)
+        sandboxed = self.placement.sandbox.verdict() == "bwrap"
+        hidden = hidden_why(command, path, sandboxed=sandboxed)
         return f"{why}; {hidden}" if hidden else why
 
     def _start_failed(self, server: _Server, why: str) -> ServerFailed:

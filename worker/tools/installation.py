@@ -158,23 +158,29 @@ def _interpreter(path: Path, search_path: str | None) -> str | None:
     return words[0]
 
 
-def hidden_why(argv: Sequence[str], search_path: str | None) -> str:
-    """Why a sandboxed ``argv`` may not find what it needs, in one clause, or ''. Said
-    with the error of a server that did not start (``worker.mcp.servers``)."""
+def hidden_why(argv: Sequence[str], search_path: str | None, *, sandboxed: bool) -> str:
+    """Why ``argv`` may not find what it needs, in one clause, or '': a program or script
+    named under /tmp or /var/tmp that is not there (a daemon under ``agentd unit`` has a
+    fresh copy of them: ``PrivateTmp=``), and, ``sandboxed``, what of its installation
+    the sandbox could not show (``Installation.notes``). Said with the error of a server
+    that did not start (``worker.mcp.servers``)."""
     if not argv:
         return ""
-    found = installed(argv, search_path)
-    program = argv[0]
-    if not found.notes:
+    named = [argv[0]]
+    if _is_interpreter(Path(argv[0])):  # (and its script)
+        named += [a for a in argv[1:] if not a.startswith("-")][:1]
+    for program in named:
+        if program.startswith("/") and not os.path.exists(program) and _in_tmp(Path(program)):
+            return (
+                f"{program} does not exist here: it is under the host's temporary folder, "
+                "which a daemon run by `agentd unit` (PrivateTmp=) has a fresh copy of; "
+                "install the server elsewhere (e.g. /opt)"
+            )
+    notes = installed(argv, search_path).notes if sandboxed else ()
+    if not notes:
         return ""
-    if "/" in program and not os.path.exists(program) and _in_tmp(Path(program)):
-        return (
-            f"{program} does not exist here: it is under the host's temporary folder, which "
-            "a daemon run by `agentd unit` (PrivateTmp=) has a fresh copy of; install the "
-            "server elsewhere (e.g. /opt)"
-        )
     return "the sandbox shows a server the system's folders, its workspace and its " + (
-        "installation; " + "; ".join(found.notes)
+        "installation; " + "; ".join(notes)
     )
 
 
