@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.unit import Installation, home_warnings, render
+from supervisor.unit import Installation, agentd_folders, home_warnings, render
 from tests.supervisor.test_cli import AGENTD, run_agentd
 from worker.config import RestartConfig
 
@@ -335,3 +335,13 @@ def test_an_installation_under_tmp_is_bound_back_read_only(tmp_path: Path) -> No
         assert _verify(path) == ""
     finally:
         shutil.rmtree(venv.parent, ignore_errors=True)
+
+
+def test_the_printed_system_unit_binds_back_what_agentd_runs_from_below_tmp() -> None:
+    """`agentd unit` names in BindReadOnlyPaths= each folder this agentd runs from below
+    /tmp or /var/tmp (a clone there, as `make test-tmp-checkout` makes: its venv is in
+    it), and none where it runs from elsewhere."""
+    below = [
+        str(f) for f in agentd_folders() if f.is_relative_to("/tmp") or f.is_relative_to("/var/tmp")
+    ]
+    assert _directives(agentd_unit()).get("BindReadOnlyPaths", []) == below
