@@ -16,7 +16,8 @@ the user's. A test that writes into the spool or a workspace itself does so insi
 an exec takes the effective ids again), such as a repository, it hands over with
 ``daemon.give(path)``. Everything the daemon is to see lives under ``root``: the unit's
 ``PrivateTmp=`` covers the rest of /tmp, ``ProtectHome=`` every home, and only ``root``
-is bound back (the unit's ``StateDirectory=``).
+is bound back (the unit's ``StateDirectory=``), with agentd's own folders where they lie
+below /tmp (the unit's ``BindReadOnlyPaths=``: a clone there).
 """
 
 from __future__ import annotations
