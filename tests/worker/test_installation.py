@@ -68,3 +68,15 @@ def test_a_program_not_on_path_is_said() -> None:
     assert found.paths == () and found.notes == (
         "no-such-server-x1 is not found on the command's PATH",
     )
+
+
+def test_a_program_in_the_workspace_chooses_nothing_else_to_show(tmp_path: Path) -> None:
+    """The task may write a file of its workspace: a ``#!`` line there that names a
+    program elsewhere (a folder of the user's, say) is not followed."""
+    elsewhere = tmp_path / "private"
+    (elsewhere / "lib").mkdir(parents=True)
+    python = executable(elsewhere / "bin" / "python3", "")
+    workspace = tmp_path / "ws"
+    server = executable(workspace / "server", f"#!{python}\n")
+    assert installed([str(server)], "/usr/bin", workspace=workspace).paths == ()
+    assert installed([str(server)], "/usr/bin").paths == (server, elsewhere)  # (the control)

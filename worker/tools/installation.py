@@ -53,8 +53,12 @@ def in_system(path: Path) -> bool:
     return any(path.is_relative_to(folder) for folder in SYSTEM)
 
 
-def installed(argv: Sequence[str], search_path: str | None) -> Installation:
-    """What ``argv`` needs to run, outside the system's folders (see the module's doc)."""
+def installed(
+    argv: Sequence[str], search_path: str | None, *, workspace: Path | None = None
+) -> Installation:
+    """What ``argv`` needs to run, outside the system's folders (see the module's doc).
+    A file in ``workspace`` is shown with it, and its ``#!`` line is not followed: the
+    task may have written it, and must not choose what else the sandbox shows."""
     if not argv:
         return Installation()
     found: dict[Path, None] = {}
@@ -62,14 +66,18 @@ def installed(argv: Sequence[str], search_path: str | None) -> Installation:
     program = shutil.which(argv[0], path=search_path) if "/" not in argv[0] else argv[0]
     if program is None or not os.path.exists(program):
         return Installation((), (f"{argv[0]} is not found on the command's PATH",))
+    mine = Path(os.path.realpath(workspace)) if workspace is not None else None
     for step in range(STEPS):
         path = Path(os.path.abspath(program))
+        if mine is not None and Path(os.path.realpath(path)).is_relative_to(mine):
+            break
         for each in dict.fromkeys((path, Path(os.path.realpath(path)))):
             _show(each, found, notes)
         if step == 0 and _is_interpreter(path):
             script = _script(argv[1:])
-            if script is not None:
-                _show(Path(os.path.realpath(script)), found, notes)
+            real = Path(os.path.realpath(script)) if script is not None else None
+            if real is not None and not (mine is not None and real.is_relative_to(mine)):
+                _show(real, found, notes)
         program = _interpreter(Path(os.path.realpath(path)), search_path)
         if program is None:
             break

@@ -148,7 +148,7 @@ class Sandbox:
         if verdict != "bwrap":
             return list(argv)
         inner = {**env, "TMPDIR": PRIVATE_TMP} if "TMPDIR" in env else dict(env)
-        program = installed(argv, env.get("PATH")).paths
+        program = installed(argv, env.get("PATH"), workspace=workspace).paths
         extra = [(Path(os.path.realpath(path)), "--bind") for path in binds] + [
             (Path(os.path.realpath(path)), "--ro-bind") for path in [*shown, *program]
         ]
