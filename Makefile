@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The MCP servers from npm that the tests run (tests/mcp/package.json, its lock file)
 NPM_STAMP := tests/mcp/node_modules/.installed
 
-.PHONY: demo demo-cluster demo-run test system-tools mcp-servers lint typecheck unit bench chaos man clean
+.PHONY: demo demo-cluster demo-run test test-tmp-checkout system-tools mcp-servers lint typecheck unit bench chaos man clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,18 @@ system-tools:
 	@.ci/system-tools
 
 test: system-tools mcp-servers lint typecheck unit
+
+# Where many first try a project (`cd /tmp && git clone`): the sandbox, MCP and unit tests
+# again from a clone of HEAD under /tmp, with its own venv and node_modules there, which
+# the sandbox's own /tmp and the unit's PrivateTmp= must not hide (a few minutes).
+TMP_CHECKOUT_TESTS := tests/worker/test_sandbox.py tests/worker/test_mcp_tasks.py \
+	tests/worker/test_mcp_servers.py tests/supervisor/test_mcp_cli.py \
+	tests/supervisor/test_systemd_unit.py tests/test_unitjail.py
+test-tmp-checkout:
+	@set -e; folder=$$(mktemp -d /tmp/agentd-checkout.XXXXXX); trap 'rm -rf "$$folder"' EXIT; \
+	git clone --quiet . "$$folder/agentd"; cd "$$folder/agentd"; \
+	$(MAKE) --no-print-directory $(STAMP) mcp-servers; \
+	$(BIN)/pytest -q -p no:cacheprovider $(TMP_CHECKOUT_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --full

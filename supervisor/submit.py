@@ -152,6 +152,7 @@ def submit(
         if workspace.exists() and not workspace.is_dir():
             raise UsageError(f"--workspace {workspace} exists and is not a folder.")
         refuse_spool_exposure(spool, task_id, workspace)
+        refuse_unseen_workspace(spool, workspace)
     spec = TaskSpec(
         id=task_id,
         prompt=prompt,
@@ -186,6 +187,50 @@ def submit(
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     return create_task(spool, spec, script_bytes, prepare=prepare)
+
+
+def refuse_unseen_workspace(spool: Spool, workspace: Path) -> None:
+    """A UsageError when the daemon running on ``spool`` would find another folder, or
+    none, at ``workspace``'s path: it runs in a mount namespace of its own, as under
+    ``agentd unit`` (``PrivateTmp=`` gives it a fresh /tmp and /var/tmp, ``ProtectHome=``
+    an empty /home). Its view is read through ``/proc/PID/root``; where this user may not
+    read it, or no daemon runs, nothing is said."""
+    from supervisor.coordination import running_pid  # noqa: PLC0415  (the lock: only a --workspace needs it)
+
+    pid = running_pid(spool)
+    if pid is None:
+        return
+    here = Path(os.path.realpath(workspace))
+    while not here.exists():  # (a folder to be made: the part of its path that is there)
+        here = here.parent
+    root = f"/proc/{pid}/root"
+    try:
+        mine = os.stat(here)
+        os.stat(root)  # (its /proc entry may be out of sight: another /proc, hidepid)
+    except OSError:
+        return  # (not ours to look into)
+    try:
+        theirs = os.stat(f"{root}{here}")
+    except FileNotFoundError:
+        seen = False
+    except OSError:
+        return
+    else:
+        seen = (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+    if seen:
+        return
+    tmp = next((t for t in ("/tmp", "/var/tmp") if here.is_relative_to(t)), None)  # noqa: S108
+    why = (
+        f"has a {tmp} of its own (systemd's PrivateTmp=), where this folder is not"
+        if tmp
+        else "does not see this folder (it runs in a mount namespace of its own, as the "
+        "systemd unit's ProtectHome= makes it)"
+    )
+    raise UsageError(
+        f"--workspace {workspace}: the daemon on {spool.root} (pid {pid}) {why}; give a "
+        "folder it can reach, outside /tmp, /var/tmp and /home (and add it to the unit's "
+        "ReadWritePaths=)."
+    )
 
 
 def refuse_spool_exposure(spool: Spool, task_id: str, workspace: Path) -> None:

@@ -39,6 +39,10 @@ CREDENTIAL_NAME = "anthropic_api_key"
 _HOME_FOLDERS = ("/home", "/root", "/run/user")
 
 
+#: Folders that PrivateTmp= gives the system unit a fresh copy of.
+_TMP_FOLDERS = ("/tmp", "/var/tmp")  # noqa: S108  (names, not files made)
+
+
 @dataclass(frozen=True)
 class Installation:
     """What a unit needs to know about where agentd lives on this machine."""
@@ -47,6 +51,36 @@ class Installation:
     config: Path | None  # the config file the daemon reads (None: discovery/defaults)
     spool: Path | None  # None: the system unit's StateDirectory
     home: Path | None = None  # the user's home, written as %h in a user unit
+    folders: tuple[Path, ...] = ()  # what agentd runs from (``agentd_folders``)
+
+
+def agentd_folders() -> tuple[Path, ...]:
+    """The folders this agentd runs from: its environment (``sys.prefix``), the Python
+    it is made from, and its source where that is elsewhere (an editable install), each
+    resolved, none inside another."""
+    import supervisor  # noqa: PLC0415  (this very package: where its source lives)
+
+    found = {
+        Path(sys.prefix).resolve(),
+        Path(sys.base_prefix).resolve(),
+        Path(supervisor.__file__).resolve().parent.parent,
+    }
+    return tuple(sorted(p for p in found if not any(p != q and p.is_relative_to(q) for q in found)))
+
+
+def _tmp_folder(path: Path) -> str:
+    return next(folder for folder in _TMP_FOLDERS if path.is_relative_to(folder))
+
+
+def _under(path: Path, folders: tuple[str, ...]) -> bool:
+    return any(path.is_relative_to(folder) for folder in folders)
+
+
+def tmp_folders(install: Installation) -> list[Path]:
+    """What agentd runs from under /tmp or /var/tmp, which the system unit's
+    ``PrivateTmp=`` would hide from the service: bound back read-only
+    (``BindReadOnlyPaths=``), as a clone tried under ``mktemp -d`` needs."""
+    return [path for path in install.folders if _under(path, _TMP_FOLDERS)]
 
 
 def agentd_command(executable: str = sys.executable) -> tuple[str, ...]:
@@ -63,14 +97,23 @@ def agentd_command(executable: str = sys.executable) -> tuple[str, ...]:
 
 def home_warnings(install: Installation) -> list[str]:
     """What the system unit names below a home folder, which ``ProtectHome=yes`` hides
-    from the service: it would fail at start, so the CLI says so before it is installed."""
+    from the service, or below /tmp, which ``PrivateTmp=`` does (agentd's own folders
+    there are bound back, ``tmp_folders``; a spool or a config is not): it would fail at
+    start, so the CLI says so before it is installed."""
     named = {"agentd": Path(install.command[0]), "config": install.config}
     named["spool"] = install.spool
-    return [
+    homes = [
         f"{what} {path} is below a home folder, which ProtectHome=yes hides from the "
         "service; install agentd outside /home (e.g. in /opt/agentd/venv) or use --user."
         for what, path in named.items()
-        if path is not None and any(path.is_relative_to(h) for h in _HOME_FOLDERS)
+        if path is not None and _under(path, _HOME_FOLDERS)
+    ]
+    return homes + [
+        f"{what} {path} is below {_tmp_folder(path)}, "
+        "of which PrivateTmp=yes gives the service a fresh, empty copy: it would not see "
+        f"it; put the {what} outside /tmp and /var/tmp (e.g. in /etc/agentd, /var/lib/agentd)."
+        for what, path in named.items()
+        if what != "agentd" and path is not None and _under(path, _TMP_FOLDERS)
     ]
 
 
@@ -184,6 +227,12 @@ _UNIT = """\
 Description=agentd, supervisor for long-running LLM agent workers
 """
 
+_TMP_BINDS = """\
+# agentd runs from below /tmp or /var/tmp, of which PrivateTmp= gives the service a fresh
+# copy: bound back read-only. systemd-tmpfiles may clean those folders at boot, so an
+# installation for good belongs elsewhere (e.g. /opt/agentd/venv).
+"""
+
 _SYSTEM_ENVIRONMENT_FILE = """\
 # Other variables (ANTHROPIC_BASE_URL, ...). Read by systemd as root, so 0600.
 EnvironmentFile=-/etc/agentd/env
@@ -271,6 +320,10 @@ def render(install: Installation, *, user: bool, allow_jit: bool = False) -> str
         identity = _SYSTEM_IDENTITY
         if install.spool is not None:  # a spool outside the StateDirectory must be writable
             identity += f"ReadWritePaths={_exec_arg(spool)}\n"
+        if binds := tmp_folders(install):
+            identity += _TMP_BINDS + "".join(
+                f"BindReadOnlyPaths={_exec_arg(_path(path, None))}\n" for path in binds
+            )
         fill |= {
             "credential": SYSTEM_CREDENTIAL,
             "environment_file": _SYSTEM_ENVIRONMENT_FILE,

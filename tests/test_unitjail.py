@@ -14,8 +14,10 @@ import json
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +224,58 @@ def test_under_the_old_unit_auto_runs_bare_and_says_so_required_refuses_to_start
     done = refused.run_cli("start")
     assert done.returncode == 78, done
     assert done.stderr.startswith("agentd: tools.sandbox: ") and done.stderr.count("\n") == 1
+
+
+def test_submit_refuses_a_workspace_in_the_hosts_tmp_which_the_unit_does_not_see(
+    tmp_path: Path, made: list[Daemon]
+) -> None:
+    """The unit's PrivateTmp= gives the daemon a /tmp of its own: ``submit --workspace``
+    of a folder in the host's /tmp says so in one line (exit 2) instead of queueing a task
+    whose workspace the daemon would make empty in its own /tmp. A folder the unit binds
+    back (its state directory) is taken (the control)."""
+    daemon = UnitDaemon(tmp_path / "d", '[tools]\nsandbox = "required"\n')
+    made.append(daemon)
+    daemon.start(timeout=60)
+    host_tmp = daemon.give(Path(tempfile.mkdtemp(prefix="agentd-ws-", dir="/tmp")))
+    try:
+        code, out, err = daemon.cli("submit", "--prompt", "x", "--workspace", str(host_tmp))
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1
+        assert f"--workspace {host_tmp}: the daemon on {daemon.spool.root}" in err
+        assert "has a /tmp of its own (systemd's PrivateTmp=), where this folder is not" in err
+        with daemon.as_user():
+            (daemon.root / "ws").mkdir()
+        code, out, err = daemon.cli(
+            "submit", "--prompt", "x", "--workspace", str(daemon.root / "ws")
+        )
+        assert code == 0, err
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)
+
+
+def test_a_server_in_the_hosts_tmp_says_the_unit_has_a_tmp_of_its_own(
+    tmp_path: Path, made: list[Daemon]
+) -> None:
+    """An MCP server (a script, run by Python) a user put in the host's /tmp is not in the
+    /tmp of a daemon under the unit: `agentd config check` there fails in one line that
+    says so, after the server's own last words."""
+    host_tmp = Path(tempfile.mkdtemp(prefix="agentd-server-", dir="/tmp"))
+    try:
+        server = host_tmp / "server.py"
+        server.write_text("print('never reached')\n")
+        config = (
+            '[tools]\nsandbox = "required"\n'
+            f'[mcp.servers.mine]\ncommand = ["python3", "{server}"]\n'
+        )
+        daemon = UnitDaemon(tmp_path / "d", config)
+        made.append(daemon)
+        done = daemon.run_cli("config", "check", timeout=120)
+        assert done.returncode == 78, done
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "mcp.servers.mine: cannot start:" in done.stderr
+        assert (
+            f"{server} does not exist here: it is under the host's temporary folder, which a "
+            "daemon run by `agentd unit` (PrivateTmp=) has a fresh copy of" in done.stderr
+        )
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)

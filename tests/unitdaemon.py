@@ -16,7 +16,8 @@ the user's. A test that writes into the spool or a workspace itself does so insi
 an exec takes the effective ids again), such as a repository, it hands over with
 ``daemon.give(path)``. Everything the daemon is to see lives under ``root``: the unit's
 ``PrivateTmp=`` covers the rest of /tmp, ``ProtectHome=`` every home, and only ``root``
-is bound back (the unit's ``StateDirectory=``).
+is bound back (the unit's ``StateDirectory=``), with agentd's own folders where they lie
+below /tmp (the unit's ``BindReadOnlyPaths=``: a clone there).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from supervisor.unit import Installation, agentd_command, render
+from supervisor.unit import Installation, agentd_command, agentd_folders, render
 from tests import unitjail
 from tests.daemon import Daemon
 
@@ -40,7 +41,9 @@ USER = "nobody"
 
 def unit_text(*, allow_jit: bool = False) -> str:
     """What ``agentd unit`` prints for this installation."""
-    install = Installation(agentd_command(), Path("/etc/agentd/agentd.toml"), None)
+    install = Installation(
+        agentd_command(), Path("/etc/agentd/agentd.toml"), None, folders=agentd_folders()
+    )
     return render(install, user=False, allow_jit=allow_jit)
 
 

@@ -9,7 +9,9 @@ unit file UNIT would have systemd run it, as far as what the process can do is c
   any user namespace made inside, which is what stops bwrap's ``--proc``),
   ``ProtectControlGroups=`` makes the cgroup tree read-only, ``PrivateTmp=`` gives /tmp
   a tmpfs of its own (BIND, the daemon's folder, is bound back at its path: the unit's
-  ``StateDirectory=``/``ReadWritePaths=``), ``ProtectHome=`` empties /home, /root and
+  ``StateDirectory=``/``ReadWritePaths=``; each ``BindReadOnlyPaths=`` is bound back
+  read-only at its path, as systemd makes those mounts after ``PrivateTmp=``'s, from
+  the host's paths), ``ProtectHome=`` empties /home, /root and
   /run/user (the Python installation is bound back: the unit expects agentd in
   /opt/agentd/venv, outside any home);
 * ``PrivateIPC=`` and ``ProtectHostname=``: IPC and UTS namespaces of its own;
@@ -59,7 +61,7 @@ from pathlib import Path
 MODELLED = frozenset(
     {
         "User", "Group", "UMask", "StateDirectory", "StateDirectoryMode", "ReadWritePaths",
-        "NoNewPrivileges", "CapabilityBoundingSet", "AmbientCapabilities",
+        "NoNewPrivileges", "CapabilityBoundingSet", "AmbientCapabilities", "BindReadOnlyPaths",
         "PrivateMounts", "PrivateTmp", "ProtectHome", "PrivateIPC", "ProtectHostname",
         "ProtectProc", "ProtectKernelTunables", "ProtectKernelLogs", "ProtectControlGroups",
         "ProtectKernelModules", "ProtectClock", "PrivateDevices",
@@ -462,6 +464,9 @@ def mounts(unit: dict[str, list[str]], bind: Path) -> None:
     _check(libc().unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     kept = os.open(bind, os.O_PATH | os.O_DIRECTORY)  # (bound back after /tmp is covered)
+    # (BindReadOnlyPaths=: opened on the host's tree, bound once the rest is mounted)
+    named = [p.lstrip("-") for value in unit.get("BindReadOnlyPaths", []) for p in value.split()]
+    read_only_binds = {path: os.open(path, os.O_PATH) for path in named if os.path.exists(path)}
     if _yes(_last(unit, "PrivateIPC")):
         _check(libc().unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
     if _yes(_last(unit, "ProtectHostname")):
@@ -506,6 +511,12 @@ def mounts(unit: dict[str, list[str]], bind: Path) -> None:
             _mkdirs(bind)
             mount(f"/proc/self/fd/{kept}", str(bind), None, MS_BIND | MS_REC)
     os.close(kept)
+    for path, fd in read_only_binds.items():
+        if not os.path.exists(path):  # (a mount point, in the fresh /tmp)
+            _mkdirs(Path(path))
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        os.close(fd)
 
 
 def drop_to(user: pwd.struct_passwd, unit: dict[str, list[str]], home: str | None = None) -> None:

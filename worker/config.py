@@ -1142,8 +1142,10 @@ offered only where a name or glob that begins with "mcp__" names them, such as
 "mcp__git__*" (docs/guides/mcp.md).""",
     "tools.sandbox": """\
 Containment of run_command and of MCP servers on bubblewrap (bwrap, Debian package
-`bubblewrap`): its own PID, IPC and mount namespaces, the workspace as the only writable place, the
-spool and this file's folder invisible, /proc showing its own processes only, and
+`bubblewrap`): its own PID, IPC and mount namespaces; the system's folders and the
+command's own installation read-only, the workspace as the only writable place, and
+nothing else (no spool, this file's folder, key or other task); /proc showing its own
+processes only, and
 every process it starts killed when the call ends. "auto" uses bwrap when it works
 here and runs commands bare otherwise, saying so at start (sandbox_unavailable, the
 status header, agentd_sandbox_available 0); "required" refuses to start the daemon

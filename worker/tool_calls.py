@@ -11,7 +11,7 @@ goes through the same reconciliation as after a crash, on a fresh server.
 
 What a tool's process sees of the worker is here too: its environment (a short
 allowlist, never the API key: ``tool_environment``), the secret files the sandbox hides
-(``tool_secret_files``) and the other tasks' workspaces it hides (``OtherWorkspaces``).
+(``tool_secret_files``) and the other tasks' workspaces it covers (``OtherWorkspaces``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def tool_secret_files(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 class OtherWorkspaces:
     """The workspace of every other task of ``store`` that names one (``--workspace``, or
-    a shared store's default): what the sandbox hides at each call (docs/design.md section 5).
+    a shared store's default): what the sandbox covers at each call where it would show
+    it, inside this task's workspace (docs/design.md section 5; elsewhere it shows none).
     A spec never changes, so each is read once; after that a call costs a listing of the
     ids. A spec that cannot be read yet (a task being made) is tried again next call.
 

@@ -258,6 +258,7 @@ def cmd_unit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             unit.agentd_command(),
             config=Path(named_config).absolute() if named_config else SYSTEM_CONFIG,
             spool=named[0] if named else None,
+            folders=unit.agentd_folders(),
         )
         for warning in unit.home_warnings(install):
             print(f"agentd: warning: {warning}", file=sys.stderr)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.mcp.servers import fault_server, time_server, write_config
+from tests.mcp.servers import FAULT_SERVER, fault_server, time_server, write_config
 from tests.support import finish, make_spool, reply, scripted_task, start_worker, text, tool_use
 from worker.config import load_config
 
@@ -33,9 +35,10 @@ sys.meta_path.insert(0, _NoMcp())
 
 
 def agentd(
-    tmp_path: Path, *args: str, site: Path | None = None
+    tmp_path: Path, *args: str, site: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    environ.update(env or {})
     if site is not None:
         environ["PYTHONPATH"] = str(site)
     return subprocess.run(
@@ -129,6 +132,41 @@ def test_config_check_fails_in_one_line_for_a_server_that_cannot_start(tmp_path:
     assert done.stderr.count("\n") == 1 and done.stdout == ""
     assert done.stderr.startswith(f"agentd: {config}: mcp.servers.bad: cannot start:")
     assert "refusing to start" in done.stderr  # the server's last words
+
+
+def test_config_check_says_why_a_server_in_a_home_folder_cannot_be_shown_whole(
+    tmp_path: Path,
+) -> None:
+    """A server at ``~/bin/server`` that imports from ``~/lib``: its installation would be
+    the home folder itself, which the sandbox never shows whole; only the file is shown,
+    it cannot find its module, and the error says why, in one line."""
+    home = Path(tempfile.mkdtemp(prefix="agentd-home-", dir="/var/tmp"))  # (not /tmp: own)
+    try:
+        (home / "bin").mkdir()
+        (home / "lib").mkdir()
+        (home / "lib" / "helper.py").write_text("NAME = 'helper'\n")
+        server = home / "bin" / "server"
+        server.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(home / 'lib')!r})\n"
+            f"import helper\nexec(open({str(FAULT_SERVER)!r}).read())\n"
+        )
+        server.chmod(0o755)
+        config = write_config(tmp_path / "agentd.toml", {"mine": {"command": [str(server)]}})
+        done = agentd(tmp_path, "config", "check", str(config), env={"HOME": str(home)})
+        assert done.returncode == 78, done.stderr
+        assert done.stderr.count("\n") == 1 and done.stdout == ""
+        assert "No module named 'helper'" in done.stderr  # the server's last words
+        assert f"{server} lies in {home}, which the sandbox never shows whole" in done.stderr
+        # the control: the same server started bare finds its module
+        bare = write_config(
+            tmp_path / "bare.toml",
+            {"mine": {"command": [str(server)]}},
+            tools={"sandbox": "off"},
+        )
+        done = agentd(tmp_path, "config", "check", str(bare), env={"HOME": str(home)})
+        assert done.returncode == 0, done.stderr
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_config_check_refuses_effects_for_a_tool_the_server_does_not_list(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.unit import Installation, home_warnings
+from supervisor.unit import Installation, agentd_folders, home_warnings, render
 from tests.supervisor.test_cli import AGENTD, run_agentd
 from worker.config import RestartConfig
 
@@ -260,7 +260,13 @@ def test_the_printed_system_unit_exposure_is_low(
 def test_a_named_spool_and_config_go_into_the_system_unit(tmp_path: Path) -> None:
     spool, config = tmp_path / "my spool", tmp_path / "agentd.toml"
     config.write_text("max_workers = 2\n")
-    text = agentd_unit(options=(f"--spool={spool}", f"--config={config}"))
+    done = run_agentd(f"--spool={spool}", f"--config={config}", "unit")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    if tmp_path.is_relative_to("/tmp"):  # (PrivateTmp= would hide both: said, one line each)
+        lines = done.stderr.splitlines()
+        assert [line.split()[2] for line in lines] == ["config", "spool"], lines
+        assert all("PrivateTmp=yes gives the service a fresh, empty copy" in x for x in lines)
     unit = _directives(text)
     assert unit["ExecStart"] == [f'{AGENTD} start --log-format json --spool "{spool}"']
     assert unit["ReadWritePaths"] == [f'"{spool}"']
@@ -304,3 +310,38 @@ def test_the_system_unit_warns_about_paths_protecthome_hides(home: str) -> None:
     (warning,) = home_warnings(install)
     assert agentd in warning and "ProtectHome=yes" in warning
     assert home_warnings(Installation(("/opt/agentd/venv/bin/agentd",), None, None)) == []
+
+
+@needs_systemd_analyze
+def test_an_installation_under_tmp_is_bound_back_read_only(tmp_path: Path) -> None:
+    """agentd run from below /tmp (a clone tried under ``mktemp -d``): the system unit's
+    PrivateTmp= would hide it, so the unit binds it back read-only, and still verifies;
+    what lies elsewhere (/usr, /opt) is not named."""
+    venv = Path("/tmp") / tmp_path.name / "venv"  # (the test's own folder may be elsewhere)
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    agentd = venv / "bin" / "agentd"
+    agentd.write_text("#!/bin/sh\n")
+    agentd.chmod(0o755)
+    try:
+        folders = (venv, Path("/usr"), Path("/opt/python"))
+        install = Installation(
+            (str(agentd),), Path("/etc/agentd/agentd.toml"), None, folders=folders
+        )
+        text = render(install, user=False)
+        assert _directives(text)["BindReadOnlyPaths"] == [str(venv)]
+        assert home_warnings(install) == []
+        path = tmp_path / "agentd.service"
+        path.write_text(text)
+        assert _verify(path) == ""
+    finally:
+        shutil.rmtree(venv.parent, ignore_errors=True)
+
+
+def test_the_printed_system_unit_binds_back_what_agentd_runs_from_below_tmp() -> None:
+    """`agentd unit` names in BindReadOnlyPaths= each folder this agentd runs from below
+    /tmp or /var/tmp (a clone there, as `make test-tmp-checkout` makes: its venv is in
+    it), and none where it runs from elsewhere."""
+    below = [
+        str(f) for f in agentd_folders() if f.is_relative_to("/tmp") or f.is_relative_to("/var/tmp")
+    ]
+    assert _directives(agentd_unit()).get("BindReadOnlyPaths", []) == below

@@ -445,6 +445,67 @@ def attack(tmp_path: Path, canary: str) -> None:
     assert journal.count(canary) == 0
 
 
+def test_a_task_made_while_a_server_runs_is_not_readable_through_it() -> None:
+    """A server started before another task was made, and running on (its worker waits in
+    a command), is asked for that task's file by path: ``server-filesystem`` allowed
+    ``/`` and the fault server's ``read`` both fail, though the file is there; the same
+    read of the server's own workspace works, before and after (the control). The
+    sandbox shows a server its workspace and its installation, nothing else: a list of
+    what to hide, fixed when it started, would have missed the later task."""
+    from tests.mcp.servers import npm_server
+
+    canary = "canary-" + os.urandom(8).hex()
+    # (outside /tmp: a sandboxed server has a /tmp of its own, which would hide it anyway)
+    # (and a folder of its own: not in the config's, which the sandbox hides whole)
+    root = Path(tempfile.mkdtemp(prefix="agentd-mcp-", dir=OUTSIDE_TMP))
+    later = Path(tempfile.mkdtemp(prefix="agentd-mcp-later-", dir=OUTSIDE_TMP))
+    try:
+        (later / "secret.txt").write_text(canary)
+        secret = str(later / "secret.txt")
+        made = McpTask(
+            root,
+            {"fs": {"command": npm_server("filesystem", "/")}, "f": {"command": fault_server()}},
+            [DONE],
+            tools=["mcp__fs__*", "mcp__f__read", "run_command"],
+        )
+        made.workspace.mkdir(parents=True, exist_ok=True)
+        (made.workspace / "mine.txt").write_text("the task's own file")
+        mine = str(made.workspace / "mine.txt")
+
+        def reads(tag: str, path: str) -> list[dict[str, Any]]:
+            return [
+                tool_use("mcp__fs__read_text_file", f"fs-{tag}", path=path),
+                tool_use("mcp__f__read", f"f-{tag}", path=path),
+            ]
+
+        wait = "i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
+        responses = [
+            reply(*reads("own-before", mine)),  # (both servers start here)
+            reply(tool_use("run_command", "wait", command=wait, timeout=90)),
+            reply(*reads("later", secret), *reads("own-after", mine)),
+            DONE,
+        ]
+        made.task.script.write_text(json.dumps({"responses": responses}))
+        proc = made.start()
+        poll_for(lambda: made.intent_of("wait"), timeout=90, what="the servers to run")
+        other = scripted_task(made.spool, [DONE], workspace=later)  # while they run
+        assert other.load_spec().workspace == str(later)
+        (made.workspace / "go").touch()
+        code, err = finish(proc, 90)
+        assert code == ExitCode.DONE, err
+        results = made.results()
+        for call in ("fs-own-before", "f-own-before", "fs-own-after", "f-own-after"):
+            assert results[call][0]["content"] == "the task's own file", results[call]
+        for call in ("fs-later", "f-later"):
+            (result,) = results[call]
+            assert canary not in result["content"], result
+        assert made.task.journal.read_bytes().count(canary.encode()) == 0
+        assert (later / "secret.txt").read_text() == canary  # (it was there all along)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(later, ignore_errors=True)
+
+
 def test_rewind_and_fork_offer_the_recorded_list(tmp_path: Path) -> None:
     """After a rewind, and in a fork, the task is offered the list its first start
     recorded: a server that lists other tools since is not asked again, and a call of a

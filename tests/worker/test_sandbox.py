@@ -245,7 +245,8 @@ def test_mounts_land_on_top_of_those_that_contain_them(tmp_path: Path) -> None:
     options = mount_options(workspace, [spool])
     assert options.index("--tmpfs", options.index(str(spool)) - 1) < options.index("--bind")
     assert options[options.index("--bind") + 1] == str(workspace)
-    assert options[-4:] == ["--remount-ro", str(spool), "--chdir", str(workspace)]
+    assert options[-6:-2] == ["--remount-ro", str(spool), "--remount-ro", "/"]
+    assert options[-2:] == ["--chdir", str(workspace)]
     options = mount_options(tmp_path / "repo", [inner])
     assert options.index("--bind") < options.index(str(inner))
 
@@ -298,12 +299,13 @@ def test_a_workspace_of_a_task_made_while_the_worker_runs_is_hidden_from_its_nex
     outside_tmp: Path,
 ) -> None:
     """The worker reads the other tasks' workspaces again before each call's intent (so
-    that a storage fault there is a wait, nothing recorded): a task made during one call
-    has its workspace hidden from the next."""
+    that a storage fault there is a wait, nothing recorded): a task made during one call,
+    with its workspace inside this task's (which the sandbox shows), has it hidden from
+    the next call; the first call, which began before that task was made, read it."""
     spool = make_spool(outside_tmp)
-    mine, later = outside_tmp / "mine", outside_tmp / "later"
-    for folder in (mine, later):
-        folder.mkdir()
+    mine = outside_tmp / "mine"
+    later = mine / "later"
+    later.mkdir(parents=True)
     (later / "secret").write_text(SECRET)
     wait = "while [ ! -e go ]; do sleep 0.05; done"  # (the test lets it go on)
     first = tool_use("run_command", "c1", command=f"{wait}; cat {later}/secret")
@@ -322,8 +324,10 @@ def test_a_workspace_of_a_task_made_while_the_worker_runs_is_hidden_from_its_nex
 
 
 def test_with_a_store_what_libpq_could_log_in_with_is_hidden(outside_tmp: Path) -> None:
-    home, elsewhere, sockets, workspace = (outside_tmp / n for n in ("home", "etc", "run", "ws"))
-    for folder in (home, elsewhere, sockets, workspace, home / ".postgresql"):
+    # (inside the workspace, which the sandbox shows: elsewhere they are not shown at all)
+    workspace = outside_tmp / "ws"
+    home, elsewhere, sockets = (workspace / n for n in ("home", "etc", "run"))
+    for folder in (workspace, home, elsewhere, sockets, home / ".postgresql"):
         folder.mkdir()
     secrets = [
         home / ".pgpass",
@@ -370,8 +374,12 @@ def test_no_libpq_variable_reaches_a_tool() -> None:
 def test_another_tasks_workspace_is_hidden_and_a_shared_one_stays_writable(
     outside_tmp: Path,
 ) -> None:
+    """Another task's workspace is not shown (nothing outside the system's folders and the
+    task's own is); one inside this task's workspace, made after the worker started, is
+    covered from the next refresh; a workspace two tasks share stays writable."""
     spool = make_spool(outside_tmp)
-    mine, theirs, later = (outside_tmp / n for n in ("mine", "theirs", "later"))
+    mine, theirs = outside_tmp / "mine", outside_tmp / "theirs"
+    later = mine / "later"
     for folder in (mine, theirs, later):
         folder.mkdir()
         (folder / "secret").write_text(SECRET)
@@ -382,16 +390,43 @@ def test_another_tasks_workspace_is_hidden_and_a_shared_one_stays_writable(
     others = OtherWorkspaces(FileStore(spool.root), "t1")
     sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None, others=others)
     command = "cat {0}/secret; echo x > {0}/planted; true"
-    assert SECRET in sh(
-        sandbox_for(SandboxMode.REQUIRED, True, spool=None, config=None),
-        mine,
-        command.format(later),
-    )  # the control: a folder of no task shows
+    off = sandbox_for(SandboxMode.OFF, True, spool=None, config=None)
+    assert SECRET in sh(off, mine, f"cat {theirs}/secret")  # the control: bare
     out = sh(sandbox, mine, command.format(theirs))
     assert SECRET not in out and not (theirs / "planted").exists()
+    assert SECRET in sh(sandbox, mine, command.format(later))  # (no task's yet: its own)
+    (later / "planted").unlink()
     scripted_task(spool, done, name="t4", workspace=later)  # after the worker started
-    others.refresh()  # (the loop reads them again before each call: the test below)
+    others.refresh()  # (the loop reads them again before each call: the test above)
     out = sh(sandbox, mine, command.format(later))
     assert SECRET not in out and not (later / "planted").exists()
     assert SECRET in sh(sandbox, mine, command.format(mine))  # its own, shared with t3
     assert (mine / "planted").read_text() == "x\n"
+
+
+def test_a_command_that_names_the_hosts_tmp_is_told_it_is_not_shown(outside_tmp: Path) -> None:
+    """A script a user put in the host's /tmp is not in the sandbox's own /tmp: the
+    result says so once, plainly; a path there that the host lacks too, the workspace's
+    own files and the spool's are not named."""
+    host_tmp = Path(tempfile.mkdtemp(prefix="agentd-host-tmp-", dir="/tmp"))
+    try:
+        script = host_tmp / "build.sh"
+        script.write_text("echo built\n")
+        spool = make_spool(host_tmp)
+        workspace = outside_tmp / "ws"
+        workspace.mkdir()
+        sandbox = sandbox_for(SandboxMode.REQUIRED, True, spool=spool.root, config=None)
+        out = sh(sandbox, workspace, f"sh {script}")
+        assert "built" not in out and "No such file" in out
+        tail = out.split("--- sandbox ---\n")[1]
+        assert tail == (
+            f"{script} is on the host's temporary folder, which this sandbox does not show "
+            "(its /tmp is its own, and it shows only the system's folders and the workspace): "
+            "copy what the command needs into the workspace\n"
+        )
+        quiet = f"ls {host_tmp}/absent {spool.root}/tasks; echo x > /tmp/mine; cat /tmp/mine"
+        assert "--- sandbox ---" not in sh(sandbox, workspace, quiet)
+        bare = sandbox_for(SandboxMode.OFF, True, spool=None, config=None)
+        assert "built" in sh(bare, workspace, f"sh {script}")  # the control: it is there
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)

@@ -44,6 +44,7 @@ from worker.credentials import credential
 from worker.errors import ConfigError
 from worker.events import Event
 from worker.mcp.settings import CRED_REF, McpServer
+from worker.tools.installation import hidden_why
 from worker.tools.sandbox import Sandbox, SandboxRefused
 from worker.tools.tool import OutcomeUnknown, ToolError
 
@@ -296,9 +297,9 @@ class ToolServers:
             endpoint = self._endpoint(server)
             connection = self._start(endpoint)
         except (ConfigError, SandboxRefused, OSError) as exc:
-            raise self._start_failed(server, str(exc)) from None
+            raise self._start_failed(server, self._with_sandbox(server, str(exc))) from None
         except Exception as exc:
-            raise self._start_failed(server, _why(exc)) from None
+            raise self._start_failed(server, self._with_sandbox(server, _why(exc))) from None
         server.connection = connection
         if server.listed is not None or server.expected is not None:
             self._relist(server, connection)  # a restarted server: does it list the same?
@@ -310,6 +311,15 @@ class ToolServers:
         connection = Connection(endpoint)
         self._run(self._open(connection), None)
         return connection
+
+    def _with_sandbox(self, server: _Server, why: str) -> str:
+        """``why`` a server did not start, and why what it needs may not be there
+        (``installation.hidden_why``): under /tmp, not found, or shown in part."""
+        command = server.settings.command
+        path = {**self.placement.env, **server.settings.env}.get("PATH")
+        sandboxed = self.placement.sandbox.verdict() == "bwrap"
+        hidden = hidden_why(command, path, sandboxed=sandboxed)
+        return f"{why}; {hidden}" if hidden else why
 
     def _start_failed(self, server: _Server, why: str) -> ServerFailed:
         self._count_failure(server, f"cannot start: {why}")

@@ -243,7 +243,12 @@ def run_command(ctx: ToolContext, command: str, timeout: float = 60.0) -> str:
                 f"command timed out after {limit:g} s and was killed\n" + _outputs(pipes)
             )
         proc.wait()
-        return f"exit code {proc.returncode}\n" + _outputs(pipes)
+        result = f"exit code {proc.returncode}\n" + _outputs(pipes)
+        if ctx.sandbox.verdict() == "bwrap" and (
+            note := ctx.sandbox.unseen(command, ctx.workspace)
+        ):
+            result += f"\n--- sandbox ---\n{note}\n"  # (said: the file is not missing)
+        return result
     finally:
         os.close(out_read)
         os.close(err_read)

@@ -10,14 +10,20 @@ A command runs as ``bwrap ... -- /bin/sh -c COMMAND`` where bwrap works, so that
 * its own IPC namespace, and with ``[tools] network = false`` its own network namespace
   (loopback only);
 * ``/proc`` of its own namespace, a minimal ``/dev``, a private ``/tmp`` of bounded size;
-* the root filesystem read-only, and the workspace bind-mounted read-write: the only
-  writable place that outlives the call;
-* the spool, the config file (and its folder, when that is a folder of its own), the
-  API key's file or credentials folder, with a store the files and socket folders libpq
-  could log in with (``worker.credentials.store_paths``), and every other task's
-  workspace (``others``, asked at each call) hidden under empty read-only mounts. A workspace
-  inside a hidden folder (the default one, ``SPOOL/tasks/ID/workspace``) is mounted back
-  at its own path, and nothing else of that folder is;
+* a filesystem that hides by default: an empty root, read-only, in which only the
+  system's folders (``worker.tools.installation.SYSTEM``: /usr, /bin, /sbin, /lib*, /etc,
+  /opt) are bound read-only, with the file ``/etc/resolv.conf`` leads to; the command's
+  own installation read-only, wherever it is (``installed``: a server's venv or
+  ``node_modules``, its interpreter); and the workspace read-write, the only writable
+  place that outlives the call. Nothing else of the host is there: no /home, /root,
+  /var, /run, /srv, /mnt, no host /tmp, so no spool, no key and no task, also one made
+  after the process started;
+* within what it shows, the spool, the config file (and its folder, when that is a
+  folder of its own), the API key's file or credentials folder, with a store the files
+  and socket folders libpq could log in with (``worker.credentials.store_paths``), and
+  every other task's workspace (``others``, asked at each call) covered by empty
+  read-only mounts: a config in /etc/agentd, a spool or another task's workspace inside
+  this task's workspace;
 * no capabilities (``--cap-drop ALL``: agentd may run as root), a new session (no
   terminal to inject into), and a cleared environment plus the scrubbed tool environment
   (``worker.tool_calls.tool_environment``).
@@ -43,11 +49,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+
+from worker.tools.installation import SYSTEM, in_system, installed
 
 SHELL = "/bin/sh"
 PRIVATE_TMP = "/tmp"  # noqa: S108  (a fresh tmpfs of the sandbox's own, not the host's /tmp)
@@ -55,6 +64,10 @@ PRIVATE_TMP = "/tmp"  # noqa: S108  (a fresh tmpfs of the sandbox's own, not the
 #: memory, and a command that fills it gets ENOSPC instead of taking the host's memory.
 PRIVATE_TMP_SIZE = 256 * 1024 * 1024
 PROBE_TIMEOUT = 10.0  # seconds: bwrap starts in milliseconds when it works at all
+
+
+#: A path below the host's /tmp or /var/tmp named in a command (``Sandbox.unseen``).
+_HOST_TMP = re.compile(r"(?<![\w.~/-])/(?:var/)?tmp/[^\s'\";|&<>()`$*?]+")
 
 
 class SandboxMode(StrEnum):
@@ -80,8 +93,9 @@ class SandboxRefused(Exception):
 @dataclass(frozen=True)
 class Sandbox:
     """How run_command contains its commands: the ``[tools]`` settings, the paths to hide
-    (and ``others``: more of them, asked at each call, such as the other tasks'
-    workspaces), and the bwrap to use (a name looked up on ``PATH``, or a path)."""
+    where the sandbox would show them (and ``others``: more of them, asked at each call,
+    such as the other tasks' workspaces), and the bwrap to use (a name looked up on
+    ``PATH``, or a path)."""
 
     mode: SandboxMode = SandboxMode.AUTO
     network: bool = True
@@ -120,8 +134,9 @@ class Sandbox:
     ) -> list[str]:
         """What to execute for ``argv``: under bwrap, with ``binds`` (folders that may be
         hidden, such as a task's private GIT_DIR in the spool) also mounted writable and
-        ``shown`` read-only, each at its own path; ``argv`` itself where the command
-        would run bare."""
+        ``shown`` read-only, each at its own path, and the installation of ``argv``
+        (``installed``, on the ``PATH`` of ``env``) read-only; ``argv`` itself where the
+        command would run bare."""
         verdict = self.verdict()
         if self.on_verdict is not None:
             self.on_verdict(verdict)
@@ -133,8 +148,9 @@ class Sandbox:
         if verdict != "bwrap":
             return list(argv)
         inner = {**env, "TMPDIR": PRIVATE_TMP} if "TMPDIR" in env else dict(env)
+        program = installed(argv, env.get("PATH"), workspace=workspace).paths
         extra = [(Path(os.path.realpath(path)), "--bind") for path in binds] + [
-            (Path(os.path.realpath(path)), "--ro-bind") for path in shown
+            (Path(os.path.realpath(path)), "--ro-bind") for path in [*shown, *program]
         ]
         return [
             probe(self.bwrap, self.network).path,
@@ -145,6 +161,30 @@ class Sandbox:
             "--",
             *argv,
         ]
+
+    def unseen(self, command: str, workspace: Path) -> str:
+        """A note for a command that names a file under the host's /tmp or /var/tmp which
+        the sandbox does not show (its /tmp is its own: the file is not there), or ''.
+        A path of the spool, the config, a key or another task is never named."""
+        found: list[str] = []
+        for match in _HOST_TMP.finditer(command):
+            text = match.group(0).rstrip(".,:")
+            real = Path(os.path.realpath(text))
+            if not os.path.lexists(text) or real.is_relative_to(os.path.realpath(workspace)):
+                continue
+            if any(real.is_relative_to(os.path.realpath(h)) for h in self._hidden()):
+                continue
+            if text not in found:
+                found.append(text)
+        if not found:
+            return ""
+        named = ", ".join(found[:3]) + (" and more" if len(found) > 3 else "")
+        return (
+            f"{named} {'is' if len(found) == 1 else 'are'} on the host's temporary folder, "
+            "which this sandbox does not show (its /tmp is its own, and it shows only the "
+            "system's folders and the workspace): copy what the command needs into the "
+            "workspace"
+        )
 
     def _hidden(self) -> tuple[Path, ...]:
         return (*self.hidden, *self.others()) if self.others is not None else self.hidden
@@ -159,20 +199,30 @@ def namespace_options(network: bool) -> list[str]:
 def mount_options(
     workspace: Path, hidden: Iterable[Path], binds: Iterable[tuple[Path, str]] = ()
 ) -> list[str]:
-    """The filesystem: / read-only, fresh /proc, /dev and /tmp, the hidden paths covered,
-    the workspace writable at its own path (and each of ``binds``: a path and its bwrap
-    option), and ``--chdir`` into the workspace.
+    """The filesystem: an empty root, read-only, with the system's folders (``SYSTEM``)
+    bound read-only, fresh /proc, /dev and /tmp, the workspace writable at its own path
+    (and each of ``binds``: a path and its bwrap option), the hidden paths covered where
+    one of those shows them, and ``--chdir`` into the workspace.
 
     Each mount is made after every mount of a shorter path (at equal depth, a cover before
     the workspace), so it lands on top of those that contain it. Covers of folders are
     made read-only once everything is mounted (bwrap needs them writable to make the
-    workspace's mount point inside)."""
+    workspace's mount point inside), and so is the root (bwrap made the mount points of
+    the workspace's parents there)."""
+    binds = list(binds)
     plan: list[tuple[int, int, list[str]]] = [
         (_depth(Path(PRIVATE_TMP)), 0, ["--size", str(PRIVATE_TMP_SIZE), "--tmpfs", PRIVATE_TMP]),
         (_depth(workspace), 1, ["--bind", str(workspace), str(workspace)]),
         *((_depth(path), 1, [option, str(path), str(path)]) for path, option in binds),
+        *((1, 0, step) for step in system_mounts()),
     ]
-    paths = [path for path in _existing(hidden) if path != workspace]  # (a shared one)
+    # (the private /tmp too: what is hidden on the way to a workspace in it stays read-only)
+    shown = [Path(f) for f in (*SYSTEM, PRIVATE_TMP)] + [workspace] + [p for p, _ in binds]
+    paths = [
+        path
+        for path in _existing(hidden)
+        if path != workspace and any(path.is_relative_to(s) for s in shown)
+    ]
     folders = {path for path in paths if path.is_dir()}
     covered: list[str] = []
     for path in paths:
@@ -184,12 +234,28 @@ def mount_options(
         else:
             plan.append((_depth(path), 0, ["--ro-bind", "/dev/null", str(path)]))
     plan.sort(key=lambda step: step[:2])
-    options = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    options = ["--proc", "/proc", "--dev", "/dev"]
     for _, _, step in plan:
         options += step
     for path_text in covered:
         options += ["--remount-ro", path_text]
-    return [*options, "--chdir", str(workspace)]
+    return [*options, "--remount-ro", "/", "--chdir", str(workspace)]
+
+
+def system_mounts() -> list[list[str]]:
+    """The system's folders as bwrap options: a symlink as itself (``/bin -> usr/bin``),
+    a folder bound read-only; and where ``/etc/resolv.conf`` leads out of them (systemd's
+    resolver, under /run), that file, so that names resolve."""
+    steps: list[list[str]] = []
+    for name in SYSTEM:
+        if os.path.islink(name):
+            steps.append(["--symlink", os.readlink(name), name])
+        elif os.path.isdir(name):
+            steps.append(["--ro-bind", name, name])
+    resolver = Path(os.path.realpath("/etc/resolv.conf"))
+    if resolver.is_file() and not in_system(resolver):
+        steps.append(["--ro-bind", str(resolver), str(resolver)])
+    return steps
 
 
 def _depth(path: Path) -> int:

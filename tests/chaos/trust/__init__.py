@@ -39,6 +39,7 @@ ATTACKS: tuple[str, ...] = (
     "tests.chaos.trust.unit_sandbox",
     "tests.chaos.trust.store_secrets",
     "tests.chaos.trust.workspaces",
+    "tests.chaos.trust.later_task",
     "tests.chaos.trust.fork_flood",
     "tests.chaos.trust.output_flood",
     "tests.chaos.trust.swap_race",

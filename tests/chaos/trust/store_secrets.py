@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,12 +184,27 @@ class Node:
     def agentd(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.daemon.run_cli(*args, env=self.env, timeout=WAIT)
 
-    def submit(self, task_id: str, responses: list[dict[str, Any]]) -> None:
+    def submit(self, task_id: str, responses: list[dict[str, Any]], *more: str) -> None:
         script = self.daemon.root / f"{task_id}.json"
         with self.daemon.as_user():
             script.write_text(json.dumps({"responses": responses}))
-        done = self.agentd("submit", "--name", task_id, "--prompt", "go", "--script", str(script))
+        argv = ("submit", "--name", task_id, "--prompt", "go", "--script", str(script), *more)
+        done = self.agentd(*argv)
         assert done.returncode == 0, done.stderr
+
+    def armed_workspace(self) -> Path:
+        """The attacker's workspace, with the PostgreSQL client it brings along (a copy
+        of this venv's psycopg in ``lib``): the sandbox shows a command the system's
+        Python, never agentd's venv."""
+        workspace = self.daemon.root / "attacker"
+        site = Path(psycopg.__file__).parent.parent
+        for name in ("psycopg", "psycopg_binary", "psycopg_binary.libs", "typing_extensions.py"):
+            source = site / name
+            if source.is_dir():
+                shutil.copytree(source, workspace / "lib" / name)
+            elif source.is_file():
+                shutil.copy(source, workspace / "lib" / name)
+        return self.daemon.give(workspace)
 
     def record(self, task_id: str) -> dict[str, Any]:
         """The task's record, read from the store (a poll as cheap as a query: a status
@@ -231,13 +247,17 @@ class Node:
             "attempt": call["attempt"],
             "decision": {**decision, "reason": "forged", "decided_at": "2026-01-01T00:00:00Z"},
         }
-        source = base64.b64encode(f"PLAN = {json.dumps(plan)!r}\n{ATTACK}".encode()).decode()
-        command = f"echo {source} | base64 -d > attack.py && {sys.executable} attack.py"
-        self.submit("attacker", [reply(tool_use("run_command", command=command)), reply(text("x"))])
+        head = f"import sys\nsys.path.insert(0, 'lib')\nPLAN = {json.dumps(plan)!r}\n"
+        source = base64.b64encode(f"{head}{ATTACK}".encode()).decode()
+        python = f"python{sys.version_info.major}.{sys.version_info.minor}"  # (the system's)
+        command = f"echo {source} | base64 -d > attack.py && {python} attack.py"
+        workspace = self.armed_workspace()
+        steal = [reply(tool_use("run_command", command=command)), reply(text("x"))]
+        self.submit("attacker", steal, "--workspace", str(workspace))
         self.state("attacker", "done", "failed")
         self.agentd("approve-dangling", "victim", call["call_id"], "--result", "charged once")
         self.state("victim", "done", "failed")
-        loot = (self.workspace("attacker") / "loot.txt").read_text()
+        loot = (workspace / "loot.txt").read_text()
         with psycopg.connect(self.url) as conn:
             (forged,) = conn.execute(
                 "SELECT count(*) FROM decisions WHERE task = 'victim' "
