@@ -156,7 +156,7 @@ class IntentRecord(TypedDict):
     effect: str
     key: str  # the idempotency key the tool is handed
     attempt: int
-    asked: NotRequired[bool]  # it waits for an approval before it runs (docs/guides/tools.md)
+    asked: NotRequired[bool]  # it waits for an approval before it runs (docs/design.md section 17)
     renewed: NotRequired[bool]  # not a start: the attempt held again (its decision expired)
 
 

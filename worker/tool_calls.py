@@ -132,7 +132,7 @@ class ToolCalls:
     tool runs, the one step the store cannot fence itself. ``result_wait``, on a shared
     store, is what a call's result waits in when the database refuses its write
     (``keep_result``). ``asks`` names the tools whose calls wait for an operator's
-    approval before they run (docs/guides/tools.md)."""
+    approval before they run (docs/design.md section 17)."""
 
     def __init__(
         self,

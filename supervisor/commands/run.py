@@ -104,7 +104,7 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
 
     # (the transcript's own line says "‖ held" once; this is what the decision needs)
     shown = json.dumps(call.get("input"), ensure_ascii=False)
-    before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: docs/guides/tools.md)
+    before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: docs/design.md section 17)
     known = (
         "it has not run: it waits for your approval."
         if before
