@@ -46,7 +46,10 @@ def check_continue(task: TaskDir, record: TaskRecord) -> None:
             f"task {task.id} was cancelled; a cancelled task takes no continue. "
             f"`agentd fork {task.id} --at TURN --prompt TEXT` starts a new task from it."
         )
-    raise StateConflictError(f"task {task.id} is {state}, not done; only a done task is continued.")
+    raise StateConflictError(
+        f"task {task.id} is {state}, not done; only a done task is continued "
+        f"(`agentd say {task.id} TEXT` adds a message to a live one)."
+    )
 
 
 def continue_task(

@@ -9,16 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from supervisor.commands.context import store_url
+from supervisor.commands.context import store_url, text_or_file
 from supervisor.commands.parsing import Commands, json_flag
 from supervisor.commands.tasks import SUBMIT_OPTIONS, submitted, task_options
-from supervisor.coordination import ring
+from supervisor.coordination import ring, running_pid
+from supervisor.operator import Operator, Via
 from supervisor.record import TaskRecord
-from supervisor.submit import checked_text, existing_task
+from supervisor.submit import PROMPT_FILE_LIMIT, checked_text, existing_task
 from worker.config import Config
-from worker.errors import UsageError
+from worker.errors import StateConflictError, UsageError
 from worker.protocol import DecisionAction
-from worker.spool import Spool
+from worker.spool import Spool, TaskDir
 
 
 def add_parser(commands: Commands) -> None:
@@ -36,8 +37,8 @@ def add_parser(commands: Commands) -> None:
 def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import foreground  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
-    given = sum(x is not None for x in (args.prompt, args.prompt_file, args.resume))
-    if given != 1:
+    prompts = sum(x is not None for x in (args.prompt, args.prompt_file))
+    if prompts > 1 or (prompts == 0 and args.resume is None):
         raise UsageError("give exactly one of --prompt TEXT, --prompt-file FILE or --resume TASK.")
     if store_url(args, config, spool) is not None:  # (refused before any connection)
         foreground.refuse_shared(shared=True)
@@ -50,6 +51,8 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             )
         task = existing_task(spool, args.resume)
         claim = foreground.claim(task)
+        if prompts:  # a done task goes on with a new instruction (docs/design.md section 19)
+            _continue_here(args, config, spool, task)
         record = foreground.prepare(task, spool)
         if record is None:
             print(f"{task.id}: done already ({TaskRecord.load(task).reason or 'ended'})")
@@ -76,6 +79,21 @@ def cmd_run(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     )
     with claim:  # (held while the run runs the task: a second `agentd run` of it is refused)
         return int(run.run())
+
+
+def _continue_here(args: argparse.Namespace, config: Config, spool: Spool, task: TaskDir) -> None:
+    """``run --resume TASK --prompt TEXT``: ``agentd continue``, for this run to run on; a
+    task the running daemon owns is refused first (its ``continue`` is the daemon's)."""
+    from supervisor.conversations import continue_task  # noqa: PLC0415  (this case alone)
+
+    daemon = running_pid(spool)
+    if daemon is not None and not TaskRecord.load(task).foreground:
+        raise StateConflictError(
+            f"task {task.id} is the daemon's (pid {daemon}); `agentd continue {task.id} "
+            "--prompt TEXT` gives it the instruction there."
+        )
+    text = text_or_file(args.prompt, args.prompt_file, "prompt", PROMPT_FILE_LIMIT) or ""
+    continue_task(spool, config, task.id, text, operator=Operator.here(Via.RUN))
 
 
 def _agentd_prefix(args: argparse.Namespace) -> str:

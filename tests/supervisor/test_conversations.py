@@ -272,3 +272,26 @@ def test_say_to_a_task_whose_context_is_compacted_is_taken_once(tmp_path: Path) 
     at = records.index(said)
     assert [r for r in records[at:] if r["k"] == "compaction"]  # compacted after it joined
     assert status(daemon.spool.root, "long")["state"] == "done"
+
+
+def test_run_resume_with_a_prompt_continues_a_done_task_in_the_foreground(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    path = script(tmp_path, "One.", "Two.", "Three.")
+    assert (
+        agentd(spool, "run", "--name", "r2", "--prompt", "First.", "--script", str(path)).returncode
+        == 0
+    )
+    resumed = agentd(spool, "run", "--resume", "r2", "--prompt", "And then?")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Two." in resumed.stdout
+    row = status(spool, "r2")
+    assert row["state"] == "done" and row["turn"] == 2
+    users = [r for r in journal_records(Spool(spool).task("r2")) if r["k"] == "user"]
+    assert users[-1]["via"] == "run" and users[-1]["content"][0]["text"] == "And then?"
+    # a task that is not done takes no new instruction here: exit 3, nothing written
+    assert (
+        agentd(spool, "submit", "--name", "q", "--prompt", "x", "--script", str(path)).returncode
+        == 0
+    )
+    refused = agentd(spool, "run", "--resume", "q", "--prompt", "more")
+    assert refused.returncode == 3 and "agentd say q" in refused.stderr
