@@ -210,7 +210,8 @@ class TaskRecord:
     def moves(self) -> dict[str, bool]:
         """Which of an operator's moves this record allows, as the checks above answer
         (the console offers these alone): ``cancel``, ``retry``, ``rewind`` (never after a
-        cancel, which is final) and ``fork`` (always: a fork is a new task)."""
+        cancel, which is final), ``fork`` (always: a fork is a new task), ``continue`` (a
+        done task) and ``say`` (a task that has not ended)."""
 
         def allowed(check: Callable[[str], None]) -> bool:
             try:
@@ -224,6 +225,9 @@ class TaskRecord:
             "retry": allowed(self.check_retry),
             "rewind": self.state != TaskStatus.CANCELLED,
             "fork": True,
+            # docs/design.md section 19: a done task continues, a live one is told
+            "continue": self.state == TaskStatus.DONE,
+            "say": self.state not in FINAL_STATES,
         }
 
     def _queue(self, task_id: str) -> None:

@@ -220,28 +220,110 @@ function renderRow(row) {
   const tr = el("tr", { "data-task": row.id }, taskCells(row));
   const old = body.querySelector(`tr[data-task="${CSS.escape(row.id)}"]`);
   if (old) old.replaceWith(tr);
-  else body.append(tr);
-  document.getElementById("tasks-empty").hidden = state.rows.size > 0;
+  else if (list.shown.has(row.id)) body.append(tr);
+  else if (listed(row)) later(state.refresh, 1000); // a task it would list: read it again
 }
 
-async function showTasks() {
-  const answer = await api("GET", "/api/tasks");
+// Whether the list as asked for would show ``row`` (its state and text filters).
+function listed(row) {
+  const text = `${row.id} ${row.reason || ""} ${row.phase || ""} ${row.node || ""}`.toLowerCase();
+  return (!list.state || row.state === list.state) && (!list.q || text.includes(list.q.toLowerCase()));
+}
+
+// The list: what the person asked for (GET /api/tasks?state=&q=&sort=&limit=&after=), a
+// page at a time; "More" fetches the next page from the last one's cursor, so no row is
+// skipped or given twice. Live rows update the rows shown; a new task reloads the list.
+const PAGE = 50;
+const list = { state: "", q: "", sort: "state", next: null, shown: new Set() };
+
+function listQuery(after) {
+  const query = new URLSearchParams({ sort: list.sort, limit: String(PAGE) });
+  if (list.state) query.set("state", list.state);
+  if (list.q) query.set("q", list.q);
+  if (after) query.set("after", after);
+  return `/api/tasks?${query}`;
+}
+
+async function loadPage(after) {
+  const answer = await api("GET", listQuery(after));
   if (!answer.ok) return flash(answer.data.error, "error");
-  for (const row of answer.data) state.rows.set(row.id, row);
+  if (!after) {
+    list.shown.clear();
+    document.getElementById("tasks-body").replaceChildren();
+  }
+  for (const row of answer.data.tasks) {
+    state.rows.set(row.id, row);
+    list.shown.add(row.id);
+    renderRow(row);
+  }
+  list.next = answer.data.next;
+  document.getElementById("tasks-more").hidden = !list.next;
+  document.getElementById("tasks-empty").hidden = list.shown.size > 0;
+}
+
+function listControls() {
+  const states = ["", "held", "failed", "backoff", "running", "queued", "done", "cancelled"];
+  const pick = el("select", { "aria-label": "state", onchange: () => { list.state = pick.value; loadPage(null); } },
+    states.map((s) => el("option", { value: s, selected: s === list.state }, s || "every state")));
+  const sorts = [["state", "what needs you first"], ["age", "newest first"], ["-age", "oldest first"], ["name", "by name"]];
+  const order = el("select", { "aria-label": "sort", onchange: () => { list.sort = order.value; loadPage(null); } },
+    sorts.map(([v, t]) => el("option", { value: v, selected: v === list.sort }, t)));
+  let typing = 0;
+  const text = el("input", { type: "search", placeholder: "find: id or reason", "aria-label": "find", value: list.q,
+    oninput: () => { clearTimeout(typing); typing = setTimeout(() => { list.q = text.value.trim(); loadPage(null); }, 300); } });
+  return el("div", { class: "controls" }, pick, order, text,
+    el("button", { type: "button", onclick: () => submitForm() }, "New task"));
+}
+
+// A form for `agentd submit`: the same fields, checks and refusals (POST /api/tasks).
+function submitForm() {
+  const box = document.getElementById("new-task");
+  if (!box.hidden) return (box.hidden = true);
+  const field = (name, label, attrs) => el("label", {}, label, " ", el("input", { name, type: "text", ...attrs }));
+  const prompt = el("textarea", { name: "prompt", rows: 4, required: true, "aria-label": "prompt" });
+  const form = el("form", { class: "submit" },
+    el("label", {}, "Prompt ", prompt),
+    field("name", "Name", { placeholder: "generated" }),
+    field("model", "Model", { placeholder: "[model] name" }),
+    field("tools", "Tools", { placeholder: "every built-in (a,b)" }),
+    field("budget_usd", "Budget USD", { placeholder: "[budget] usd" }),
+    el("button", { type: "submit" }, "Submit"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = { prompt: prompt.value };
+    for (const name of ["name", "model", "tools", "budget_usd"]) {
+      const value = form.elements[name].value.trim();
+      if (value) body[name] = value;
+    }
+    const answer = await api("POST", "/api/tasks", body);
+    if (!answer.ok) return flash(answer.data.error, "error");
+    flash(`${answer.data.task.id}: submitted`, "ok");
+    location.hash = `#/tasks/${encodeURIComponent(answer.data.task.id)}`;
+  });
+  box.replaceChildren(form);
+  box.hidden = false;
+  prompt.focus();
+}
+
+async function showTasks(again) {
+  if (!again || !document.getElementById("tasks-body")) {
+    document.getElementById("view").replaceChildren(
+      el("h1", {}, "Tasks"),
+      listControls(),
+      el("div", { id: "new-task", hidden: true }),
+      el(
+        "table",
+        { class: "tasks" },
+        el("thead", {}, el("tr", {}, COLUMNS.map((c) => el("th", {}, c)))),
+        el("tbody", { id: "tasks-body" }),
+      ),
+      el("button", { id: "tasks-more", type: "button", hidden: true, onclick: () => loadPage(list.next) }, "More"),
+      el("p", { id: "tasks-empty", class: "muted", hidden: true },
+        "No tasks here: `agentd submit --prompt TEXT` or New task adds one."),
+    );
+  }
+  await loadPage(null);
   countHeld();
-  const view = document.getElementById("view");
-  view.replaceChildren(
-    el("h1", {}, "Tasks"),
-    el(
-      "table",
-      { class: "tasks" },
-      el("thead", {}, el("tr", {}, COLUMNS.map((c) => el("th", {}, c)))),
-      el("tbody", { id: "tasks-body" }),
-    ),
-    el("p", { id: "tasks-empty", class: "muted", hidden: state.rows.size > 0 },
-      "No tasks yet: `agentd submit --prompt TEXT` adds one."),
-  );
-  for (const row of [...state.rows.values()].sort((a, b) => a.id.localeCompare(b.id))) renderRow(row);
 }
 
 // -- one task -------------------------------------------------------------------------
@@ -326,7 +408,25 @@ function actionsBar(id, row, moves) {
       },
     }, "Fork"));
 
+  // a done task goes on with a new instruction; a live one is told something (section 19)
+  const instruction = el("input", { type: "text", placeholder: "a new instruction", "aria-label": "continue with" });
+  const continuing = el("span", { class: "group continue" }, instruction, el("button", {
+    onclick: async () => {
+      const answer = await act(`${base}/continue`, { prompt: instruction.value }, `${id}: continued`);
+      if (answer.ok) instruction.value = "";
+    },
+  }, "Continue"));
+  const note = el("input", { type: "text", placeholder: "say something to the task", "aria-label": "say" });
+  const saying = el("span", { class: "group say" }, note, el("button", {
+    onclick: async () => {
+      const answer = await act(`${base}/messages`, { text: note.value }, `${id}: message added; it joins before the next model call`);
+      if (answer.ok) note.value = "";
+    },
+  }, "Say"));
+
   function update(now, allowed) {
+    continuing.hidden = !allowed?.continue;
+    saying.hidden = !allowed?.say;
     cancel.hidden = !allowed?.cancel;
     retry.hidden = !allowed?.retry;
     rewinding.hidden = !allowed?.rewind || now.turn < 1;
@@ -336,7 +436,7 @@ function actionsBar(id, row, moves) {
   }
   update(row, moves);
   state.bar = { task: id, update };
-  return el("section", { class: "actions" }, cancel, retry, rewinding, forking, undo);
+  return el("section", { class: "actions" }, continuing, saying, cancel, retry, rewinding, forking, undo);
 }
 
 function who(line) {
