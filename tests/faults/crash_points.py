@@ -15,7 +15,9 @@ Quick mode: a 3-turn task, the write/fdatasync/fsync/rename/link points and the 
 calls that create or write a file, outside the heartbeat file (about 45). Full mode: a
 6-turn task and every point of every class (pwrite64, ftruncate, mkdir and unlink too,
 heartbeat included). Both add a kill on entry to each background fdatasync of the journal
-(its own thread, which strace counts apart: ``tests.faults.sync_shim`` kills there).
+(its own thread, which strace counts apart: ``tests.faults.sync_shim`` kills there), and
+the points of a removal (``tests.faults.prune_points``: ``agentd prune`` killed at its
+renames, unlinks and syncs; quick mode the first and last of each).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.faults import prune_points
 from tests.faults.common import (
     PROBLEMS,
     UNREADABLE,
@@ -193,5 +196,8 @@ def run(quick: bool) -> list[Figure]:
             "; ".join(d for _, d in r.problems[:3]) or "the kill missed its point"
         )
         figures.append(Figure(FAULT, "first failing point", detail, violation=True))
-    figures.append(Figure(FAULT, "runtime s", round(seconds, 1)))
+    # a removal killed at each of its steps (docs/design.md section 20)
+    with stopwatch() as removals:
+        figures += prune_points.figures(quick)
+    figures.append(Figure(FAULT, "runtime s", round(seconds + removals(), 1)))
     return figures
