@@ -49,7 +49,7 @@ class Housekeeper:
         self.next_measure = 0.0
         self._measuring: asyncio.Task[int] | None = None
         self.next_pass = 0.0  # on the daemon's clock: at once, then every PERIOD
-        self._running: asyncio.Task[list[Removal]] | None = None
+        self._running: asyncio.Task[None] | None = None
 
     def forget(self, task_id: str) -> None:
         """Let go of a task at rest that is gone from the store (pruned)."""
@@ -77,9 +77,8 @@ class Housekeeper:
             self.forget(task_id)
         if not self.config().retention.any:
             return
-        self._running = asyncio.get_running_loop().create_task(
-            asyncio.to_thread(self._pass, self.config())
-        )
+        loop = asyncio.get_running_loop()
+        self._running = loop.create_task(asyncio.to_thread(self._pass, self.config(), loop))
         self._running.add_done_callback(self._done)
 
     def _measure(self, now: float) -> None:
@@ -96,11 +95,10 @@ class Housekeeper:
             )
         )
 
-    def _pass(self, config: Config) -> list[Removal]:
-        """On a thread: remove every task past its period (what each removal said, for
-        the loop to log: the daemon's log is written from its loop)."""
+    def _pass(self, config: Config, loop: asyncio.AbstractEventLoop) -> None:
+        """On a thread: remove every task past its period, each removal told to the loop
+        as it is made (the daemon's log and slots are the loop's)."""
         now = datetime.now(UTC)
-        done: list[Removal] = []
         selection = retention.Selection()
         for task, why in list(retention.candidates(self.spool, selection, config.retention, now)):
             try:
@@ -108,29 +106,23 @@ class Housekeeper:
                     self.spool, task.id, archive_to=config.retention.archive_to
                 )
             except (AgentdError, OSError) as exc:  # (a retry came first, a full disk, ...)
-                done.append(Removal(task.id, str(exc), None, failed=True))
+                loop.call_soon_threadsafe(self._told, Removal(task.id, str(exc), None, True))
                 continue
-            done.append(Removal(task.id, why, archive))
-        return done
+            loop.call_soon_threadsafe(self._told, Removal(task.id, why, archive))
 
-    def _done(self, running: asyncio.Task[list[Removal]]) -> None:
-        if running.cancelled():
+    def _told(self, removal: Removal) -> None:
+        if removal.failed:
+            self.log(Event.TASK_REMOVE_FAILED, level="warning", task=removal.task, why=removal.why)
             return
-        failure = running.exception()
-        if failure is not None:
+        told: dict[str, Any] = {}
+        if removal.archive is not None:
+            told["archive"] = str(removal.archive)
+        self.log(Event.TASK_REMOVED, task=removal.task, why=removal.why, **told)
+        self.forget(removal.task)
+
+    def _done(self, running: asyncio.Task[None]) -> None:
+        if not running.cancelled() and (failure := running.exception()) is not None:
             self.log(Event.TASK_REMOVE_FAILED, level="error", why=str(failure))
-            return
-        for removal in running.result():
-            if removal.failed:
-                self.log(
-                    Event.TASK_REMOVE_FAILED, level="warning", task=removal.task, why=removal.why
-                )
-                continue
-            told: dict[str, Any] = {}
-            if removal.archive is not None:
-                told["archive"] = str(removal.archive)
-            self.log(Event.TASK_REMOVED, task=removal.task, why=removal.why, **told)
-            self.forget(removal.task)
 
 
 @dataclass(frozen=True)

@@ -322,3 +322,44 @@ def test_the_daemon_applies_retention_at_start_and_finishes_a_cut_off_removal(
         assert "; spool " in ok(agentd(spool, "status")).splitlines()[0]
     finally:
         daemon.stop()
+
+
+def test_a_kill_9_of_the_daemon_mid_prune_leaves_each_task_whole_or_gone(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    run_task(tmp_path, spool, "seed", DONE_SCRIPT)
+    seed = spool / "tasks" / "seed"
+    names = [f"old-{n:03d}" for n in range(150)]
+    for name in names:  # a hundred and fifty ended tasks, copies of one
+        shutil.copytree(seed, spool / "tasks" / name)
+        (spool / "tasks" / name / "spec.json").write_text(
+            (seed / "spec.json").read_text().replace('"seed"', f'"{name}"')
+        )
+        ended_ago(spool, name, 40)
+    whole = digests(seed)
+    daemon = Daemon(tmp_path / "d", config_text(extra='[retention]\ndone = "30d"\n'))
+    daemon.spool = Spool(spool)
+    daemon.start()
+    poll_for(
+        lambda: not (spool / "tasks" / names[0]).exists(),
+        30,
+        interval=0.002,
+        what="the first removal",
+    )
+    daemon.kill()
+    left = [n for n in names if (spool / "tasks" / n).exists()]
+    assert 0 < len(left) < len(names)  # killed mid-prune
+    for name in left:  # each one left is whole
+        assert digests(spool / "tasks" / name).keys() == whole.keys(), name
+    daemon.start()
+    try:
+        poll_for(
+            lambda: not any((spool / "tasks" / n).exists() for n in names),
+            60,
+            what="every old task removed",
+        )
+        poll_for(lambda: not any((spool / "removed").iterdir()), 30, what="removed/ emptied")
+        assert (spool / "tasks" / "seed").exists()  # it ended just now: kept
+    finally:
+        daemon.stop()
