@@ -56,6 +56,7 @@ TIMEOUT = {
     "nodes": 480,
     "trust": 600,
     "mcp": 900,
+    "conversations": 300,
 }
 
 
