@@ -58,6 +58,7 @@ from tests.support import (
     tool_use,
     worker_env,
 )
+from worker.lock import TaskLock
 from worker.spool import Spool, TaskDir
 
 pytestmark = pytest.mark.usefixtures("subreaper")
@@ -805,6 +806,26 @@ def test_a_worker_the_records_do_not_name_is_adopted_not_doubled(
         assert_completed(daemon, task_id, turns)
     finally:
         stray.wait(timeout=10)
+
+
+def test_a_held_task_lock_with_no_pid_in_its_file_does_not_stop_the_daemon(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # A worker holds its lock between creating the file and writing its pid, or someone
+    # emptied the file: the pid is unknown. Regression: every `agentd start` exited 1 with
+    # an IndexError until the holder let go.
+    daemon = make_daemon()
+    task_id = daemon.submit(steps(2), name="emptied")
+    lock = TaskLock(daemon.task(task_id).lock).acquire()
+    try:
+        daemon.task(task_id).lock.write_bytes(b"")  # (the flock stays held)
+        daemon.start()
+        poll_for(lambda: daemon.events(task_id, "worker_lock_wait"), what="the lock wait")
+        assert daemon.row(task_id)["state"] == "queued"
+    finally:
+        lock.release()
+    row = daemon.wait_state(task_id, "done", "failed", timeout=30)
+    assert row["state"] == "done", row
 
 
 def test_stop_is_graceful_and_running_tasks_resume_on_the_next_start(
