@@ -91,14 +91,19 @@ def approve(
 
 
 def cancel(
-    spool: Spool, task_id: str, wait: float, *, operator: Operator | None = None
+    spool: Spool,
+    task_id: str,
+    wait: float,
+    *,
+    operator: Operator | None = None,
+    grace: float | None = None,
 ) -> bool | control.Fenced:
     """Cancel the task for good: True once it is cancelled, False while the running daemon
     has not applied the cancel within ``wait`` seconds (it will: it is durable); on a
     shared store, a ``Fenced`` when it was taken from a node that stopped renewing its
     lease (``control.cancel``)."""
     task = existing_task(spool, task_id)
-    return control.cancel(spool, task, wait, operator=operator)
+    return control.cancel(spool, task, wait, operator=operator, grace=grace)
 
 
 def retry(spool: Spool, task_id: str, *, operator: Operator | None = None) -> bool:

@@ -103,7 +103,8 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    done = cancel(spool, args.task, config.restart.stop_grace + 5, operator=Operator.here())
+    grace = config.restart.stop_grace
+    done = cancel(spool, args.task, grace + 5, operator=Operator.here(), grace=grace)
     if isinstance(done, Fenced):  # (its node stopped renewing the lease: frozen, cut off)
         running = f"; its running call {done.call} may still complete until then"
         print(f"agentd: {args.task} cancelled; {done.told()}{running if done.call else ''}")
