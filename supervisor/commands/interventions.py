@@ -10,7 +10,7 @@ import json
 import sys
 
 from supervisor.actions import EVERY_CALL, approve, cancel, retry
-from supervisor.commands.context import out, text_or_file
+from supervisor.commands.context import out, say_it_waits, text_or_file
 from supervisor.commands.parsing import Commands, json_flag, task_arg
 from supervisor.control import Fenced
 from supervisor.operator import Operator
@@ -185,4 +185,5 @@ def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     print(report.task)
     print(f"forked from {report.parent} at turn {report.at}; workspace: {report.workspace}",
           file=sys.stderr)  # fmt: skip
+    say_it_waits(spool, report.task)
     return 0

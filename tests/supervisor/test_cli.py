@@ -108,9 +108,19 @@ def tree(root: Path) -> list[str]:
 
 
 def submit(agentd: Run, *args: str) -> str:
+    """``agentd submit`` on a spool where no daemon runs: the task's id, and on stderr
+    the one line that says it waits for a daemon."""
     code, out, err = agentd("submit", "--prompt", "Do the thing.", *args)
-    assert (code, err) == (0, ""), err
+    assert code == 0, err
+    assert err == waits_note(agentd.spool, out.strip()), err
     return out.strip()
+
+
+def waits_note(spool: Spool, task_id: str) -> str:
+    return (
+        f"agentd: note: no daemon runs on {spool.root}; {task_id} waits queued until "
+        "`agentd start`.\n"
+    )
 
 
 def set_state(task: TaskDir, state: str, reason: str | None = None) -> None:
@@ -295,6 +305,22 @@ def test_a_workspace_that_would_expose_the_spool_exits_2(
     assert submit(agentd, "--name", "t3", "--workspace", str(own)) == "t3"
 
 
+def test_a_workspace_that_does_not_exist_is_refused_not_made(
+    agentd: Run, spool: Spool, tmp_path: Path
+) -> None:
+    # Regression: a typo in --workspace gave the agent an empty folder of its own.
+    missing = tmp_path / "projct"
+    err = assert_error(
+        agentd("submit", "--prompt", "x", "--name", "t1", "--workspace", str(missing)),
+        2,
+        "does not exist",
+        f"mkdir -p {missing}",
+    )
+    assert not missing.exists() and not spool.task("t1").path.exists(), err
+    missing.mkdir()
+    assert submit(agentd, "--name", "t1", "--workspace", str(missing)) == "t1"
+
+
 def test_submit_workspace_dot_in_the_home_of_the_default_spool_exits_2(tmp_path: Path) -> None:
     """The README's first example run where it must not be: the home folder, which holds
     the default spool (~/.local/state/agentd)."""
@@ -409,6 +435,7 @@ def test_submit_works_with_the_daemon_down(agentd: Run, spool: Spool, tmp_path: 
 
 def test_status_json_has_the_documented_field_names(agentd: Run, spool: Spool) -> None:
     submit(agentd, "--name", "t1")
+    (spool.root.parent / "ws").mkdir()
     submit(agentd, "--name", "t2", "--workspace", str(spool.root.parent / "ws"))
     code, out, err = agentd("status", "--json")
     assert (code, err) == (0, "")
@@ -697,7 +724,10 @@ def test_the_installed_command_submits_and_reports_with_the_daemon_down(tmp_path
     spool = tmp_path / "spool"
     env = {"AGENTD_SPOOL": str(spool)}  # the environment names the spool
     done = run_agentd("submit", "--prompt", "Summarize.", "--name", "report", env=env)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "report\n", "")
+    # it says the task waits, and for what (regression: the id alone, and a task queued
+    # for good to a user who had not started the daemon)
+    note = waits_note(Spool(spool), "report")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "report\n", note)
     done = run_agentd("status", "--json", env=env)
     doc = json.loads(done.stdout)
     assert doc["supervisor"]["running"] is False and doc["supervisor"]["spool"] == str(spool)
