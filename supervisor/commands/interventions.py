@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from supervisor.actions import EVERY_CALL, approve, cancel, retry
+from supervisor.actions import EVERY_CALL, approve, cancel, retry, script_past_its_end
 from supervisor.commands.context import out, say_it_waits, text_or_file
 from supervisor.commands.parsing import Commands, json_flag, task_arg
 from supervisor.control import Fenced
@@ -116,6 +116,8 @@ def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     handed = retry(spool, args.task, operator=Operator.here())
     print(f"{args.task}: handed to the daemon" if handed else f"{args.task}: queued for retry")
+    if past := script_past_its_end(spool, args.task):
+        print(f"agentd: warning: {past}; until then it fails again the same way.", file=sys.stderr)
     return 0
 
 

@@ -754,3 +754,36 @@ def test_a_command_reads_no_secret_but_the_store_url(
     task_id = capsys.readouterr().out.strip()
     assert cli.main(["--spool", str(tmp_path / "spool"), "status", "--json"]) == 0
     assert [t["id"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [task_id]
+
+
+def test_a_script_that_runs_out_says_which_response_and_retry_warns_until_it_is_extended(
+    tmp_path: Path,
+) -> None:
+    # Regression: "extend the script or raise nothing past its end", and a retry that
+    # failed the same way without a word.
+    env = {"AGENTD_SPOOL": str(tmp_path / "spool")}
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [reply(tool_use("list_dir", path="."))]}))
+    done = run_agentd("run", "--prompt", "hi", "--script", str(script), "--name", "s1", env=env)
+    assert done.returncode == 1, done.stderr
+    task_script = Spool(tmp_path / "spool").task("s1").script  # (the file to extend)
+    past = (
+        f"{task_script} has 1 responses (responses[0] to responses[0]) and model call 2 "
+        "asks for responses[1], past its end; add responses to the script "
+        "(docs/reference/scripted-model.md)"
+    )
+    assert past in done.stderr
+    done = run_agentd("retry", "s1", env=env)
+    assert done.returncode == 0 and done.stdout == "s1: handed to the daemon\n", done
+    assert done.stderr.startswith(f"agentd: warning: {past}") and done.stderr.count("\n") == 1
+    assert "until then it fails again the same way" in done.stderr
+    # extended in the task's folder, as the reference says: the retry goes through
+    done = run_agentd("run", "--resume", "s1", env=env)
+    assert done.returncode == 1 and past in done.stderr, done.stderr
+    extended = json.loads(task_script.read_text())
+    extended["responses"].append(reply(text("Done.")))
+    task_script.write_text(json.dumps(extended))
+    done = run_agentd("retry", "s1", env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    done = run_agentd("run", "--resume", "s1", env=env)
+    assert done.returncode == 0 and "Done." in done.stdout, done
