@@ -42,7 +42,6 @@ from supervisor.operator import Operator, fields_of
 from supervisor.record import Move, TaskRecord
 from supervisor.status import load_state
 from supervisor.stores import store_of
-from supervisor.workers import stop_orphan
 from worker.errors import (
     AgentdError,
     LockBusyError,
@@ -139,6 +138,8 @@ def cancel(
             # (on a shared store, a task a node runs is that node's to cancel)
             if alone and not co.runs_elsewhere(task):
                 if not TaskRecord.load(task).foreground:
+                    from supervisor.workers import stop_orphan  # noqa: PLC0415  (processes: a cancel with no daemon only)
+
                     killed = stop_orphan(task, wait if grace is None else grace)
                     if killed:
                         record_event(
