@@ -117,7 +117,7 @@ def unsupervised(row: dict[str, Any], alive: bool) -> None:
     and the next daemon adopts it, or ended too, and the next daemon resumes the task.
     The row says which, rather than a running task that nobody runs."""
     if alive:
-        row["reason"] = row["reason"] or RUNS_ON
+        row["reason"] = RUNS_ON
         return
     row.update(state=TaskStatus.QUEUED, pid=None, phase=None, heartbeat_age=None, node=None)
     row["reason"] = "its worker ended while no daemon ran; the next `agentd start` resumes it"
