@@ -114,7 +114,7 @@ def script_past_its_end(spool: Spool, task_id: str) -> str | None:
     task = existing_task(spool, task_id)
     store = store_of(task)
     # named as its worker names it (``worker.__main__.make_model``): its file on a spool
-    where = str(task.script) if spool.shared is None else f"task {task.id}'s script"
+    where = f"{task.script}" if spool.shared is None else f"task {task.id}'s script"
     try:
         if not store.load_spec(task.id).scripted:
             return None
