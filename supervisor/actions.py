@@ -23,10 +23,10 @@ from supervisor.coordination import offline, operator_lock, ring
 from supervisor.decisions import decide, drop_moot_cancel, pending_decisions, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
-from supervisor.status import STAGE_UNKNOWN, held_calls
+from supervisor.status import STAGE_UNKNOWN, held_calls, load_state
 from supervisor.stores import store_for, store_of
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text, existing_task
-from worker.errors import StateConflictError, UsageError
+from worker.errors import AgentdError, StateConflictError, UsageError
 from worker.events import Event, record_event
 from worker.protocol import DECISION_ACTIONS, DecisionAction
 from worker.spool import Spool, validate_call_id
@@ -123,14 +123,38 @@ def approve(
 
 
 def cancel(
-    spool: Spool, task_id: str, wait: float, *, operator: Operator | None = None
+    spool: Spool,
+    task_id: str,
+    wait: float,
+    *,
+    operator: Operator | None = None,
+    grace: float | None = None,
 ) -> bool | control.Fenced:
     """Cancel the task for good: True once it is cancelled, False while the running daemon
     has not applied the cancel within ``wait`` seconds (it will: it is durable); on a
     shared store, a ``Fenced`` when it was taken from a node that stopped renewing its
     lease (``control.cancel``)."""
     task = existing_task(spool, task_id)
-    return control.cancel(spool, task, wait, operator=operator)
+    return control.cancel(spool, task, wait, operator=operator, grace=grace)
+
+
+def script_past_its_end(spool: Spool, task_id: str) -> str | None:
+    """Why a task on the scripted model would fail again at once (its next model call asks
+    for a response past its script's end: ``scripted.past_the_end``), or None."""
+    from worker.models.scripted import parse_script, past_the_end  # noqa: PLC0415  (a retry of a scripted task only)
+
+    task = existing_task(spool, task_id)
+    store = store_of(task)
+    # named as its worker names it (``worker.__main__.make_model``): its file on a spool
+    where = f"{task.script}" if spool.shared is None else f"task {task.id}'s script"
+    try:
+        if not store.load_spec(task.id).scripted:
+            return None
+        responses = parse_script(store.load_script(task.id), where)
+        turn = load_state(task).turn
+    except (AgentdError, OSError):
+        return None  # (its worker says what is wrong with it, as it fails)
+    return past_the_end(where, len(responses), turn) if turn >= len(responses) else None
 
 
 def retry(spool: Spool, task_id: str, *, operator: Operator | None = None) -> bool:

@@ -105,11 +105,22 @@ def change_record(
 
 
 def cancel(
-    spool: Spool, task: TaskDir, wait: float, *, operator: Operator | None = None
+    spool: Spool,
+    task: TaskDir,
+    wait: float,
+    *,
+    operator: Operator | None = None,
+    grace: float | None = None,
 ) -> bool | Fenced:
     """Cancel ``task`` for good: True once it is cancelled, False while a running daemon
     has not applied it within ``wait`` seconds (it will: the record is durable).
     ``operator``: who cancels, kept in the cancel record and its event.
+
+    With no daemon running, a worker that outlived a killed daemon is stopped here, as
+    the daemon would stop it (``workers.stop_orphan``: TERM, ``grace`` seconds, by
+    default ``wait``, then KILL of it and all below it): when the cancel returns, nothing
+    of the task acts on, whatever the next daemon's start. A foreground task's worker is
+    left to its `agentd run`, which applies the cancel itself.
 
     Under the task's operator lock, held until the outcome is known: of a cancel and a
     decision, the first wins (``record_cancel``), and no rewind or retry slips in
@@ -126,6 +137,14 @@ def cancel(
         with co.offline() as alone:
             # (on a shared store, a task a node runs is that node's to cancel)
             if alone and not co.runs_elsewhere(task):
+                if not TaskRecord.load(task).foreground:
+                    from supervisor.workers import stop_orphan  # noqa: PLC0415  (processes: a cancel with no daemon only)
+
+                    killed = stop_orphan(task, wait if grace is None else grace)
+                    if killed:
+                        record_event(
+                            store_of(task), task.id, Event.WORKER_KILLED, "warning", task=task.id
+                        )
                 move_record(task, TaskRecord.cancel)
                 record_event(
                     store_of(task),

@@ -175,13 +175,53 @@ class Node:
         return "(no log)"
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    """Poll ``check`` until it is true; RuntimeError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
+#: Seconds a demo step waits while what it waits for does not move on.
+PATIENCE = 60.0
+#: Seconds after which a step still waiting says so, and why it may take long.
+SLOW = 10.0
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], object],
+    timeout: float = PATIENCE,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Poll ``check`` until it returns True. Anything else it returns is what it saw (a
+    task's state, phase and turn: ``progress``), and ``timeout`` counts from the last
+    change of it: a step that moves on, however slowly a loaded machine runs it, is waited
+    for, and one that stops moving is given up, RuntimeError naming ``what``, what was
+    seen last and the machine's load. A step still waiting after ``SLOW`` seconds says
+    so through ``say``, once."""
+    started = last_change = time.monotonic()
+    seen: object = None
+    while (now_seen := check()) is not True:
+        now = time.monotonic()
+        if now_seen != seen:
+            seen, last_change = now_seen, now
+        if now - last_change > timeout:
+            last = f" (last seen: {seen})" if seen else ""
+            raise RuntimeError(
+                f"timed out waiting for {what}: nothing moved on for {timeout:g} s{last}; {_load()}"
+            )
+        if say is not None and now - started > SLOW:
+            say(f"   (still waiting for {what} after {SLOW:g} s; {_load()})")
+            say = None
         time.sleep(0.02)
+
+
+def progress(row: dict[str, Any]) -> str:
+    """What ``wait_for`` sees of a task's status row: it changes as the task moves on."""
+    return f"{row['state']}, turn {row['turn']}, {row['phase'] or 'no phase'}"
+
+
+def _load() -> str:
+    """The machine's load, which slows each step of the demo."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return "the machine's load is unknown"
+    return f"load average {load:.1f} on {os.cpu_count() or 1} cores"
 
 
 class Demo:
@@ -192,6 +232,15 @@ class Demo:
         self.cli = self.node.cli
         self.status = self.node.status
         self.say = say
+
+    def wait(self, task_id: str, what: str, done: Callable[[dict[str, Any]], bool]) -> None:
+        """``wait_for`` the task's status row to be ``done``, for as long as it moves on."""
+
+        def check() -> object:
+            row = self.status(task_id)
+            return True if done(row) else progress(row)
+
+        wait_for(what, check, say=self.say)
 
     def run(self) -> bool:
         self.say(f"agentd demo: spool {self.spool.root}")
@@ -204,25 +253,22 @@ class Demo:
         task = self.spool.task(task_id)
         ledger = task.path / "workspace" / LEDGER
 
-        wait_for("turn 8", lambda: self.status(task_id)["turn"] >= 8)
+        self.wait(task_id, "turn 8", lambda r: r["turn"] >= 8)
         row = self.status(task_id)
         self.say(f"2. kill -9 of worker {row['pid']} at turn {row['turn']} ({row['phase']})")
         os.kill(row["pid"], signal.SIGKILL)
-        wait_for(
-            "the restart",
-            lambda: (r := self.status(task_id))["restarts"] >= 1 and r["state"] == "running",
-        )
+        self.wait(task_id, "the restart", lambda r: r["restarts"] >= 1 and r["state"] == "running")
         row = self.status(task_id)
         self.say(f"   restarted as worker {row['pid']}: resumed, now at turn {row['turn']}")
 
-        wait_for("the charge", lambda: ledger.exists() and ledger.read_text() != "")
+        self.wait(task_id, "the charge", lambda _: ledger.exists() and ledger.read_text() != "")
         row = self.status(task_id)
         self.say(
             f"3. an unsafe run_command has charged (ledger.txt written) but not returned: "
             f"kill -9 of worker {row['pid']} before its result is recorded"
         )
         os.kill(row["pid"], signal.SIGKILL)
-        wait_for("the hold", lambda: self.status(task_id)["state"] == "held")
+        self.wait(task_id, "the hold", lambda r: r["state"] == "held")
         held = json.loads(self.cli("dangling", task_id, "--json"))
         call = held[0]
         self.say(
@@ -233,7 +279,7 @@ class Demo:
         self.say(f"   the operator checks ledger.txt: {charges} charge, so records that outcome")
         self.cli("approve-dangling", task_id, call["call_id"], "--result",
                  "exit code 0 (verified by operator: charged once)")  # fmt: skip
-        wait_for("the end", lambda: self.status(task_id)["state"] in FINAL_STATES, 120)
+        self.wait(task_id, "the end", lambda r: r["state"] in FINAL_STATES)
         row = self.status(task_id)
         self.say(f"5. task {row['state']} ({row['reason']}) after {row['turn']} turns")
         self.node.stop()
@@ -315,7 +361,11 @@ def next_commands(kept: Path | None) -> list[tuple[str, str]]:
         return [
             (f"{on} history demo", "every turn: its time, tokens and tool calls with outcomes"),
             (f"{on} logs demo", "the lifecycle: the two kill -9s, the restarts, the hold"),
-            (f"{on} fork demo --at 12 --name demo-b", "a new task from the scene after turn 12"),
+            (
+                f"{on} fork demo --at 12 --name demo-b",
+                "a new task from the scene after turn 12; it waits queued until "
+                f"`{on} start` (the demo's daemon has stopped)",
+            ),
         ]
     return [
         (f"{agentd} demo --keep", "the same demo, keeping its spool to look into"),

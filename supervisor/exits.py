@@ -203,13 +203,27 @@ def settle(
         return waiting(WaitKind.RESOURCES, view.resource_waits + 1, ended.said, policy, rng)
     if code == ExitCode.TOOLS:  # the worker says "mcp: SERVER: WHY"
         why = ended.said.removeprefix("mcp: ") if ended.said else None
-        return waiting(WaitKind.MCP, view.resource_waits + 1, why, policy, rng)
+        waits = view.resource_waits + 1
+        if waits >= policy.crash_loop_limit:  # never a task that waits for good
+            return Ended(TaskStatus.FAILED, no_tool_list(why or UNSAID[WaitKind.MCP], waits))
+        return waiting(WaitKind.MCP, waits, why, policy, rng)
     crashes = [*map(dict, view.crashes), {"turn": ended.turn, "progressed": ended.progressed}]
     crashes = crashes[-CRASH_MEMORY:]
     move = decide([Crash(int(c["turn"]), bool(c["progressed"])) for c in crashes], policy, rng)
     if isinstance(move, GiveUp):
         return GaveUp(move.reason, ended.turn, crashes)
     return Restart(move.delay, ended.turn, crashes)
+
+
+def no_tool_list(why: str, starts: int) -> str:
+    """The reason of a task failed because a server could not list its tools at its first
+    ``starts`` starts in a row (``restart.crash_loop_limit``): a task never runs without its
+    list, and never waits for one for good."""
+    return (
+        f"mcp: {why}; no tool list after {starts} starts in a row (restart.crash_loop_limit): "
+        "fix the server or its config (`agentd config check` in the task's workspace), then "
+        "`agentd retry` the task"
+    )
 
 
 def waiting(

@@ -188,6 +188,7 @@ class ForegroundRun:
             json_lines=json_lines,
             show_from_start=show_from_start,
         )
+        self.resumed = not show_from_start  # (`--resume`: say where it picks up)
         self.say = self.terminal.say  # one line of the run's own on ``err``
         self.holds = HoldPrompt(
             task, config, self.say, ask=ask, ask_budget=ask_budget, resume_line=self.resume_line
@@ -261,6 +262,8 @@ class ForegroundRun:
         interrupts; the exit code."""
         become_subreaper()
         self._export_traces()
+        if self.resumed:
+            self.terminal.recap()
         try:
             with self._signals():
                 try:

@@ -98,11 +98,32 @@ def status_document(
         for task in task_dirs:
             if store.exists(task.id):
                 rows.append(task_row(task, leases, sup["node"], prices, read))
+    if not sup["running"] and cluster is None:
+        for row in rows:  # (a task of `agentd run` is its run's: no daemon adopts it)
+            task = spool.task(row["id"])
+            if row["state"] == TaskStatus.RUNNING and not TaskRecord.load(task).foreground:
+                unsupervised(row, store.owned(row["id"]))
     doc: dict[str, Any] = {"supervisor": sup, "tasks": rows}
     if cluster is not None:  # the node of this spool's daemon, else the one asking
         sup["node"] = sup["node"] or cluster.node
         doc["nodes"] = [n.to_json() for n in cluster.nodes()]
     return doc
+
+
+#: The reason of a task whose worker runs on with no daemon (one killed, a kill -9).
+RUNS_ON = "its worker runs on without a daemon; the next `agentd start` adopts it"
+
+
+def unsupervised(row: dict[str, Any], alive: bool) -> None:
+    """A task recorded running on a spool where no daemon runs (one was killed): its
+    worker, in a session of its own, either runs on (``alive``: it holds the task's lock),
+    and the next daemon adopts it, or ended too, and the next daemon resumes the task.
+    The row says which, rather than a running task that nobody runs."""
+    if alive:
+        row["reason"] = RUNS_ON
+        return
+    row.update(state=TaskStatus.QUEUED, pid=None, phase=None, heartbeat_age=None, node=None)
+    row["reason"] = "its worker ended while no daemon ran; the next `agentd start` resumes it"
 
 
 def dangling_rows(spool: Spool, task_id: str | None = None) -> list[dict[str, Any]]:

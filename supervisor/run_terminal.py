@@ -52,6 +52,25 @@ class RunTerminal:
             self.store.replay(self.task_id), prompt=self.prompt, prices=self.prices
         )
 
+    def recap(self) -> None:
+        """Where a resumed run picks up: the turn it resumes after, on ``err``, and that
+        turn as the killed run recorded it, as ``agentd show`` renders it, on ``out``."""
+        try:
+            shown = self._lines()
+        except (StorageError, OSError):
+            return  # (the worker says what it cannot read)
+        last = int(shown[-1]["turn"]) if shown else 0
+        if last == 0:
+            self.say(f"resuming task {self.task_id} from its start: no turn was recorded")
+            return
+        self.say(
+            f"resuming task {self.task_id} after turn {last}; the last turn the run before "
+            "recorded:"
+        )
+        for line in shown:
+            if line["turn"] == last:
+                self.write(self.out, line)
+
     def pump(self) -> None:
         """Print the transcript lines recorded since the last call."""
         try:

@@ -97,11 +97,14 @@ def submit(
     system: str | None = None,
     max_turns: int = 100,
     workspace: Path | None = None,
+    existing_workspace: bool = False,
     foreground: bool = False,
     budget: Budget | None = None,
     ask: Sequence[str] = (),
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad.
+    ``existing_workspace``: a ``workspace`` that does not exist is refused, not made (what
+    an operator names: a typo must not give the agent an empty folder of its own).
     ``foreground``: made by ``agentd run``, which runs its worker itself (the spec and the
     record say so: a daemon never starts it by itself). ``budget``: what it may spend
     (None: ``[budget]``); a USD budget for a model without a price is a ConfigError."""
@@ -153,6 +156,12 @@ def submit(
             raise UsageError(f"--workspace {workspace} exists and is not a folder.")
         refuse_spool_exposure(spool, task_id, workspace)
         refuse_unseen_workspace(spool, workspace)
+        own = workspace == spool.task(task_id).path / "workspace"  # (made with the task)
+        if existing_workspace and not own and not workspace.exists():
+            raise UsageError(
+                f"--workspace {workspace} does not exist; create it first (mkdir -p "
+                f"{workspace}) if it is the folder you meant."
+            )
     spec = TaskSpec(
         id=task_id,
         prompt=prompt,

@@ -24,6 +24,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -39,6 +40,9 @@ from worker.tools.builtin import BUILTIN_TOOLS
 from worker.tools.effect import Effect
 from worker.tools.registry import ToolRegistry
 from worker.tools.sandbox import mode_for, sandbox_for
+
+#: The FROM of a server's row in ``table`` when it could not start or list here.
+NOT_STARTED = "could not start here"
 
 
 class ToolRow(TypedDict):
@@ -94,16 +98,16 @@ def remote_rows(tools: list[RemoteTool], policy: Mapping[str, str]) -> list[Tool
     return rows
 
 
-def every_tool(config: Config, spool: Spool) -> list[ToolRow]:
-    """Every tool a task could be offered: each server started once and listed
-    (``ConfigError`` naming the server when one cannot be)."""
+def every_tool(config: Config, spool: Spool) -> tuple[list[ToolRow], dict[str, str]]:
+    """Every tool a task could be offered: each server started once and listed; and the
+    servers that could not be, each with why (``Listed.failed``)."""
     registry = ToolRegistry.standard(config.tools.modules, source=config.source)
     rows = local_rows(registry, registry.names(), config.tools.policy)
-    listings = list_servers(config, spool)
-    for name, listing in listings.items():
+    listed = list_servers(config, spool)
+    for name, listing in listed.listings.items():
         tools = catalog.remote_tools(name, config.mcp.servers[name], listing)
         rows += remote_rows(tools, config.tools.policy)
-    return rows
+    return rows, listed.failed
 
 
 def task_tools(task: TaskDir, config: Config) -> list[ToolRow]:
@@ -125,14 +129,26 @@ def task_tools(task: TaskDir, config: Config) -> list[ToolRow]:
     )
 
 
-def list_servers(config: Config, spool: Spool) -> dict[str, list[dict[str, object]]]:
-    """Start each configured server once, list its tools, stop it: the listings by
-    server. ``ConfigError`` (one line, the server named) when one cannot start or list,
-    or its ``effects`` names a tool it does not list."""
-    if not config.mcp.servers:
-        return {}
-    source = config.source or "built-in defaults"
+@dataclass(frozen=True)
+class Listed:
+    """What ``list_servers`` found: the listings by server, and the servers that could not
+    start or list here, each with a line that says why and where it was started."""
+
+    listings: dict[str, list[dict[str, object]]]
+    failed: dict[str, str]
+
+
+def list_servers(config: Config, spool: Spool) -> Listed:
+    """Start each configured server once, list its tools, stop it. A server that cannot
+    start or list here is told in ``failed`` (it may start in a task's workspace: the
+    README's ``mcp-server-git --repository .`` does only in a repository), the others
+    listed all the same; ``ConfigError`` (one line, the server named) when a server's
+    ``effects`` names a tool it does not list."""
     listings: dict[str, list[dict[str, object]]] = {}
+    failed: dict[str, str] = {}
+    if not config.mcp.servers:
+        return Listed(listings, failed)
+    source = config.source or "built-in defaults"
     with _workspace(spool) as workspace:
         sandbox = sandbox_for(
             mode_for(config.tools.sandbox, store=config.store is not None),
@@ -151,10 +167,12 @@ def list_servers(config: Config, spool: Spool) -> dict[str, list[dict[str, objec
                 try:
                     listing = servers.listing(name)
                 except ServerFailed as exc:
-                    raise ConfigError(
-                        f"{source}: mcp.servers.{name}: {exc.why}; check its command (or url), "
-                        f"which starts in {workspace} here (a task's: its workspace)."
-                    ) from None
+                    failed[name] = (
+                        f"{source}: mcp.servers.{name}: {exc.why}; its tools are not listed. "
+                        f"Check its command (or url), which starts in {workspace} here (a "
+                        "task's: its workspace)."
+                    )
+                    continue
                 listed = {str(t.get("name")) for t in listing}
                 for tool in settings.effects:
                     if tool not in listed:
@@ -165,7 +183,7 @@ def list_servers(config: Config, spool: Spool) -> dict[str, list[dict[str, objec
                 listings[name] = listing
         finally:
             servers.close()
-    return listings
+    return Listed(listings, failed)
 
 
 @contextlib.contextmanager
@@ -182,13 +200,15 @@ def _workspace(spool: Spool) -> Iterator[Path]:
         yield Path(folder)
 
 
-def table(rows: list[ToolRow]) -> str:
-    """``rows`` for a terminal."""
+def table(rows: list[ToolRow], failed: Mapping[str, str] | None = None) -> str:
+    """``rows`` for a terminal, and a row for each server in ``failed``: its tools, not
+    listed, marked as such."""
     head = ("NAME", "SOURCE", "SERVER", "TOOL", "EFFECT", "FROM")
     lines = [
         (r["name"], r["source"], r["server"] or "-", r["tool"], r["effect"], r["effect_from"])
         for r in rows
     ]
+    lines += [(f"mcp__{name}__*", "mcp", name, "-", "-", NOT_STARTED) for name in failed or {}]
     widths = [max(len(str(line[i])) for line in [head, *lines]) for i in range(len(head))]
     return "\n".join(
         "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()

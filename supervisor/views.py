@@ -28,12 +28,13 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from supervisor.overview import RUNS_ON
 from supervisor.record import ARRIVALS, TaskRecord
 from supervisor.relay import earlier_mark
 from supervisor.stores import store_of
 from worker.budget import usd_text
 from worker.events import Event
-from worker.protocol import FINAL_STATES
+from worker.protocol import FINAL_STATES, TaskStatus
 from worker.records import CallOutcome
 from worker.spans import SPAN_EVENT
 from worker.spool import TaskDir
@@ -134,7 +135,7 @@ def render_status(
     lines = [
         f"agentd running (pid {sup['pid']}) on {sup['spool']}"
         if sup["running"]
-        else f"agentd is not running on {sup['spool']} (tasks wait until `agentd start`)"
+        else f"agentd is not running on {sup['spool']} ({_without_daemon(doc['tasks'])})"
     ]
     nodes = doc.get("nodes")
     if nodes is not None:
@@ -199,6 +200,18 @@ def render_status(
         )
         lines = [*lines[: 2 + shown], cut(note, width)]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _without_daemon(tasks: list[Mapping[str, Any]]) -> str:
+    """What becomes of the tasks while no daemon runs: queued ones wait for `agentd start`;
+    a worker that outlived a killed daemon runs on, and that start adopts it."""
+    running = sum(1 for t in tasks if t["state"] == TaskStatus.RUNNING and t["reason"] == RUNS_ON)
+    if not running:
+        return "tasks wait until `agentd start`"
+    return (
+        f"{running} worker(s) still run on their own and are adopted at the next "
+        "`agentd start`; other tasks wait until then"
+    )
 
 
 def human_cost(cost: Any, budget: Any) -> str:

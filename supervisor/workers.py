@@ -37,7 +37,7 @@ from supervisor.exits import KillReason, WorkerExit
 from supervisor.status import load_state
 from supervisor.stores import store_of
 from worker.credentials import Credentials, start_process
-from worker.descendants import dies_with
+from worker.descendants import KILL_PATIENCE, dies_with, kill_tree
 from worker.errors import AgentdError, JournalCorruptError, SpoolError, StorageError
 from worker.identity import ProcessId
 from worker.protocol import VERDICT_EXITS, ExitCode, exit_record_reason
@@ -83,11 +83,15 @@ class WorkerProcess:
         """Whether the process has ended, its exit handled or not (its pidfd is readable).
         A daemon that was stopped (SIGSTOP) wakes with exits and due verdicts at once: a
         worker that ended meanwhile is an exit to settle, never a hang to punish."""
+        return self.ended_within(0)
+
+    def ended_within(self, seconds: float) -> bool:
+        """Whether the process ends within ``seconds`` (waits on its pidfd)."""
         if self.pidfd < 0:
             return True
         poller = select.poll()
         poller.register(self.pidfd, select.POLLIN)
-        return bool(poller.poll(0))
+        return bool(poller.poll(max(0, int(seconds * 1000))))
 
     def _wait(self) -> int | None:
         """Reap the worker if it is our child. One the fork server forked is ours only
@@ -276,6 +280,27 @@ def adopt(task: TaskDir) -> WorkerProcess | None:
         os.close(pidfd)
         return None
     return WorkerProcess(task, pid, pidfd, None, journal_at=journal_end(task))
+
+
+def stop_orphan(task: TaskDir, grace: float) -> bool | None:
+    """Stop the worker that holds ``task``'s lock while no daemon runs (one that outlived
+    a killed daemon), as a daemon's cancel would: TERM to its group, its running tool
+    too, and the worker kills what is left below it as it ends; one still running after
+    ``grace`` seconds is stopped and killed with every process below it
+    (``descendants.kill_tree``). Returns once it has ended: None when no worker held the
+    lock, else whether it had to be killed."""
+    worker = adopt(task)
+    if worker is None:
+        return None
+    try:
+        worker.signal_group(signal.SIGTERM)
+        if worker.ended_within(grace):
+            return False
+        kill_tree(worker.pid)
+        worker.ended_within(KILL_PATIENCE)
+        return True
+    finally:
+        worker.close()
 
 
 def adopt_claimed(task: TaskDir, owner: Owner, beat: JSON) -> WorkerProcess | None:

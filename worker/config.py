@@ -1121,7 +1121,9 @@ backoff with jitter that starts at this many seconds...""",
 disk) is no crash: its task waits 0.5 s, doubling up to this same cap, for as long as
 the fault lasts, and is retried at once when the daemon's own writes succeed again.""",
     "restart.crash_loop_limit": """\
-The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.""",
+The same turn crashing this many times ends the task as `failed`, reason `crash_loop`.
+So do as many starts in a row at which an MCP server cannot list its tools (at a task's
+first start: reason `mcp: NAME: WHY; no tool list after N starts in a row ...`).""",
     "restart.stop_grace": """\
 Seconds between SIGTERM and SIGKILL of a worker (stall, cancel, rewind, `agentd stop`).
 For a rewind and a stop only the worker gets SIGTERM and stops at its next safe point

@@ -135,6 +135,42 @@ def kill_all(patience: float = KILL_PATIENCE) -> list[int]:
         time.sleep(_ROUND)
 
 
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie, or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].startswith(b"Z")
+
+
+def kill_tree(pid: int, patience: float = KILL_PATIENCE) -> list[int]:
+    """SIGKILL process ``pid`` (not a child of this one: a worker that outlived its daemon)
+    and every process below it, none of which can pass out of reach: ``pid`` is stopped
+    first (SIGSTOP), so it starts nothing more, and a subreaper (a worker) keeps what its
+    killed children leave below it; its descendants are killed round after round until
+    none is left or ``patience`` runs out, then its group and ``pid`` itself. Returns the
+    descendants' pids killed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGSTOP)
+    killed: dict[int, None] = {}
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        found = [p for p in descendants(pid) if not _zombie(p)]
+        if not found:
+            break
+        for child in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+            killed[child] = None
+        time.sleep(_ROUND)
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+    return list(killed)
+
+
 @contextlib.contextmanager
 def contained(on_killed: Callable[[list[int]], None] | None = None) -> Iterator[None]:
     """Inside the block this process is a child subreaper; leaving it, however, kills

@@ -3,12 +3,14 @@
 A worker holds an exclusive ``flock`` on ``TASK/lock`` for its whole life. The lock dies
 with the process (the kernel drops it), never with a stale file, and the descriptor is
 close-on-exec so a tool's child process cannot keep it alive. The file holds the
-holder's pid, for error messages and for the supervisor's adoption check.
+holder's pid, for error messages and for the supervisor's adoption check: written over
+the last holder's before the file is cut to its length, so that it is never seen empty
+once a pid was in it. A reader that finds no pid (a new file, one emptied or garbled by
+hand) is told "pid unknown" (None), never an error: nothing in a spool stops the daemon.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import time
@@ -41,8 +43,10 @@ class TaskLock:
                         holder,
                     ) from None
                 time.sleep(0.02)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # the pid over the last holder's, then the rest cut off: never an empty file
+        pid = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, pid, 0)
+        os.ftruncate(fd, len(pid))
         self._fd = fd
         return self
 
@@ -58,10 +62,27 @@ class TaskLock:
         self.release()
 
 
+#: More than a pid and its newline: what a lock file holds past this is not read.
+_PID_BYTES = 32
+
+
 def holder_pid(path: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(path.read_text().split()[0])
-    return None
+    """The pid the lock file at ``path`` names, or None when it names none (a new file
+    not written yet, one emptied, garbled or not a regular file) or cannot be read."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, _PID_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    words = head.split(maxsplit=1)
+    if not words or not words[0].isdigit() or not int(words[0]):
+        return None
+    return int(words[0])
 
 
 def is_locked(path: Path) -> bool:

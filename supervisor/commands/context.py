@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from supervisor.coordination import running_pid
 from supervisor.stores import recorded_store
 from supervisor.submit import checked_text, read_text_input
 from worker import credentials
@@ -84,6 +86,17 @@ def text_or_file(text: str | None, path: str | None, option: str, limit: int) ->
     if path is None:
         return checked_text(text, f"--{option}")
     return read_text_input(Path(path), limit, f"--{option}-file")
+
+
+def say_it_waits(spool: Spool, task_id: str) -> None:
+    """Beside a new task's id (``submit``, ``fork``), on a spool where no daemon runs: say on
+    stderr that the task waits ``queued`` until one starts, rather than nothing."""
+    if spool.shared is None and running_pid(spool) is None:
+        print(
+            f"agentd: note: no daemon runs on {spool.root}; {task_id} waits queued until "
+            "`agentd start`.",
+            file=sys.stderr,
+        )
 
 
 def out(obj: Any) -> None:

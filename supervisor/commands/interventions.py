@@ -10,8 +10,15 @@ import json
 import sys
 from typing import Any
 
-from supervisor.actions import EVERY_CALL, approve, cancel, retry, unsafe_rerun
-from supervisor.commands.context import out, text_or_file
+from supervisor.actions import (
+    EVERY_CALL,
+    approve,
+    cancel,
+    retry,
+    script_past_its_end,
+    unsafe_rerun,
+)
+from supervisor.commands.context import out, say_it_waits, text_or_file
 from supervisor.commands.parsing import Commands, json_flag, task_arg
 from supervisor.control import Fenced
 from supervisor.operator import Operator
@@ -166,7 +173,8 @@ def _confirmed(row: dict[str, Any], action: str) -> bool:
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
-    done = cancel(spool, args.task, config.restart.stop_grace + 5, operator=Operator.here())
+    grace = config.restart.stop_grace
+    done = cancel(spool, args.task, grace + 5, operator=Operator.here(), grace=grace)
     if isinstance(done, Fenced):  # (its node stopped renewing the lease: frozen, cut off)
         running = f"; its running call {done.call} may still complete until then"
         print(f"agentd: {args.task} cancelled; {done.told()}{running if done.call else ''}")
@@ -178,6 +186,8 @@ def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:
 def cmd_retry(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     handed = retry(spool, args.task, operator=Operator.here())
     print(f"{args.task}: handed to the daemon" if handed else f"{args.task}: queued for retry")
+    if past := script_past_its_end(spool, args.task):
+        print(f"agentd: warning: {past}; until then it fails again the same way.", file=sys.stderr)
     return 0
 
 
@@ -248,4 +258,5 @@ def cmd_fork(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     print(report.task)
     print(f"forked from {report.parent} at turn {report.at}; workspace: {report.workspace}",
           file=sys.stderr)  # fmt: skip
+    say_it_waits(spool, report.task)
     return 0

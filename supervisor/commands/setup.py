@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from supervisor.commands.context import out, resolve_spool
@@ -101,21 +102,31 @@ def cmd_config_check(args: argparse.Namespace, config: Config, spool: Spool) -> 
         facts.append(f"tool modules {', '.join(config.tools.modules)}")
     if config.console.listen:
         facts.append(f"console on {config.console.listen}{_console_tls(config)}")
-    if config.mcp.servers:  # each started once and listed: one that cannot be fails here
-        from supervisor.toollist import list_servers  # noqa: PLC0415  (only with servers)
+    failed: dict[str, str] = {}
+    if config.mcp.servers:  # each started once and listed: one that cannot be is told
+        from supervisor.toollist import NOT_STARTED, list_servers  # noqa: PLC0415  (only with servers)
 
         listed = list_servers(config, spool)
-        facts.append(
-            "mcp servers "
-            + ", ".join(f"{name} ({len(tools)} tools)" for name, tools in listed.items())
-        )
+        failed = listed.failed
+        counts = {name: f"{len(tools)} tools" for name, tools in listed.listings.items()}
+        shown = [f"{name} ({counts.get(name, NOT_STARTED)})" for name in config.mcp.servers]
+        facts.append("mcp servers " + ", ".join(shown))
     if set_hooks := [name for name, command in vars(config.hooks).items() if command]:
         facts.append(f"hooks {', '.join(set_hooks)}")
     if config.source is None:
         looked = f"{paths.user_config_path()} or {paths.SYSTEM_CONFIG}"
         facts.insert(0, f"no file at {looked}")
-    print(f"{source}: ok ({'; '.join(facts)})")
-    return 0
+    verdict = "ok" if not failed else f"{len(failed)} mcp server(s) could not start here"
+    print(f"{source}: {verdict} ({'; '.join(facts)})")
+    return servers_failed(failed)
+
+
+def servers_failed(failed: dict[str, str]) -> int:
+    """Say on stderr, a line each, which servers could not start or list (``toollist.
+    Listed.failed``); the exit code: 1 when any could not, else 0."""
+    for why in failed.values():
+        print(f"agentd: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _console_tls(config: Config) -> str:
@@ -135,12 +146,13 @@ def _console_tls(config: Config) -> str:
 def cmd_tools(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     from supervisor import toollist  # noqa: PLC0415  (only this command needs it: the CLI starts fast)
 
+    failed: dict[str, str] = {}
     if args.task is not None:
         rows = toollist.task_tools(existing_task(spool, args.task), config)
     else:
-        rows = toollist.every_tool(config, spool)
+        rows, failed = toollist.every_tool(config, spool)
     if args.json:
         out(rows)
     else:
-        print(toollist.table(rows))
-    return 0
+        print(toollist.table(rows, failed), flush=True)
+    return servers_failed(failed)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.commands.context import out, text_or_file
+from supervisor.commands.context import out, say_it_waits, text_or_file
 from supervisor.commands.parsing import Command, Commands, json_flag, task_arg
 from supervisor.coordination import ring, running_pid, supervisor_info
 from supervisor.operator import Operator
@@ -128,6 +128,7 @@ def cmd_submit(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     task = submitted(args, config, spool)
     ring(spool, task.id)
     print(task.id)
+    say_it_waits(spool, task.id)
     pid = running_pid(spool) if args.script is None else None
     info = (supervisor_info(spool) or {}) if pid is not None else {}
     if info.get("api_key") is False:  # (the hint: what works for that daemon)
@@ -164,6 +165,7 @@ def submitted(
         system=args.system,
         max_turns=args.max_turns if args.max_turns is not None else 100,
         workspace=Path(args.workspace) if args.workspace else None,
+        existing_workspace=True,
         foreground=foreground,
         budget=budget,
         ask=args.ask.split(",") if args.ask is not None else (),

@@ -267,6 +267,7 @@ def submit_task(call: Call) -> JSON:
             system=_text(body, "system") or None,
             max_turns=max_turns,
             workspace=Path(workspace) if workspace else None,
+            existing_workspace=True,  # (as the CLI: a typo never makes an empty folder)
             budget=budget,
             ask=_names(body, "ask") or (),
         )

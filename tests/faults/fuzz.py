@@ -20,7 +20,7 @@ is an ``AgentdError`` whose message spans lines:
   in {0, 1, 2, 3, 78}, never an uncaught exception, exactly one stderr line on failure.
 
 Then a real daemon on a spool whose tasks have garbage spec, state, journal, heartbeat,
-exit, script, snapshot and decision files (and junk that is no task at all): it must
+exit, script, snapshot, lock and decision files (and junk that is no task at all): it must
 keep running, settle every bad task (failed with a reason, or done/held where the
 garbage was only a cache), finish the good task, and print no traceback.
 """
@@ -753,6 +753,9 @@ def plant_bad_tasks(spool: Spool, rng: random.Random) -> dict[str, tuple[str, ..
     task("snapshot-garbage", ("done",), snapshot=_garbage(rng))
     task("snapshot-list", ("done",), snapshot="[]")
     task("events-garbage", ("done",), events=_garbage(rng))
+    # a lock file that names no pid: pid unknown, never a daemon that cannot start
+    task("lock-empty", ("done",), lock=b"")
+    task("lock-garbage", ("done",), lock=b"x" + _garbage(rng))
     # a held task whose decision file is garbage: it must stay held
     held, decision = held_task(spool.root.parent / "held-src")
     shutil.copytree(held.path, spool.tasks_dir / "decision-garbage", symlinks=True)

@@ -108,9 +108,19 @@ def tree(root: Path) -> list[str]:
 
 
 def submit(agentd: Run, *args: str) -> str:
+    """``agentd submit`` on a spool where no daemon runs: the task's id, and on stderr
+    the one line that says it waits for a daemon."""
     code, out, err = agentd("submit", "--prompt", "Do the thing.", *args)
-    assert (code, err) == (0, ""), err
+    assert code == 0, err
+    assert err == waits_note(agentd.spool, out.strip()), err
     return out.strip()
+
+
+def waits_note(spool: Spool, task_id: str) -> str:
+    return (
+        f"agentd: note: no daemon runs on {spool.root}; {task_id} waits queued until "
+        "`agentd start`.\n"
+    )
 
 
 def set_state(task: TaskDir, state: str, reason: str | None = None) -> None:
@@ -295,6 +305,22 @@ def test_a_workspace_that_would_expose_the_spool_exits_2(
     assert submit(agentd, "--name", "t3", "--workspace", str(own)) == "t3"
 
 
+def test_a_workspace_that_does_not_exist_is_refused_not_made(
+    agentd: Run, spool: Spool, tmp_path: Path
+) -> None:
+    # Regression: a typo in --workspace gave the agent an empty folder of its own.
+    missing = tmp_path / "projct"
+    err = assert_error(
+        agentd("submit", "--prompt", "x", "--name", "t1", "--workspace", str(missing)),
+        2,
+        "does not exist",
+        f"mkdir -p {missing}",
+    )
+    assert not missing.exists() and not spool.task("t1").path.exists(), err
+    missing.mkdir()
+    assert submit(agentd, "--name", "t1", "--workspace", str(missing)) == "t1"
+
+
 def test_submit_workspace_dot_in_the_home_of_the_default_spool_exits_2(tmp_path: Path) -> None:
     """The README's first example run where it must not be: the home folder, which holds
     the default spool (~/.local/state/agentd)."""
@@ -409,6 +435,7 @@ def test_submit_works_with_the_daemon_down(agentd: Run, spool: Spool, tmp_path: 
 
 def test_status_json_has_the_documented_field_names(agentd: Run, spool: Spool) -> None:
     submit(agentd, "--name", "t1")
+    (spool.root.parent / "ws").mkdir()
     submit(agentd, "--name", "t2", "--workspace", str(spool.root.parent / "ws"))
     code, out, err = agentd("status", "--json")
     assert (code, err) == (0, "")
@@ -703,7 +730,10 @@ def test_the_installed_command_submits_and_reports_with_the_daemon_down(tmp_path
     spool = tmp_path / "spool"
     env = {"AGENTD_SPOOL": str(spool)}  # the environment names the spool
     done = run_agentd("submit", "--prompt", "Summarize.", "--name", "report", env=env)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "report\n", "")
+    # it says the task waits, and for what (regression: the id alone, and a task queued
+    # for good to a user who had not started the daemon)
+    note = waits_note(Spool(spool), "report")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "report\n", note)
     done = run_agentd("status", "--json", env=env)
     doc = json.loads(done.stdout)
     assert doc["supervisor"]["running"] is False and doc["supervisor"]["spool"] == str(spool)
@@ -730,3 +760,36 @@ def test_a_command_reads_no_secret_but_the_store_url(
     task_id = capsys.readouterr().out.strip()
     assert cli.main(["--spool", str(tmp_path / "spool"), "status", "--json"]) == 0
     assert [t["id"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [task_id]
+
+
+def test_a_script_that_runs_out_says_which_response_and_retry_warns_until_it_is_extended(
+    tmp_path: Path,
+) -> None:
+    # Regression: "extend the script or raise nothing past its end", and a retry that
+    # failed the same way without a word.
+    env = {"AGENTD_SPOOL": str(tmp_path / "spool")}
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [reply(tool_use("list_dir", path="."))]}))
+    done = run_agentd("run", "--prompt", "hi", "--script", str(script), "--name", "s1", env=env)
+    assert done.returncode == 1, done.stderr
+    task_script = Spool(tmp_path / "spool").task("s1").script  # (the file to extend)
+    past = (
+        f"{task_script} has 1 responses (responses[0] to responses[0]) and model call 2 "
+        "asks for responses[1], past its end; add responses to the script "
+        "(docs/reference/scripted-model.md)"
+    )
+    assert past in done.stderr
+    done = run_agentd("retry", "s1", env=env)
+    assert done.returncode == 0 and done.stdout == "s1: handed to the daemon\n", done
+    assert done.stderr.startswith(f"agentd: warning: {past}") and done.stderr.count("\n") == 1
+    assert "until then it fails again the same way" in done.stderr
+    # extended in the task's folder, as the reference says: the retry goes through
+    done = run_agentd("run", "--resume", "s1", env=env)
+    assert done.returncode == 1 and past in done.stderr, done.stderr
+    extended = json.loads(task_script.read_text())
+    extended["responses"].append(reply(text("Done.")))
+    task_script.write_text(json.dumps(extended))
+    done = run_agentd("retry", "s1", env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    done = run_agentd("run", "--resume", "s1", env=env)
+    assert done.returncode == 0 and "Done." in done.stdout, done

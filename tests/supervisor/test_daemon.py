@@ -59,6 +59,7 @@ from tests.support import (
     tool_use,
     worker_env,
 )
+from worker.lock import TaskLock
 from worker.spool import Spool, TaskDir
 
 pytestmark = pytest.mark.usefixtures("subreaper")
@@ -805,6 +806,56 @@ def test_a_worker_the_records_do_not_name_is_adopted_not_doubled(
         assert_completed(daemon, task_id, turns)
     finally:
         stray.wait(timeout=10)
+
+
+def test_a_held_task_lock_with_no_pid_in_its_file_does_not_stop_the_daemon(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # A worker holds its lock between creating the file and writing its pid, or someone
+    # emptied the file: the pid is unknown. Regression: every `agentd start` exited 1 with
+    # an IndexError until the holder let go.
+    daemon = make_daemon()
+    task_id = daemon.submit(steps(2), name="emptied")
+    lock = TaskLock(daemon.task(task_id).lock).acquire()
+    try:
+        daemon.task(task_id).lock.write_bytes(b"")  # (the flock stays held)
+        daemon.start()
+        poll_for(lambda: daemon.events(task_id, "worker_lock_wait"), what="the lock wait")
+        assert daemon.row(task_id)["state"] == "queued"
+    finally:
+        lock.release()
+    row = daemon.wait_state(task_id, "done", "failed", timeout=30)
+    assert row["state"] == "done", row
+
+
+def test_status_after_a_kill_9_of_the_daemon_says_which_workers_run_on(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # Regression: "tasks wait until agentd start" while the workers went on by themselves.
+    daemon = make_daemon()
+    command = "while [ ! -e go ]; do sleep 0.05; done"
+    for name in ("lives", "dies"):
+        call = reply(tool_use("run_command", command=command, timeout=60))
+        daemon.submit([call, reply(text("Done."))], name=name)
+    daemon.start()
+    pids = {n: daemon.wait_row(n, lambda r: r["phase"] == "tool:run_command")["pid"]
+            for n in ("lives", "dies")}  # fmt: skip
+    daemon.kill()  # kill -9: its workers, in sessions of their own, run on
+    os.killpg(pids["dies"], signal.SIGKILL)
+    poll_for(lambda: not alive(pids["dies"]), what="the second worker to end")
+    done = daemon.run_cli("status")
+    assert done.returncode == 0, done.stderr
+    head, *rows = done.stdout.splitlines()
+    assert "1 worker(s) still run on their own and are adopted at the next `agentd start`" in head
+    row = {line.split()[0]: line for line in rows[1:]}
+    assert " running " in row["lives"] and "the next `agentd start` adopts it" in row["lives"]
+    assert " queued " in row["dies"] and "the next `agentd start` resumes it" in row["dies"]
+    daemon.start()
+    assert [e["pid"] for e in daemon.events("lives", "worker_adopted")] == [pids["lives"]]
+    (daemon.task("lives").path / "workspace" / "go").touch()
+    assert daemon.wait_state("lives", "done", "failed")["state"] == "done"
+    # the other was resumed: its call's outcome is unknown, so it is held for a person
+    assert daemon.wait_state("dies", "held", "done", "failed")["state"] == "held"
 
 
 def test_stop_is_graceful_and_running_tasks_resume_on_the_next_start(

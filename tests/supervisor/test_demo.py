@@ -9,11 +9,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-from supervisor.demo import LEASE, cluster_next_commands, run_cluster_demo
+from supervisor.demo import LEASE, cluster_next_commands, run_cluster_demo, wait_for
 from supervisor.pgcluster import HOW_TO_GET, find_binaries
 from tests.postgres import server_binaries
 from tests.supervisor.test_cli import AGENTD, run_agentd
@@ -38,8 +40,30 @@ def test_demo_keep_leaves_its_spool_and_the_next_commands_work() -> None:
                 [str(AGENTD), *argv[1:]], capture_output=True, text=True, timeout=60, check=False
             )
             assert ran.returncode == 0, (command, ran.stderr)
+            if argv[3] == "fork":  # no daemon runs there: the fork says that it waits
+                assert "demo-b waits queued until `agentd start`" in ran.stderr, ran.stderr
+                assert "waits queued until" in tail, tail
     finally:
         shutil.rmtree(spool.parent, ignore_errors=True)
+
+
+def test_a_demo_step_waits_as_long_as_what_it_waits_for_moves_on_and_says_so() -> None:
+    # Regression: on a loaded machine `demo --keep` gave up "waiting for the restart" at a
+    # fixed 60 s while the task was on its way. A step now gives up only once what it
+    # waits for has stopped moving for the whole timeout, and says when it takes long.
+    clock = time.monotonic()
+    told: list[str] = []
+
+    def slow() -> object:  # a step that moves every 0.1 s and is done after 0.6 s
+        elapsed = time.monotonic() - clock
+        return True if elapsed > 0.6 else f"turn {int(elapsed * 10)}"
+
+    with mock.patch("supervisor.demo.SLOW", 0.2):
+        wait_for("the restart", slow, timeout=0.3, say=told.append)
+    assert len(told) == 1 and "still waiting for the restart" in told[0], told
+    assert "load average" in told[0]
+    with pytest.raises(RuntimeError, match=r"nothing moved on for 0.3 s \(last seen: backoff\); "):
+        wait_for("the restart", lambda: "backoff", timeout=0.3)
 
 
 def test_demo_cluster_shows_node_b_taking_over_from_a_killed_node_a() -> None:

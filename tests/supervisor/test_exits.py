@@ -98,13 +98,23 @@ def test_no_resources_is_a_wait_never_a_crash_whatever_the_count() -> None:
 
 
 def test_a_server_that_cannot_list_its_tools_is_a_wait_counted_with_resources() -> None:
-    found = verdict(ended(ExitCode.TOOLS, said="mcp: git: exited 1"), TaskView(resource_waits=2))
+    found = verdict(ended(ExitCode.TOOLS, said="mcp: git: exited 1"), TaskView(resource_waits=1))
     assert isinstance(found, exits.Wait) and found.kind is WaitKind.MCP
-    assert (found.waits, found.reason) == (3, "mcp: git: exited 1")
+    assert (found.waits, found.reason) == (2, "mcp: git: exited 1")
     unsaid = verdict(ended(ExitCode.TOOLS))
     assert (
         isinstance(unsaid, exits.Wait) and unsaid.reason == "mcp: a server could not list its tools"
     )
+
+
+def test_a_server_that_cannot_list_its_tools_fails_the_task_at_the_restart_limit() -> None:
+    limit = POLICY.crash_loop_limit
+    found = verdict(
+        ended(ExitCode.TOOLS, said="mcp: git: exited 1"), TaskView(resource_waits=limit - 1)
+    )
+    assert isinstance(found, exits.Ended) and found.state == "failed", found
+    assert found.reason == exits.no_tool_list("git: exited 1", limit)
+    assert found.reason.startswith(f"mcp: git: exited 1; no tool list after {limit} starts")
 
 
 def test_a_crash_after_progress_restarts_at_once_and_is_remembered() -> None:

@@ -123,15 +123,30 @@ def test_config_check_starts_each_server_once(tmp_path: Path) -> None:
     assert "mcp servers f (18 tools), time (2 tools)" in done.stdout
 
 
-def test_config_check_fails_in_one_line_for_a_server_that_cannot_start(tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path / "agentd.toml", {"bad": {"command": fault_server("--fail-start")}}
-    )
+def test_a_server_that_cannot_start_is_marked_and_the_rest_still_listed(tmp_path: Path) -> None:
+    # Regression: one server that could not start here (the README's `mcp-server-git
+    # --repository .` outside a repository) made `tools` and `config check` exit 78 with
+    # nothing listed, not even the built-in tools.
+    servers = {"bad": {"command": fault_server("--fail-start")}, "time": SERVERS["time"]}
+    config = write_config(tmp_path / "agentd.toml", servers)
+    said = f"agentd: {config}: mcp.servers.bad: cannot start:"
     done = agentd(tmp_path, "config", "check", str(config))
-    assert done.returncode == 78
-    assert done.stderr.count("\n") == 1 and done.stdout == ""
-    assert done.stderr.startswith(f"agentd: {config}: mcp.servers.bad: cannot start:")
+    assert done.returncode == 1, done
+    assert "mcp servers bad (could not start here), time (2 tools)" in done.stdout
+    assert done.stdout.startswith(f"{config}: 1 mcp server(s) could not start here (")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(said), done.stderr
     assert "refusing to start" in done.stderr  # the server's last words
+    assert f"which starts in {tmp_path} here" in done.stderr
+    for args in (("tools",), ("tools", "--json")):
+        done = agentd(tmp_path, "--config", str(config), *args)
+        assert done.returncode == 1, done
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith(said), done.stderr
+        assert "read_file" in done.stdout and "mcp__time__convert_time" in done.stdout
+    rows = {r["name"] for r in json.loads(done.stdout)}
+    assert "run_command" in rows and not any(n.startswith("mcp__bad__") for n in rows)
+    table = agentd(tmp_path, "--config", str(config), "tools").stdout.splitlines()
+    assert table[-1].split() == ["mcp__bad__*", "mcp", "bad", "-", "-", "could", "not", "start",
+                                 "here"]  # fmt: skip
 
 
 def test_config_check_says_why_a_server_in_a_home_folder_cannot_be_shown_whole(

@@ -1,7 +1,9 @@
 """A real daemon with an MCP server (docs/design.md section 11): a server that cannot list
 its tools at a task's first start leaves the task in ``backoff`` with reason ``mcp: NAME:
-WHY`` (never failed, never a crash), retried until the server, mended by a reload, lists
-them; then the task runs its MCP calls to the end."""
+WHY`` (never a crash), retried until the server, mended by a reload, lists them; then the
+task runs its MCP calls to the end. One that still cannot at ``restart.crash_loop_limit``
+starts in a row fails the task with the reason, never a task that waits for good; a
+retry, once the server is mended, runs it to the end."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -26,20 +29,26 @@ pytestmark = pytest.mark.usefixtures("subreaper")
 OUTSIDE_TMP = "/var/tmp"
 
 
+def echo_task(
+    daemon: Daemon, server: list[str], name: str, **restart: float
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A task that calls server ``f``'s ``echo`` once, submitted to ``daemon``, started
+    with ``[mcp.servers.f] command = server`` and ``[restart]`` as given; and the daemon."""
+    write_config(daemon.config_path, {"f": {"command": server}}, restart=restart)
+    daemon.config = load_config(daemon.config_path)  # (submit checks the tools against it)
+    proc = daemon.start()
+    return daemon.submit(
+        [reply(tool_use("mcp__f__echo", "c1", text="hi")), reply(text("Done."))],
+        name,
+        tools=["mcp__f__*"],
+    ), proc
+
+
 def test_a_server_that_cannot_list_leaves_the_task_waiting_until_it_can(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path / "d", "")
-    restart = {"backoff_initial": 0.2, "backoff_max": 1.0}
-    write_config(daemon.config_path, {"f": {"command": fault_server("--no-list")}}, restart=restart)
-    daemon.config = daemon.config.__class__()  # (submit reads the file: see below)
-
-    daemon.config = load_config(daemon.config_path)
+    restart = {"backoff_initial": 0.2, "backoff_max": 1.0, "crash_loop_limit": 1000}
     try:
-        proc = daemon.start()
-        task_id = daemon.submit(
-            [reply(tool_use("mcp__f__echo", "c1", text="hi")), reply(text("Done."))],
-            "waits",
-            tools=["mcp__f__*"],
-        )
+        task_id, proc = echo_task(daemon, fault_server("--no-list"), "waits", **restart)
         row = daemon.wait_row(
             task_id,
             lambda r: r["state"] == "backoff" and str(r["reason"]).startswith("mcp: f: "),
@@ -60,6 +69,36 @@ def test_a_server_that_cannot_list_leaves_the_task_waiting_until_it_can(tmp_path
         daemon.cleanup()
 
 
+def test_a_server_that_cannot_start_fails_the_task_after_the_restart_limit(
+    tmp_path: Path,
+) -> None:
+    # Regression: the README's `mcp-server-git --repository .` in a workspace that is no
+    # repository left its task in backoff for good.
+    daemon = Daemon(tmp_path / "d", "")
+    restart = {"backoff_initial": 0.2, "backoff_max": 0.5, "crash_loop_limit": 3}
+    try:
+        task_id, proc = echo_task(daemon, fault_server("--fail-start"), "stranded", **restart)
+        row = daemon.wait_state(task_id, "failed", "done", timeout=90)
+        assert row["state"] == "failed", row
+        assert row["reason"].startswith("mcp: f: cannot start: "), row
+        assert "no tool list after 3 starts in a row (restart.crash_loop_limit)" in row["reason"]
+        assert "`agentd retry` the task" in row["reason"]
+        assert row["restarts"] == 0 and not daemon.events(task_id, "crash_loop")
+        assert len(daemon.events(task_id, "mcp_server_failed")) >= 3
+        # (the record is saved first, then its event appended)
+        (failed,) = poll_for(lambda: daemon.events(task_id, "task_failed"), what="the event")
+        assert failed["reason"] == row["reason"]
+        write_config(daemon.config_path, {"f": {"command": fault_server()}}, restart=restart)
+        proc.send_signal(signal.SIGHUP)  # the mended server, then a retry
+        poll_for(lambda: any(e.get("event") == "config_reloaded" for e in daemon.log_events()))
+        assert daemon.cli("retry", task_id)[0] == 0
+        poll_for(lambda: daemon.events(task_id, "task_retried"), what="the retry")
+        row = daemon.wait_row(task_id, lambda r: r["state"] in ("done", "failed") and r["turn"])
+        assert row["state"] == "done", row
+    finally:
+        daemon.cleanup()
+
+
 def test_agentd_run_waits_for_a_server_that_cannot_list_its_tools(tmp_path: Path) -> None:
     """``agentd run`` does as the daemon does: the task waits in backoff, said on stderr,
     and goes on once the server (mended in the config its workers read) lists its tools."""
@@ -69,7 +108,7 @@ def test_agentd_run_waits_for_a_server_that_cannot_list_its_tools(tmp_path: Path
     from tests.support import REPO, worker_env
 
     here = Daemon(tmp_path / "run", "")
-    restart = {"backoff_initial": 0.2, "backoff_max": 1.0}
+    restart = {"backoff_initial": 0.2, "backoff_max": 1.0, "crash_loop_limit": 1000}
     write_config(here.config_path, {"f": {"command": fault_server("--no-list")}}, restart=restart)
     script = tmp_path / "script.json"
     responses = [reply(tool_use("mcp__f__echo", "c1", text="hi")), reply(text("Done."))]

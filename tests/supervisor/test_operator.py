@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.status import load_state
@@ -29,8 +31,9 @@ from tests.chaos.operator import (
     wait_tool,
     workspace_file,
 )
-from tests.daemon import Daemon, alive, group_alive
+from tests.daemon import Daemon, alive
 from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
+from worker.descendants import descendants
 
 pytestmark = pytest.mark.usefixtures("subreaper")
 
@@ -131,23 +134,42 @@ def test_cancel_is_final_with_the_daemon_down_and_the_next_start_runs_nothing(
     assert runs(daemon, name) == 1 and daemon.events(name, "dangling_decided") == []
 
 
-def test_a_worker_that_outlived_its_daemon_is_stopped_when_its_task_is_cancelled(
-    daemon: Daemon,
+@pytest.mark.parametrize("hung", [False, True], ids=["stops", "hung"])
+def test_a_worker_that_outlived_its_daemon_is_stopped_by_the_cancel_itself(
+    daemon: Daemon, hung: bool
 ) -> None:
-    name = "orphan"
-    command = "sleep 4; echo after >> late.txt"
+    # Regression: the cancel left the orphaned worker to the next daemon, and on a loaded
+    # machine its tool went on past the cancel. Now nothing of the task runs once the
+    # cancel returns: the worker, its tool, and what the tool set apart (setsid) are gone,
+    # after TERM, or killed after the grace when the worker does not answer it (hung).
+    name = f"orphan{'-hung' if hung else ''}"
+    late = "sleep 6; echo after >> late.txt"
+    command = f"(setsid sh -c '{late}' &); {late}"
     daemon.submit([reply(tool_use("run_command", command=command, timeout=60))], name=name)
     row = daemon.wait_row(name, lambda r: r["phase"] == "tool:run_command")
+
+    def both_tools() -> list[int] | None:
+        below = descendants(row["pid"])
+        sleeps = [p for p in below if alive(p) and psutil.Process(p).name() == "sleep"]
+        return below if len(sleeps) == 2 else None
+
+    tools = poll_for(both_tools, 10, what="the tool and its setsid child")
     daemon.kill()  # kill -9: its worker, in a session of its own, runs on
+    if hung:
+        os.kill(row["pid"], signal.SIGSTOP)
     try:
         result = agentd(daemon, "cancel", name)
         assert (result.code, result.out) == (0, f"{name}: cancelled\n"), result
+        left = [pid for pid in [row["pid"], *tools] if alive(pid)]
+        assert left == [], f"still running after the cancel: {left}"
+        assert daemon.row(name)["state"] == "cancelled"
     finally:
         daemon.start()
-    daemon.wait_row(name, lambda r: r["state"] == "cancelled" and not alive(row["pid"]))
-    assert daemon.events(name, "worker_adopted")
-    poll_for(lambda: not group_alive(row["pid"]), 30, what="the worker's group to be gone")
-    assert workspace_file(daemon, name, "late.txt") == ""  # its tool was stopped with it
+    daemon.wait_row(name, lambda r: r["state"] == "cancelled")
+    assert daemon.events(name, "worker_adopted") == []  # nothing was left to adopt
+    assert bool(daemon.events(name, "worker_killed")) == hung  # KILL after the grace
+    time.sleep(6.5)  # past the tools' sleep: one that survived the cancel has written
+    assert workspace_file(daemon, name, "late.txt") == ""
 
 
 @pytest.mark.parametrize("up", [True, False], ids=["daemon-up", "daemon-down"])

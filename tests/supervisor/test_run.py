@@ -210,7 +210,10 @@ def test_ctrl_c_at_a_model_call_stops_at_once_and_resume_charges_each_once(
     assert fg.ledger("model") == ["slow_charge a"]
     code, out, err_text = fg.run("--resume", "model")
     assert code == 0, err_text
-    assert "Both charged." in out and "First charge." not in out  # what is new only
+    # where it picks up: the last turn recorded, once, as `show` renders it, then what is new
+    assert "agentd: resuming task model after turn 1; the last turn the run before" in err_text
+    assert out.startswith("── turn 1") and "\nFirst charge.\n→ slow_charge" in out, out
+    assert out.count("First charge.") == 1 and "Both charged." in out
     assert fg.ledger("model") == ["slow_charge a", "slow_charge b"]
 
 
@@ -268,8 +271,12 @@ def test_kill_9_of_run_takes_its_worker_and_resume_charges_each_once(fg: Foregro
     assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     row = fg.row("nine")
     assert row["state"] == "queued" and "agentd run --resume nine" in row["reason"], row
-    code, _, err = fg.run("--resume", "nine")
+    code, out, err = fg.run("--resume", "nine")
     assert code == 0, err
+    assert "agentd: resuming task nine after turn 1;" in err, err
+    recap = out.split("── turn 2", 1)[0]  # the killed run's last turn, as `show` has it
+    shown = fg.cli("show", "nine", "--turn", "1")[1]
+    assert recap == shown, (recap, shown)
     assert fg.ledger("nine") == ["slow_charge a", "slow_charge b"]
 
 

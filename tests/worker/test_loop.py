@@ -232,7 +232,10 @@ def test_script_past_its_end_fails_with_a_reason(spool: Spool) -> None:
     outcome, _ = run(task)
     assert outcome.state == "failed"
     assert outcome.exit_code == ExitCode.FAILED
-    assert "the script has 1 responses and model call 2 has none" in outcome.reason
+    past = "model call 2 asks for responses[1], past its end; add responses to the script"
+    assert f"{task.script} has 1 responses (responses[0] to responses[0]) and {past}" in (
+        outcome.reason
+    )
     (end,) = of_kind(journal_records(task), "end")
     assert end["reason"] == outcome.reason
 

@@ -157,6 +157,17 @@ def default_summary(summary: SummaryOf) -> str:
     )
 
 
+def past_the_end(where: str, responses: int, index: int) -> str:
+    """Why model call ``index + 1`` of a script of ``responses`` responses has none, and how
+    to go on (no full stop: the failed task's reason, and what ``agentd retry`` warns of)."""
+    return (
+        f"{where} has {responses} responses (responses[0] to responses[{responses - 1}]) and "
+        f"model call {index + 1} asks for responses[{index}], past its end; add responses "
+        "to the script (docs/reference/scripted-model.md), or end it with a response "
+        "without a tool_use, which ends the task"
+    )
+
+
 class ScriptedModel:
     def __init__(
         self,
@@ -164,10 +175,12 @@ class ScriptedModel:
         *,
         summaries: list[str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        where: str = "the script",
     ) -> None:
         self.responses = responses
         self.summaries = summaries or []
         self._sleep = sleep
+        self.where = where  # (names it in the reason of a call past its end)
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
@@ -177,16 +190,13 @@ class ScriptedModel:
     def from_bytes(cls, raw: bytes, where: str) -> ScriptedModel:
         """The script ``raw`` (read from a store); ``where`` names it in errors."""
         responses = parse_script(raw, where)
-        return cls(responses, summaries=list(json.loads(raw).get("summaries", [])))
+        return cls(responses, summaries=list(json.loads(raw).get("summaries", [])), where=where)
 
     def complete(self, request: ModelRequest, *, turn_index: int) -> ModelReply:
         if request.summary is not None:
             return self._summarise(request, request.summary)
         if turn_index >= len(self.responses):
-            raise ModelError(
-                f"the script has {len(self.responses)} responses and model call "
-                f"{turn_index + 1} has none; extend the script or raise nothing past its end."
-            )
+            raise ModelError(past_the_end(self.where, len(self.responses), turn_index) + ".")
         response = self.responses[turn_index]
         if delay := response.get("delay"):
             self._sleep(float(delay))
