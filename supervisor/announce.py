@@ -159,6 +159,10 @@ class Announcer:
         path = daemon.spool.root / "supervisor.json"
         daemon.backlog.replace("supervisor.json", lambda: atomic_write_json(path, info))
 
+    def task_removed(self) -> None:
+        """A task was removed (``agentd_tasks_removed_total``)."""
+        self.daemon.metrics.removed()
+
     def spool_measured(self, size: int) -> None:
         """The spool's size, measured (``supervisor.housekeeping``): in the metrics and in
         ``supervisor.json``, where ``status`` shows it."""

@@ -222,13 +222,7 @@ class Supervisor:
             self.log, self.store, self.announcer.relayed, kept=CursorFiles(spool.relay_dir)
         )
         self.housekeeper = Housekeeper(  # [retention], at start and hourly
-            spool,
-            lambda: self.config,
-            self.emit,
-            self.slots,
-            self.relay.forget,
-            measured=self.announcer.spool_measured,
-            removed=self.metrics.removed,
+            spool, lambda: self.config, self.emit, self.slots, self.relay.forget, self.announcer
         )
         hook_env = {k: v for k, v in worker_env.items() if k != "PYTHONUNBUFFERED"}
         self.hooks = HookRunner(hook_env, self.announcer.hook_failed)

@@ -4,7 +4,8 @@ prune of thousands of tasks never holds up supervision.
 
 It is handed what it needs and nothing more: the spool, the config in use (a callable: a
 reload moves it), ``log`` for the events it says, and what it lets go of for each task
-removed (the daemon's slots, the relay's cursor). It never sees the daemon.
+removed (the daemon's slots, the relay's cursor), and ``told`` (the daemon's
+announcer: the spool's size, each removal counted). It never sees the daemon.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from supervisor import retention
 from supervisor.slot import TaskSlot
@@ -28,6 +29,14 @@ PERIOD = 3600.0
 SIZE_PERIOD = 300.0
 
 
+class Told(Protocol):
+    """Who hears what the housekeeper finds (the daemon's ``Announcer``)."""
+
+    def spool_measured(self, size: int) -> None: ...
+
+    def task_removed(self) -> None: ...
+
+
 class Housekeeper:
     def __init__(
         self,
@@ -36,16 +45,14 @@ class Housekeeper:
         log: Callable[..., None],
         slots: dict[str, TaskSlot],
         unrelay: Callable[[str], None],
-        measured: Callable[[int], None],
-        removed: Callable[[], None],
+        told: Told,
     ) -> None:
         self.spool = spool
         self.config = config
         self.log = log
         self.slots = slots  # the daemon's: a removed task's slot is let go
         self.unrelay = unrelay  # the relay's cursor of a removed task, let go
-        self.measured = measured  # told the spool's size in bytes, each time it is measured
-        self.removed = removed  # told each task removed
+        self.told = told  # the spool's size as measured, and each task removed
         self.next_measure = 0.0
         self._measuring: asyncio.Task[int] | None = None
         self.next_pass = 0.0  # on the daemon's clock: at once, then every PERIOD
@@ -57,7 +64,7 @@ class Housekeeper:
         if slot is not None and (slot.worker is not None or slot.starting):
             return
         if self.slots.pop(task_id, None) is not None:
-            self.removed()
+            self.told.task_removed()
         self.unrelay(task_id)
 
     def due(self, now: float) -> None:
@@ -91,7 +98,9 @@ class Housekeeper:
         )
         self._measuring.add_done_callback(
             lambda done: (
-                None if done.cancelled() or done.exception() else self.measured(done.result())
+                None
+                if done.cancelled() or done.exception()
+                else self.told.spool_measured(done.result())
             )
         )
 

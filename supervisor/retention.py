@@ -153,25 +153,25 @@ def checked_states(text: str | None) -> tuple[str, ...]:
     return states
 
 
-def why_due(task: Ended, selection: Selection, retention: RetentionConfig, now: datetime) -> str:
-    """Why ``task`` goes, or "" when it stays."""
-    age = task.age(now)
+def why_due(found: Ended, selection: Selection, retention: RetentionConfig, now: datetime) -> str:
+    """Why ``found`` goes, or "" when it stays."""
+    age = found.age(now)
     if selection.by_retention:
-        period = retention.period(task.state)
-        if period is None or task.ended_at is None or age < period:
+        period = retention.period(found.state)
+        if period is None or found.ended_at is None or age < period:
             return ""
         kept = period_text(period)
-        return f"{task.state} {age_text(age)} ago; [retention] {task.state} = {kept}"
-    if selection.states and task.state not in selection.states:
+        return f"{found.state} {age_text(age)} ago; [retention] {found.state} = {kept}"
+    if selection.states and found.state not in selection.states:
         return ""
     if selection.older_than is not None:
-        if task.ended_at is None or age < selection.older_than:
+        if found.ended_at is None or age < selection.older_than:
             return ""
         bound = period_text(selection.older_than)
-        return f"{task.state} {age_text(age)} ago, older than {bound}"
+        return f"{found.state} {age_text(age)} ago, older than {bound}"
     if selection.names:
-        return f"{task.state}, named"
-    return f"{task.state}, --state"
+        return f"{found.state}, named"
+    return f"{found.state}, --state"
 
 
 def candidates(

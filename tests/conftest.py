@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,17 @@ def _reset_credentials() -> Iterator[None]:
     credentials.hold(credentials.Credentials())
     yield
     credentials.hold(credentials.Credentials())
+
+
+@pytest.fixture(autouse=True)
+def _leaks_are_the_tests_own() -> Iterator[None]:
+    """With ``AGENTD_TEST_LEAKS=1``, garbage is collected as each test ends, so that a file
+    it (or the code it drives) left open is reported against that test (an unclosed file's
+    ``ResourceWarning`` is an error here) rather than against whichever later test the
+    collector happens to run in. Off by default: a collection a test costs time."""
+    yield
+    if os.environ.get("AGENTD_TEST_LEAKS"):
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

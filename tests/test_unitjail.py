@@ -270,7 +270,7 @@ def test_a_server_in_the_hosts_tmp_says_the_unit_has_a_tmp_of_its_own(
         daemon = UnitDaemon(tmp_path / "d", config)
         made.append(daemon)
         done = daemon.run_cli("config", "check", timeout=120)
-        assert done.returncode == 78, done
+        assert done.returncode == 1, done  # (a server that cannot start here: marked, exit 1)
         assert done.stderr.count("\n") == 1, done.stderr
         assert "mcp.servers.mine: cannot start:" in done.stderr
         assert (

@@ -40,6 +40,7 @@ SUPERVISOR_FIELDS = {
     "node",
     "sandbox",
     "cgroups",
+    "spool_bytes",  # the daemon's last measure of the spool (docs/design.md section 20)
 }
 TASK_FIELDS = {
     "id",

@@ -23,6 +23,10 @@ PARSER = cli.build_parser()
 CLI = clidoc.describe(PARSER)
 
 
+#: ``status``'s options that select among many tasks (docs/design.md section 20).
+STATUS_SELECTION = ("--state", "--text", "--sort", "--limit", "--after")
+
+
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     found = [parser]
     for action in parser._actions:
@@ -118,6 +122,7 @@ def test_bash_completes_commands_options_and_values(bash_script: Path, tmp_path:
         "--json",
         "--watch",
         "--interval",
+        *STATUS_SELECTION,
     }
     assert bash_complete(bash_script, "completion", "") == ["bash", "zsh", "fish"]
     assert bash_complete(bash_script, "--log-format", "") == ["json", "console"]
@@ -267,7 +272,13 @@ def test_fish_completes_commands_options_and_values(tmp_path: Path) -> None:
         return [row.split("\t")[0] for row in done.stdout.splitlines()]
 
     assert set(complete("agentd st")) == {"start", "stop", "status", "store"}
-    assert set(complete("agentd status --")) == {"--help", "--json", "--watch", "--interval"}
+    assert set(complete("agentd status --")) == {
+        "--help",
+        "--json",
+        "--watch",
+        "--interval",
+        *STATUS_SELECTION,
+    }
     assert set(complete("agentd completion ")) == {"bash", "zsh", "fish"}
     assert set(complete("agentd --log-format ")) == {"json", "console"}
 

@@ -511,7 +511,7 @@ def test_a_rewind_that_would_undo_calls_needs_yes_and_lists_them(console: Consol
     assert done.json()["rewind"]["not_undone"] == body["calls"]
     detail = browser.get("/api/tasks/rw").json()
     assert set(detail) == {"task", "history", "events", "actions"}
-    assert set(detail["actions"]) == {"cancel", "retry", "rewind", "fork"}
+    assert set(detail["actions"]) == {"cancel", "retry", "rewind", "fork", "continue", "say"}
     rewound = [e for e in detail["events"] if e["event"] == "task_rewound"]
     assert rewound and rewound[0]["via"] == "console"
     fork = browser.post("/api/tasks/rw/fork", {"at": 0, "name": "rw-fork", "prompt": "again"})

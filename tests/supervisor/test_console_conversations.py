@@ -5,6 +5,7 @@ did it. A real daemon, its console process and HTTP."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,7 +70,7 @@ def test_submit_runs_a_task_with_submits_fields_and_records_who(
         ({"prompt": "x", "tools": ["no_such_tool"]}, 400, "no_such_tool"),
         ({"prompt": "x", "budget_usd": "lots"}, 400, "budget_usd"),
         ({"prompt": "x", "harness": "claude"}, 400, "harness"),
-        ({"prompt": "x", "workspace": "/no/such/folder/here"}, 400, ""),
+        ({"prompt": "x", "workspace": f"/var/tmp/agentd-no-such-{uuid.uuid4().hex}"}, 400, "exist"),
     ],
 )
 def test_submit_refuses_what_submit_refuses_and_writes_nothing(

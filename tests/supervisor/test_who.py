@@ -96,7 +96,7 @@ def test_a_decision_names_its_operator_in_the_decision_event_history_show_and_lo
     assert (line["by"], line["via"], line["reason"]) == (USER, "cli", "no")
     assert f"(by {USER} via cli)" in agentd("show", task.id)[1]
     logged = agentd("logs", task.id)[1]
-    assert f"dangling_decided call_id={call_id} action=skip attempt=1 by={USER} via=cli" in logged
+    assert f"dangling_decided call_id={call_id} action=skip by={USER} via=cli" in logged
 
 
 def test_a_cancel_names_its_operator_in_its_record_and_its_event(agentd: Run, spool: Spool) -> None:
