@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import random
@@ -61,7 +62,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.approval_tools import EFFECT_GATE, LEDGER, RESULT_GATE, STARTS
+from tests.chaos.approval_tools import (
+    EFFECT_GATE,
+    LEDGER,
+    PAUSES_ENV,
+    RESULT_GATE,
+    STARTS,
+    pause_gate,
+    paused,
+)
 from tests.chaos.effect_tools import read_log
 from tests.console import Client, api_token, console_table, free_port
 from tests.daemon import Daemon, alive, subreaper
@@ -94,8 +103,12 @@ LANDED = (
 )
 
 
+_BEGUN = [time.monotonic()]  # when the campaign began (``run``)
+
+
 def say(message: str) -> None:
-    print(f"approvals: {message}", file=sys.stderr, flush=True)
+    took = time.monotonic() - _BEGUN[0]
+    print(f"approvals: {took:5.1f} s: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -240,10 +253,12 @@ class Operator:
         )
         self.daemon = Daemon(root, config)
         self.client = Client(self.port)
+        self.pauses = root / "pauses"  # (approval_tools: a worker held still after a record)
+        self.pauses.mkdir(exist_ok=True)
         self.up = False
 
     def start(self) -> None:
-        self.daemon.start()
+        self.daemon.start({PAUSES_ENV: str(self.pauses)})
         self.up = True
         if not self.client.bearer:
             self.client.bearer = api_token(self.daemon)
@@ -257,6 +272,11 @@ class Operator:
     def kill(self) -> None:
         self.up = False
         self.daemon.kill()
+
+    def freeze(self) -> None:
+        """``SIGSTOP`` of the daemon: it starts no worker until it is killed."""
+        assert self.daemon.proc is not None
+        os.kill(self.daemon.proc.pid, signal.SIGSTOP)
 
     def stop(self) -> None:
         """``agentd stop`` (a process: the campaign's other daemon runs meanwhile)."""
@@ -467,10 +487,11 @@ class Case:
 
     # -- deciding
 
-    def send(self, how: str, action: str) -> bool:
+    def send(self, how: str, action: str, *, via: str | None = None) -> bool:
         """The decision of the held attempt, ``how``: alone, twice at once (a double
-        click), or at once with a stale one. True when it was accepted."""
-        via = self.rng.choice(("cli", "api"))
+        click), or at once with a stale one; through ``via`` (None: the CLI or the API at
+        random). True when it was accepted."""
+        via = via or self.rng.choice(("cli", "api"))
         current = (via, self.name, self.call, self.attempt, action)
         stale = [a for a in self.book.accepted if a < self.attempt] + list(self.book.expired)
         if how == "double":
@@ -533,44 +554,52 @@ class Case:
     def strike(self, point: str, victim: str) -> None:
         """Decide the held attempt and kill ``victim`` at ``point``; then until the call
         is held again (the kill cut the re-run off) or runs again (it did not: that run
-        is killed at its gate)."""
+        is killed at its gate). A kill right after the decision or intent record is aimed
+        by holding the worker still there (``approval_tools``); one of the daemon right
+        after the decision, by stopping the daemon before it (so no worker has started)."""
         self.gates(effect=point == "after the effect", result=False)
         spawned = len(self.daemon.events(self.name, "worker_spawned"))
         starts, ledger = len(self.starts()), len(self.ledger())
-        how = self.rng.choice(("single", "single", "double", "with stale"))
         attempt = self.attempt
-        if not self.send(how, "rerun"):
-            return
-        self.tally.trials += 1
+        kind = {"decision record": "decision", "intent": "intent"}.get(point)
+        if kind is not None:
+            pause_gate(self.op.pauses, self.name, kind).touch()
+        frozen = victim == "daemon" and point == "decision"
+        if frozen:
+            self.op.freeze()
+        how = "single" if frozen else self.rng.choice(("single", "single", "double", "with stale"))
+        try:
+            if not self.send(how, "rerun", via="cli" if frozen else None):
+                return
+            self.tally.trials += 1
 
-        def reached() -> int | None:
-            if point == "decision":
-                events = self.daemon.events(self.name, "worker_spawned")
-                return self.worker() if len(events) > spawned else None
-            if point == "decision record":
-                found = any(
-                    r["k"] == RecordKind.DECISION and r.get("attempt") == attempt
-                    for r in self.records()
-                )
-                return self.worker() if found else None
-            if point == "intent":
-                intents = [r for r in self.records() if r["k"] == RecordKind.INTENT]
-                newer = any(int(r.get("attempt") or 0) > attempt for r in intents)
-                return self.worker() if newer or len(self.starts()) > starts else None
-            if point == "mid-tool":
-                runs = self.starts()
-                return int(runs[-1]["pid"]) if len(runs) > starts else None
-            runs = self.ledger()
-            return int(runs[-1]["pid"]) if len(runs) > ledger else None
+            def reached() -> int | None:
+                if kind is not None:
+                    return paused(self.op.pauses, self.name, kind)
+                if point == "decision":
+                    events = self.daemon.events(self.name, "worker_spawned")
+                    return self.worker() if len(events) > spawned else None
+                if point == "mid-tool":
+                    runs = self.starts()
+                    return int(runs[-1]["pid"]) if len(runs) > starts else None
+                runs = self.ledger()
+                return int(runs[-1]["pid"]) if len(runs) > ledger else None
 
-        if victim == "daemon" and point == "decision":
-            self.landed_kill(self.kill_daemon, attempt, look_first=True)
-        else:
-            pid = poll_for(reached, SETTLE, interval=0.01, what=f"{self.name}: {point}")
-            if victim == "daemon":
+            if frozen:
                 self.landed_kill(self.kill_daemon, attempt, look_first=True)
             else:
-                self.landed_kill(lambda: self.kill_worker(pid), attempt, look_first=False)
+                pid = poll_for(reached, SETTLE, interval=0.01, what=f"{self.name}: {point}")
+                if victim == "daemon":
+                    self.landed_kill(self.kill_daemon, attempt, look_first=True)
+                else:
+                    self.landed_kill(lambda: self.kill_worker(pid), attempt, look_first=False)
+        finally:
+            if frozen and not self.op.up:
+                self.op.start()
+            if kind is not None:
+                pause_gate(self.op.pauses, self.name, kind).unlink(missing_ok=True)
+                for mark in self.op.pauses.glob(f"{self.name}.{kind}.*"):
+                    mark.unlink(missing_ok=True)  # (a killed worker's mark)
         self.starts_seen = starts  # (a run the kill left waiting at its gate is killed there)
         if self.settle(attempt) == "held":
             self.resend_stale()
@@ -612,19 +641,21 @@ class Case:
 # -- the campaign's parts -------------------------------------------------------------------------
 
 
-def held_case(op: Operator, name: str, rng: random.Random, kills: int, victim: str) -> Tally:
+def held_case(op: Operator, name: str, rng: random.Random, points: list[str], victim: str) -> Tally:
     case = Case(op, name, rng, asked=False)
     try:
         case.first_hold()
-        for _ in range(kills):
-            case.strike(rng.choice(POINTS), victim)
+        for point in points:
+            case.strike(point, victim)
         case.finish()
     except Exception as exc:
         case.tally.note(f"{name}: {type(exc).__name__}: {exc}"[:300])
     return case.verdict()
 
 
-def asked_case(op: Operator, name: str, rng: random.Random, outcome: str, kills: int) -> Tally:
+def asked_case(
+    op: Operator, name: str, rng: random.Random, outcome: str, points: list[str]
+) -> Tally:
     case = Case(op, name, rng, asked=True)
     try:
         case.first_hold()
@@ -637,8 +668,8 @@ def asked_case(op: Operator, name: str, rng: random.Random, outcome: str, kills:
             case.finish("skip")
         else:
             case.tally.asked_cut_off += 1
-            for _ in range(kills):
-                case.strike(rng.choice(POINTS[2:]), "worker")
+            for point in points:
+                case.strike(point, "worker")
             case.finish()
     except Exception as exc:
         case.tally.note(f"{name}: {type(exc).__name__}: {exc}"[:300])
@@ -653,9 +684,11 @@ def killing(root: Path, plan: Plan, rng: random.Random) -> Tally:
     try:
         op.start()
         jobs: list[Callable[[], Tally]] = []
+        aims = itertools.cycle(POINTS)  # every point in turn, so each is aimed at
         for i in range(plan.held):
+            points = [next(aims) for _ in range(plan.kills)]
             held = functools.partial(
-                held_case, op, f"held-{i}", random.Random(rng.randrange(1 << 30)), plan.kills
+                held_case, op, f"held-{i}", random.Random(rng.randrange(1 << 30)), points
             )
             jobs.append(functools.partial(held, "worker"))
         outcomes = ("decided", "skipped", "cut off")
@@ -663,18 +696,21 @@ def killing(root: Path, plan: Plan, rng: random.Random) -> Tally:
             asked = functools.partial(
                 asked_case, op, f"asked-{i}", random.Random(rng.randrange(1 << 30))
             )
-            jobs.append(functools.partial(asked, outcomes[i % 3], max(1, plan.kills // 3)))
+            points = [next(aims) for _ in range(max(1, plan.kills // 3))]
+            jobs.append(functools.partial(asked, outcomes[i % 3], points))
         rng.shuffle(jobs)
         say(f"{len(jobs)} tasks decided under worker kills ...")
         with ThreadPoolExecutor(max_workers=plan.parallel) as pool:
             for found in pool.map(lambda job: job(), jobs):
                 tally.add(found)
         say("decisions cut off by kills of the daemon ...")
-        per_task = 5
+        per_task = len(POINTS)
+        aims = itertools.cycle(POINTS)
         for i in range(0, plan.daemon_kills, per_task):
-            kills = min(per_task, plan.daemon_kills - i)
+            points = [next(aims) for _ in range(min(per_task, plan.daemon_kills - i))]
             case_rng = random.Random(rng.randrange(1 << 30))
-            tally.add(held_case(op, f"daemon-{i}", case_rng, kills, "daemon"))
+            tally.add(held_case(op, f"daemon-{i}", case_rng, points, "daemon"))
+        say("done")
     finally:
         op.daemon.cleanup()
     return tally
@@ -697,6 +733,7 @@ def expiring(root: Path, plan: Plan, rng: random.Random) -> Tally:
             Case(op, name, rng, asked=True).submit()
         for case in cases:
             case.first_hold()
+        say("decisions given while no daemon runs, left to expire ...")
         op.stop()
         for case in cases:
             case.gates(effect=True, result=True)
@@ -710,6 +747,7 @@ def expiring(root: Path, plan: Plan, rng: random.Random) -> Tally:
                 case.tally.note(f"{case.name}: decision refused with no daemon: {sent.said}")
         time.sleep(EXPIRE_SECONDS + 1.0)  # the fault itself: time passes past expire_after
         op.start()
+        say("the daemon again, past expire_after ...")
         for case in cases:
             before = case.attempt
             if case.settle(before) == "held":
@@ -734,6 +772,7 @@ def expiring(root: Path, plan: Plan, rng: random.Random) -> Tally:
             if row["state"] != "done":
                 tally.not_ended += 1
             tally.unsafe_runs += len(ran)
+        say("expiry done")
     finally:
         op.daemon.cleanup()
     return tally
@@ -804,7 +843,7 @@ def campaign(root: Path, plan: Plan, rng: random.Random) -> list[Figure]:
 def run(quick: bool, *, seed: int | None = None) -> list[Figure]:
     seed = random.randrange(1 << 30) if seed is None else seed
     figures = [Figure(FAULT, "seed (--seed replays the choices)", str(seed))]
-    started = time.monotonic()
+    started = _BEGUN[0] = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="agentd-approvals-") as folder, subreaper():
         try:
             figures += campaign(Path(folder), Plan.of(quick), random.Random(seed))
