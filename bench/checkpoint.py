@@ -253,8 +253,10 @@ class TimedLoop(AgentLoop):
                 self.floor.catch_up(turn)  # while "waiting on the model": off agentd's clocks
             plain_call(tools)
 
-        def run(call: Any, *, attempt: int, outcome: CallOutcome = CallOutcome.RAN) -> None:
-            plain_run(call, attempt=attempt, outcome=outcome)
+        def run(
+            call: Any, *, attempt: int, outcome: CallOutcome = CallOutcome.RAN, ask: bool = False
+        ) -> None:
+            plain_run(call, attempt=attempt, outcome=outcome, ask=ask)
             if self.stop_after_tool is not None and self.state.turn >= self.stop_after_tool:
                 self.stop_requested = True  # SIGTERM during the tool call: stop at a safe point
 

@@ -13,6 +13,8 @@ and ``by`` and ``via`` recorded with each (``supervisor.operator``, section 15).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 from supervisor import control
 from supervisor.budgets import refuse_decision_on_budget
@@ -21,16 +23,28 @@ from supervisor.coordination import offline, operator_lock, ring
 from supervisor.decisions import decide, drop_moot_cancel, pending_decisions, refuse_if_cancelled
 from supervisor.operator import Operator, fields_of
 from supervisor.record import TaskRecord
-from supervisor.status import held_calls
+from supervisor.status import STAGE_UNKNOWN, held_calls
 from supervisor.stores import store_for, store_of
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text, existing_task
 from worker.errors import StateConflictError, UsageError
 from worker.events import Event, record_event
 from worker.protocol import DECISION_ACTIONS, DecisionAction
 from worker.spool import Spool, validate_call_id
+from worker.tools.effect import Effect
 
 #: The call id that stands for every held call of a task (``--all``).
 EVERY_CALL = "*"
+
+
+def unsafe_rerun(row: Mapping[str, Any]) -> bool:
+    """Whether re-running the held call of ``row`` (``status.held_calls``) may repeat a
+    side effect: it started and its outcome is unknown, and its tool is not known to be
+    safe to run twice (``unsafe``, or a tool no longer known). Such a re-run is said
+    explicitly (docs/design.md section 17); a call that waits for approval before it
+    runs has never run, and a safe-class call held by ``[tools.policy]`` repeats nothing."""
+    if row.get("stage") != STAGE_UNKNOWN:
+        return False
+    return row.get("effect") not in {e.value for e in Effect if e.rerun_safe}
 
 
 def check_decision(action: str, reason: str | None, result: str | None) -> None:
@@ -64,30 +78,48 @@ def approve(
     reason: str | None = None,
     result: str | None = None,
     operator: Operator | None = None,
-) -> list[str]:
+    attempt: int | None = None,
+) -> list[tuple[str, int]]:
     """Decide one held call of the task (``call_id``), or every one (``EVERY_CALL``):
     re-run it, skip it (``reason`` is what the model is told) or record ``result`` as its
     outcome. Each decision is durable at once; the task is queued again once every held
     call has one (by this process when no daemon runs, else by the daemon, which is rung).
-    Returns the calls decided."""
+    ``attempt``: the attempt of ``call_id`` it answers, refused (StateConflictError) when
+    the call was held again since (None: the attempt held now); with ``EVERY_CALL`` each
+    call's attempt as listed. Returns the calls decided, each with its attempt."""
     task = existing_task(spool, task_id)
     check_decision(action, reason, result)
+    if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
+        raise UsageError(f"attempt {attempt!r} is no attempt: give the held call's (1 or more).")
+    if attempt is not None and call_id == EVERY_CALL:
+        raise UsageError("--attempt names one call's attempt; give a CALL_ID with it, not --all.")
     refuse_if_cancelled(task, "decision")  # checked again as each decision is written
     refuse_decision_on_budget(task)  # a task held on its budget waits for `agentd budget`
+    calls: list[tuple[str, int | None]]
     if call_id == EVERY_CALL:
-        calls = [row["call_id"] for row in held_calls(task)]
+        calls = [(row["call_id"], row["attempt"]) for row in held_calls(task)]
         if not calls:
             raise StateConflictError(f"task {task.id} has no held calls; nothing to decide.")
     else:
-        calls = [validate_call_id(call_id)]
-    for call in calls:
-        decide(task, call, action=action, reason=reason, result=result, operator=operator)
+        calls = [(validate_call_id(call_id), attempt)]
+    decided = []
+    for call, asked in calls:
+        made = decide(
+            task,
+            call,
+            action=action,
+            reason=reason,
+            result=result,
+            operator=operator,
+            attempt=asked,
+        )
+        decided.append((call, made["attempt"]))
     with offline(spool) as alone, contextlib.suppress(StateConflictError):
         if alone and pending_decisions(task):
             # (one not held, say a worker run by hand left it queued, has no hold to release)
             move_record(task, TaskRecord.release_hold)
     ring(spool, task.id)
-    return calls
+    return decided
 
 
 def cancel(

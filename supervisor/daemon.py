@@ -16,8 +16,9 @@ What drives it:
   daemon reads a beat once a deadline could pass, however many workers it watches;
 * a tick every ``min(heartbeat.interval, TICK)`` seconds, on the liveness checks'
   instants (one wake-up for both), that feeds the systemd watchdog,
-  retries what a storage fault refused, tends the fork server and, on a shared store, the
-  leases.
+  retries what a storage fault refused, skips the calls that waited for approval past
+  ``[approvals] ask_timeout`` (``supervisor.approvals``), tends the fork server and, on a
+  shared store, the leases.
 
 Signals (docs/design.md section 7): TERM and INT stop gracefully; HUP reopens the log file
 and reloads the config (``reload``); USR1 logs a one-line summary of the daemon
@@ -64,6 +65,7 @@ import structlog
 
 from supervisor import cgroups, inbox
 from supervisor.announce import Announcer
+from supervisor.approvals import AskTimeouts
 from supervisor.backlog import WriteBacklog
 from supervisor.cgroups import Cgroups
 from supervisor.coordination import SupervisorLock, coordination
@@ -76,7 +78,7 @@ from supervisor.metrics import Metrics
 from supervisor.notify import NOTIFY_ENVIRONMENT, Notifier
 from supervisor.operator import fields_of
 from supervisor.placement import ClusterPlacement, LocalPlacement, Placement
-from supervisor.record import Move, arrival
+from supervisor.record import Move, TaskRecord, arrival
 from supervisor.relay import CursorFiles, EventRelay
 from supervisor.reload import Reloader, Settings
 from supervisor.requests import Requests
@@ -229,6 +231,12 @@ class Supervisor:
             environ=worker_env,
         )
         self.cgroups = Cgroups(None, "not arranged yet")  # (``_serve`` arranges them)
+        # calls asked before they run and left unanswered past [approvals] ask_timeout
+        self.ask_timeouts = AskTimeouts(
+            self.slots,
+            lambda: self.config.approvals.ask_timeout,
+            lambda slot: self.move(slot, TaskRecord.release_hold),
+        )
 
     # -- events and the transition -------------------------------------------------------
 
@@ -470,6 +478,7 @@ class Supervisor:
                 next_reap = now + 5.0
                 self._reap()
             self.backlog.retry()  # nothing to do unless a storage fault refused a write
+            self.ask_timeouts.check()  # nothing to read unless a task waits for approval
             self.relay.keep()  # the relay's cursors that moved (fsyncs, off the events' path)
             if self.forks is not None and not self.stopping:
                 self.forks.tend()

@@ -111,14 +111,25 @@ def decide(
     reason: str | None = None,
     result: str | None = None,
     operator: Operator | None = None,
+    attempt: int | None = None,
 ) -> Decision:
     """Durably record an operator's decision on one held call of ``task``; refused once
     the task was cancelled (under the operator lock, so a racing cancel has one winner).
     ``operator``: who decided, and through what (docs/design.md section 15), kept in the
-    decision (``by`` and ``via``) and its event."""
+    decision (``by`` and ``via``) and its event. ``attempt``: the attempt of the call the
+    decision answers (docs/design.md section 17), refused unless it is the held one
+    (None: the held one, whichever it is)."""
     with operator_lock(task):
         refuse_if_cancelled(task, "decision")
-        return _decide(task, call_id, action=action, reason=reason, result=result, who=operator)
+        return _decide(
+            task,
+            call_id,
+            action=action,
+            reason=reason,
+            result=result,
+            who=operator,
+            attempt=attempt,
+        )
 
 
 def _decide(
@@ -129,6 +140,7 @@ def _decide(
     reason: str | None,
     result: str | None,
     who: Operator | None,
+    attempt: int | None,
 ) -> Decision:
     record = TaskRecord.load(task)
     rows = {row["call_id"]: row for row in held_calls(task)}
@@ -138,6 +150,12 @@ def _decide(
             f"`agentd dangling {task.id}` lists the calls that wait for a decision."
         )
     row = rows[call_id]
+    if attempt is not None and attempt != row["attempt"]:
+        raise StateConflictError(
+            f"call {call_id} of task {task.id} is at attempt {row['attempt']} now, not "
+            f"{attempt}: it was held again since that decision was made; `agentd dangling "
+            f"{task.id}` shows it as it is now."
+        )
     decision: Decision = {
         "call_id": call_id,
         "attempt": row["attempt"],
@@ -162,6 +180,7 @@ def _decide(
         task=task.id,
         call_id=call_id,
         action=action,
+        attempt=row["attempt"],
         **fields_of(who),
     )
     return decision

@@ -92,7 +92,7 @@ class HoldPrompt:
             self.say(
                 f"task {task_id} is held: {reason or 'a call waits for a decision'}; "
                 f"decide with `agentd approve-dangling {task_id} CALL_ID "
-                f"[--skip --reason TEXT | --result TEXT]` (`agentd dangling {task_id}` "
+                f"(--rerun | --skip --reason TEXT | --result TEXT)` (`agentd dangling {task_id}` "
                 f"lists them), then `{self.resume_line}`."
             )
             return False
@@ -109,6 +109,7 @@ class HoldPrompt:
                 reason=answer.reason,
                 result=answer.result,
                 operator=Operator.here(Via.RUN),
+                attempt=row["attempt"],  # the attempt the person was shown
             )
         return True
 

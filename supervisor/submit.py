@@ -22,6 +22,7 @@ from worker.budget import Budget, price_of
 from worker.config import Config
 from worker.errors import ConfigError, NotFoundError, TaskSpecError, UsageError
 from worker.events import Event, record_event, utc_now
+from worker.mcp.naming import TOOL_PATTERN
 from worker.spool import Spool, TaskDir, TaskSpec, new_task_id, normalize_tools, validate_task_id
 from worker.store.durable import NotRegularFileError, private_dir, read_regular
 from worker.store.files import refuse_symlinks
@@ -98,6 +99,7 @@ def submit(
     workspace: Path | None = None,
     foreground: bool = False,
     budget: Budget | None = None,
+    ask: Sequence[str] = (),
 ) -> TaskDir:
     """Create a queued task; raises before anything is written when an input is bad.
     ``foreground``: made by ``agentd run``, which runs its worker itself (the spec and the
@@ -131,6 +133,13 @@ def submit(
         check_patterns(tool_names or (), local, list(config.mcp.servers))
     except TaskSpecError as exc:
         raise UsageError(str(exc)) from None
+    asked = normalize_tools(ask) or ()
+    for pattern in asked:
+        if not TOOL_PATTERN.fullmatch(pattern):
+            raise UsageError(
+                f"--ask {pattern[:80]!r} is no tool name or glob (letters, digits, _, -, *, ?, "
+                '[...]), such as "run_command" or "mcp__git__git_commit".'
+            )
     script_bytes: bytes | None = None
     if script is not None:
         script_bytes = read_input(script, SCRIPT_FILE_LIMIT, "--script")
@@ -156,6 +165,7 @@ def submit(
         created_at=utc_now(),
         foreground=foreground,
         budget=budget,
+        ask=asked,
     )
     if spec.scripted and script_bytes is None:
         raise UsageError("the scripted model needs --script FILE with its responses.")

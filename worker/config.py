@@ -45,6 +45,7 @@ from worker.mcp.naming import TOOL_PATTERN
 from worker.mcp.settings import McpConfig
 from worker.paths import CONFIG_FILE_LIMIT
 from worker.store.durable import read_regular
+from worker.tools.effect import Effect
 from worker.tools.sandbox import SandboxMode
 
 #: What ``[tools.policy]`` may say about a tool's dangling calls on resume.
@@ -95,6 +96,48 @@ class ToolsConfig:
     max_processes: int = 512  # a task's processes and threads at once (its cgroup's pids.max)
     max_memory: int = 2 * 1024**3  # bytes a task's processes may use (its cgroup's memory.max)
     policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: the tools (names and globs, as ``--tools`` takes them) and the effect classes whose
+    #: calls wait for an operator's approval before they run (docs/design.md section 17)
+    ask: tuple[str, ...] = ()
+    ask_effects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApprovalsConfig:
+    """How long an operator's approval lasts (docs/design.md section 17): a decision not
+    used by a worker within ``expire_after`` seconds is void; a call asked before it runs
+    and not answered within ``ask_timeout`` is skipped. None: never."""
+
+    expire_after: float | None = None
+    ask_timeout: float | None = None
+
+
+#: The units a period may be written with (``[approvals]``): "90s", "30m", "24h", "30d".
+PERIOD_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+PERIOD = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd])")
+
+
+def parse_period(value: object) -> float | None:
+    """A period in seconds: a number (seconds, may be fractional) or a string with a unit
+    (``PERIOD_UNITS``: "90s", "30m", "24h", "30d"); None when ``value`` is neither, or is
+    not greater than 0."""
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value) if abs(value) < 1e300 else math.inf
+    elif isinstance(value, str) and (found := PERIOD.fullmatch(value.strip())):
+        seconds = float(found[1]) * PERIOD_UNITS[found[2]]
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return seconds
+
+
+def period_text(seconds: float) -> str:
+    """``seconds`` as a person writes it: the largest unit that divides it ("1h", "90m",
+    "30d", "1.5s")."""
+    for unit, factor in sorted(PERIOD_UNITS.items(), key=lambda u: -u[1]):
+        if seconds >= factor and seconds % factor == 0:
+            return f"{int(seconds // factor)}{unit}"
+    return f"{seconds:g}s"
 
 
 #: The least ``[tools] max_processes`` and ``max_memory`` may be: a worker itself runs in
@@ -254,6 +297,7 @@ class Config:
     #: ``[prices."PREFIX"]``: over the built-in prices (``worker.budget.price_table``)
     prices: Mapping[str, Price] = field(default_factory=lambda: MappingProxyType({}))
     telemetry: TelemetryConfig = TelemetryConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
     source: Path | None = None  # the file this was read from, for error messages
 
     @property
@@ -378,6 +422,8 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         max_processes=_max_processes(t),
         max_memory=_max_memory(t),
         policy=_policy(t.table("policy", known_keys=False)),
+        ask=_tool_patterns(t, "ask"),
+        ask_effects=_effects(t, "ask_effects"),
     )
 
     t = top.table("hooks")
@@ -415,6 +461,10 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         otlp_protocol=t.choice("otlp_protocol", list(OTLP_PROTOCOLS)),
         capture_content=t.flag("capture_content"),
     )
+    t = top.table("approvals")
+    approvals = ApprovalsConfig(
+        expire_after=t.period("expire_after"), ask_timeout=t.period("ask_timeout")
+    )
 
     return Config(
         spool=spool,
@@ -435,6 +485,7 @@ def _parse(doc: dict[str, Any], source: Path, environ: Mapping[str, str]) -> Con
         budget=budget,
         prices=prices,
         telemetry=telemetry,
+        approvals=approvals,
         source=source,
     )
 
@@ -503,6 +554,20 @@ class _Table:
             seconds = math.inf
         if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
             self.fail(key, f"must be a number of seconds greater than 0, got {_show(value)}")
+        return seconds
+
+    def period(self, key: str) -> float | None:
+        """A period that may be left out (None: never), in seconds or with a unit."""
+        value = self.value(key)
+        if value is None:
+            return None
+        seconds = parse_period(value)
+        if seconds is None:
+            self.fail(
+                key,
+                'must be a number of seconds greater than 0 or a period such as "90s", "30m", '
+                f'"24h" or "30d", got {_show(value)}',
+            )
         return seconds
 
     def count(self, key: str) -> int:
@@ -596,16 +661,32 @@ def _modules(tools: _Table) -> tuple[str, ...]:
 
 def _default_tools(tools: _Table) -> tuple[str, ...]:
     """``[tools] default``: the names and globs a task gets when ``--tools`` is not given."""
-    value = tools.value("default")
+    return _tool_patterns(tools, "default")
+
+
+def _tool_patterns(tools: _Table, key: str) -> tuple[str, ...]:
+    """An array of tool names and globs, as ``--tools`` takes them."""
+    value = tools.value(key)
     if not isinstance(value, list | tuple):
-        tools.fail("default", f"must be an array of tool names and globs, got {_show(value)}")
+        tools.fail(key, f"must be an array of tool names and globs, got {_show(value)}")
     for i, name in enumerate(value):
         if not isinstance(name, str) or not TOOL_PATTERN.fullmatch(name):
             tools.fail(
-                f"default[{i}]",
+                f"{key}[{i}]",
                 'must be a tool name or a glob such as "read_file" or "mcp__git__*" (letters, '
                 f"digits, _, -, *, ?, [...]), got {_show(name)}",
             )
+    return tuple(value)
+
+
+def _effects(tools: _Table, key: str) -> tuple[str, ...]:
+    """An array of effect classes (``worker.tools.effect.Effect``)."""
+    value = tools.value(key)
+    known = [e.value for e in Effect]
+    if not isinstance(value, list | tuple) or not all(v in known for v in value):
+        tools.fail(
+            key, f"must be an array of effect classes ({', '.join(known)}), got {_show(value)}"
+        )
     return tuple(value)
 
 
@@ -897,6 +978,8 @@ def config_document(config: Config) -> dict[str, Any]:
         "max_processes": config.tools.max_processes,
         "max_memory": size_text(config.tools.max_memory),
         "policy": dict(config.tools.policy),
+        "ask": list(config.tools.ask),
+        "ask_effects": list(config.tools.ask_effects),
     }
     doc["hooks"] = {f.name: list(getattr(config.hooks, f.name)) for f in fields(config.hooks)}
     doc["metrics"] = {"listen": config.metrics.listen}
@@ -922,6 +1005,12 @@ def config_document(config: Config) -> dict[str, Any]:
         for prefix, price in config.prices.items()
     }
     doc["telemetry"] = {f.name: getattr(config.telemetry, f.name) for f in fields(TelemetryConfig)}
+    # never is no key: TOML has no null
+    doc["approvals"] = {
+        f.name: period_text(getattr(config.approvals, f.name))
+        for f in fields(ApprovalsConfig)
+        if getattr(config.approvals, f.name) is not None
+    }
     return doc
 
 
@@ -1011,6 +1100,15 @@ What a dangling call of a tool (started, never recorded as finished) gets on res
 "rerun" runs it again, "hold" waits for an operator (`agentd dangling`,
 `agentd approve-dangling`). A tool not listed follows its effect class: read_only,
 idempotent and keyed tools rerun, unsafe tools hold.""",
+    "tools.ask": """\
+Tools whose calls wait for an operator's approval before they run (names and globs, as
+`agentd submit --tools` takes them, such as "run_command" or "mcp__git__git_commit"):
+the call's intent is recorded, the task is held with reason "approval: TOOL", and
+`agentd approve-dangling TASK CALL --rerun` runs it (--skip refuses it, --result
+records a result in its place). `agentd submit --ask` adds tools for one task
+(docs/guides/tools.md, "Asking before a call runs").""",
+    "tools.ask_effects": """\
+Effect classes whose calls wait for approval the same way, such as ["unsafe"].""",
     "hooks": """\
 Commands the daemon runs (as itself, in no sandbox, without the API key) when a task
 is held for an operator, fails or is done: an argv list, with the event as one JSON
@@ -1115,6 +1213,14 @@ http/protobuf; "http://127.0.0.1:4317" for grpc); "" for none.""",
     "telemetry.capture_content": """\
 true: the spans carry the prompts, the model's replies and the tools' inputs and
 results (gen_ai.input.messages, ...); false: names, counts and outcomes only.""",
+    "approvals": """\
+How long approvals last (docs/guides/tools.md, "Asking before a call runs"). A period is
+seconds, or a string with a unit: "90s", "30m", "24h", "30d"; left out, never.
+expire_after: a decision (`agentd approve-dangling`, the console) that no worker has
+used this long after it was made is void: the call is held again as a new attempt
+(event approval_expired). ask_timeout: a call asked before it runs and not answered
+this long after it was asked is skipped; the model is told "no approval within 1h"
+(the period as given).""",
 }
 _EXAMPLES: dict[str, str] = {
     "spool": 'spool = "/var/lib/agentd"',
@@ -1140,6 +1246,7 @@ timeout = 60
 url = "https://mcp.example.com/mcp"
 headers = {Authorization = "Bearer ${cred:tracker_token}"}""",
     "budget": "usd = 5.0\ntokens = 2000000",
+    "approvals": 'expire_after = "24h"\nask_timeout = "1h"',
     "prices": '[prices."my-proxy-model"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3',
 }
 

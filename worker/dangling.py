@@ -7,17 +7,27 @@ plans what to do from the tool's effect class, the policy and an operator's deci
 asked first where it has one; then the call is re-run (safe), skipped or given the
 operator's result (decided), or held for an operator (``hold`` record, exit ``HELD``).
 
+A call that waits for approval before it runs (``asked``: docs/design.md section 17) is
+held the same way, with the event ``approval_requested`` and the task's reason
+``approval: TOOL``; a decision runs it (for the first time), refuses it or gives its
+result. Run on a decision and cut off, it is an ordinary dangling call.
+
 An operator's decision is a file of the task's store (``read_decision``, one per call
 attempt); it is recorded (a ``decision`` record) before it is acted on, and never read for
-a task that was cancelled (a cancel is final: the call stays held).
+a task that was cancelled (a cancel is final: the call stays held). Once recorded it is
+this attempt's alone: the re-run is a new attempt, which no decision file names yet, so
+a decision is used once across any crash. One older than ``[approvals] expire_after``
+when a worker first reads it is void: the call is held again as a new attempt (an
+``intent`` record marked ``renewed``: no start), event ``approval_expired``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from worker.approvals import APPROVAL_REASON, expired
 from worker.errors import InvalidIdError
 from worker.events import Event
 from worker.outcome import Outcome
@@ -34,7 +44,17 @@ class DanglingCalls:
     """Settles the task's dangling calls through ``calls`` (the loop's ``ToolCalls``),
     recording on ``recorder``, under ``[tools] policy``."""
 
-    def __init__(self, recorder: Recorder, calls: ToolCalls, policy: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        calls: ToolCalls,
+        policy: Mapping[str, str],
+        *,
+        expire_after: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.expire_after = expire_after
+        self.clock = clock
         self.recorder = recorder
         self.store = recorder.store
         self.task_id = recorder.task_id
@@ -77,17 +97,20 @@ class DanglingCalls:
                 calls.span(call, begun, effect, CallOutcome.RECONCILED, None, answer, call.attempt)
                 recorder.event(Event.DANGLING_RECONCILED, **fields)
                 return None
-        if step.action is Action.RERUN:
+        if step.action is Action.RERUN and call.asked:
+            calls.run(call, attempt=call.attempt + 1)  # approved: it runs for the first time
+        elif step.action is Action.RERUN:
             recorder.event(Event.DANGLING_RERUN, why=step.why, **fields)
             calls.run(call, attempt=call.attempt + 1, outcome=CallOutcome.RERUN)
         elif step.action is Action.SKIP:
             reason = (call.decision or {}).get("reason") or "no reason given"
-            calls.error_result(
-                call,
-                f"not executed: an operator skipped this call after a crash ({reason}); "
-                "it may or may not have taken effect before the crash",
-                outcome=CallOutcome.SKIPPED,
+            told = (
+                f"not executed: this call was not approved ({reason})"
+                if call.asked
+                else f"not executed: an operator skipped this call after a crash ({reason}); "
+                "it may or may not have taken effect before the crash"
             )
+            calls.error_result(call, told, outcome=CallOutcome.SKIPPED)
         elif step.action is Action.SUPPLIED:
             recorder.record(
                 {
@@ -98,6 +121,16 @@ class DanglingCalls:
                     "outcome": CallOutcome.OPERATOR,
                 }
             )
+        elif call.asked:
+            asked: HeldCall = {
+                "call_id": call.call_id,
+                "attempt": call.attempt,
+                "tool": call.tool,
+                "why": step.why,
+            }
+            recorder.record({"k": RecordKind.HOLD, "calls": [asked]})
+            recorder.event(Event.APPROVAL_REQUESTED, level="warning", **fields)
+            return Outcome("held", f"{APPROVAL_REASON}{call.tool}", ExitCode.HELD)
         else:
             why = step.why
             taken = owner.previous if owner is not None else None
@@ -131,6 +164,9 @@ class DanglingCalls:
             return
         if data is None:
             return
+        if expired(data.get("decided_at"), self.clock(), self.expire_after):
+            self._held_again(call, data.get("decided_at"))
+            return
         try:
             decision = decision_fields(data)
         except ValueError as exc:
@@ -148,3 +184,28 @@ class DanglingCalls:
         # who decided (docs/design.md section 15), as the decision names them
         who = {k: decision[k] for k in ("by", "via") if k in decision}
         self.recorder.event(Event.DANGLING_DECIDED, call_id=call.call_id, action=action, **who)
+
+    def _held_again(self, call: Call, decided_at: object) -> None:
+        """Void a decision that expired before a worker used it: the call becomes a new
+        attempt (a ``renewed`` intent: nothing started), which no decision names yet."""
+        attempt = call.attempt + 1
+        self.recorder.record(
+            {
+                "k": RecordKind.INTENT,
+                "call_id": call.call_id,
+                "tool": call.tool,
+                "effect": call.effect or "",
+                "key": self.calls.key_of(call),
+                "attempt": attempt,
+                "asked": call.asked,
+                "renewed": True,
+            }
+        )
+        self.recorder.event(
+            Event.APPROVAL_EXPIRED,
+            level="warning",
+            call_id=call.call_id,
+            tool=call.tool,
+            attempt=attempt,
+            decided_at=decided_at,
+        )

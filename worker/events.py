@@ -117,6 +117,8 @@ class Event(StrEnum):
     DANGLING_RECONCILED = "dangling_reconciled"
     DANGLING_HELD = "dangling_held"
     DANGLING_DECIDED = "dangling_decided"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_EXPIRED = "approval_expired"
     DECISION_INVALID = "decision_invalid"
     RECONCILE_FAILED = "reconcile_failed"
     RESULT_WAITING = "result_waiting"

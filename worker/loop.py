@@ -39,6 +39,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from worker import credentials, vcs
+from worker.approvals import AskPolicy
 from worker.budget import BudgetReached, TaskBudget
 from worker.config import Config
 from worker.dangling import DanglingCalls
@@ -187,8 +188,14 @@ class AgentLoop:
             sleep=sleep,
             fence=fence,
             result_wait=result_wait,
+            asks=AskPolicy.of(config.tools.ask + spec.ask, config.tools.ask_effects),
         )
-        self.dangling = DanglingCalls(self.recorder, self.tool_calls, config.tools.policy)
+        self.dangling = DanglingCalls(
+            self.recorder,
+            self.tool_calls,
+            config.tools.policy,
+            expire_after=config.approvals.expire_after,
+        )
 
     # -- what the roles share --------------------------------------------------------------
 
@@ -291,8 +298,8 @@ class AgentLoop:
                     held = self.dangling.settle(call, self.owner)
                     if held is not None:
                         return held
-                else:
-                    self.tool_calls.run(call, attempt=1)
+                else:  # (one that waits for approval is recorded as asked, and held next)
+                    self.tool_calls.run(call, attempt=1, ask=True)
                 continue
             self._checkpoint_workspace()
             self.recorder.maybe_snapshot()

@@ -3,6 +3,9 @@
 The rules of docs/design.md section 5, in order of precedence:
 
 1. an operator decision for this attempt of the call (re-run, skip, or a supplied result);
+   a call that waits for approval before it runs (``asked``: docs/design.md section 17)
+   holds without one, whatever its effect class: it never ran, and it runs only on a
+   decision;
 2. the tool's reconcile check, where it answers (the caller runs it: it is I/O);
 3. a ``[tools.policy]`` override (``rerun`` or ``hold``);
 4. the effect class: ``read_only``, ``idempotent`` and ``keyed`` re-run (``keyed`` with
@@ -30,6 +33,10 @@ class Action(StrEnum):
     HOLD = "hold"
 
 
+#: Why a call that waits for approval before it runs is held.
+ASKED_WHY = "waits for approval before it runs"
+
+
 @dataclass(frozen=True)
 class Plan:
     action: Action
@@ -41,6 +48,8 @@ def plan(call: Call, tool: Tool | None, policy: Mapping[str, str]) -> Plan:
     if call.decision is not None:
         action = Action(call.decision["action"])
         return Plan(action, False, f"operator decided {action.value}")
+    if call.asked:
+        return Plan(Action.HOLD, False, ASKED_WHY)
     if tool is None:
         return Plan(Action.HOLD, False, f"tool {call.tool!r} is no longer available")
     can_reconcile = tool.reconcile is not None

@@ -78,11 +78,15 @@ class TaskSpec:
     #: task record's ``foreground``.
     foreground: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: ``submit --ask``: tools (names and globs) whose calls wait for an operator's
+    #: approval before they run, besides ``[tools] ask`` (docs/design.md section 17)
+    ask: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["v"] = SPEC_VERSION
         data["tools"] = list(self.tools) if self.tools is not None else None
+        data["ask"] = list(self.ask)
         return data
 
     @classmethod
@@ -115,6 +119,9 @@ class TaskSpec:
             not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)
         ):
             raise bad("tools must be a list of tool names or null")
+        ask = data.get("ask") or []
+        if not isinstance(ask, list) or not all(isinstance(t, str) for t in ask):
+            raise bad("ask must be a list of tool names")
         forked = data.get("forked_from")
         if forked is not None and not isinstance(forked, dict):
             raise bad("forked_from must be an object or null")
@@ -141,6 +148,7 @@ class TaskSpec:
             created_at=str(data.get("created_at", "")),
             foreground=data.get("foreground") is True,
             extra=data.get("extra") or {},
+            ask=tuple(ask),
         )
 
 

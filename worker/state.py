@@ -253,7 +253,9 @@ class TaskState:
         call.attempt = int(record.get("attempt", call.attempt + 1))
         call.effect = record.get("effect")
         call.key = record.get("key")
-        if not record.get("renewed"):  # (an attempt held again is the same start)
+        if not record.get("renewed") or record.get("asked"):
+            # (a call of unknown outcome held again keeps its start; one asked again is
+            # asked now)
             call.started_at = record.get("at")
         call.asked = bool(record.get("asked", False))
         call.decision = None

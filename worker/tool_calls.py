@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import credentials
+from worker.approvals import ASK_NOTHING, AskPolicy
 from worker.config import Config
 from worker.errors import NotFoundError, StorageError, TaskSpecError, storage_fault
 from worker.events import Event
@@ -129,7 +130,8 @@ class ToolCalls:
     lease it could not renew in time: ``worker.lease``); it is asked right before every
     tool runs, the one step the store cannot fence itself. ``result_wait``, on a shared
     store, is what a call's result waits in when the database refuses its write
-    (``keep_result``)."""
+    (``keep_result``). ``asks`` names the tools whose calls wait for an operator's
+    approval before they run (docs/design.md section 17)."""
 
     def __init__(
         self,
@@ -146,8 +148,10 @@ class ToolCalls:
         sleep: Callable[[float], None],
         fence: Callable[[], None] | None,
         result_wait: Callable[[], AbstractContextManager[object]] | None,
+        asks: AskPolicy = ASK_NOTHING,
     ) -> None:
         self.recorder = recorder
+        self.asks = asks
         self.task_id = recorder.task_id
         self.config = config
         self.tools = tools
@@ -197,8 +201,18 @@ class ToolCalls:
             }
         )
 
-    def run(self, call: Call, *, attempt: int, outcome: CallOutcome = CallOutcome.RAN) -> None:
-        """Run ``call``: its intent recorded (durable) first, its result after."""
+    def run(
+        self,
+        call: Call,
+        *,
+        attempt: int,
+        outcome: CallOutcome = CallOutcome.RAN,
+        ask: bool = False,
+    ) -> None:
+        """Run ``call``: its intent recorded (durable) first, its result after. With
+        ``ask`` (the model's call, before any decision), a call of a tool that ``asks``
+        names is not run: its intent is recorded with ``"asked": true``, and the loop
+        finds it dangling and holds it for an operator (``worker.dangling``)."""
         recorder = self.recorder
         begun = time.time_ns()
         tool = self.tools.get(call.tool)
@@ -216,6 +230,19 @@ class ToolCalls:
             )
             return
         key = self.key_of(call)
+        if ask and self.asks.asks(tool):
+            recorder.record(
+                {
+                    "k": RecordKind.INTENT,
+                    "call_id": call.call_id,
+                    "tool": tool.name,
+                    "effect": tool.effect.value,
+                    "key": key,
+                    "attempt": attempt,
+                    "asked": True,
+                }
+            )
+            return
         if self.sandbox.verdict() == "bwrap":  # what it hides, read before anything is recorded
             self.others.refresh()
         recorder.record(

@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
-from supervisor.actions import EVERY_CALL, approve, cancel, retry
+from supervisor.actions import EVERY_CALL, approve, cancel, retry, unsafe_rerun
 from supervisor.commands.context import out, text_or_file
 from supervisor.commands.parsing import Commands, json_flag, task_arg
 from supervisor.control import Fenced
 from supervisor.operator import Operator
 from supervisor.overview import dangling_rows
+from supervisor.status import STAGE_BEFORE
 from supervisor.submit import RESULT_FILE_LIMIT, checked_text
 from worker.config import Config
 from worker.errors import UsageError
@@ -30,6 +32,13 @@ def add_parser(commands: Commands) -> None:
     task_arg(p)
     p.add_argument("call_id", nargs="?", metavar="CALL_ID", help="the held call (or --all)")
     p.add_argument("--all", action="store_true", help="decide every held call of the task")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        metavar="N",
+        help="the attempt of the call this decision answers (refused if it was held again)",
+    )
+    p.add_argument("--rerun", action="store_true", help="run it (an unsafe call: again)")
     p.add_argument("--skip", action="store_true", help="do not run it; the model gets an error")
     p.add_argument("--reason", metavar="TEXT", help="with --skip: why, for the model")
     p.add_argument("--result", metavar="TEXT", help="do not run it; record this verified outcome")
@@ -64,11 +73,12 @@ def cmd_dangling(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if not rows:
         print("no held calls")
     for r in rows:
+        what = "waits for approval" if r["stage"] == STAGE_BEFORE else f"started {r['started_at']}"
         print(
-            f"{r['task']}  {r['call_id']}  {r['tool']} ({r['effect']})  started {r['started_at']}"
-            f"\n    input: {json.dumps(r['input'])[:300]}\n    key:   {r['idempotency_key']}"
-            f"\n    decide: agentd approve-dangling {r['task']} {r['call_id']} "
-            "[--skip --reason TEXT | --result TEXT]"
+            f"{r['task']}  {r['call_id']}  {r['tool']} ({r['effect']})  attempt {r['attempt']}  "
+            f"{what}\n    input: {json.dumps(r['input'])[:300]}\n    key:   {r['idempotency_key']}"
+            f"\n    decide: agentd approve-dangling {r['task']} {r['call_id']} --attempt "
+            f"{r['attempt']} (--rerun | --skip --reason TEXT | --result TEXT)"
         )
     return 0
 
@@ -79,8 +89,9 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
     if args.result is not None and args.result_file is not None:
         raise UsageError("give --result or --result-file, not both.")
     result = text_or_file(args.result, args.result_file, "result", RESULT_FILE_LIMIT)
-    if args.skip and result is not None:
-        raise UsageError("--skip and --result are different decisions; give one.")
+    if sum((args.rerun, args.skip, result is not None)) > 1:
+        what = "--skip and --result" if not args.rerun else "--rerun, --skip and --result"
+        raise UsageError(f"{what} are different decisions; give one.")
     action = (
         DecisionAction.SKIP
         if args.skip
@@ -88,18 +99,67 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         if result is not None
         else DecisionAction.RERUN
     )
-    decided = approve(
-        spool,
-        args.task,
-        args.call_id or EVERY_CALL,
-        action=action,
-        reason=args.reason,
-        result=result,
-        operator=Operator.here(),
-    )
-    for call_id in decided:
-        print(f"{args.task} {call_id}: {action}")
+    explicit = args.rerun or args.skip or result is not None
+    terminal = sys.stdin is not None and sys.stdin.isatty()
+    shown = [
+        row for row in dangling_rows(spool, args.task) if args.all or row["call_id"] == args.call_id
+    ]
+    risky = [row for row in shown if not explicit and unsafe_rerun(row)]
+    if risky and not terminal:
+        row = risky[0]
+        raise UsageError(
+            f"call {row['call_id']} of task {args.task} is an unsafe {row['tool']} call whose "
+            "outcome is unknown: re-running it may repeat its side effect; say so with "
+            "--rerun, or decide --skip --reason TEXT or --result TEXT."
+        )
+    if terminal and shown and (args.attempt is None or risky):
+        shown = [row for row in shown if _confirmed(row, action)]
+        if not shown:
+            print(f"{args.task}: nothing decided; the calls stay held.", file=sys.stderr)
+            return 1
+        targets = [(row["call_id"], row["attempt"]) for row in shown]
+    elif args.all:
+        targets = [(EVERY_CALL, None)]
+    else:
+        targets = [(args.call_id, args.attempt)]
+    for call_id, attempt in targets:
+        decided = approve(
+            spool,
+            args.task,
+            call_id,
+            action=action,
+            reason=args.reason,
+            result=result,
+            operator=Operator.here(),
+            attempt=attempt if attempt is not None else args.attempt,
+        )
+        for decided_id, decided_attempt in decided:
+            print(f"{args.task} {decided_id} attempt {decided_attempt}: {action}")
     return 0
+
+
+def _confirmed(row: dict[str, Any], action: str) -> bool:
+    """Show a held call at the terminal (its tool, input, when it started and what is
+    known of it) and ask whether to carry out ``action`` on it."""
+    if row["stage"] == STAGE_BEFORE:
+        known = "it has not run: it waits for approval before it runs"
+    elif unsafe_rerun(row):
+        known = "its outcome is unknown: it may or may not have taken effect"
+    else:
+        known = f"its outcome is unknown; a {row['effect']} call is safe to run again"
+    shown = json.dumps(row["input"], ensure_ascii=False)
+    print(
+        f"{row['task']} {row['call_id']}: {row['tool']} ({row['effect']}), attempt "
+        f"{row['attempt']}, started {row['started_at']}\n    input: {shown[:2000]}"
+        f"\n    input_sha256: {row['input_sha256']}\n    {known}",
+        file=sys.stderr,
+    )
+    verb = {"rerun": "run it again" if row["stage"] != STAGE_BEFORE else "run it"}.get(
+        action, f"decide {action}"
+    )
+    print(f"{verb}? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    return answer in ("y", "yes")
 
 
 def cmd_cancel(args: argparse.Namespace, config: Config, spool: Spool) -> int:

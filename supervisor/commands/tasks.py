@@ -74,6 +74,11 @@ def task_options(p: Command, *, resume: bool = False) -> None:
         "--script", metavar="FILE", help="run on the scripted model with FILE's responses"
     )
     p.add_argument("--tools", metavar="LIST", help="comma-separated tool names (default: all)")
+    p.add_argument(
+        "--ask",
+        metavar="LIST",
+        help="comma-separated tools (names, globs) whose calls wait for approval before they run",
+    )
     p.add_argument("--system", metavar="TEXT", help="the system prompt")
     p.add_argument(
         "--max-turns",
@@ -141,6 +146,7 @@ def submitted(
         workspace=Path(args.workspace) if args.workspace else None,
         foreground=foreground,
         budget=budget,
+        ask=args.ask.split(",") if args.ask is not None else (),
     )
 
 
@@ -155,6 +161,7 @@ SUBMIT_OPTIONS = (
     "workspace",
     "budget_usd",
     "budget_tokens",
+    "ask",
 )
 
 

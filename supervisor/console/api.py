@@ -119,9 +119,15 @@ def _row(call: Call, task_id: str) -> JSON:
 
 
 def decide(call: Call) -> JSON:
+    """``approve-dangling``: ``attempt``, when given, is the attempt of the call the
+    decision answers (refused, 409, once the call was held again); left out, the decision
+    answers the attempt held now (docs/design.md section 17)."""
     call_id = _text(call.body, "call_id", required=True) or ""
     action = _text(call.body, "action", required=True) or ""
-    actions.approve(
+    attempt = call.body.get("attempt")
+    if attempt is not None:
+        attempt = _int(call.body, "attempt", "the attempt of the held call it answers")
+    decided = actions.approve(
         call.spool,
         call.task,
         call_id,
@@ -129,8 +135,10 @@ def decide(call: Call) -> JSON:
         reason=_text(call.body, "reason"),
         result=_text(call.body, "result"),
         operator=call.operator,
+        attempt=attempt,
     )
-    return {"task": _row(call, call.task)}
+    done = [{"call_id": c, "attempt": n, "action": action} for c, n in decided]
+    return {"task": _row(call, call.task), "decided": done}
 
 
 def cancel(call: Call) -> JSON:
@@ -223,12 +231,12 @@ def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str 
     return checked_text(value, f'"{name}"')
 
 
-def _int(body: Mapping[str, Any], name: str) -> int:
+def _int(body: Mapping[str, Any], name: str, what: str = "a turn number") -> int:
     value = body.get(name)
     if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit():
         value = int(value)  # (a form's field)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise UsageError(f'the request body needs "{name}", a turn number')
+        raise UsageError(f'the request body needs "{name}", {what}')
     return value
 
 

@@ -268,7 +268,7 @@ def held_starts(setup: Setup, root: Path, quick: bool) -> tuple[list[Start], lis
                 _decide(decided, record["call_id"], form, supplied)
                 starts.append(Start("decision", f"record {i} held, {form}", decided))
                 flags = {
-                    "rerun": (),
+                    "rerun": ("--rerun",),
                     "skip": ("--skip", "--reason", "checked: cannot tell"),
                     "result": ("--result", supplied),
                 }[form]

@@ -124,7 +124,7 @@ def _approve(cluster: Cluster, run: Frozen) -> None:
         for line in read_log(cluster.effects)
         if line.get("call_id") == held["call_id"] and line.get("kind") == "effect"
     ]
-    args = ["--result", f"{done[-1]['result']} (verified in the ledger)"] if done else []
+    args = ["--result", f"{done[-1]['result']} (verified in the ledger)"] if done else ["--rerun"]
     code, _, _ = cluster.operator.cli("approve-dangling", run.task, str(held["call_id"]), *args)
     cluster.holds_decided += code == 0
 

@@ -459,7 +459,11 @@ class Cluster:
                 for line in lines
                 if line.get("call_id") == row["call_id"] and line.get("kind") == "effect"
             ]
-            args = ["--result", f"{done[-1]['result']} (verified in the ledger)"] if done else []
+            args = (
+                ["--result", f"{done[-1]['result']} (verified in the ledger)"]
+                if done
+                else ["--rerun"]
+            )
             code, _, _ = self.operator.cli("approve-dangling", row["task"], row["call_id"], *args)
             self.holds_decided += code == 0
 

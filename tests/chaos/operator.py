@@ -206,7 +206,7 @@ def refused_commands(task_id: str, call_id: str, big_file: Path) -> list[tuple[s
         ("rewind", task_id, "--to", "0", "--yes", "--restore-workspace"),  # no git
         ("fork", task_id, "--at", "1"),
         ("fork", task_id, "--at", "7"),
-        ("approve-dangling", task_id, "--all"),
+        ("approve-dangling", task_id, "--all", "--rerun"),
         ("approve-dangling", task_id, call_id, "--skip"),
         ("approve-dangling", task_id, call_id, "--result-file", str(big_file)),
         ("retry", task_id),
@@ -428,7 +428,7 @@ def races(
     outcomes = []
     for name, kind in zip(names, kinds_of, strict=True):
         other = (
-            ("approve-dangling", name, "--all")
+            ("approve-dangling", name, "--all", "--rerun")
             if kind == "decision"
             else ("rewind", name, "--to", "0", "--yes")
         )

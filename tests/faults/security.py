@@ -211,7 +211,7 @@ def modes_and_canary(root: Path, env: Env, umask: int, found: Findings) -> None:
                 f"umask {umask:03o}: the task never held ({state_of(spool, 't1')})"
             )
         env.agentd(spool, "dangling", "--json", umask=umask)
-        env.agentd(spool, "approve-dangling", "t1", "--all", umask=umask)
+        env.agentd(spool, "approve-dangling", "t1", "--all", "--rerun", umask=umask)
         if not wait_for(lambda: state_of(spool, "t1") == "done", 30):
             found.problems.append(
                 f"umask {umask:03o}: the task never finished ({state_of(spool, 't1')})"

@@ -514,7 +514,7 @@ def test_approve_dangling_with_the_daemon_down_is_durable_and_queues_the_task(
     task, call_id = held
     journal = task.journal.read_bytes()
     code, out, err = agentd("approve-dangling", task.id, call_id, "--skip", "--reason", "no")
-    assert (code, out, err) == (0, f"{task.id} {call_id}: skip\n", "")
+    assert (code, out, err) == (0, f"{task.id} {call_id} attempt 1: skip\n", "")
     (decision_file,) = task.decisions.iterdir()
     decision = json.loads(decision_file.read_text())
     assert (decision["call_id"], decision["action"], decision["reason"]) == (call_id, "skip", "no")

@@ -588,7 +588,7 @@ def test_an_unsafe_dangling_call_holds_the_task_and_is_listed(held: Held) -> Non
 def decide_args(held: Held, name: str, form: str) -> list[str]:
     call = held.calls[name]
     if form == "rerun":
-        return ["approve-dangling", name, call]
+        return ["approve-dangling", name, call, "--rerun"]
     if form == "skip":
         return ["approve-dangling", name, call, "--skip", "--reason", "refunded by hand"]
     if form == "result":
@@ -598,7 +598,7 @@ def decide_args(held: Held, name: str, form: str) -> list[str]:
         path.write_text("receipt 42: charged once\n")
         return ["approve-dangling", name, call, "--result-file", str(path)]
     assert form == "all"
-    return ["approve-dangling", name, "--all"]
+    return ["approve-dangling", name, "--all", "--rerun"]
 
 
 def check_decided(held: Held, name: str, form: str) -> None:

@@ -71,7 +71,7 @@ def test_a_frozen_node_s_tool_dies_at_its_lease_and_charges_nothing_after_the_th
                 r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z without a renewal",
                 held["reason"],
             ), held["reason"]
-            approved = b.agentd("approve-dangling", "t1", "c1")
+            approved = b.agentd("approve-dangling", "t1", "c1", "--rerun")
             assert approved.returncode == 0, approved.stderr
             poll_for(lambda: b.row("t1")["state"] == "done", 40, what="t1 done after the re-run")
             assert ledger.read_text().split() == ["charged"]

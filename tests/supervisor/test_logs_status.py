@@ -201,7 +201,7 @@ def test_logs_follow_keeps_going_while_held_and_ends_after_the_decision(daemon: 
         try:
             with pytest.raises(subprocess.TimeoutExpired):
                 proc.wait(timeout=END_GRACE + 1)  # held is not an end state
-            decided = daemon.run_cli("approve-dangling", task_id, "--all")
+            decided = daemon.run_cli("approve-dangling", task_id, "--all", "--rerun")
             assert decided.returncode == 0, decided
             out, err = proc.communicate(timeout=30)
         finally:

@@ -78,7 +78,7 @@ def test_a_spool_of_release_0_1_0_resumes(tmp_path: Path) -> None:
             row = daemon.wait_state(name, "held", "done", "failed", timeout=30)
             assert row["state"] == "held", row
             assert [d["tool"] for d in row["dangling"]] == ["run_command"], row
-        assert daemon.cli("approve-dangling", "approve", "--all")[0] == 0
+        assert daemon.cli("approve-dangling", "approve", "--all", "--rerun")[0] == 0
         assert daemon.cli("approve-dangling", "skip", "--all", "--skip")[0] == 0
         for name in ("approve", "skip"):
             row = daemon.wait_state(name, "done", "failed", timeout=30)

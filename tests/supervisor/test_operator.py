@@ -114,8 +114,8 @@ def test_cancel_is_final_with_the_daemon_down_and_the_next_start_runs_nothing(
         assert (result.code, result.out) == (0, f"{name}: cancelled\n"), result
         journal = daemon.task(name).journal.read_bytes()
         for args in (
-            ("approve-dangling", name, "--all"),
-            ("approve-dangling", name, call_id),
+            ("approve-dangling", name, "--all", "--rerun"),
+            ("approve-dangling", name, call_id, "--rerun"),
             ("rewind", name, "--to", "0", "--yes"),
             ("retry", name),
         ):
@@ -159,7 +159,10 @@ def test_cancel_racing_approve_has_exactly_one_winner(daemon: Daemon, up: bool) 
     outcomes = {}
     try:
         for i, name in enumerate(names):
-            pair: list[tuple[str, ...]] = [("cancel", name), ("approve-dangling", name, "--all")]
+            pair: list[tuple[str, ...]] = [
+                ("cancel", name),
+                ("approve-dangling", name, "--all", "--rerun"),
+            ]
             one, other = pair if i % 2 else pair[::-1]
             first, second = race(daemon, one, other, gap=0.0)
             outcomes[name] = (first, second) if i % 2 else (second, first)

@@ -21,6 +21,8 @@ from worker.config import (
     default_config_document,
     default_config_text,
     load_config,
+    parse_period,
+    period_text,
     read_config,
 )
 from worker.errors import ConfigError
@@ -590,3 +592,57 @@ def test_a_node_name_is_letters_digits_dots_dashes(tmp_path: Path, bad: str) -> 
 def test_a_lease_must_outlast_two_heartbeats(tmp_path: Path, lease: str) -> None:
     text = f"[heartbeat]\ninterval = 1.0\n[cluster]\nlease = {lease}\n"
     assert "twice heartbeat.interval" in _error(_write(tmp_path, text))
+
+
+# -- approvals (docs/design.md section 17) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds", "shown"),
+    [
+        ("90", 90.0, "90s"),
+        ("1.5", 1.5, "1.5s"),
+        ('"90s"', 90.0, "90s"),
+        ('"30m"', 1800.0, "30m"),
+        ('"90m"', 5400.0, "90m"),
+        ('"24h"', 86400.0, "1d"),
+        ('"1h"', 3600.0, "1h"),
+        ('"30d"', 2592000.0, "30d"),
+        ('"0.5h"', 1800.0, "30m"),
+        ("3600", 3600.0, "1h"),
+    ],
+)
+def test_an_approval_period_is_seconds_or_a_string_with_a_unit(
+    tmp_path: Path, given: str, seconds: float, shown: str
+) -> None:
+    path = _write(tmp_path, f"[approvals]\nexpire_after = {given}\nask_timeout = {given}\n")
+    approvals = load_config(path, environ={}).approvals
+    assert approvals.expire_after == approvals.ask_timeout == seconds
+    assert parse_period(tomllib.loads(f"v = {given}")["v"]) == seconds
+    assert period_text(seconds) == shown
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", '"5"', '"1w"', '"h"', '"-1h"', "true", '""', "nan"])
+def test_an_approval_period_that_is_no_period_is_refused(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, f"[approvals]\nask_timeout = {bad}\n")
+    assert "approvals.ask_timeout must be a number of seconds greater than 0 or a period" in (
+        _error(path)
+    )
+
+
+def test_approvals_never_expire_and_nothing_is_asked_by_default(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, ""), environ={})
+    assert config.approvals.expire_after is None and config.approvals.ask_timeout is None
+    assert config.tools.ask == () and config.tools.ask_effects == ()
+
+
+def test_the_tools_asked_about_are_globs_and_effect_classes(tmp_path: Path) -> None:
+    text = '[tools]\nask = ["run_command", "mcp__git__*"]\nask_effects = ["unsafe"]\n'
+    tools = load_config(_write(tmp_path, text), environ={}).tools
+    assert tools.ask == ("run_command", "mcp__git__*") and tools.ask_effects == ("unsafe",)
+    assert "tools.ask[0] must be a tool name or a glob" in _error(
+        _write(tmp_path, '[tools]\nask = ["a b"]\n')
+    )
+    assert "tools.ask_effects must be an array of effect classes" in _error(
+        _write(tmp_path, '[tools]\nask_effects = ["risky"]\n')
+    )

@@ -781,3 +781,30 @@ def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> N
     assert gaps[0] == 1 and max(gaps) > 1, gaps  # the size rule took over as it grew
     for (_, size, snap), (_, next_size, _) in itertools.pairwise(writes):
         assert next_size - size >= snap // SNAPSHOT_GROWTH
+
+
+def test_a_call_asked_before_it_runs_is_held_on_every_resume_until_decided(
+    spool: Spool,
+) -> None:
+    # docs/design.md section 17: asked of a safe tool (write_file is idempotent), recorded
+    # as asked and held; every resume holds it again, even under a config that no longer
+    # asks: the intent says so, and only a decision runs it, once
+    write = tool_use("write_file", CALL, path="a.txt", content="hi")
+    task = scripted_task(spool, [reply(write), DONE], name="asked")
+    asking = Config(tools=ToolsConfig(ask_effects=("idempotent",)))
+    for config in (asking, asking, Config()):
+        outcome, _ = run(task, config=config)
+        assert outcome == Outcome("held", "approval: write_file", ExitCode.HELD)
+        assert not (task.path / "workspace" / "a.txt").exists()
+    intents = of_kind(journal_records(task), "intent")
+    assert [(i["attempt"], i.get("asked")) for i in intents] == [(1, True)]
+    (row,) = held_calls(task)
+    assert (row["stage"], row["attempt"]) == ("before", 1)
+    decide(task, CALL, action="rerun", attempt=1)
+    outcome, _ = run(task)
+    assert outcome.state == "done"
+    assert (task.path / "workspace" / "a.txt").read_text() == "hi"
+    result = next(r for r in journal_records(task) if r["k"] == "result")
+    assert result["outcome"] == "ran"  # its first run
+    intents = of_kind(journal_records(task), "intent")
+    assert [(i["attempt"], i.get("asked")) for i in intents] == [(1, True), (2, None)]

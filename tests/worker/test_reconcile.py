@@ -113,3 +113,21 @@ def test_the_effect_recorded_with_the_intent_counts(
     """The call ran under the effect class recorded in its intent; a tool redeclared
     later does not change what is known about that call (absent: the tool's class)."""
     assert plan(_call(recorded, None), _tool(now, False), {}).action is action
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("reconcilable", [True, False])
+def test_a_call_asked_before_it_runs_holds_until_decided_whatever_its_class(
+    effect: Effect, policy: str | None, reconcilable: bool
+) -> None:
+    # docs/design.md section 17: it never ran, so there is nothing to reconcile, and it
+    # runs only on a decision: neither its class nor a policy runs it by itself
+    call = _call(effect, None)
+    call.asked = True
+    policies = {"t": policy} if policy else {}
+    step = plan(call, _tool(effect, reconcilable), policies)
+    assert (step.action, step.try_reconcile) == (Action.HOLD, False)
+    assert step.why == "waits for approval before it runs"
+    call.decision = {"k": "decision", "call_id": "toolu_1", "attempt": 1, "action": "rerun"}
+    assert plan(call, _tool(effect, reconcilable), policies).action is Action.RERUN
