@@ -34,7 +34,7 @@ from tests.console import (
 )
 from tests.daemon import Daemon, config_text, subreaper
 from tests.supervisor.test_daemon import CHARGE, Held
-from tests.support import poll_for, reply, text, tool_use
+from tests.support import journal_records, of_kind, poll_for, reply, text, tool_use
 from worker.budget import Budget
 
 USER = "carol-ops"
@@ -285,7 +285,7 @@ def test_a_silent_connection_is_cut_off(console: Console) -> None:
 @pytest.fixture(scope="module")
 def held(console: Console) -> Held:
     held = Held(console.daemon)
-    held.hold(["h-skip", "h-rerun", "h-result", "h-cancel"])
+    held.hold(["h-skip", "h-rerun", "h-result", "h-cancel", "h-stale"])
     return held
 
 
@@ -328,6 +328,30 @@ def test_the_inbox_lists_every_held_call_and_decisions_resume_the_tasks(
     result = next(line for line in browser.get("/api/tasks/h-result/messages").json()
                   if line["kind"] == "tool_result")  # fmt: skip
     assert result["content"] == "charged once: ok" and result["outcome"] == "operator"
+
+
+def test_a_decision_answers_one_attempt_and_another_attempts_is_409(
+    console: Console, held: Held
+) -> None:
+    # docs/design.md section 17: a stale inbox, a retried request or a second click
+    script = console.token()
+    call_id = held.calls["h-stale"]
+    (row,) = [c for c in script.get("/api/held").json()["calls"] if c["task"] == "h-stale"]
+    assert (row["attempt"], row["stage"]) == (1, "unknown") and len(row["input_sha256"]) == 64
+    path = "/api/tasks/h-stale/decisions"
+    stale = script.post(path, {"call_id": call_id, "action": "skip", "attempt": 2})
+    assert stale.status == 409, stale
+    assert "attempt 1" in stale.json()["error"]
+    bad = script.post(path, {"call_id": call_id, "action": "skip", "attempt": "first"})
+    assert bad.status == 400 and '"attempt"' in bad.json()["error"]
+    answer = script.post(path, {"call_id": call_id, "action": "skip", "attempt": 1})
+    assert answer.status == 200, answer
+    assert answer.json()["decided"] == [{"call_id": call_id, "attempt": 1, "action": "skip"}]
+    again = script.post(path, {"call_id": call_id, "action": "skip", "attempt": 1})
+    assert again.status in (404, 409), again  # decided already, or no longer held
+    console.daemon.wait_state("h-stale", "done")
+    decisions = of_kind(journal_records(console.daemon.task("h-stale")), "decision")
+    assert [(d["attempt"], d["action"]) for d in decisions] == [(1, "skip")]
 
 
 def test_a_task_held_on_its_budget_is_in_the_inbox_and_the_consoles_raise_resumes_it(

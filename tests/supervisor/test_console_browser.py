@@ -29,7 +29,7 @@ from supervisor.views import human_cost
 from tests.console import console_table, free_port, login_url
 from tests.daemon import Daemon, config_text, subreaper
 from tests.supervisor.test_daemon import CHARGE
-from tests.support import missing_system_tool, reply, text, tool_use
+from tests.support import missing_system_tool, poll_for, reply, text, tool_use
 
 CHROMIUM = "/usr/bin/chromium"
 #: How Debian's chromium runs here: headless, no sandbox of its own (the test may run as
@@ -108,6 +108,11 @@ def seed(daemon: Daemon) -> None:
     daemon.wait_state("nightly-report", "done")
     daemon.wait_state("flaky-scraper", "failed")
     daemon.wait_row("refactor-api", lambda r: r["state"] == "running" and r["turn"] >= 1)
+
+
+def task_decisions(daemon: Daemon, name: str) -> list[Path]:
+    folder = daemon.task(name).decisions
+    return list(folder.iterdir()) if folder.exists() else []
 
 
 class AttackerSite:
@@ -193,7 +198,23 @@ def test_an_operator_reads_a_tool_output_and_skips_a_held_call_in_the_browser(
             card.locator('input[aria-label="reason"]').fill("Charged by hand in the billing tool.")
             page.screenshot(path=str(shots / "console-inbox.png"))
             (held,) = json.loads(daemon.cli("dangling", "invoice-run", "--json")[1])
-            card.get_by_role("button", name="Skip").click()
+            # a re-run of an unsafe call of unknown outcome asks first, showing its input;
+            # dismissed, nothing is decided
+            asked: list[str] = []
+
+            def dismiss(dialog: Any) -> None:
+                asked.append(dialog.message)
+                dialog.dismiss()
+
+            page.once("dialog", dismiss)
+            card.get_by_role("button", name="Re-run").click()
+            poll_for(lambda: asked, 10, what="the re-run's confirmation")
+            assert "outcome is unknown" in asked[0] and CHARGE.split(";")[0][:20] in asked[0]
+            assert not task_decisions(daemon, "invoice-run")
+            # every decision names the attempt it was made on
+            with page.expect_request(lambda r: "/decisions" in r.url) as decision:
+                card.get_by_role("button", name="Skip").click()
+            assert json.loads(decision.value.post_data or "{}")["attempt"] == held["attempt"]
             expect(page.locator("#flash")).to_have_text(f"invoice-run {held['call_id']}: skipped")
 
             # the task finishes, and the open page shows it without a reload

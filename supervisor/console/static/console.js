@@ -356,17 +356,32 @@ async function showTask(id, again) {
 
 // -- the inbox ------------------------------------------------------------------------
 
+// Each decision names the attempt of the call it was made on (a card left open while the
+// call was held again is refused, 409, never applied to the new attempt); a re-run of an
+// unsafe call whose outcome is unknown is confirmed first, its input shown (section 17).
+const SAFE_EFFECTS = ["read_only", "idempotent", "keyed"];
+
 function heldCall(call) {
   const base = `/api/tasks/${encodeURIComponent(call.task)}/decisions`;
   const reason = el("input", { type: "text", placeholder: "why (the model is told)", "aria-label": "reason" });
   const result = el("textarea", { rows: 2, placeholder: "the verified result (what the model gets)", "aria-label": "result" });
-  const decide = (action, extra, said) => act(base, { call_id: call.call_id, action, ...extra }, `${call.task} ${call.call_id}: ${said}`);
-  return el("article", { class: "held", "data-call": call.call_id, "data-key": `${call.task}/${call.call_id}` },
+  const decide = (action, extra, said) =>
+    act(base, { call_id: call.call_id, attempt: call.attempt, action, ...extra }, `${call.task} ${call.call_id}: ${said}`);
+  const before = call.stage === "before";
+  const risky = !before && !SAFE_EFFECTS.includes(call.effect);
+  const rerun = () => {
+    if (risky && !confirm(`Re-run ${call.tool} call ${call.call_id} of ${call.task} (attempt ${call.attempt})? `
+      + `Its outcome is unknown: it may have taken effect already, and running it again may repeat it.\n\n`
+      + `Input:\n${json(call.input)}`)) return;
+    decide("rerun", {}, before ? "approved" : "re-run");
+  };
+  const known = before ? "it has not run: it waits for approval" : `started ${call.started_at}: ${call.why || "its outcome is unknown"}`;
+  return el("article", { class: "held", "data-call": call.call_id, "data-key": `${call.task}/${call.call_id}/${call.attempt}` },
     el("h3", {}, el("a", { href: `#/tasks/${encodeURIComponent(call.task)}` }, call.task), ` · ${call.tool} `, badge(call.effect, "effect")),
-    el("p", { class: "muted" }, `call ${call.call_id}, started ${call.started_at}: ${call.why || "its outcome is unknown"}`),
+    el("p", { class: "muted" }, `call ${call.call_id}, attempt ${call.attempt}, ${known}`),
     el("pre", {}, json(call.input)),
     el("div", { class: "decide" },
-      el("button", { onclick: () => decide("rerun", {}, "re-run") }, "Re-run"),
+      el("button", { onclick: rerun }, before ? "Run" : "Re-run"),
       el("span", { class: "group" }, reason, el("button", { onclick: () => decide("skip", { reason: reason.value || null }, "skipped") }, "Skip")),
       el("span", { class: "group" }, result, el("button", { onclick: () => decide("result", { result: result.value }, "result recorded") }, "Record result"))));
 }
@@ -378,7 +393,7 @@ async function showInbox(again) {
   if (!answer.ok) return flash(answer.data.error, "error");
   const { calls, tasks } = answer.data;
   const shown = [...document.querySelectorAll("article.held")].map((a) => a.dataset.key).join(" ");
-  const now = [...calls.map((c) => `${c.task}/${c.call_id}`), ...tasks.map((t) => t.task)].join(" ");
+  const now = [...calls.map((c) => `${c.task}/${c.call_id}/${c.attempt}`), ...tasks.map((t) => t.task)].join(" ");
   if (again && shown === now && document.querySelector("section.calls")) return;
   const view = document.getElementById("view");
   view.replaceChildren(
