@@ -128,7 +128,7 @@ class Plan:
                 held=3, kills=3, asked=3, daemon_kills=2, expired=1, unanswered=1, parallel=4
             )
         return cls(
-            held=40, kills=10, asked=30, daemon_kills=30, expired=20, unanswered=10, parallel=6
+            held=48, kills=10, asked=30, daemon_kills=30, expired=20, unanswered=10, parallel=6
         )
 
 
@@ -255,7 +255,7 @@ class Operator:
         self.client = Client(self.port)
         self.pauses = root / "pauses"  # (approval_tools: a worker held still after a record)
         self.pauses.mkdir(exist_ok=True)
-        self.up = False
+        self.up = self.frozen = False
 
     def start(self) -> None:
         self.daemon.start({PAUSES_ENV: str(self.pauses)})
@@ -270,13 +270,19 @@ class Operator:
         return False
 
     def kill(self) -> None:
-        self.up = False
+        self.up = self.frozen = False
         self.daemon.kill()
 
     def freeze(self) -> None:
-        """``SIGSTOP`` of the daemon: it starts no worker until it is killed."""
+        """``SIGSTOP`` of the daemon: it starts no worker until it is killed (or thawed)."""
         assert self.daemon.proc is not None
         os.kill(self.daemon.proc.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.daemon.proc is not None
+        os.kill(self.daemon.proc.pid, signal.SIGCONT)
+        self.frozen = False
 
     def stop(self) -> None:
         """``agentd stop`` (a process: the campaign's other daemon runs meanwhile)."""
@@ -594,6 +600,8 @@ class Case:
                 else:
                     self.landed_kill(lambda: self.kill_worker(pid), attempt, look_first=False)
         finally:
+            if self.op.frozen:  # (the decision was refused: nothing to kill it after)
+                self.op.thaw()
             if frozen and not self.op.up:
                 self.op.start()
             if kind is not None:
@@ -612,7 +620,7 @@ class Case:
     def finish(self, action: str = "rerun") -> None:
         """The last decision: the gates open, the call run (or skipped) to the task's end."""
         self.gates(effect=True, result=True)
-        for _ in range(3):  # a decision that expires before use holds the call again
+        for _ in range(5):  # a decision that expires before use holds the call again
             if not self.send(self.rng.choice(("single", "double", "with stale")), action):
                 break
             self.tally.trials += 1
