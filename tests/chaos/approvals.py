@@ -50,6 +50,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -162,6 +163,7 @@ class Tally:
     most_runs_per_decision: int = 0
     unsafe_runs: int = 0
     landed: Counter[str] = field(default_factory=Counter)
+    ms: dict[str, list[float]] = field(default_factory=lambda: {"cli": [], "api": []})
     examples: list[str] = field(default_factory=list)
 
     def note(self, what: str) -> None:
@@ -175,6 +177,9 @@ class Tally:
                 setattr(self, f.name, max(mine, theirs))
             elif f.name == "landed":
                 mine.update(theirs)
+            elif f.name == "ms":
+                for via, took in theirs.items():
+                    mine[via] += took
             elif f.name == "examples":
                 for example in theirs:
                     self.note(example)
@@ -233,6 +238,7 @@ class Sent:
     accepted: bool
     refused: bool  # exit 3, HTTP 404 or 409
     said: str
+    ms: float  # how long it took, from the command's start (or the request's) to its answer
 
 
 class Operator:
@@ -293,12 +299,14 @@ class Operator:
         self.daemon.proc.wait(timeout=30)
 
     def decide(self, via: str, task: str, call: str, attempt: int, action: str) -> Sent:
+        begun = time.monotonic()
         if via == "cli":
             how = ("--rerun",) if action == "rerun" else ("--skip", "--reason", "chaos")
             args = ("approve-dangling", task, call, "--attempt", str(attempt), *how)
             done = self.daemon.run_cli(*args, timeout=60)
             said = (done.stderr or done.stdout).strip()
-            return Sent(via, attempt, done.returncode == 0, done.returncode == 3, said)
+            ms = (time.monotonic() - begun) * 1000
+            return Sent(via, attempt, done.returncode == 0, done.returncode == 3, said, ms)
         body: JSON = {"call_id": call, "action": action, "attempt": attempt}
         if action == "skip":
             body["reason"] = "chaos"
@@ -306,7 +314,8 @@ class Operator:
             lambda: self._post(f"/api/tasks/{task}/decisions", body), 30, what="the console"
         )
         said = answer.body.decode(errors="replace")[:200]
-        return Sent(via, attempt, answer.status == 200, answer.status in (404, 409), said)
+        ms = (time.monotonic() - begun) * 1000
+        return Sent(via, attempt, answer.status == 200, answer.status in (404, 409), said, ms)
 
     def _post(self, path: str, body: JSON) -> Any:
         try:
@@ -525,6 +534,8 @@ class Case:
             self.tally.note(f"{self.name}: attempt {self.attempt} refused: {mine[0].said}")
             return False
         for r in accepted[:1]:
+            if len(results) == 1:  # (alone: what one decision costs, not two at once)
+                self.tally.ms[r.via].append(r.ms)
             if r.via == "cli":
                 self.tally.decisions_cli += 1
             else:
@@ -786,6 +797,10 @@ def expiring(root: Path, plan: Plan, rng: random.Random) -> Tally:
     return tally
 
 
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def figures_of(tally: Tally) -> list[Figure]:
     def v(name: str, value: int, bound: int = 0) -> Figure:
         return Figure(FAULT, name, value, value > bound)
@@ -798,6 +813,8 @@ def figures_of(tally: Tally) -> list[Figure]:
         *(Figure(FAULT, f"kills landed {where}", tally.landed[where]) for where in LANDED),
         Figure(FAULT, "decisions accepted", tally.decisions_cli + tally.decisions_api),
         Figure(FAULT, "decisions accepted through the API", tally.decisions_api),
+        Figure(FAULT, "a decision through the CLI, median ms", median_of(tally.ms["cli"])),
+        Figure(FAULT, "a decision through the API, median ms", median_of(tally.ms["api"])),
         Figure(FAULT, "stale decisions sent (alone or two at once)", tally.stale_sent),
         Figure(FAULT, "double clicks (two decisions of one attempt at once)", tally.doubles_sent),
         Figure(FAULT, "asked calls (decided / skipped / approved and cut off)", asked),
