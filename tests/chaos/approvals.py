@@ -15,9 +15,14 @@ approve-dangling TASK CALL --attempt N --rerun|--skip`` and ``POST
   (or the daemon) is killed -9 at a point between the decision and the call's result:
   right after the decision is recorded (before a worker records it), after the worker's
   ``decision`` record, after the re-run's intent, mid-tool before the effect, after the
-  effect before the result. Where the kill landed is read back from the journal and the
-  ledger, and counted. A decision the kill left unused is used by the next worker; one
-  whose re-run began is consumed, and the call is held again as a new attempt.
+  effect before the result; each point aimed at in turn. A worker is held still right
+  after its ``decision`` or ``intent`` record (``approval_tools``' pauses) and killed
+  there; the daemon is stopped (``SIGSTOP``) before a decision and killed right after it,
+  so no worker started; a kill of the worker aimed right after the decision races the
+  worker's start and lands later as often as not. Where each kill landed is read back from
+  the journal and the ledger, and counted. A decision the kill left unused is used by the
+  next worker; one whose re-run began is consumed, and the call is held again as a new
+  attempt; a worker the daemon's kill left running is killed at its gate.
 * stale and duplicate decisions: after each re-run is cut off and held again, the decision
   just used is sent again (CLI or API, alone or two at once); the current decision is sent
   sometimes twice at once (a double click) or together with a stale one. A stale one must
@@ -35,7 +40,8 @@ began. Violations (all must be 0, the first at most 1): runs per decision (max),
 runs without a current decision (a run with no decision that an operator's command
 accepted for that attempt, one on an expired decision, or any run of an asked call before
 it was decided), stale decisions accepted, decisions accepted twice for one attempt,
-tasks that did not end, unanswered asked calls not skipped.
+decisions for the current attempt refused, asked calls not listed with ``"stage":
+"before"``, unanswered asked calls not skipped, tasks that did not end ``done``.
 
 ``python -m tests.chaos.approvals [--full] [--seed N]`` prints the table and exits 1 on any
 violation; ``tests/test_campaigns.py`` runs the quick mode in ``make test``.
