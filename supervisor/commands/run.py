@@ -97,16 +97,27 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
     """Put one held call to the person at the terminal (``agentd run``): re-run it, skip it
     with a reason, or record its result; None at the end of input (the task stays held)."""
     from supervisor.hold_prompt import Answer  # noqa: PLC0415  (only `run` needs it)
+    from supervisor.status import STAGE_BEFORE  # noqa: PLC0415  (the same)
 
     shown = json.dumps(call.get("input"), ensure_ascii=False)
+    before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: section 17)
+    known = (
+        "it has not run: it waits for your approval."
+        if before
+        else "its outcome is unknown: it may or may not have taken effect."
+    )
     print(
         f"‖ held: {call['tool']} ({call.get('effect')}) call {call['call_id']}: {call.get('why')}"
-        f"\n    input: {shown[:2000]}\n    its outcome is unknown: it may or may not have "
-        "taken effect.",
+        f"\n    input: {shown[:2000]}\n    {known}",
         file=sys.stderr,
     )
+    question = (
+        "run it [r], refuse it [s], or record its result [x]? "
+        if before
+        else "re-run it [r], skip it [s], or record its result [x]? "
+    )
     while True:
-        choice = _read_answer("re-run it [r], skip it [s], or record its result [x]? ")
+        choice = _read_answer(question)
         if choice is None:
             return None
         action = ANSWERS.get(choice.strip().lower())

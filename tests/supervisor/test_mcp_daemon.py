@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.status import load_state
 from tests.daemon import Daemon
 from tests.mcp.servers import fault_server, npm_server, write_config
 from tests.support import poll_for, reply, text, tool_use
@@ -168,3 +169,34 @@ def test_a_filesystem_server_on_a_cluster_node_reaches_no_store_credential(
     for server in ("fs", "f"):  # the control: the task's own file is read
         assert "the task's own file" in str(results[f"{server}3"]["content"]), results
     assert canary not in shown.stdout, results
+
+
+def test_an_mcp_call_asked_before_it_runs_waits_for_approval(tmp_path: Path) -> None:
+    """docs/design.md section 17: ``[tools] ask`` names an MCP tool as ``--tools`` does; its
+    call is held before the server is asked, and runs on the operator's decision."""
+    daemon = Daemon(tmp_path / "d", "")
+    write_config(
+        daemon.config_path,
+        {"f": {"command": fault_server()}},
+        tools={"ask": ["mcp__f__ech?"]},
+    )
+    daemon.config = load_config(daemon.config_path)
+    try:
+        daemon.start()
+        task_id = daemon.submit(
+            [reply(tool_use("mcp__f__echo", "c1", text="hi")), reply(text("Done."))],
+            "asks",
+            tools=["mcp__f__*"],
+        )
+        row = daemon.wait_state(task_id, "held", "done", "failed", timeout=120)
+        assert (row["state"], row["reason"]) == ("held", "approval: mcp__f__echo"), row
+        (held,) = row["dangling"]
+        assert (held["call_id"], held["stage"], held["attempt"]) == ("c1", "before", 1)
+        assert daemon.events(task_id, "approval_requested")
+        done = daemon.run_cli("approve-dangling", task_id, "c1", "--attempt", "1", "--rerun")
+        assert done.returncode == 0, done
+        assert daemon.wait_state(task_id, "done", "failed", timeout=120)["state"] == "done"
+        result = load_state(daemon.task(task_id)).calls["c1"].result or {}
+        assert result.get("outcome") == "ran" and "hi" in json.dumps(result.get("content"))
+    finally:
+        daemon.cleanup()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -375,10 +376,11 @@ def held_at_a_charge(fg: Foreground, name: str) -> None:
     assert proc.wait(timeout=30) == 130
 
 
-def on_a_terminal(fg: Foreground, *args: str) -> tuple[Terminal, Path]:
-    """``agentd run ARGS`` on a real terminal; the file its exit code is written to."""
+def on_a_terminal(fg: Foreground, *args: str, verb: str = "run") -> tuple[Terminal, Path]:
+    """``agentd run ARGS`` (or another ``verb``) on a real terminal; the file its exit
+    code is written to."""
     status = fg.root / f"status-{uuid.uuid4().hex[:8]}"
-    command = " ".join(fg.command("run", *args))
+    command = shlex.join(fg.command(verb, *args))
     env = worker_env({"NO_COLOR": "1"})
     terminal = Terminal(f"{command}; echo $? > {status}; sleep 60", env, width=150, height=40)
     return terminal, status
@@ -490,3 +492,59 @@ def test_the_demo_kills_a_run_partway_and_resume_charges_each_invoice_once(
     assert "$ kill -9" in done.stdout and "$ agentd run --resume invoices" in done.stdout
     assert done.stdout.rstrip().endswith("every invoice charged exactly once")
     assert done.stdout.count("charged 10 EUR\n") >= 6
+
+
+def answer(terminal: Terminal, question: str, *keys: str) -> str:
+    """Wait for ``question`` on ``terminal``, then type ``keys``; the screen it was asked on."""
+    poll_for(lambda: question in terminal.screen(), 30, what=question)
+    shown = terminal.screen()
+    if keys:
+        terminal.keys(*keys)
+    return shown
+
+
+@needs_tmux
+def test_a_call_asked_before_it_runs_is_put_to_the_person_and_runs_once_approved(
+    fg: Foreground,
+) -> None:
+    # docs/design.md section 17: `run --ask` holds the call before it runs, and the prompt
+    # says so (not "its outcome is unknown")
+    responses = [reply(tool_use("slow_charge", seconds=0, tag="a")), reply(text("Done."))]
+    terminal, status = on_a_terminal(fg, *fg.new("approved", responses, "--ask", "slow_*"))
+    try:
+        shown = answer(terminal, "run it [r], refuse it [s]")
+        assert "it has not run: it waits for your approval" in shown, shown
+        assert fg.ledger("approved") == []
+        terminal.keys("r", "Enter")
+        poll_for(status.exists, 30, what="the run to end")
+        shown = terminal.screen()
+    finally:
+        terminal.close()
+    assert status.read_text().strip() == "0", shown
+    assert fg.ledger("approved") == ["slow_charge a"]
+    (decision,) = of_kind(journal_records(fg.task("approved")), "decision")
+    assert (decision["action"], decision["attempt"], decision["via"]) == ("rerun", 1, "run")
+
+
+@needs_tmux
+def test_approve_dangling_on_a_terminal_shows_the_call_and_asks(fg: Foreground) -> None:
+    # docs/design.md section 17: a bare decision on an unsafe call of unknown outcome, or
+    # one without --attempt, shows the call (tool, input, start, what is known) and asks
+    held_at_a_charge(fg, "shown")
+    assert fg.run("--resume", "shown")[0] == 3  # (no terminal: held, for approve-dangling)
+    (row,) = json.loads(fg.cli("dangling", "shown", "--json")[1])
+    for said, code in (("n", "1"), ("y", "0")):
+        terminal, status = on_a_terminal(fg, "shown", row["call_id"], verb="approve-dangling")
+        try:
+            shown = answer(terminal, "run it again? [y/N]", said, "Enter")
+            assert "slow_charge (unsafe), attempt 1, started" in shown, shown
+            assert '"tag": "a"' in shown and "its outcome is unknown" in shown, shown
+            poll_for(status.exists, 30, what="the command to end")
+            shown = terminal.screen()
+        finally:
+            terminal.close()
+        assert status.read_text().strip() == code, shown
+        decisions = list(fg.task("shown").decisions.glob("*.json"))
+        assert len(decisions) == int(code == "0"), shown
+    assert "shown " + row["call_id"] + " attempt 1: rerun" in shown
+    assert json.loads(decisions[0].read_text())["attempt"] == 1
