@@ -40,7 +40,7 @@ def unsafe_rerun(row: Mapping[str, Any]) -> bool:
     """Whether re-running the held call of ``row`` (``status.held_calls``) may repeat a
     side effect: it started and its outcome is unknown, and its tool is not known to be
     safe to run twice (``unsafe``, or a tool no longer known). Such a re-run is said
-    explicitly (docs/design.md section 17); a call that waits for approval before it
+    explicitly (docs/guides/tools.md); a call that waits for approval before it
     runs has never run, and a safe-class call held by ``[tools.policy]`` repeats nothing."""
     if row.get("stage") != STAGE_UNKNOWN:
         return False

@@ -1,4 +1,4 @@
-"""The daemon's part in approvals (docs/design.md section 17): a call asked before it runs
+"""The daemon's part in approvals (docs/guides/tools.md): a call asked before it runs
 and not answered within ``[approvals] ask_timeout`` is skipped, the model told "no
 approval within 1h".
 

@@ -117,7 +117,7 @@ def decide(
     the task was cancelled (under the operator lock, so a racing cancel has one winner).
     ``operator``: who decided, and through what (docs/design.md section 15), kept in the
     decision (``by`` and ``via``) and its event. ``attempt``: the attempt of the call the
-    decision answers (docs/design.md section 17), refused unless it is the held one
+    decision answers (docs/guides/tools.md), refused unless it is the held one
     (None: the held one, whichever it is)."""
     with operator_lock(task):
         refuse_if_cancelled(task, "decision")

@@ -17,14 +17,13 @@ from supervisor.liveness import Beat
 from supervisor.record import TaskRecord
 from supervisor.stores import store_of
 from worker.budget import BUILTIN_PRICES, Price, cost_usd, current_budget, spend_from_json
-from worker.canonical import NotCanonical, input_sha256
 from worker.errors import JournalCorruptError, NotFoundError, SpoolError, TaskSpecError
 from worker.protocol import HeartbeatData, TaskStatus, heartbeat_shaped
 from worker.spool import TaskDir, TaskSpec
 from worker.state import Call, TaskState
 from worker.store import replay
 
-#: A held call's ``stage`` (docs/design.md section 17): it waits for an approval before it
+#: A held call's ``stage`` (docs/guides/tools.md): it waits for an approval before it
 #: runs at all, or it started and its outcome is unknown (section 5).
 STAGE_BEFORE, STAGE_UNKNOWN = "before", "unknown"
 #: How much of a failed model call's error REASON shows (the log has it whole).
@@ -86,8 +85,10 @@ def held_calls(task: TaskDir, state: TaskState | None = None) -> list[dict[str, 
 
 
 def _input_sha256(value: Any) -> str | None:
-    """The held call's ``input_sha256`` (docs/design.md section 17); None for an input
+    """The held call's ``input_sha256`` (docs/guides/tools.md); None for an input
     no JSON can carry (never one a model sent)."""
+    from worker.canonical import NotCanonical, input_sha256  # noqa: PLC0415  (a held call's alone: status starts fast)
+
     try:
         return input_sha256(value)
     except NotCanonical:

@@ -489,7 +489,7 @@ class Terminal:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, check=False)
 
 
-#: The fields of a row of `agentd dangling --json` (docs/design.md sections 3 and 17).
+#: The fields of a row of `agentd dangling --json` (docs/design.md section 3; docs/guides/tools.md).
 DANGLING_FIELDS = {
     "task",
     "call_id",

@@ -1,4 +1,4 @@
-"""Approvals (docs/design.md section 17): which calls wait for an operator before they run
+"""Approvals (docs/guides/tools.md): which calls wait for an operator before they run
 at all (``AskPolicy``), and whether a decision is still good (``expired``).
 
 A call that the policy names is not run when the model asks for it: its intent is

@@ -1,5 +1,5 @@
 """A tool call's input as canonical JSON (RFC 8785, the JSON Canonicalization Scheme), and
-its SHA-256: the ``input_sha256`` a held call carries (docs/design.md section 17), so that
+its SHA-256: the ``input_sha256`` a held call carries (docs/guides/tools.md), so that
 an operator's decision names the exact input they saw, and any program can check it.
 
 The scheme: object keys sorted by their UTF-16 code units, no whitespace, strings as

@@ -97,14 +97,14 @@ class ToolsConfig:
     max_memory: int = 2 * 1024**3  # bytes a task's processes may use (its cgroup's memory.max)
     policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: the tools (names and globs, as ``--tools`` takes them) and the effect classes whose
-    #: calls wait for an operator's approval before they run (docs/design.md section 17)
+    #: calls wait for an operator's approval before they run (docs/guides/tools.md)
     ask: tuple[str, ...] = ()
     ask_effects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ApprovalsConfig:
-    """How long an operator's approval lasts (docs/design.md section 17): a decision not
+    """How long an operator's approval lasts (docs/guides/tools.md): a decision not
     used by a worker within ``expire_after`` seconds is void; a call asked before it runs
     and not answered within ``ask_timeout`` is skipped. None: never."""
 
@@ -1106,7 +1106,7 @@ Tools whose calls wait for an operator's approval before they run (names and glo
 the call's intent is recorded, the task is held with reason "approval: TOOL", and
 `agentd approve-dangling TASK CALL --rerun` runs it (--skip refuses it, --result
 records a result in its place). `agentd submit --ask` adds tools for one task
-(docs/guides/tools.md, "Asking before a call runs").""",
+(docs/guides/tools.md).""",
     "tools.ask_effects": """\
 Effect classes whose calls wait for approval the same way, such as ["unsafe"].""",
     "hooks": """\
@@ -1214,7 +1214,7 @@ http/protobuf; "http://127.0.0.1:4317" for grpc); "" for none.""",
 true: the spans carry the prompts, the model's replies and the tools' inputs and
 results (gen_ai.input.messages, ...); false: names, counts and outcomes only.""",
     "approvals": """\
-How long approvals last (docs/guides/tools.md, "Asking before a call runs"). A period is
+How long approvals last (docs/guides/tools.md). A period is
 seconds, or a string with a unit: "90s", "30m", "24h", "30d"; left out, never.
 expire_after: a decision (`agentd approve-dangling`, the console) that no worker has
 used this long after it was made is void: the call is held again as a new attempt

@@ -7,7 +7,7 @@ plans what to do from the tool's effect class, the policy and an operator's deci
 asked first where it has one; then the call is re-run (safe), skipped or given the
 operator's result (decided), or held for an operator (``hold`` record, exit ``HELD``).
 
-A call that waits for approval before it runs (``asked``: docs/design.md section 17) is
+A call that waits for approval before it runs (``asked``: docs/guides/tools.md) is
 held the same way, with the event ``approval_requested`` and the task's reason
 ``approval: TOOL``; a decision runs it (for the first time), refuses it or gives its
 result. Run on a decision and cut off, it is an ordinary dangling call.

@@ -3,7 +3,7 @@
 The rules of docs/design.md section 5, in order of precedence:
 
 1. an operator decision for this attempt of the call (re-run, skip, or a supplied result);
-   a call that waits for approval before it runs (``asked``: docs/design.md section 17)
+   a call that waits for approval before it runs (``asked``: docs/guides/tools.md)
    holds without one, whatever its effect class: it never ran, and it runs only on a
    decision;
 2. the tool's reconcile check, where it answers (the caller runs it: it is I/O);

@@ -152,7 +152,7 @@ class IntentRecord(TypedDict):
     effect: str
     key: str  # the idempotency key the tool is handed
     attempt: int
-    asked: NotRequired[bool]  # it waits for an approval before it runs (section 17)
+    asked: NotRequired[bool]  # it waits for an approval before it runs (docs/guides/tools.md)
     renewed: NotRequired[bool]  # not a start: the attempt held again (its decision expired)
 
 

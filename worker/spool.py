@@ -79,7 +79,7 @@ class TaskSpec:
     foreground: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: ``submit --ask``: tools (names and globs) whose calls wait for an operator's
-    #: approval before they run, besides ``[tools] ask`` (docs/design.md section 17)
+    #: approval before they run, besides ``[tools] ask`` (docs/guides/tools.md)
     ask: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class Call:
     result: JSON | None = None  # the result record once there is one
     decision: JSON | None = None  # the decision record for the current attempt
     #: its current attempt waits for an operator's approval before it runs at all
-    #: (docs/design.md section 17): its intent was recorded with ``"asked": true``
+    #: (docs/guides/tools.md): its intent was recorded with ``"asked": true``
     asked: bool = False
 
     @property

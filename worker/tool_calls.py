@@ -131,7 +131,7 @@ class ToolCalls:
     tool runs, the one step the store cannot fence itself. ``result_wait``, on a shared
     store, is what a call's result waits in when the database refuses its write
     (``keep_result``). ``asks`` names the tools whose calls wait for an operator's
-    approval before they run (docs/design.md section 17)."""
+    approval before they run (docs/guides/tools.md)."""
 
     def __init__(
         self,

@@ -100,7 +100,7 @@ def ask_at_terminal(call: dict[str, Any]) -> Any:
     from supervisor.status import STAGE_BEFORE  # noqa: PLC0415  (the same)
 
     shown = json.dumps(call.get("input"), ensure_ascii=False)
-    before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: section 17)
+    before = call.get("stage") == STAGE_BEFORE  # (asked before it runs: docs/guides/tools.md)
     known = (
         "it has not run: it waits for your approval."
         if before

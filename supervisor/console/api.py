@@ -121,7 +121,7 @@ def _row(call: Call, task_id: str) -> JSON:
 def decide(call: Call) -> JSON:
     """``approve-dangling``: ``attempt``, when given, is the attempt of the call the
     decision answers (refused, 409, once the call was held again); left out, the decision
-    answers the attempt held now (docs/design.md section 17)."""
+    answers the attempt held now (docs/guides/tools.md)."""
     call_id = _text(call.body, "call_id", required=True) or ""
     action = _text(call.body, "action", required=True) or ""
     attempt = call.body.get("attempt")

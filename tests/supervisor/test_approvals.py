@@ -1,4 +1,4 @@
-"""Approvals (docs/design.md section 17), against a real daemon and the real CLI: calls that
+"""Approvals (docs/guides/tools.md), against a real daemon and the real CLI: calls that
 wait for approval before they run, decisions bound to the attempt the operator saw and
 used once across a kill -9, an unsafe re-run said explicitly, and decisions that expire."""
 

@@ -333,7 +333,7 @@ def test_the_inbox_lists_every_held_call_and_decisions_resume_the_tasks(
 def test_a_decision_answers_one_attempt_and_another_attempts_is_409(
     console: Console, held: Held
 ) -> None:
-    # docs/design.md section 17: a stale inbox, a retried request or a second click
+    # docs/guides/tools.md: a stale inbox, a retried request or a second click
     script = console.token()
     call_id = held.calls["h-stale"]
     (row,) = [c for c in script.get("/api/held").json()["calls"] if c["task"] == "h-stale"]

@@ -172,7 +172,7 @@ def test_a_filesystem_server_on_a_cluster_node_reaches_no_store_credential(
 
 
 def test_an_mcp_call_asked_before_it_runs_waits_for_approval(tmp_path: Path) -> None:
-    """docs/design.md section 17: ``[tools] ask`` names an MCP tool as ``--tools`` does; its
+    """docs/guides/tools.md: ``[tools] ask`` names an MCP tool as ``--tools`` does; its
     call is held before the server is asked, and runs on the operator's decision."""
     daemon = Daemon(tmp_path / "d", "")
     write_config(

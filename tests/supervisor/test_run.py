@@ -507,7 +507,7 @@ def answer(terminal: Terminal, question: str, *keys: str) -> str:
 def test_a_call_asked_before_it_runs_is_put_to_the_person_and_runs_once_approved(
     fg: Foreground,
 ) -> None:
-    # docs/design.md section 17: `run --ask` holds the call before it runs, and the prompt
+    # docs/guides/tools.md: `run --ask` holds the call before it runs, and the prompt
     # says so (not "its outcome is unknown")
     responses = [reply(tool_use("slow_charge", seconds=0, tag="a")), reply(text("Done."))]
     terminal, status = on_a_terminal(fg, *fg.new("approved", responses, "--ask", "slow_*"))
@@ -528,7 +528,7 @@ def test_a_call_asked_before_it_runs_is_put_to_the_person_and_runs_once_approved
 
 @needs_tmux
 def test_approve_dangling_on_a_terminal_shows_the_call_and_asks(fg: Foreground) -> None:
-    # docs/design.md section 17: a bare decision on an unsafe call of unknown outcome, or
+    # docs/guides/tools.md: a bare decision on an unsafe call of unknown outcome, or
     # one without --attempt, shows the call (tool, input, start, what is known) and asks
     held_at_a_charge(fg, "shown")
     assert fg.run("--resume", "shown")[0] == 3  # (no terminal: held, for approve-dangling)

@@ -594,7 +594,7 @@ def test_a_lease_must_outlast_two_heartbeats(tmp_path: Path, lease: str) -> None
     assert "twice heartbeat.interval" in _error(_write(tmp_path, text))
 
 
-# -- approvals (docs/design.md section 17) ----------------------------------------------
+# -- approvals (docs/guides/tools.md) ----------------------------------------------
 
 
 @pytest.mark.parametrize(

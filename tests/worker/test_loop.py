@@ -786,7 +786,7 @@ def test_snapshots_come_further_apart_as_the_transcript_grows(spool: Spool) -> N
 def test_a_call_asked_before_it_runs_is_held_on_every_resume_until_decided(
     spool: Spool,
 ) -> None:
-    # docs/design.md section 17: asked of a safe tool (write_file is idempotent), recorded
+    # docs/guides/tools.md: asked of a safe tool (write_file is idempotent), recorded
     # as asked and held; every resume holds it again, even under a config that no longer
     # asks: the intent says so, and only a decision runs it, once
     write = tool_use("write_file", CALL, path="a.txt", content="hi")

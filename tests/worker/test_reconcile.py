@@ -121,7 +121,7 @@ def test_the_effect_recorded_with_the_intent_counts(
 def test_a_call_asked_before_it_runs_holds_until_decided_whatever_its_class(
     effect: Effect, policy: str | None, reconcilable: bool
 ) -> None:
-    # docs/design.md section 17: it never ran, so there is nothing to reconcile, and it
+    # docs/guides/tools.md: it never ran, so there is nothing to reconcile, and it
     # runs only on a decision: neither its class nor a policy runs it by itself
     call = _call(effect, None)
     call.asked = True

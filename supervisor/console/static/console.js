@@ -358,7 +358,7 @@ async function showTask(id, again) {
 
 // Each decision names the attempt of the call it was made on (a card left open while the
 // call was held again is refused, 409, never applied to the new attempt); a re-run of an
-// unsafe call whose outcome is unknown is confirmed first, its input shown (section 17).
+// unsafe call whose outcome is unknown is confirmed first, its input shown (docs/guides/tools.md).
 const SAFE_EFFECTS = ["read_only", "idempotent", "keyed"];
 
 function heldCall(call) {
