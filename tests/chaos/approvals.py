@@ -1,5 +1,6 @@
 """Approvals chaos: fault class 25 of the campaign, decisions on unsafe calls under kills,
-stale and duplicate decisions, asked calls and expiry (docs/design.md's approvals).
+stale and duplicate decisions, asked calls and expiry (decisions bound to an attempt and
+used once, calls asked before they run, ``[approvals]``).
 
 Every task runs on the scripted model one call of ``gated_charge``
 (``tests.chaos.approval_tools``): an ``unsafe`` charge that writes one line a real run to a
