@@ -180,8 +180,8 @@ def _decide(
         task=task.id,
         call_id=call_id,
         action=action,
-        attempt=row["attempt"],
         **fields_of(who),
+        attempt=row["attempt"],
     )
     return decision
 

@@ -637,7 +637,7 @@ def test_each_decision_form_resumes_the_task_at_once_with_the_daemon_up(held: He
         code, out, err = daemon.cli(*decide_args(held, name, form))
         assert (code, err) == (0, ""), (form, err)
         action = {"all": "rerun", "result-file": "result"}.get(form, form)
-        assert out.strip() == f"{name} {held.calls[name]}: {action}"
+        assert out.strip() == f"{name} {held.calls[name]} attempt 1: {action}"
 
         def resumed(task: TaskDir = task, call_id: str = held.calls[name]) -> bool:
             call = load_state(task).calls[call_id]
@@ -675,7 +675,7 @@ def test_two_concurrent_approvals_of_one_call_exactly_one_wins(held: Held) -> No
     assert lost_out == ""
     assert lost_err.count("\n") == 1 and "Traceback" not in lost_err
     assert "already decided" in lost_err or "no held call" in lost_err
-    assert ok_out.strip() == f"{name} {call}: result"
+    assert ok_out.strip() == f"{name} {call} attempt 1: result"
     row = daemon.wait_state(name, "done", "failed", "held")
     assert row["state"] == "done", row
     (decision_file,) = daemon.task(name).decisions.iterdir()
