@@ -117,11 +117,13 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
         if not shown:
             print(f"{args.task}: nothing decided; the calls stay held.", file=sys.stderr)
             return 1
-        targets = [(row["call_id"], row["attempt"]) for row in shown]
+        given = args.attempt
+        targets = [(row["call_id"], row["attempt"] if given is None else given) for row in shown]
     elif args.all:
-        targets = [(EVERY_CALL, None)]
-    else:
-        targets = [(args.call_id, args.attempt)]
+        targets = [(EVERY_CALL, None)]  # (each call's attempt as `approve` lists it)
+    else:  # the attempt given, else the one read here: never one held after it
+        read = shown[0]["attempt"] if shown else None
+        targets = [(args.call_id, args.attempt if args.attempt is not None else read)]
     for call_id, attempt in targets:
         decided = approve(
             spool,
@@ -131,7 +133,7 @@ def cmd_approve(args: argparse.Namespace, config: Config, spool: Spool) -> int:
             reason=args.reason,
             result=result,
             operator=Operator.here(),
-            attempt=attempt if attempt is not None else args.attempt,
+            attempt=attempt,
         )
         for decided_id, decided_attempt in decided:
             print(f"{args.task} {decided_id} attempt {decided_attempt}: {action}")

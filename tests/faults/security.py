@@ -368,12 +368,14 @@ def planted_symlinks(root: Path, env: Env, found: Findings) -> None:
     try:
         wait_for(lambda: state_of(spool.root, "good") == "held", 30)
         base = ["--spool", str(spool.root), "--config", str(env.config)]
-        env.outputs.append(call_cli([*base, "approve-dangling", "good", "--all"])[1])
+        env.outputs.append(call_cli([*base, "approve-dangling", "good", "--all", "--rerun"])[1])
         for name, link in names.items():
             for args in (["status", name], ["logs", name], ["history", name], ["dangling", name]):
                 env.outputs.append("".join(map(str, call_cli([*base, *args], out=True))))
             if state_of(spool.root, name) == "held" or link == "folder":
-                env.outputs.append(call_cli([*base, "approve-dangling", name, "--all"])[1])
+                env.outputs.append(
+                    call_cli([*base, "approve-dangling", name, "--all", "--rerun"])[1]
+                )
         if not wait_for(lambda: state_of(spool.root, "good") == "done", 30):
             found.problems.append(
                 f"symlinks: the good task did not finish ({state_of(spool.root, 'good')})"
