@@ -56,6 +56,7 @@ TIMEOUT = {
     "nodes": 480,
     "trust": 600,
     "mcp": 900,
+    "approvals": 240,
     "conversations": 300,
 }
 
@@ -121,12 +122,29 @@ def _powerloss_ran(figures: list[Figure]) -> None:
     assert isinstance(resumed.value, int) and resumed.value > 0
 
 
+def _approvals_ran(figures: list[Figure]) -> None:
+    shown = {f.name: f.value for f in figures}
+    for name in (
+        "kills -9 of a worker",
+        "kills -9 of the daemon",
+        "decisions accepted through the API",
+        "stale decisions sent (alone or two at once)",
+        "decisions expired unused (the call held again)",
+        "asked calls skipped on ask_timeout",
+    ):
+        value = shown[name]
+        assert isinstance(value, int) and value > 0, (name, value)
+    assert shown["tasks completed"] == shown["tasks"], shown
+    assert shown["asked calls (decided / skipped / approved and cut off)"] == "1 / 1 / 1"
+
+
 def _trust_ran(figures: list[Figure]) -> None:
     assert figures, "the trust class ran no attack"
 
 
 #: Checks that a class's campaign did run (beyond its violations being 0).
 RAN: dict[str, Callable[[list[Figure]], None]] = {
+    "approvals": _approvals_ran,
     "compaction": _compaction_ran,
     "mcp": _mcp_ran,
     "operator": _operator_ran,

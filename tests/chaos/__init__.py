@@ -30,5 +30,6 @@ CAMPAIGN = (
     ("22", "tests.chaos.trust"),
     ("23", "tests.chaos.mcp"),
     ("24", "tests.chaos.run"),
+    ("25", "tests.chaos.approvals"),
     ("26", "tests.chaos.conversations"),
 )
