@@ -53,8 +53,15 @@ stop_grace = 3.0
 LEDGER = "ledger.txt"
 
 
+#: The turn whose model call is slow: the first kill -9 lands in it, where the task has no
+#: call under way (a kill timed by the clock on a loaded machine could land in turn 20's
+#: unsafe call instead, and hold the task where the demo waits for a restart).
+SLOW_TURN = 9
+
+
 def demo_script(turns: int = TURNS) -> dict[str, Any]:
-    """A long scripted task: every effect class, one slow unsafe call at turn 20."""
+    """A long scripted task: every effect class, one slow unsafe call at turn 20, and a
+    slow model call (``SLOW_TURN``) for the first kill to land in."""
     responses: list[dict[str, Any]] = []
     for i in range(1, turns):
         kind = i % 5
@@ -77,7 +84,7 @@ def demo_script(turns: int = TURNS) -> dict[str, Any]:
                     {"type": "text", "text": f"Step {i}."},
                     {"type": "tool_use", **block},
                 ],
-                "delay": 0.12,
+                "delay": 2.0 if i == SLOW_TURN else 0.12,
             }
         )
     responses.append({"content": [{"type": "text", "text": "All steps done."}]})
@@ -253,7 +260,11 @@ class Demo:
         task = self.spool.task(task_id)
         ledger = task.path / "workspace" / LEDGER
 
-        self.wait(task_id, "turn 8", lambda r: r["turn"] >= 8)
+        self.wait(  # the worker waiting on the model's slow reply: no call under way
+            task_id,
+            f"turn {SLOW_TURN}'s model call",
+            lambda r: r["turn"] == SLOW_TURN - 1 and r["phase"] == "model",
+        )
         row = self.status(task_id)
         self.say(f"2. kill -9 of worker {row['pid']} at turn {row['turn']} ({row['phase']})")
         os.kill(row["pid"], signal.SIGKILL)
