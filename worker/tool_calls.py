@@ -33,7 +33,7 @@ from worker.events import Event
 from worker.metrics import StepMetrics
 from worker.models.base import JSON
 from worker.recorder import Recorder
-from worker.records import CallOutcome, RecordKind, ResultRecord
+from worker.records import CallOutcome, IntentRecord, RecordKind, ResultRecord
 from worker.spans import RunSpans
 from worker.state import Call
 from worker.store.base import TaskStore
@@ -231,31 +231,20 @@ class ToolCalls:
             )
             return
         key = self.key_of(call)
+        intent: IntentRecord = {
+            "k": RecordKind.INTENT,
+            "call_id": call.call_id,
+            "tool": tool.name,
+            "effect": tool.effect.value,
+            "key": key,
+            "attempt": attempt,
+        }
         if ask and self.asks.asks(tool):
-            recorder.record(
-                {
-                    "k": RecordKind.INTENT,
-                    "call_id": call.call_id,
-                    "tool": tool.name,
-                    "effect": tool.effect.value,
-                    "key": key,
-                    "attempt": attempt,
-                    "asked": True,
-                }
-            )
+            recorder.record({**intent, "asked": True})
             return
         if self.sandbox.verdict() == "bwrap":  # what it hides, read before anything is recorded
             self.others.refresh()
-        recorder.record(
-            {
-                "k": RecordKind.INTENT,
-                "call_id": call.call_id,
-                "tool": tool.name,
-                "effect": tool.effect.value,
-                "key": key,
-                "attempt": attempt,
-            }
-        )
+        recorder.record(intent)
         if self.fence is not None:
             self.fence()  # (FencedError: the worker stops, the intent dangling for the next owner)
         recorder.phase(f"tool:{tool.name}")
