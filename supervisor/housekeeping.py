@@ -108,7 +108,7 @@ class Housekeeper:
         """On a thread: remove every task past its period, each removal told to the loop
         as it is made (the daemon's log and slots are the loop's)."""
         now = datetime.now(UTC)
-        selection = retention.Selection()
+        selection = retention.PruneRequest()
         for task, why in list(retention.candidates(self.spool, selection, config.retention, now)):
             try:
                 archive = retention.remove(

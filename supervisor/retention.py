@@ -125,7 +125,7 @@ def refuse_live(spool: Spool, task: TaskDir, verb: str) -> Ended:
 
 
 @dataclass(frozen=True)
-class Selection:
+class PruneRequest:
     """What ``agentd prune`` was asked to remove: names, an age, states; or, with none of
     them, the ``[retention]`` periods."""
 
@@ -153,29 +153,29 @@ def checked_states(text: str | None) -> tuple[str, ...]:
     return states
 
 
-def why_due(found: Ended, selection: Selection, retention: RetentionConfig, now: datetime) -> str:
+def why_due(found: Ended, asked: PruneRequest, retention: RetentionConfig, now: datetime) -> str:
     """Why ``found`` goes, or "" when it stays."""
     age = found.age(now)
-    if selection.by_retention:
+    if asked.by_retention:
         period = retention.period(found.state)
         if period is None or found.ended_at is None or age < period:
             return ""
         kept = period_text(period)
         return f"{found.state} {age_text(age)} ago; [retention] {found.state} = {kept}"
-    if selection.states and found.state not in selection.states:
+    if asked.states and found.state not in asked.states:
         return ""
-    if selection.older_than is not None:
-        if found.ended_at is None or age < selection.older_than:
+    if asked.older_than is not None:
+        if found.ended_at is None or age < asked.older_than:
             return ""
-        bound = period_text(selection.older_than)
+        bound = period_text(asked.older_than)
         return f"{found.state} {age_text(age)} ago, older than {bound}"
-    if selection.names:
+    if asked.names:
         return f"{found.state}, named"
     return f"{found.state}, --state"
 
 
 def candidates(
-    spool: Spool, selection: Selection, retention: RetentionConfig, now: datetime
+    spool: Spool, selection: PruneRequest, retention: RetentionConfig, now: datetime
 ) -> Iterator[tuple[Ended, str]]:
     """Each task the selection removes, with why: named tasks that have not ended are
     refused (before anything is removed), other live tasks are passed over."""

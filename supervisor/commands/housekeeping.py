@@ -58,7 +58,7 @@ def cmd_prune(args: argparse.Namespace, config: Config, spool: Spool) -> int:
                 f'--older-than takes a period such as "7d", "12h" or seconds, got '
                 f"{args.older_than!r}."
             )
-    selection = retention.Selection(
+    selection = retention.PruneRequest(
         names=tuple(args.tasks), older_than=older, states=retention.checked_states(args.state)
     )
     if not args.dry_run:
