@@ -363,3 +363,40 @@ def test_a_kill_9_of_the_daemon_mid_prune_leaves_each_task_whole_or_gone(
         assert (spool / "tasks" / "seed").exists()  # it ended just now: kept
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize(
+    "member",
+    ["tasks/evil/../../escaped", "tasks/evil/workspace/planted", "/abs/path", "tasks/../evil/x"],
+)
+def test_restore_refuses_an_archive_that_names_a_path_outside_its_task(
+    tmp_path: Path, member: str
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    body = b"x"
+    manifest = {
+        "format": "agentd-archive",
+        "version": 1,
+        "tasks": [
+            {
+                "id": "evil",
+                "state": "done",
+                "files": {
+                    member.split("/", 2)[-1]: {
+                        "sha256": hashlib.sha256(body).hexdigest(),
+                        "size": 1,
+                    }
+                },
+            }
+        ],
+    }
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("manifest.json", json.dumps(manifest).encode()), (member, body)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    refused = agentd(spool, "restore", str(archive))
+    assert refused.returncode == 2 and "not an agentd archive" in refused.stderr, refused.stderr
+    assert not (tmp_path / "escaped").exists() and not (spool / "tasks" / "evil").exists()
